@@ -1,0 +1,239 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/gomlx/gomlx/core/tensors"
+)
+
+// LoraConfig is Tinker's LoraConfig.
+type LoraConfig struct {
+	Rank         int     `json:"rank"`
+	Seed         int64   `json:"seed"`
+	TrainAttn    bool    `json:"train_attn"`
+	TrainMLP     bool    `json:"train_mlp"`
+	TrainUnembed bool    `json:"train_unembed"`
+	Alpha        float64 `json:"alpha,omitempty"` // 0: the engine's default
+}
+
+func (c LoraConfig) spec() loraSpec {
+	return loraSpec{Attn: c.TrainAttn, MLP: c.TrainMLP, Unembed: c.TrainUnembed}
+}
+
+// param is one LoRA matrix with its gradient accumulator and Adam moments.
+type param struct {
+	name  string // PEFT key
+	shape []int
+	w     []float64
+	g     []float64
+	m, v  []float64
+}
+
+// Adapter is one LoRA: weights, accumulated gradients, optimizer state, step count.
+type Adapter struct {
+	ID     string
+	Config LoraConfig
+	Step   int
+	mods   []loraModule
+	params []*param // A then B for each module, in graph-input order
+	// pendingGrads is true between a forward_backward and the optim_step that consumes it.
+	pendingGrads bool
+}
+
+// CreateAdapter adds a LoRA with PEFT initialisation: A uniform(±1/√in) from the seed, B zero.
+func (e *Engine) CreateAdapter(id string, cfg LoraConfig) (*Adapter, error) {
+	if id == "" {
+		return nil, inputErr(-1, "model_id", "empty adapter id")
+	}
+	if cfg.Rank < 1 || cfg.Rank > e.opts.MaxRank {
+		return nil, inputErr(-1, "lora_config.rank", "rank %d out of range [1, %d]", cfg.Rank, e.opts.MaxRank)
+	}
+	if !cfg.spec().any() {
+		return nil, inputErr(-1, "lora_config", "at least one of train_attn, train_mlp, train_unembed must be true")
+	}
+	if cfg.Alpha == 0 {
+		cfg.Alpha = e.opts.LoraAlpha
+	}
+	if cfg.Alpha < 0 || math.IsNaN(cfg.Alpha) || math.IsInf(cfg.Alpha, 0) {
+		return nil, inputErr(-1, "lora_config.alpha", "alpha must be a positive number")
+	}
+	a := e.newAdapter(id, cfg)
+	for i, m := range a.mods {
+		rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i)))
+		bound := 1 / math.Sqrt(float64(m.In))
+		pa := a.params[2*i]
+		for j := range pa.w {
+			pa.w[j] = e.roundToDType((rng.Float64()*2 - 1) * bound)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.adapters[id]; ok {
+		return nil, inputErr(-1, "model_id", "adapter %q already exists", id)
+	}
+	e.adapters[id] = a
+	return a, nil
+}
+
+func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
+	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec())}
+	for _, m := range a.mods {
+		for _, p := range []struct {
+			suffix string
+			shape  []int
+		}{{"lora_A", []int{cfg.Rank, m.In}}, {"lora_B", []int{m.Out, cfg.Rank}}} {
+			n := p.shape[0] * p.shape[1]
+			a.params = append(a.params, &param{
+				name:  "base_model.model." + m.Path + "." + p.suffix + ".weight",
+				shape: p.shape, w: make([]float64, n), g: make([]float64, n),
+				m: make([]float64, n), v: make([]float64, n)})
+		}
+	}
+	return a
+}
+
+// DeleteAdapter forgets an adapter; it reports whether it existed.
+func (e *Engine) DeleteAdapter(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.adapters[id]
+	delete(e.adapters, id)
+	return ok
+}
+
+// HasAdapter reports whether id is loaded.
+func (e *Engine) HasAdapter(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.adapters[id]
+	return ok
+}
+
+// AdapterInfo describes a loaded adapter.
+func (e *Engine) AdapterInfo(id string) (LoraConfig, int, error) {
+	a, err := e.adapter(id)
+	if err != nil {
+		return LoraConfig{}, 0, err
+	}
+	return a.Config, a.Step, nil
+}
+
+func (e *Engine) adapter(id string) (*Adapter, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, ok := e.adapters[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownAdapter, id)
+	}
+	return a, nil
+}
+
+// loraTensors returns the graph inputs for an adapter (nil: base model): its A/B pairs and scale.
+func (e *Engine) loraTensors(a *Adapter) []*tensors.Tensor {
+	if a == nil {
+		return []*tensors.Tensor{e.scalar(0)}
+	}
+	out := make([]*tensors.Tensor, 0, len(a.params)+1)
+	for _, p := range a.params {
+		out = append(out, e.tensor(p.w, p.shape...))
+	}
+	return append(out, e.scalar(a.Config.Alpha/float64(a.Config.Rank)))
+}
+
+func specOf(a *Adapter) loraSpec {
+	if a == nil {
+		return loraSpec{}
+	}
+	return a.Config.spec()
+}
+
+// AdamParams is Tinker's AdamParams.
+type AdamParams struct {
+	LearningRate float64 `json:"learning_rate"`
+	Beta1        float64 `json:"beta1"`
+	Beta2        float64 `json:"beta2"`
+	Eps          float64 `json:"eps"`
+	WeightDecay  float64 `json:"weight_decay"`
+	GradClipNorm float64 `json:"grad_clip_norm"`
+}
+
+// DefaultAdamParams are the SDK's defaults.
+func DefaultAdamParams() AdamParams {
+	return AdamParams{LearningRate: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-12}
+}
+
+func (p AdamParams) validate() error {
+	bad := func(f string, v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (f == "beta" && v >= 1) }
+	switch {
+	case bad("", p.LearningRate):
+		return inputErr(-1, "adam_params.learning_rate", "must be a finite number ≥ 0, got %v", p.LearningRate)
+	case bad("beta", p.Beta1):
+		return inputErr(-1, "adam_params.beta1", "must be in [0, 1), got %v", p.Beta1)
+	case bad("beta", p.Beta2):
+		return inputErr(-1, "adam_params.beta2", "must be in [0, 1), got %v", p.Beta2)
+	case bad("", p.Eps):
+		return inputErr(-1, "adam_params.eps", "must be a finite number ≥ 0, got %v", p.Eps)
+	case bad("", p.WeightDecay):
+		return inputErr(-1, "adam_params.weight_decay", "must be a finite number ≥ 0, got %v", p.WeightDecay)
+	case bad("", p.GradClipNorm):
+		return inputErr(-1, "adam_params.grad_clip_norm", "must be a finite number ≥ 0, got %v", p.GradClipNorm)
+	}
+	return nil
+}
+
+// OptimStep applies AdamW (decoupled weight decay, as torch.optim.AdamW) to the gradients
+// accumulated since the last step, with optional global-norm clipping, then clears them.
+func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) {
+	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	a, err := e.adapter(id)
+	if err != nil {
+		return nil, err
+	}
+	var sq float64
+	for _, q := range a.params {
+		for _, g := range q.g {
+			sq += g * g
+		}
+	}
+	norm := math.Sqrt(sq)
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		for _, q := range a.params {
+			clear(q.g)
+		}
+		return nil, fmt.Errorf("engine: gradient norm is %v; step skipped and gradients cleared", norm)
+	}
+	clip := 1.0
+	if p.GradClipNorm > 0 && norm > p.GradClipNorm {
+		clip = p.GradClipNorm / norm
+	}
+	a.Step++
+	t := float64(a.Step)
+	bc1 := 1 - math.Pow(p.Beta1, t)
+	bc2 := 1 - math.Pow(p.Beta2, t)
+	var updSq float64
+	for _, q := range a.params {
+		for j := range q.w {
+			g := q.g[j] * clip
+			q.m[j] = p.Beta1*q.m[j] + (1-p.Beta1)*g
+			q.v[j] = p.Beta2*q.v[j] + (1-p.Beta2)*g*g
+			w := q.w[j] * (1 - p.LearningRate*p.WeightDecay)
+			upd := p.LearningRate * (q.m[j] / bc1) / (math.Sqrt(q.v[j]/bc2) + p.Eps)
+			nw := e.roundToDType(w - upd)
+			d := nw - q.w[j]
+			updSq += d * d
+			q.w[j] = nw
+		}
+		clear(q.g)
+	}
+	a.pendingGrads = false
+	return map[string]float64{
+		"grad_norm:mean":   norm,
+		"update_norm:mean": math.Sqrt(updSq),
+		"learning_rate:mean": p.LearningRate,
+		"step:max":         t,
+	}, nil
+}

@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/gomlx/compute/dtypes"
+
+	"github.com/skein-ai/skein/safetensors"
+)
+
+// Files of a saved adapter. adapter_model.safetensors and adapter_config.json are PEFT's own
+// layout (they load in HF PEFT and vLLM as they are); the other two are skein's training state.
+const (
+	AdapterWeightsFile = "adapter_model.safetensors"
+	AdapterConfigFile  = "adapter_config.json"
+	OptimizerFile      = "optimizer.safetensors"
+	TrainerStateFile   = "trainer_state.json"
+)
+
+type peftConfig struct {
+	PeftType          string   `json:"peft_type"`
+	TaskType          string   `json:"task_type"`
+	BaseModel         string   `json:"base_model_name_or_path"`
+	R                 int      `json:"r"`
+	LoraAlpha         float64  `json:"lora_alpha"`
+	LoraDropout       float64  `json:"lora_dropout"`
+	TargetModules     []string `json:"target_modules"`
+	Bias              string   `json:"bias"`
+	FanInFanOut       bool     `json:"fan_in_fan_out"`
+	InferenceMode     bool     `json:"inference_mode"`
+	InitLoraWeights   bool     `json:"init_lora_weights"`
+	ModulesToSave     []string `json:"modules_to_save"`
+	UseRSLoRA         bool     `json:"use_rslora"`
+	SkeinSeed         int64    `json:"skein_seed"`
+}
+
+type trainerState struct {
+	Step int `json:"step"`
+}
+
+// SaveAdapter writes an adapter to dir. withOptimizer adds the Adam moments and step count
+// (a training-state checkpoint); without it the directory is a sampler-only PEFT adapter.
+func (e *Engine) SaveAdapter(id, dir string, withOptimizer bool) error {
+	a, err := e.adapter(id)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	weights := map[string]safetensors.Tensor{}
+	opt := map[string]safetensors.Tensor{}
+	for _, p := range a.params {
+		weights[p.name] = e.hostTensor(p.w, p.shape)
+		if withOptimizer {
+			opt[p.name+".exp_avg"] = safetensors.FromFloat64(p.m, p.shape...)
+			opt[p.name+".exp_avg_sq"] = safetensors.FromFloat64(p.v, p.shape...)
+			opt[p.name+".grad_accum"] = safetensors.FromFloat64(p.g, p.shape...)
+		}
+	}
+	targets := map[string]bool{}
+	for _, m := range a.mods {
+		targets[m.Path[strings.LastIndex(m.Path, ".")+1:]] = true
+	}
+	var tm []string
+	for t := range targets {
+		tm = append(tm, t)
+	}
+	sort.Strings(tm)
+	pc := peftConfig{PeftType: "LORA", TaskType: "CAUSAL_LM", BaseModel: e.Dir, R: a.Config.Rank,
+		LoraAlpha: a.Config.Alpha, TargetModules: tm, Bias: "none", InferenceMode: true, InitLoraWeights: true,
+		SkeinSeed: a.Config.Seed}
+	cb, _ := json.MarshalIndent(pc, "", "  ")
+	if err := safetensors.WriteFile(filepath.Join(dir, AdapterWeightsFile), weights, map[string]string{"format": "pt"}); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, AdapterConfigFile), cb); err != nil {
+		return err
+	}
+	if !withOptimizer {
+		return nil
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, OptimizerFile), opt, nil); err != nil {
+		return err
+	}
+	sb, _ := json.Marshal(trainerState{Step: a.Step})
+	return writeFileAtomic(filepath.Join(dir, TrainerStateFile), sb)
+}
+
+func (e *Engine) hostTensor(v []float64, shape []int) safetensors.Tensor {
+	if e.dtype == dtypes.Float64 {
+		return safetensors.FromFloat64(v, shape...)
+	}
+	f := make([]float32, len(v))
+	for i, x := range v {
+		f[i] = float32(x)
+	}
+	return safetensors.FromFloat32(f, shape...)
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ErrNoOptimizerState is returned when a load asks for optimizer state that was not saved.
+var ErrNoOptimizerState = errors.New("checkpoint has no optimizer state")
+
+// ReadAdapterConfig reads the LoRA config of a saved adapter.
+func ReadAdapterConfig(dir string) (LoraConfig, error) {
+	b, err := os.ReadFile(filepath.Join(dir, AdapterConfigFile))
+	if err != nil {
+		return LoraConfig{}, err
+	}
+	var pc peftConfig
+	if err := json.Unmarshal(b, &pc); err != nil {
+		return LoraConfig{}, fmt.Errorf("engine: %s: %w", AdapterConfigFile, err)
+	}
+	c := LoraConfig{Rank: pc.R, Alpha: pc.LoraAlpha, Seed: pc.SkeinSeed}
+	for _, t := range pc.TargetModules {
+		switch t {
+		case "q_proj", "k_proj", "v_proj", "o_proj":
+			c.TrainAttn = true
+		case "gate_proj", "up_proj", "down_proj":
+			c.TrainMLP = true
+		case "lm_head":
+			c.TrainUnembed = true
+		}
+	}
+	return c, nil
+}
+
+// LoadAdapter creates adapter id from a saved directory, replacing any adapter of that id.
+// withOptimizer restores Adam moments and step (and fails if they were not saved);
+// without it the optimizer starts fresh at step 0.
+func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
+	cfg, err := ReadAdapterConfig(dir)
+	if err != nil {
+		return fmt.Errorf("engine: loading adapter: %w", err)
+	}
+	if cfg.Rank < 1 || cfg.Rank > e.opts.MaxRank {
+		return inputErr(-1, "path", "saved adapter has rank %d, outside [1, %d]", cfg.Rank, e.opts.MaxRank)
+	}
+	st, err := safetensors.ReadFile(filepath.Join(dir, AdapterWeightsFile))
+	if err != nil {
+		return fmt.Errorf("engine: loading adapter: %w", err)
+	}
+	a := e.newAdapter(id, cfg)
+	for _, p := range a.params {
+		t, ok := st.Tensors[p.name]
+		if !ok {
+			return fmt.Errorf("engine: adapter %s lacks %s (saved for another model?)", dir, p.name)
+		}
+		if !sameShape(t.Shape, p.shape) {
+			return fmt.Errorf("engine: adapter tensor %s has shape %v, this model needs %v", p.name, t.Shape, p.shape)
+		}
+		if p.w, err = t.Float64(); err != nil {
+			return err
+		}
+	}
+	if withOptimizer {
+		ost, err := safetensors.ReadFile(filepath.Join(dir, OptimizerFile))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("engine: %s: %w", dir, ErrNoOptimizerState)
+			}
+			return err
+		}
+		for _, p := range a.params {
+			for suffix, dst := range map[string]*[]float64{".exp_avg": &p.m, ".exp_avg_sq": &p.v, ".grad_accum": &p.g} {
+				t, ok := ost.Tensors[p.name+suffix]
+				if !ok {
+					return fmt.Errorf("engine: optimizer state lacks %s%s", p.name, suffix)
+				}
+				if *dst, err = t.Float64(); err != nil {
+					return err
+				}
+			}
+		}
+		sb, err := os.ReadFile(filepath.Join(dir, TrainerStateFile))
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		var ts trainerState
+		if err := json.Unmarshal(sb, &ts); err != nil {
+			return fmt.Errorf("engine: %s: %w", TrainerStateFile, err)
+		}
+		a.Step = ts.Step
+	}
+	e.mu.Lock()
+	e.adapters[id] = a
+	e.mu.Unlock()
+	return nil
+}

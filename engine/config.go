@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+)
+
+// Arch is the model family, which decides the small differences in the block.
+type Arch string
+
+const (
+	ArchLlama Arch = "llama" // LlamaForCausalLM
+	ArchQwen2 Arch = "qwen2" // Qwen2ForCausalLM: bias on q, k, v
+	ArchQwen3 Arch = "qwen3" // Qwen3ForCausalLM: RMSNorm on q and k per head, explicit head_dim
+)
+
+// RopeScaling is the subset of HF rope_scaling that we honour.
+type RopeScaling struct {
+	Type                          string  `json:"type,omitempty"`
+	RopeType                      string  `json:"rope_type,omitempty"`
+	Factor                        float64 `json:"factor,omitempty"`
+	LowFreqFactor                 float64 `json:"low_freq_factor,omitempty"`
+	HighFreqFactor                float64 `json:"high_freq_factor,omitempty"`
+	OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings,omitempty"`
+}
+
+// Config is the HF config.json of a Llama/Qwen-family causal LM.
+type Config struct {
+	Architectures         []string     `json:"architectures"`
+	ModelType             string       `json:"model_type"`
+	VocabSize             int          `json:"vocab_size"`
+	HiddenSize            int          `json:"hidden_size"`
+	IntermediateSize      int          `json:"intermediate_size"`
+	NumHiddenLayers       int          `json:"num_hidden_layers"`
+	NumAttentionHeads     int          `json:"num_attention_heads"`
+	NumKeyValueHeads      int          `json:"num_key_value_heads"`
+	HeadDim               int          `json:"head_dim,omitempty"`
+	RMSNormEps            float64      `json:"rms_norm_eps"`
+	RopeTheta             float64      `json:"rope_theta"`
+	RopeScaling           *RopeScaling `json:"rope_scaling,omitempty"`
+	MaxPositionEmbeddings int          `json:"max_position_embeddings"`
+	TieWordEmbeddings     bool         `json:"tie_word_embeddings"`
+	AttentionBias         bool         `json:"attention_bias,omitempty"`
+	TorchDType            string       `json:"torch_dtype,omitempty"`
+	BOSTokenID            *int         `json:"bos_token_id,omitempty"`
+	EOSTokenID            any          `json:"eos_token_id,omitempty"` // int or [int]
+	HiddenAct             string       `json:"hidden_act,omitempty"`
+
+	Arch Arch `json:"-"`
+}
+
+// LoadConfig reads and validates DIR/config.json.
+func LoadConfig(dir string) (*Config, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("engine: reading model config: %w", err)
+	}
+	var c Config
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("engine: parsing %s/config.json: %w", dir, err)
+	}
+	if err := c.finish(); err != nil {
+		return nil, fmt.Errorf("engine: %s/config.json: %w", dir, err)
+	}
+	return &c, nil
+}
+
+func (c *Config) finish() error {
+	arch := ""
+	if len(c.Architectures) > 0 {
+		arch = c.Architectures[0]
+	}
+	switch {
+	case arch == "LlamaForCausalLM" || c.ModelType == "llama":
+		c.Arch = ArchLlama
+	case arch == "Qwen2ForCausalLM" || c.ModelType == "qwen2":
+		c.Arch = ArchQwen2
+	case arch == "Qwen3ForCausalLM" || c.ModelType == "qwen3":
+		c.Arch = ArchQwen3
+	default:
+		return fmt.Errorf("unsupported architecture %q (model_type %q)", arch, c.ModelType)
+	}
+	if c.HiddenAct != "" && c.HiddenAct != "silu" {
+		return fmt.Errorf("unsupported hidden_act %q (only silu)", c.HiddenAct)
+	}
+	if c.NumKeyValueHeads == 0 {
+		c.NumKeyValueHeads = c.NumAttentionHeads
+	}
+	if c.VocabSize <= 0 || c.HiddenSize <= 0 || c.NumHiddenLayers <= 0 || c.NumAttentionHeads <= 0 || c.IntermediateSize <= 0 {
+		return fmt.Errorf("vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads must be positive")
+	}
+	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
+		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.NumAttentionHeads, c.NumKeyValueHeads)
+	}
+	if c.HeadDim == 0 {
+		if c.HiddenSize%c.NumAttentionHeads != 0 {
+			return fmt.Errorf("hidden_size %d not divisible by num_attention_heads %d", c.HiddenSize, c.NumAttentionHeads)
+		}
+		c.HeadDim = c.HiddenSize / c.NumAttentionHeads
+	}
+	if c.HeadDim%2 != 0 {
+		return fmt.Errorf("head_dim %d must be even for rotary embeddings", c.HeadDim)
+	}
+	if c.RMSNormEps == 0 {
+		c.RMSNormEps = 1e-6
+	}
+	if c.RopeTheta == 0 {
+		c.RopeTheta = 10000
+	}
+	if c.MaxPositionEmbeddings == 0 {
+		c.MaxPositionEmbeddings = 2048
+	}
+	if c.Arch == ArchQwen2 {
+		c.AttentionBias = true
+	}
+	return nil
+}
+
+// EOSTokens lists the configured end-of-sequence ids.
+func (c *Config) EOSTokens() []int {
+	switch v := c.EOSTokenID.(type) {
+	case float64:
+		return []int{int(v)}
+	case []any:
+		var out []int
+		for _, x := range v {
+			if f, ok := x.(float64); ok {
+				out = append(out, int(f))
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// invFreq returns the rotary inverse frequencies, with llama3 scaling applied if configured.
+func (c *Config) invFreq() []float64 {
+	half := c.HeadDim / 2
+	inv := make([]float64, half)
+	for i := range half {
+		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+	}
+	rs := c.RopeScaling
+	if rs == nil {
+		return inv
+	}
+	kind := rs.RopeType
+	if kind == "" {
+		kind = rs.Type
+	}
+	if kind != "llama3" {
+		return inv
+	}
+	// Same as transformers' _compute_llama3_parameters.
+	factor, low, high := rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor
+	orig := float64(rs.OriginalMaxPositionEmbeddings)
+	lowWave, highWave := orig/low, orig/high
+	for i, f := range inv {
+		wave := 2 * math.Pi / f
+		switch {
+		case wave < highWave:
+			// unchanged
+		case wave > lowWave:
+			inv[i] = f / factor
+		default:
+			smooth := (orig/wave - low) / (high - low)
+			inv[i] = (1-smooth)*f/factor + smooth*f
+		}
+	}
+	return inv
+}

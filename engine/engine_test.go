@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+var tinyDirs sync.Map // arch -> dir, generated once per test binary
+
+func tinyModel(t testing.TB, arch Arch) string {
+	t.Helper()
+	if d, ok := tinyDirs.Load(arch); ok {
+		return d.(string)
+	}
+	dir := filepath.Join(tempRoot(t), string(arch))
+	if err := InitTiny(dir, arch, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	tinyDirs.Store(arch, dir)
+	return dir
+}
+
+var rootOnce = sync.OnceValue(func() string {
+	d, err := mkdirTemp()
+	if err != nil {
+		panic(err)
+	}
+	return d
+})
+
+func tempRoot(testing.TB) string { return rootOnce() }
+
+func loadTiny(t testing.TB, arch Arch, opts Options) *Engine {
+	t.Helper()
+	e, err := Load(tinyModel(t, arch), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// textDatum turns token ids into a next-token cross-entropy datum.
+func textDatum(ids []int) Datum {
+	n := len(ids) - 1
+	tg := make([]float64, n)
+	w := make([]float64, n)
+	for i := range n {
+		tg[i] = float64(ids[i+1])
+		w[i] = 1
+	}
+	return Datum{Tokens: append([]int(nil), ids[:n]...), Inputs: map[string]TensorInput{
+		"target_tokens": {DType: "int64", Data: tg},
+		"weights":       {DType: "float32", Data: w},
+	}}
+}
+
+func TestTrainingLowersLoss(t *testing.T) {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+		t.Run(string(arch), func(t *testing.T) {
+			e := loadTiny(t, arch, Options{})
+			ids := e.Tokenizer.Encode("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.")
+			if _, err := e.CreateAdapter("a", LoraConfig{Rank: 8, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true}); err != nil {
+				t.Fatal(err)
+			}
+			batch := []Datum{textDatum(ids)}
+			var first, last float64
+			p := DefaultAdamParams()
+			p.LearningRate = 1e-2
+			for step := range 30 {
+				r, err := e.ForwardBackward("a", batch, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if step == 0 {
+					first = r.Loss
+				}
+				last = r.Loss
+				if _, err := e.OptimStep("a", p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("%s: loss %.3f -> %.3f, compiles %+v", arch, first, last, e.CompileStats())
+			if !(last < first/2) || math.IsNaN(last) {
+				t.Fatalf("loss did not halve: %.4f -> %.4f", first, last)
+			}
+		})
+	}
+}
+
+func rlDatum(ids []int, oldLP, adv float64) Datum {
+	d := textDatum(ids)
+	n := len(d.Tokens)
+	lp := make([]float64, n)
+	a := make([]float64, n)
+	for i := range n {
+		lp[i] = oldLP - 0.1*float64(i%3)
+		a[i] = adv * float64(1+i%2)
+	}
+	delete(d.Inputs, "weights")
+	d.Inputs["logprobs"] = TensorInput{DType: "float32", Data: lp}
+	d.Inputs["advantages"] = TensorInput{DType: "float32", Data: a}
+	return d
+}
+
+// Gradients of every loss match central finite differences on a float64 model.
+func TestGradientsMatchFiniteDifferences(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{Float64: true})
+	ids := e.Tokenizer.Encode("It's a fine day, isn't it?")
+	cases := []struct {
+		loss string
+		data []Datum
+		cfg  map[string]float64
+	}{
+		{"cross_entropy", []Datum{textDatum(ids), textDatum(ids[:5])}, nil},
+		// old logprobs near the current ones, so ppo/cispo clipping is active for some tokens only
+		{"importance_sampling", []Datum{rlDatum(ids, -6.2, 0.7)}, nil},
+		{"ppo", []Datum{rlDatum(ids, -6.2, -0.5)}, map[string]float64{"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}},
+		{"dro", []Datum{rlDatum(ids, -6.0, 0.4)}, map[string]float64{"beta": 0.3}},
+	}
+	for ci, c := range cases {
+		t.Run(c.loss, func(t *testing.T) {
+			id := c.loss
+			a, err := e.CreateAdapter(id, LoraConfig{Rank: 2, Seed: int64(ci), TrainAttn: true, TrainMLP: true, TrainUnembed: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// B starts at zero, which makes dA zero; give it values so both matrices are tested.
+			for i, p := range a.params {
+				if i%2 == 1 {
+					for j := range p.w {
+						p.w[j] = 0.05 * math.Sin(float64(7*j+i))
+					}
+				}
+			}
+			if _, err := e.ForwardBackward(id, c.data, c.loss, c.cfg); err != nil {
+				t.Fatal(err)
+			}
+			lossAt := func() float64 {
+				r, err := e.Forward(id, c.data, c.loss, c.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r.Loss
+			}
+			checked := 0
+			for pi, p := range a.params {
+				for _, j := range []int{0, len(p.w) / 2, len(p.w) - 1} {
+					orig := p.w[j]
+					const h = 1e-6
+					p.w[j] = orig + h
+					up := lossAt()
+					p.w[j] = orig - h
+					down := lossAt()
+					p.w[j] = orig
+					fd := (up - down) / (2 * h)
+					g := p.g[j]
+					if math.Abs(fd-g) > 1e-5*(1+math.Abs(fd)) {
+						t.Fatalf("%s param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", c.loss, pi, p.name, j, g, fd)
+					}
+					if g != 0 {
+						checked++
+					}
+				}
+			}
+			if checked < len(a.params) {
+				t.Fatalf("only %d of %d checked gradients were non-zero", checked, 3*len(a.params))
+			}
+		})
+	}
+}
+
+// cispo's gradient is cross-entropy's with per-token weights stopgrad(clip(r))·A, since the
+// ratio is not differentiated (finite differences cannot see a stop-gradient).
+func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
+	e := loadTiny(t, ArchLlama, Options{Float64: true})
+	ids := e.Tokenizer.Encode("The river flows past the mill.")
+	a, err := e.CreateAdapter("x", LoraConfig{Rank: 2, Seed: 9, TrainAttn: true, TrainMLP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range a.params {
+		if i%2 == 1 {
+			for j := range p.w {
+				p.w[j] = 0.05 * math.Cos(float64(3*j+i))
+			}
+		}
+	}
+	d := rlDatum(ids, -7.5, 0.8)
+	fwd, err := e.Forward("x", []Datum{d}, "cispo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := make([]float64, len(d.Tokens))
+	clipped := 0
+	for i, lp := range fwd.Logprobs[0] {
+		r := math.Exp(lp - d.Inputs["logprobs"].Data[i])
+		if r > 4 {
+			r, clipped = 4, clipped+1
+		}
+		w[i] = r * d.Inputs["advantages"].Data[i]
+	}
+	ce := textDatum(ids)
+	ce.Inputs["weights"] = TensorInput{DType: "float32", Data: w}
+	if _, err := e.ForwardBackward("x", []Datum{d}, "cispo", nil); err != nil {
+		t.Fatal(err)
+	}
+	cispo := make([][]float64, len(a.params))
+	for i, p := range a.params {
+		cispo[i] = append([]float64(nil), p.g...)
+		clear(p.g)
+	}
+	if _, err := e.ForwardBackward("x", []Datum{ce}, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range a.params {
+		for j := range p.g {
+			if math.Abs(p.g[j]-cispo[i][j]) > 1e-9*(1+math.Abs(p.g[j])) {
+				t.Fatalf("%s[%d]: cispo %.10g, weighted CE %.10g", p.name, j, cispo[i][j], p.g[j])
+			}
+		}
+	}
+	if clipped == 0 || clipped == len(w) {
+		t.Fatalf("%d of %d ratios clipped: the test should exercise both sides of the clip", clipped, len(w))
+	}
+}

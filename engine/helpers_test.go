@@ -1,0 +1,5 @@
+package engine
+
+import "os"
+
+func mkdirTemp() (string, error) { return os.MkdirTemp("", "skein-engine-test-") }

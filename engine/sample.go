@@ -1,0 +1,393 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
+)
+
+// SampleParams are Tinker's SamplingParams.
+type SampleParams struct {
+	MaxTokens   int      // default 16 when 0
+	Temperature float64  // 0 = greedy
+	TopK        int      // -1 or 0 = off
+	TopP        float64  // 1 = off
+	Seed        *int64   // nil = random
+	StopStrings []string // stop when the generated text contains one of these
+	StopTokens  []int    // stop after generating one of these
+}
+
+// SampleRequest asks for NumSamples continuations of Prompt.
+type SampleRequest struct {
+	Prompt             []int
+	NumSamples         int
+	Params             SampleParams
+	PromptLogprobs     bool
+	TopKPromptLogprobs int
+}
+
+// SampledSequence is one continuation. Logprobs are the model's own (temperature 1) log-probabilities
+// of the sampled tokens, the quantity a trainer's forward pass recomputes, so on-policy ratios are 1.
+type SampledSequence struct {
+	Tokens     []int
+	Logprobs   []float64
+	StopReason string // "stop" or "length"
+}
+
+// TokenLogprob is one entry of a top-k list.
+type TokenLogprob struct {
+	Token   int
+	Logprob float64
+}
+
+// SampleResult is the answer to a SampleRequest.
+type SampleResult struct {
+	Sequences      []SampledSequence
+	PromptLogprobs []float64        // NaN for the first token; nil unless asked
+	TopKPrompt     [][]TokenLogprob // nil row for the first token; nil unless asked
+}
+
+// DefaultMaxTokens is used when a request sets no max_tokens.
+const DefaultMaxTokens = 16
+
+func (e *Engine) validateSample(r *SampleRequest) error {
+	V, ctx := e.Config.VocabSize, e.Config.MaxPositionEmbeddings
+	if len(r.Prompt) == 0 {
+		return inputErr(-1, "prompt", "empty prompt")
+	}
+	if len(r.Prompt) >= ctx {
+		return inputErr(-1, "prompt", "%d tokens leave no room in the model's context of %d", len(r.Prompt), ctx)
+	}
+	for i, t := range r.Prompt {
+		if t < 0 || t >= V {
+			return inputErr(-1, "prompt", "token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
+		}
+	}
+	if r.NumSamples == 0 {
+		r.NumSamples = 1
+	}
+	if r.NumSamples < 0 || r.NumSamples > 128 {
+		return inputErr(-1, "num_samples", "%d out of range [1, 128]", r.NumSamples)
+	}
+	p := &r.Params
+	if p.MaxTokens == 0 {
+		p.MaxTokens = DefaultMaxTokens
+	}
+	if p.MaxTokens < 0 {
+		return inputErr(-1, "sampling_params.max_tokens", "must be positive, got %d", p.MaxTokens)
+	}
+	p.MaxTokens = min(p.MaxTokens, ctx-len(r.Prompt))
+	if math.IsNaN(p.Temperature) || p.Temperature < 0 || math.IsInf(p.Temperature, 0) {
+		return inputErr(-1, "sampling_params.temperature", "must be a finite number ≥ 0, got %v", p.Temperature)
+	}
+	if p.TopP == 0 {
+		p.TopP = 1
+	}
+	if math.IsNaN(p.TopP) || p.TopP < 0 || p.TopP > 1 {
+		return inputErr(-1, "sampling_params.top_p", "must be in (0, 1], got %v", p.TopP)
+	}
+	if p.TopK < -1 {
+		return inputErr(-1, "sampling_params.top_k", "must be -1 (off) or positive, got %d", p.TopK)
+	}
+	for _, s := range p.StopTokens {
+		if s < 0 || s >= V {
+			return inputErr(-1, "sampling_params.stop", "stop token %d outside the vocabulary", s)
+		}
+	}
+	if len(p.StopStrings) > 0 && e.Tokenizer == nil {
+		return inputErr(-1, "sampling_params.stop", "stop strings need a tokenizer and this model has none")
+	}
+	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > V {
+		return inputErr(-1, "topk_prompt_logprobs", "out of range")
+	}
+	return nil
+}
+
+// Sample generates continuations with a KV cache; all samples of the request decode together.
+// id "" samples from the base model.
+func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
+	var a *Adapter
+	if id != "" {
+		var err error
+		if a, err = e.adapter(id); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.validateSample(&r); err != nil {
+		return nil, err
+	}
+	p := r.Params
+	n := r.NumSamples
+	B := bucket(n, 1)
+	P := len(r.Prompt)
+	S := min(bucket(P+p.MaxTokens, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
+	L, KVH, hd, V := e.Config.NumHiddenLayers, e.Config.NumKeyValueHeads, e.Config.HeadDim, e.Config.VocabSize
+	lora := e.loraTensors(a)
+	caches := make([]*tensors.Tensor, 2*L)
+	zeros := make([]float64, B*KVH*S*hd)
+	for i := range caches {
+		caches[i] = e.tensor(zeros, B, KVH, S, hd)
+	}
+	x := e.stepExec(specOf(a))
+
+	// step feeds tokens [B][T] at positions [B][T] and returns logits [B][T][V] as flat rows.
+	step := func(tok [][]int, pos [][]int) ([]float64, error) {
+		T := len(tok[0])
+		flatTok := make([]int32, B*T)
+		flatPos := make([]int32, B*T)
+		for b := range B {
+			for t := range T {
+				flatTok[b*T+t] = int32(tok[b][t])
+				flatPos[b*T+t] = int32(pos[b][t])
+			}
+		}
+		cos, sin := e.ropeTables(pos)
+		args := append([]*tensors.Tensor{}, e.base...)
+		args = append(args, lora...)
+		args = append(args, tensors.FromFlatDataAndDimensions(flatTok, B, T), cos, sin,
+			tensors.FromFlatDataAndDimensions(flatPos, B, T))
+		args = append(args, caches...)
+		out, err := e.call(x, args)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range caches {
+			c.FinalizeAll()
+		}
+		copy(caches, out[1:])
+		return values(out[0]), nil
+	}
+
+	// Prefill: the prompt, padded to a bucket, in every row.
+	T := bucket(P, 16)
+	tok := make([][]int, B)
+	pos := make([][]int, B)
+	for b := range B {
+		tok[b] = make([]int, T)
+		pos[b] = make([]int, T)
+		copy(tok[b], r.Prompt)
+		for t := range T {
+			pos[b][t] = t
+		}
+	}
+	logits, err := step(tok, pos)
+	if err != nil {
+		return nil, err
+	}
+	res := &SampleResult{}
+	if r.PromptLogprobs || r.TopKPromptLogprobs > 0 {
+		res.PromptLogprobs = make([]float64, P)
+		res.PromptLogprobs[0] = math.NaN()
+		if r.TopKPromptLogprobs > 0 {
+			res.TopKPrompt = make([][]TokenLogprob, P)
+		}
+		for t := 1; t < P; t++ {
+			lsm := logSoftmax(logits[(t-1)*V : t*V])
+			res.PromptLogprobs[t] = lsm[r.Prompt[t]]
+			if r.TopKPromptLogprobs > 0 {
+				res.TopKPrompt[t] = topK(lsm, r.TopKPromptLogprobs)
+			}
+		}
+	}
+
+	rngs := make([]*rand.Rand, n)
+	for i := range rngs {
+		seed := rand.Uint64()
+		if p.Seed != nil {
+			seed = uint64(*p.Seed)
+		}
+		rngs[i] = rand.New(rand.NewPCG(seed, uint64(i)))
+	}
+	stopTok := map[int]bool{}
+	for _, s := range p.StopTokens {
+		stopTok[s] = true
+	}
+	for _, s := range e.Config.EOSTokens() {
+		stopTok[s] = true
+	}
+	seqs := make([]SampledSequence, n)
+	done := make([]bool, n)
+	// rows[b] holds the logits that predict row b's next token.
+	rows := make([][]float64, B)
+	for b := range B {
+		off := (b*T + P - 1) * V
+		rows[b] = logits[off : off+V]
+	}
+	for k := 0; k < p.MaxTokens; k++ {
+		next := make([][]int, B)
+		npos := make([][]int, B)
+		active := false
+		for b := range B {
+			next[b], npos[b] = []int{0}, []int{P + k}
+			if b >= n || done[b] {
+				continue
+			}
+			t, lp := sampleToken(rows[b], p, rngs[b])
+			s := &seqs[b]
+			s.Tokens = append(s.Tokens, t)
+			s.Logprobs = append(s.Logprobs, lp)
+			next[b][0] = t
+			if stopTok[t] || e.hitsStopString(s.Tokens, p.StopStrings) {
+				s.StopReason, done[b] = "stop", true
+				continue
+			}
+			if len(s.Tokens) == p.MaxTokens {
+				s.StopReason, done[b] = "length", true
+				continue
+			}
+			active = true
+		}
+		if !active {
+			break
+		}
+		logits, err = step(next, npos)
+		if err != nil {
+			return nil, err
+		}
+		for b := range B {
+			rows[b] = logits[b*V : (b+1)*V]
+		}
+	}
+	for b := range n {
+		if seqs[b].StopReason == "" {
+			seqs[b].StopReason = "length"
+		}
+	}
+	res.Sequences = seqs
+	return res, nil
+}
+
+func (e *Engine) hitsStopString(toks []int, stops []string) bool {
+	if len(stops) == 0 {
+		return false
+	}
+	text := e.Tokenizer.Decode(toks)
+	for _, s := range stops {
+		if s != "" && strings.Contains(text, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func logSoftmax(x []float64) []float64 {
+	m := math.Inf(-1)
+	for _, v := range x {
+		m = max(m, v)
+	}
+	var sum float64
+	for _, v := range x {
+		sum += math.Exp(v - m)
+	}
+	lse := m + math.Log(sum)
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = v - lse
+	}
+	return out
+}
+
+func topK(lsm []float64, k int) []TokenLogprob {
+	idx := make([]int, len(lsm))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return lsm[idx[a]] > lsm[idx[b]] })
+	k = min(k, len(idx))
+	out := make([]TokenLogprob, k)
+	for i := range k {
+		out[i] = TokenLogprob{Token: idx[i], Logprob: lsm[idx[i]]}
+	}
+	return out
+}
+
+// sampleToken draws one token from logits with temperature, top-k and top-p, and returns it
+// with its logprob under the untempered distribution.
+func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64) {
+	lsm := logSoftmax(logits)
+	if p.Temperature == 0 {
+		best := 0
+		for i, v := range lsm {
+			if v > lsm[best] {
+				best = i
+			}
+		}
+		return best, lsm[best]
+	}
+	scaled := make([]float64, len(logits))
+	for i, v := range logits {
+		scaled[i] = v / p.Temperature
+	}
+	probs := logSoftmax(scaled)
+	idx := make([]int, len(probs))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return probs[idx[a]] > probs[idx[b]] })
+	keep := len(idx)
+	if p.TopK > 0 && p.TopK < keep {
+		keep = p.TopK
+	}
+	if p.TopP < 1 {
+		var cum float64
+		for i := 0; i < keep; i++ {
+			cum += math.Exp(probs[idx[i]])
+			if cum >= p.TopP {
+				keep = i + 1
+				break
+			}
+		}
+	}
+	var total float64
+	for _, i := range idx[:keep] {
+		total += math.Exp(probs[i])
+	}
+	u := rng.Float64() * total
+	for _, i := range idx[:keep] {
+		u -= math.Exp(probs[i])
+		if u <= 0 {
+			return i, lsm[i]
+		}
+	}
+	last := idx[keep-1]
+	return last, lsm[last]
+}
+
+// stepExec builds the cached-attention graph used for prefill (T > 1) and decode (T = 1).
+// Inputs: base weights, LoRA, scale, tokens [B,T], cos, sin, positions [B,T], then K and V caches
+// [B,KVH,S,hd] per layer. Outputs: logits [B,T,V], then the updated caches.
+// The cache is written with a one-hot position matrix (the Go backend has no DynamicUpdateSlice).
+func (e *Engine) stepExec(spec loraSpec) *graph.Exec {
+	key := fmt.Sprintf("step/%+v", spec)
+	L := e.Config.NumHiddenLayers
+	return e.exec(key, func(in []*graph.Node) []*graph.Node {
+		net, rest := takeNetInputs(e.Config, e.dtype, e.baseNames, spec, in)
+		tokens, cos, sin, pos := rest[0], rest[1], rest[2], rest[3]
+		caches := rest[4 : 4+2*L]
+		newCaches := make([]*graph.Node, 2*L)
+		S := caches[0].Shape().Dimensions[2]
+		B, T := pos.Shape().Dimensions[0], pos.Shape().Dimensions[1]
+		g := pos.Graph()
+		write := graph.OneHot(pos, S, e.dtype)                                   // [B,T,S]
+		keep := graph.OneMinus(graph.ReduceSum(write, 1))                        // [B,S]: 1 where no new token lands
+		keep = graph.Reshape(keep, B, 1, S, 1)                                   // broadcast over heads and hd
+		sIota := graph.Iota(g, shapeOf(pos.DType(), B, T, S), 2)                 // key position s
+		mask := graph.LessOrEqual(sIota, graph.BroadcastToDims(graph.InsertAxes(pos, -1), B, T, S))
+		logits := net.logits(tokens, cos, sin, func(l int, k, v *graph.Node) attnKV {
+			KVH, hd := k.Shape().Dimensions[1], k.Shape().Dimensions[3]
+			upd := func(cache, x *graph.Node) *graph.Node {
+				scattered := graph.Einsum("bts,bktd->bksd", write, x)
+				return graph.Add(graph.Mul(cache, graph.BroadcastToDims(keep, B, KVH, S, hd)), scattered)
+			}
+			nk, nv := upd(caches[2*l], k), upd(caches[2*l+1], v)
+			newCaches[2*l], newCaches[2*l+1] = nk, nv
+			return attnKV{k: nk, v: nv, mask: mask}
+		})
+		return append([]*graph.Node{logits}, newCaches...)
+	})
+}

@@ -1,0 +1,304 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func trainSteps(t *testing.T, e *Engine, id string, ids []int, steps int) {
+	t.Helper()
+	p := DefaultAdamParams()
+	p.LearningRate = 1e-2
+	for range steps {
+		if _, err := e.ForwardBackward(id, []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.OptimStep(id, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The KV-cache sampler and the training forward pass are one model: the logprobs the sampler
+// reports for its tokens equal those forward computes for the same sequence.
+func TestSampleLogprobsMatchForwardAndAreReproducible(t *testing.T) {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+		t.Run(string(arch), func(t *testing.T) {
+			e := loadTiny(t, arch, Options{})
+			prompt := e.Tokenizer.Encode("The quick brown fox")
+			seed := int64(7)
+			req := SampleRequest{Prompt: prompt, NumSamples: 3, PromptLogprobs: true,
+				Params: SampleParams{MaxTokens: 12, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}}
+			r1, err := e.Sample("", req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2, err := e.Sample("", req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(r1.Sequences, r2.Sequences) {
+				t.Fatal("same seed gave different samples")
+			}
+			if reflect.DeepEqual(r1.Sequences[0].Tokens, r1.Sequences[1].Tokens) {
+				t.Fatal("two samples of one request are identical: rows share a random stream")
+			}
+			for _, s := range r1.Sequences {
+				full := append(append([]int{}, prompt...), s.Tokens...)
+				fwd, err := e.Forward("", []Datum{textDatum(full)}, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lp := fwd.Logprobs[0]
+				for i, want := range s.Logprobs {
+					got := lp[len(prompt)-1+i]
+					if math.Abs(got-want) > 2e-3 {
+						t.Fatalf("token %d: sampler logprob %.5f, forward %.5f", i, want, got)
+					}
+				}
+				for i := 1; i < len(prompt); i++ {
+					if math.Abs(r1.PromptLogprobs[i]-lp[i-1]) > 2e-3 {
+						t.Fatalf("prompt token %d: %.5f vs forward %.5f", i, r1.PromptLogprobs[i], lp[i-1])
+					}
+				}
+			}
+			if !math.IsNaN(r1.PromptLogprobs[0]) {
+				t.Fatal("first prompt logprob must be NaN")
+			}
+		})
+	}
+}
+
+func TestGreedySamplingFollowsTraining(t *testing.T) {
+	e := loadTiny(t, ArchQwen2, Options{})
+	text := "The river flows past the mill, under the old stone bridge"
+	ids := e.Tokenizer.Encode(text)
+	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 8, TrainAttn: true, TrainMLP: true, TrainUnembed: true}); err != nil {
+		t.Fatal(err)
+	}
+	trainSteps(t, e, "a", ids, 40)
+	req := SampleRequest{Prompt: ids[:3], Params: SampleParams{MaxTokens: len(ids) - 3, Temperature: 0}}
+	r, err := e.Sample("a", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Tokenizer.Decode(append(ids[:3:3], r.Sequences[0].Tokens...)); got != text {
+		t.Fatalf("greedy sample after memorising: %q, want %q", got, text)
+	}
+	if r.Sequences[0].StopReason != "length" {
+		t.Fatalf("stop reason %q", r.Sequences[0].StopReason)
+	}
+	// Stop strings and stop tokens end the sequence with reason "stop".
+	req.Params.StopStrings = []string{"mill"}
+	r, err = e.Sample("a", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.Sequences[0]
+	prefix := e.Tokenizer.Decode(ids[:3])
+	want := text[len(prefix) : strings.Index(text, "mill")+len("mill")]
+	if s.StopReason != "stop" || e.Tokenizer.Decode(s.Tokens) != want {
+		t.Fatalf("stop string: %q (%s)", e.Tokenizer.Decode(s.Tokens), s.StopReason)
+	}
+	req.Params.StopStrings = nil
+	req.Params.StopTokens = []int{ids[5]}
+	r, err = e.Sample("a", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Sequences[0].Tokens; len(got) != 3 || got[2] != ids[5] || r.Sequences[0].StopReason != "stop" {
+		t.Fatalf("stop token: %v", got)
+	}
+}
+
+// Training adapter A changes neither adapter B's outputs nor the base model's.
+func TestAdaptersAreIsolated(t *testing.T) {
+	e := loadTiny(t, ArchLlama, Options{})
+	ids := e.Tokenizer.Encode("Many users can fine-tune their own adapters.")
+	cfg := LoraConfig{Rank: 4, Seed: 1, TrainAttn: true, TrainMLP: true, TrainUnembed: true}
+	for _, id := range []string{"A", "B"} {
+		if _, err := e.CreateAdapter(id, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trainSteps(t, e, "B", ids, 2) // give B non-zero weights of its own
+	probe := []Datum{textDatum(ids)}
+	before := map[string][]float64{}
+	for _, id := range []string{"", "B"} {
+		r, err := e.Forward(id, probe, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[id] = r.Logprobs[0]
+	}
+	a0, _ := e.Forward("A", probe, "cross_entropy", nil)
+	trainSteps(t, e, "A", ids, 5)
+	a1, _ := e.Forward("A", probe, "cross_entropy", nil)
+	if reflect.DeepEqual(a0.Logprobs, a1.Logprobs) {
+		t.Fatal("training A did not change A")
+	}
+	for _, id := range []string{"", "B"} {
+		r, err := e.Forward(id, probe, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(before[id], r.Logprobs[0]) {
+			t.Fatalf("training A changed model %q", id)
+		}
+	}
+}
+
+func TestSaveLoadRoundTrip(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	ids := e.Tokenizer.Encode("Good software is small, clear and tested.")
+	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true}); err != nil {
+		t.Fatal(err)
+	}
+	trainSteps(t, e, "a", ids, 3)
+	// A pending gradient must survive too.
+	if _, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := e.SaveAdapter("a", dir, true); err != nil {
+		t.Fatal(err)
+	}
+	samplerDir := t.TempDir()
+	if err := e.SaveAdapter("a", samplerDir, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(samplerDir, OptimizerFile)); !os.IsNotExist(err) {
+		t.Fatal("sampler-only save wrote optimizer state")
+	}
+	if err := e.LoadAdapter("b", samplerDir, true); !errors.Is(err, ErrNoOptimizerState) {
+		t.Fatalf("loading optimizer from a sampler save: %v", err)
+	}
+	if err := e.LoadAdapter("b", dir, true); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := e.adapter("a")
+	b, _ := e.adapter("b")
+	if a.Step != b.Step || a.Step != 3 {
+		t.Fatalf("steps %d and %d", a.Step, b.Step)
+	}
+	for i := range a.params {
+		pa, pb := a.params[i], b.params[i]
+		if !reflect.DeepEqual(pa.w, pb.w) || !reflect.DeepEqual(pa.m, pb.m) || !reflect.DeepEqual(pa.v, pb.v) || !reflect.DeepEqual(pa.g, pb.g) {
+			t.Fatalf("%s differs after round trip", pa.name)
+		}
+	}
+	// Identical state means identical futures: one more step on each gives the same weights.
+	trainSteps(t, e, "a", ids, 1)
+	trainSteps(t, e, "b", ids, 1)
+	for i := range a.params {
+		if !reflect.DeepEqual(a.params[i].w, b.params[i].w) {
+			t.Fatalf("%s diverged after a step", a.params[i].name)
+		}
+	}
+	cfg, err := ReadAdapterConfig(dir)
+	if err != nil || cfg.Rank != 4 || !cfg.TrainAttn || !cfg.TrainMLP || cfg.TrainUnembed {
+		t.Fatalf("adapter config %+v, %v", cfg, err)
+	}
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	e := loadTiny(t, ArchQwen2, Options{})
+	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 4, TrainAttn: true}); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.Tokenizer.Encode("Every error should say what went wrong.")
+	trainSteps(t, e, "a", ids, 1)
+	good := textDatum(ids)
+	if _, err := e.ForwardBackward("a", []Datum{good}, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := e.adapter("a")
+	snapshot := func() [][]float64 {
+		var s [][]float64
+		for _, p := range a.params {
+			s = append(s, append([]float64(nil), p.w...), append([]float64(nil), p.g...), append([]float64(nil), p.m...))
+		}
+		return s
+	}
+	before := snapshot()
+	with := func(mut func(d *Datum)) []Datum {
+		d := textDatum(ids)
+		mut(&d)
+		return []Datum{good, d}
+	}
+	V := e.Config.VocabSize
+	long := make([]int, e.Config.MaxPositionEmbeddings+2)
+	cases := []struct {
+		name, loss, field string
+		data               []Datum
+		cfg                map[string]float64
+	}{
+		{"token id ≥ vocab", "cross_entropy", "model_input", with(func(d *Datum) { d.Tokens[2] = V }), nil},
+		{"negative target", "cross_entropy", "loss_fn_inputs.target_tokens", with(func(d *Datum) { d.Inputs["target_tokens"].Data[0] = -1 }), nil},
+		{"short weights", "cross_entropy", "loss_fn_inputs.weights", with(func(d *Datum) {
+			d.Inputs["weights"] = TensorInput{DType: "float32", Data: []float64{1}}
+		}), nil},
+		{"float targets", "cross_entropy", "loss_fn_inputs.target_tokens", with(func(d *Datum) {
+			tt := d.Inputs["target_tokens"]
+			tt.DType = "float32"
+			d.Inputs["target_tokens"] = tt
+		}), nil},
+		{"NaN weight", "cross_entropy", "loss_fn_inputs.weights", with(func(d *Datum) { d.Inputs["weights"].Data[1] = math.NaN() }), nil},
+		{"Inf advantage", "importance_sampling", "loss_fn_inputs.advantages", []Datum{rlDatum(ids, -1, 1), func() Datum {
+			d := rlDatum(ids, -1, 1)
+			d.Inputs["advantages"].Data[0] = math.Inf(1)
+			return d
+		}()}, nil},
+		{"missing advantages", "ppo", "loss_fn_inputs.advantages", []Datum{func() Datum {
+			d := rlDatum(ids, -1, 1)
+			delete(d.Inputs, "advantages")
+			return d
+		}()}, nil},
+		{"unknown loss", "hinge", "loss_fn", []Datum{good}, nil},
+		{"unknown config", "ppo", "loss_fn_config.temperature", []Datum{rlDatum(ids, -1, 1)}, map[string]float64{"temperature": 1}},
+		{"empty batch", "cross_entropy", "data", nil, nil},
+		{"too long", "cross_entropy", "model_input", []Datum{{Tokens: long, Inputs: map[string]TensorInput{
+			"target_tokens": {DType: "int64", Data: make([]float64, len(long))}}}}, nil},
+	}
+	for _, c := range cases {
+		_, err := e.ForwardBackward("a", c.data, c.loss, c.cfg)
+		var ie *InputError
+		if !errors.As(err, &ie) || !errors.Is(err, ErrInvalidInput) {
+			t.Fatalf("%s: want an InputError, got %v", c.name, err)
+		}
+		if ie.Field != c.field {
+			t.Fatalf("%s: error names field %q, want %q (%v)", c.name, ie.Field, c.field, err)
+		}
+		if len(c.data) == 2 && ie.Datum != 1 {
+			t.Fatalf("%s: error names datum %d, want 1", c.name, ie.Datum)
+		}
+	}
+	if !reflect.DeepEqual(before, snapshot()) {
+		t.Fatal("a rejected request changed the adapter")
+	}
+	for _, rank := range []int{0, -1, 129} {
+		if _, err := e.CreateAdapter("r", LoraConfig{Rank: rank, TrainAttn: true}); !errors.Is(err, ErrInvalidInput) {
+			t.Fatalf("rank %d: %v", rank, err)
+		}
+	}
+	if _, err := e.Sample("a", SampleRequest{Prompt: make([]int, e.Config.MaxPositionEmbeddings)}); !errors.Is(err, ErrInvalidInput) {
+		t.Fatalf("over-long prompt: %v", err)
+	}
+	if _, err := e.Sample("a", SampleRequest{Prompt: []int{V + 5}}); !errors.Is(err, ErrInvalidInput) {
+		t.Fatalf("bad prompt token: %v", err)
+	}
+	if _, err := e.OptimStep("a", AdamParams{LearningRate: math.NaN()}); !errors.Is(err, ErrInvalidInput) {
+		t.Fatalf("NaN learning rate: %v", err)
+	}
+	if !reflect.DeepEqual(before, snapshot()) {
+		t.Fatal("a rejected request changed the adapter")
+	}
+	if _, err := e.ForwardBackward("nope", []Datum{good}, "cross_entropy", nil); !errors.Is(err, ErrUnknownAdapter) {
+		t.Fatalf("unknown adapter: %v", err)
+	}
+}

@@ -1,0 +1,141 @@
+package engine
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/skein-ai/skein/engine/tokenizer"
+	"github.com/skein-ai/skein/safetensors"
+)
+
+//go:embed corpus.txt
+var corpus string
+
+// Corpus is the short text the tiny tokenizers are trained on; tests train models on it too.
+func Corpus() string { return corpus }
+
+// Preset is a size for generated models.
+type Preset struct {
+	Hidden, Layers, Heads, KVHeads, FFN, Vocab, Context int
+}
+
+// Presets: tiny for tests, small for benchmarks.
+var Presets = map[string]Preset{
+	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
+	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048},
+}
+
+// SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
+var SpecialTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+// InitTiny writes a deterministic random model in Hugging Face format to dir:
+// config.json, model.safetensors (f32) and a byte-level BPE tokenizer.json trained on Corpus().
+func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
+	p, ok := Presets[presetName]
+	if !ok {
+		return fmt.Errorf("unknown preset %q (tiny, small)", presetName)
+	}
+	tokJSON, err := tokenizer.Train(corpus, p.Vocab, SpecialTokens)
+	if err != nil {
+		return err
+	}
+	tok, err := tokenizer.Parse(tokJSON)
+	if err != nil {
+		return err
+	}
+	if tok.VocabSize() > p.Vocab {
+		return fmt.Errorf("tokenizer has %d ids, more than the preset's vocab %d", tok.VocabSize(), p.Vocab)
+	}
+	eos, _ := tok.TokenID("<|endoftext|>")
+	imEnd, _ := tok.TokenID("<|im_end|>")
+	cfg := map[string]any{
+		"vocab_size": p.Vocab, "hidden_size": p.Hidden, "intermediate_size": p.FFN,
+		"num_hidden_layers": p.Layers, "num_attention_heads": p.Heads, "num_key_value_heads": p.KVHeads,
+		"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": p.Context,
+		"hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
+		"initializer_range": 0.02, "use_cache": true, "transformers_version": "4.51.0",
+	}
+	switch arch {
+	case ArchLlama:
+		cfg["architectures"] = []string{"LlamaForCausalLM"}
+		cfg["model_type"] = "llama"
+		cfg["attention_bias"] = false
+		cfg["mlp_bias"] = false
+		cfg["tie_word_embeddings"] = false
+		cfg["rope_theta"] = 500000.0
+		cfg["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+			"high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+	case ArchQwen2:
+		cfg["architectures"] = []string{"Qwen2ForCausalLM"}
+		cfg["model_type"] = "qwen2"
+		cfg["tie_word_embeddings"] = true
+		cfg["use_sliding_window"] = false
+	case ArchQwen3:
+		cfg["architectures"] = []string{"Qwen3ForCausalLM"}
+		cfg["model_type"] = "qwen3"
+		cfg["tie_word_embeddings"] = true
+		cfg["head_dim"] = 2 * p.Hidden / p.Heads // Qwen3 decouples head_dim from hidden/heads
+		cfg["attention_bias"] = false
+	default:
+		return fmt.Errorf("unknown architecture %q (llama, qwen2, qwen3)", arch)
+	}
+	cb, _ := json.MarshalIndent(cfg, "", "  ")
+	var c Config
+	if err := json.Unmarshal(cb, &c); err != nil {
+		return err
+	}
+	if err := c.finish(); err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
+	tensors := map[string]safetensors.Tensor{}
+	for _, name := range c.weightNames() {
+		shape := c.expectedShape(name)
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		switch {
+		case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
+			for i := range v { // norms start near one, as trained models have them
+				v[i] = float32(1 + 0.1*rng.NormFloat64())
+			}
+		case filepath.Ext(name) == ".bias":
+			for i := range v {
+				v[i] = float32(0.02 * rng.NormFloat64())
+			}
+		default:
+			// Unit-variance projections and modest embeddings: a random model whose attention
+			// and logits are not flat, so tests exercise every part of the network.
+			std := 1 / math.Sqrt(float64(shape[1]))
+			if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+				std = 0.1
+			}
+			for i := range v {
+				v[i] = float32(std * rng.NormFloat64())
+			}
+		}
+		tensors[name] = safetensors.FromFloat32(v, shape...)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cb, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
+		return err
+	}
+	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}
+	gb, _ := json.MarshalIndent(gen, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gb, 0o644); err != nil {
+		return err
+	}
+	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}

@@ -1,0 +1,361 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/gomlx/core/graph"
+	"github.com/gomlx/gomlx/core/tensors"
+)
+
+// TensorInput is one loss_fn_inputs entry: a flat array with its declared dtype and shape.
+type TensorInput struct {
+	DType string    // "int64" or "float32" (as on the wire)
+	Shape []int     // nil means 1-D of len(Data)
+	Data  []float64 // integers are exact up to 2^53
+}
+
+// Datum is one training example: the model input tokens and the loss inputs, position i of
+// the tokens predicting target_tokens[i].
+type Datum struct {
+	Tokens []int
+	Inputs map[string]TensorInput
+}
+
+// ForwardResult is what forward and forward_backward return.
+type ForwardResult struct {
+	Logprobs [][]float64 // per datum, target-token logprobs
+	Losses   [][]float64 // per datum, per-token loss
+	Loss     float64     // sum of all per-token losses
+	Metrics  map[string]float64
+}
+
+// LossNames are the supported loss functions.
+var LossNames = []string{lossCrossEntropy, lossImportance, lossPPO, lossCISPO, lossDRO}
+
+type lossDef struct {
+	required []string           // loss_fn_inputs beside target_tokens
+	optional map[string]float64 // optional float inputs with their default per token
+	config   map[string]float64 // loss_fn_config keys and defaults
+}
+
+var lossDefs = map[string]lossDef{
+	lossCrossEntropy: {optional: map[string]float64{"weights": 1}},
+	lossImportance:   {required: []string{"logprobs", "advantages"}},
+	lossPPO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+	lossCISPO:        {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0, "clip_high_threshold": 4}},
+	lossDRO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"beta": 0.05}},
+}
+
+// prepared is a validated batch, ready to be cut into graph calls.
+type prepared struct {
+	data    []Datum
+	tokens  [][]int
+	targets [][]int
+	weights [][]float64
+	oldLP   [][]float64
+	adv     [][]float64
+	lo, hi, beta float64
+}
+
+func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
+	def, ok := lossDefs[loss]
+	if !ok {
+		return nil, inputErr(-1, "loss_fn", "unknown loss function %q (supported: %v)", loss, LossNames)
+	}
+	if len(data) == 0 {
+		return nil, inputErr(-1, "data", "empty batch")
+	}
+	keys := make([]string, 0, len(cfg))
+	for k := range cfg {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	conf := map[string]float64{}
+	for k, v := range def.config {
+		conf[k] = v
+	}
+	for _, k := range keys {
+		if _, ok := def.config[k]; !ok {
+			return nil, inputErr(-1, "loss_fn_config."+k, "not a parameter of %s", loss)
+		}
+		if math.IsNaN(cfg[k]) || math.IsInf(cfg[k], 0) {
+			return nil, inputErr(-1, "loss_fn_config."+k, "must be finite")
+		}
+		conf[k] = cfg[k]
+	}
+	p := &prepared{data: data, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
+	if p.lo > p.hi {
+		return nil, inputErr(-1, "loss_fn_config", "clip_low_threshold %v > clip_high_threshold %v", p.lo, p.hi)
+	}
+	V, maxLen := e.Config.VocabSize, e.Config.MaxPositionEmbeddings
+	for i, d := range data {
+		n := len(d.Tokens)
+		if n == 0 {
+			return nil, inputErr(i, "model_input", "no tokens")
+		}
+		if n > maxLen {
+			return nil, inputErr(i, "model_input", "%d tokens exceed the model's context of %d", n, maxLen)
+		}
+		for j, t := range d.Tokens {
+			if t < 0 || t >= V {
+				return nil, inputErr(i, "model_input", "token %d at position %d is outside the vocabulary [0, %d)", t, j, V)
+			}
+		}
+		allowed := map[string]bool{"target_tokens": true}
+		for _, k := range def.required {
+			allowed[k] = true
+		}
+		for k := range def.optional {
+			allowed[k] = true
+		}
+		for k := range d.Inputs {
+			if !allowed[k] {
+				return nil, inputErr(i, "loss_fn_inputs."+k, "not an input of %s", loss)
+			}
+		}
+		tt, err := vectorInput(i, d, "target_tokens", true, n)
+		if err != nil {
+			return nil, err
+		}
+		targets := make([]int, n)
+		for j, v := range tt {
+			if v < 0 || v >= float64(V) {
+				return nil, inputErr(i, "loss_fn_inputs.target_tokens", "token %v at position %d is outside the vocabulary [0, %d)", v, j, V)
+			}
+			targets[j] = int(v)
+		}
+		get := func(name string, def float64) ([]float64, error) {
+			if _, ok := d.Inputs[name]; !ok {
+				out := make([]float64, n)
+				for j := range out {
+					out[j] = def
+				}
+				return out, nil
+			}
+			return vectorInput(i, d, name, false, n)
+		}
+		for _, k := range def.required {
+			if _, ok := d.Inputs[k]; !ok {
+				return nil, inputErr(i, "loss_fn_inputs."+k, "required by %s", loss)
+			}
+		}
+		w, err := get("weights", def.optional["weights"])
+		if err != nil {
+			return nil, err
+		}
+		lp, err := get("logprobs", 0)
+		if err != nil {
+			return nil, err
+		}
+		adv, err := get("advantages", 0)
+		if err != nil {
+			return nil, err
+		}
+		p.tokens = append(p.tokens, d.Tokens)
+		p.targets = append(p.targets, targets)
+		p.weights = append(p.weights, w)
+		p.oldLP = append(p.oldLP, lp)
+		p.adv = append(p.adv, adv)
+	}
+	return p, nil
+}
+
+// vectorInput checks one loss input is 1-D of length n, of the right kind, all finite.
+func vectorInput(datum int, d Datum, name string, integer bool, n int) ([]float64, error) {
+	field := "loss_fn_inputs." + name
+	t, ok := d.Inputs[name]
+	if !ok {
+		return nil, inputErr(datum, field, "missing")
+	}
+	if integer && t.DType != "int64" && t.DType != "int32" {
+		return nil, inputErr(datum, field, "dtype %q, want int64", t.DType)
+	}
+	if !integer && t.DType != "float32" && t.DType != "float64" && t.DType != "bfloat16" {
+		return nil, inputErr(datum, field, "dtype %q, want float32", t.DType)
+	}
+	if t.Shape != nil && (len(t.Shape) != 1 || t.Shape[0] != len(t.Data)) {
+		return nil, inputErr(datum, field, "shape %v, want [%d]", t.Shape, n)
+	}
+	if len(t.Data) != n {
+		return nil, inputErr(datum, field, "length %d, want %d (the number of model_input tokens)", len(t.Data), n)
+	}
+	for j, v := range t.Data {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, inputErr(datum, field, "non-finite value %v at position %d", v, j)
+		}
+		if integer && v != math.Trunc(v) {
+			return nil, inputErr(datum, field, "non-integer value %v at position %d", v, j)
+		}
+	}
+	return t.Data, nil
+}
+
+// chunks cuts a batch into graph calls of at most MaxBatchTokens padded tokens.
+func (e *Engine) chunks(lengths []int) [][2]int {
+	var out [][2]int
+	start, maxLen := 0, 0
+	for i, n := range lengths {
+		m := max(maxLen, n)
+		if i > start && bucket(i-start+1, 1)*bucket(m, 16) > e.opts.MaxBatchTokens {
+			out = append(out, [2]int{start, i})
+			start, m = i, n
+		}
+		maxLen = m
+	}
+	return append(out, [2]int{start, len(lengths)})
+}
+
+// ForwardBackward computes the loss and adds its gradients to the adapter's accumulator.
+// On any error nothing about the adapter changes.
+func (e *Engine) ForwardBackward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
+	a, err := e.adapter(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.run(a, data, loss, cfg, true)
+}
+
+// Forward computes logprobs and loss without gradients; id "" is the bare base model.
+func (e *Engine) Forward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
+	var a *Adapter
+	if id != "" {
+		var err error
+		if a, err = e.adapter(id); err != nil {
+			return nil, err
+		}
+	}
+	return e.run(a, data, loss, cfg, false)
+}
+
+func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float64, backward bool) (*ForwardResult, error) {
+	p, err := e.prepare(data, loss, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}
+	var grads [][]float64
+	if backward {
+		grads = make([][]float64, len(a.params))
+		for i, q := range a.params {
+			grads[i] = make([]float64, len(q.w))
+		}
+	}
+	lengths := make([]int, len(data))
+	nTokens := 0
+	for i, t := range p.tokens {
+		lengths[i] = len(t)
+		nTokens += len(t)
+	}
+	lora := e.loraTensors(a)
+	for _, c := range e.chunks(lengths) {
+		if err := e.runChunk(a, p, c[0], c[1], loss, lora, backward, res, grads); err != nil {
+			return nil, err
+		}
+	}
+	if backward {
+		for i, q := range a.params {
+			for j, g := range grads[i] {
+				q.g[j] += g
+			}
+		}
+		a.pendingGrads = true
+	}
+	res.Metrics = map[string]float64{"loss:sum": res.Loss, "num_tokens:sum": float64(nTokens)}
+	return res, nil
+}
+
+func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora []*tensors.Tensor, backward bool, res *ForwardResult, grads [][]float64) error {
+	n := hi - lo
+	maxLen := 0
+	for i := lo; i < hi; i++ {
+		maxLen = max(maxLen, len(p.tokens[i]))
+	}
+	B, T := bucket(n, 1), bucket(maxLen, 16)
+	tok := make([]int32, B*T)
+	tgt := make([]int32, B*T)
+	valid := make([]bool, B*T)
+	w := make([]float64, B*T)
+	q := make([]float64, B*T)
+	adv := make([]float64, B*T)
+	pos := make([][]int, B)
+	for b := range B {
+		pos[b] = make([]int, T)
+		for t := range T {
+			pos[b][t] = t
+		}
+		if b >= n {
+			continue
+		}
+		i := lo + b
+		for t := range p.tokens[i] {
+			k := b*T + t
+			tok[k] = int32(p.tokens[i][t])
+			tgt[k] = int32(p.targets[i][t])
+			valid[k] = true
+			w[k], q[k], adv[k] = p.weights[i][t], p.oldLP[i][t], p.adv[i][t]
+		}
+	}
+	cos, sin := e.ropeTables(pos)
+	args := append([]*tensors.Tensor{}, e.base...)
+	args = append(args, lora...)
+	args = append(args, tensors.FromFlatDataAndDimensions(tok, B, T), cos, sin,
+		tensors.FromFlatDataAndDimensions(tgt, B, T), tensors.FromFlatDataAndDimensions(valid, B, T),
+		e.tensor(w, B, T), e.tensor(q, B, T), e.tensor(adv, B, T),
+		e.scalar(p.lo), e.scalar(p.hi), e.scalar(p.beta))
+	kind := "forward"
+	if backward {
+		kind = "train"
+	}
+	out, err := e.call(e.lossExec(kind, loss, specOf(a)), args)
+	if err != nil {
+		return err
+	}
+	lp, el, total := values(out[0]), values(out[1]), values(out[2])
+	for b := range n {
+		i := lo + b
+		L := len(p.tokens[i])
+		res.Logprobs[i] = lp[b*T : b*T+L]
+		res.Losses[i] = el[b*T : b*T+L]
+	}
+	res.Loss += total[0]
+	if backward {
+		for j := range grads {
+			g := values(out[3+j])
+			for k, v := range g {
+				grads[j][k] += v
+			}
+		}
+	}
+	return nil
+}
+
+// lossExec builds the forward (kind "forward") or forward+gradient (kind "train") graph.
+// Inputs: base weights, LoRA pairs, scale, tokens, cos, sin, then the loss inputs.
+// Outputs: logprobs [B,T], per-token loss [B,T], total loss, then d loss/d param for each LoRA matrix.
+func (e *Engine) lossExec(kind, loss string, spec loraSpec) *graph.Exec {
+	key := fmt.Sprintf("%s/%s/%+v", kind, loss, spec)
+	return e.exec(key, func(in []*graph.Node) []*graph.Node {
+		net, rest := takeNetInputs(e.Config, e.dtype, e.baseNames, spec, in)
+		tokens, cos, sin := rest[0], rest[1], rest[2]
+		li, _ := takeLossInputs(rest[3:])
+		logits := net.logits(tokens, cos, sin, func(_ int, k, v *graph.Node) attnKV { return causalKV(k, v) })
+		lp := targetLogprobs(logits, li.targets)
+		tl := tokenLoss(loss, lp, li)
+		total := graph.ReduceAllSum(tl)
+		outs := []*graph.Node{lp, tl, total}
+		if kind == "train" {
+			var params []*graph.Node
+			for _, m := range e.Config.loraModules(spec) {
+				ab := net.lora[m.Path]
+				params = append(params, ab[0], ab[1])
+			}
+			outs = append(outs, graph.Gradient(total, params...)...)
+		}
+		return outs
+	})
+}
+
+var _ = dtypes.Float32

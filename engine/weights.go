@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/skein-ai/skein/safetensors"
+)
+
+// hostTensor is a tensor held in Go memory, row-major, in float64 so one code path serves
+// the f32 engine and the f64 engine used by gradient checks. Base weights are converted to the
+// engine's dtype once, at load; these host copies are dropped after that.
+type hostTensor struct {
+	shape []int
+	data  []float64
+}
+
+func (t hostTensor) size() int {
+	n := 1
+	for _, d := range t.shape {
+		n *= d
+	}
+	return n
+}
+
+// weightNames lists the HF tensor names the model needs, in graph-input order.
+func (c *Config) weightNames() []string {
+	names := []string{"model.embed_tokens.weight"}
+	for l := range c.NumHiddenLayers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		names = append(names, p+"input_layernorm.weight")
+		for _, m := range []string{"q_proj", "k_proj", "v_proj", "o_proj"} {
+			names = append(names, p+"self_attn."+m+".weight")
+		}
+		if c.AttentionBias {
+			for _, m := range []string{"q_proj", "k_proj", "v_proj"} {
+				names = append(names, p+"self_attn."+m+".bias")
+			}
+		}
+		if c.Arch == ArchQwen3 {
+			names = append(names, p+"self_attn.q_norm.weight", p+"self_attn.k_norm.weight")
+		}
+		names = append(names, p+"post_attention_layernorm.weight")
+		for _, m := range []string{"gate_proj", "up_proj", "down_proj"} {
+			names = append(names, p+"mlp."+m+".weight")
+		}
+	}
+	names = append(names, "model.norm.weight")
+	if !c.TieWordEmbeddings {
+		names = append(names, "lm_head.weight")
+	}
+	return names
+}
+
+// expectedShape gives the HF shape of a named weight.
+func (c *Config) expectedShape(name string) []int {
+	D, F, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
+	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
+	suffix := func(s string) bool { return len(name) >= len(s) && name[len(name)-len(s):] == s }
+	switch {
+	case name == "model.embed_tokens.weight", name == "lm_head.weight":
+		return []int{c.VocabSize, D}
+	case suffix("layernorm.weight"), name == "model.norm.weight":
+		return []int{D}
+	case suffix("q_norm.weight"), suffix("k_norm.weight"):
+		return []int{hd}
+	case suffix("q_proj.weight"):
+		return []int{qd, D}
+	case suffix("k_proj.weight"), suffix("v_proj.weight"):
+		return []int{kvd, D}
+	case suffix("o_proj.weight"):
+		return []int{D, qd}
+	case suffix("q_proj.bias"):
+		return []int{qd}
+	case suffix("k_proj.bias"), suffix("v_proj.bias"):
+		return []int{kvd}
+	case suffix("gate_proj.weight"), suffix("up_proj.weight"):
+		return []int{F, D}
+	case suffix("down_proj.weight"):
+		return []int{D, F}
+	}
+	return nil
+}
+
+// loadWeights reads model.safetensors or the shards named in model.safetensors.index.json.
+func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
+	files := []string{"model.safetensors"}
+	if b, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return nil, fmt.Errorf("engine: parsing safetensors index: %w", err)
+		}
+		seen := map[string]bool{}
+		files = files[:0]
+		for _, f := range idx.WeightMap {
+			if !seen[f] {
+				seen[f] = true
+				files = append(files, f)
+			}
+		}
+		sort.Strings(files)
+	}
+	want := map[string]bool{}
+	for _, n := range c.weightNames() {
+		want[n] = true
+	}
+	out := map[string]hostTensor{}
+	for _, f := range files {
+		st, err := safetensors.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		for name, t := range st.Tensors {
+			if !want[name] {
+				continue // e.g. rotary_emb.inv_freq in old checkpoints
+			}
+			exp := c.expectedShape(name)
+			if !sameShape(exp, t.Shape) {
+				return nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, exp)
+			}
+			v, err := t.Float64()
+			if err != nil {
+				return nil, fmt.Errorf("engine: weight %s: %w", name, err)
+			}
+			out[name] = hostTensor{shape: t.Shape, data: v}
+		}
+	}
+	for n := range want {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("engine: weight %s missing from %s", n, dir)
+		}
+	}
+	return out, nil
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

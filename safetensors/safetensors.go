@@ -1,0 +1,247 @@
+// Package safetensors reads and writes the safetensors format used by Hugging Face
+// checkpoints and PEFT adapters: an 8-byte little-endian header length, a JSON
+// header mapping tensor names to dtype, shape and byte range, then the raw data.
+//
+// Only what skein needs is here: F32, F64, F16 and BF16 tensors, all read as
+// float32 or float64 (bf16 and f16 are widened on load).
+package safetensors
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+)
+
+// Tensor is one named array as stored in a file.
+type Tensor struct {
+	DType string // "F32", "F64", "F16", "BF16"
+	Shape []int
+	Data  []byte // raw little-endian bytes
+}
+
+// ErrFormat is returned for a file that is not valid safetensors.
+var ErrFormat = errors.New("safetensors: invalid file")
+
+type headerEntry struct {
+	DType       string  `json:"dtype"`
+	Shape       []int   `json:"shape"`
+	DataOffsets [2]int64 `json:"data_offsets"`
+}
+
+// File is a parsed safetensors file.
+type File struct {
+	Metadata map[string]string
+	Tensors  map[string]Tensor
+}
+
+// ReadFile parses a whole file into memory.
+func ReadFile(path string) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Parse decodes safetensors bytes. Tensor data slices alias b.
+func Parse(b []byte) (*File, error) {
+	if len(b) < 8 {
+		return nil, fmt.Errorf("%w: too short", ErrFormat)
+	}
+	n := binary.LittleEndian.Uint64(b[:8])
+	if n > uint64(len(b)-8) {
+		return nil, fmt.Errorf("%w: header length %d beyond file", ErrFormat, n)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+		return nil, fmt.Errorf("%w: header: %v", ErrFormat, err)
+	}
+	data := b[8+n:]
+	f := &File{Tensors: map[string]Tensor{}}
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			_ = json.Unmarshal(msg, &f.Metadata)
+			continue
+		}
+		var e headerEntry
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, fmt.Errorf("%w: tensor %q: %v", ErrFormat, name, err)
+		}
+		size, ok := dtypeSize(e.DType)
+		if !ok {
+			return nil, fmt.Errorf("%w: tensor %q: unsupported dtype %s", ErrFormat, name, e.DType)
+		}
+		count := 1
+		for _, d := range e.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("%w: tensor %q: negative dimension", ErrFormat, name)
+			}
+			count *= d
+		}
+		lo, hi := e.DataOffsets[0], e.DataOffsets[1]
+		if lo < 0 || hi < lo || hi > int64(len(data)) || hi-lo != int64(count*size) {
+			return nil, fmt.Errorf("%w: tensor %q: bad data offsets", ErrFormat, name)
+		}
+		f.Tensors[name] = Tensor{DType: e.DType, Shape: e.Shape, Data: data[lo:hi]}
+	}
+	return f, nil
+}
+
+func dtypeSize(dt string) (int, bool) {
+	switch dt {
+	case "F32", "I32":
+		return 4, true
+	case "F64", "I64":
+		return 8, true
+	case "F16", "BF16":
+		return 2, true
+	}
+	return 0, false
+}
+
+// Float32 returns the tensor's values widened or narrowed to float32.
+func (t Tensor) Float32() ([]float32, error) {
+	switch t.DType {
+	case "F32":
+		out := make([]float32, len(t.Data)/4)
+		for i := range out {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		}
+		return out, nil
+	case "F64":
+		out := make([]float32, len(t.Data)/8)
+		for i := range out {
+			out[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(t.Data[8*i:])))
+		}
+		return out, nil
+	case "BF16":
+		out := make([]float32, len(t.Data)/2)
+		for i := range out {
+			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(t.Data[2*i:])) << 16)
+		}
+		return out, nil
+	case "F16":
+		out := make([]float32, len(t.Data)/2)
+		for i := range out {
+			out[i] = halfToFloat(binary.LittleEndian.Uint16(t.Data[2*i:]))
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("safetensors: cannot convert %s to float32", t.DType)
+}
+
+// Float64 returns the values as float64 (F64 exactly, others widened).
+func (t Tensor) Float64() ([]float64, error) {
+	if t.DType == "F64" {
+		out := make([]float64, len(t.Data)/8)
+		for i := range out {
+			out[i] = math.Float64frombits(binary.LittleEndian.Uint64(t.Data[8*i:]))
+		}
+		return out, nil
+	}
+	f, err := t.Float32()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(f))
+	for i, v := range f {
+		out[i] = float64(v)
+	}
+	return out, nil
+}
+
+func halfToFloat(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	frac := uint32(h) & 0x3ff
+	switch {
+	case exp == 0 && frac == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		v := float32(frac) / 1024 * float32(math.Pow(2, -14))
+		if sign != 0 {
+			v = -v
+		}
+		return v
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | frac<<13)
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | frac<<13)
+}
+
+// FromFloat32 makes an F32 tensor.
+func FromFloat32(v []float32, shape ...int) Tensor {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return Tensor{DType: "F32", Shape: shape, Data: b}
+}
+
+// FromFloat64 makes an F64 tensor.
+func FromFloat64(v []float64, shape ...int) Tensor {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(x))
+	}
+	return Tensor{DType: "F64", Shape: shape, Data: b}
+}
+
+// Encode serializes tensors, names sorted so output is deterministic.
+func Encode(tensors map[string]Tensor, metadata map[string]string) ([]byte, error) {
+	names := make([]string, 0, len(tensors))
+	for n := range tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	header := map[string]any{}
+	if len(metadata) > 0 {
+		header["__metadata__"] = metadata
+	}
+	var off int64
+	for _, n := range names {
+		t := tensors[n]
+		shape := t.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		header[n] = headerEntry{DType: t.DType, Shape: shape, DataOffsets: [2]int64{off, off + int64(len(t.Data))}}
+		off += int64(len(t.Data))
+	}
+	h, err := json.Marshal(header)
+	if err != nil {
+		return nil, err
+	}
+	// Pad the header with spaces to 8-byte alignment, as the reference writer does.
+	for len(h)%8 != 0 {
+		h = append(h, ' ')
+	}
+	out := make([]byte, 8, 8+len(h)+int(off))
+	binary.LittleEndian.PutUint64(out, uint64(len(h)))
+	out = append(out, h...)
+	for _, n := range names {
+		out = append(out, tensors[n].Data...)
+	}
+	return out, nil
+}
+
+// WriteFile encodes and writes atomically (temp file + rename).
+func WriteFile(path string, tensors map[string]Tensor, metadata map[string]string) error {
+	b, err := Encode(tensors, metadata)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

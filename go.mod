@@ -6,7 +6,9 @@ require (
 	github.com/dlclark/regexp2 v1.11.5
 	github.com/gomlx/compute v0.1.2
 	github.com/gomlx/gomlx v0.28.2
+	github.com/klauspost/compress v1.20.4
 	golang.org/x/text v0.44.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (

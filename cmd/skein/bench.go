@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+func benchEngine(args []string) error {
+	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
+	model := fs.String("model", "", "model directory (e.g. one made by `skein model init-tiny --preset small`)")
+	batch := fs.Int("batch", 8, "sequences per forward_backward")
+	seq := fs.Int("seq", 256, "tokens per sequence")
+	rank := fs.Int("rank", 16, "LoRA rank")
+	steps := fs.Int("steps", 3, "timed training steps")
+	decode := fs.Int("decode", 32, "tokens to decode per sequence")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	if *model == "" {
+		return fmt.Errorf("--model is required")
+	}
+	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq})
+	if err != nil {
+		return err
+	}
+	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: *rank, TrainAttn: true, TrainMLP: true}); err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	V := e.Config.VocabSize
+	data := make([]engine.Datum, *batch)
+	for i := range data {
+		toks := make([]int, *seq)
+		tg := make([]float64, *seq)
+		w := make([]float64, *seq)
+		for j := range toks {
+			toks[j] = rng.IntN(V)
+			tg[j] = float64(rng.IntN(V))
+			w[j] = 1
+		}
+		data[i] = engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
+			"target_tokens": {DType: "int64", Data: tg}, "weights": {DType: "float32", Data: w}}}
+	}
+	step := func() error {
+		if _, err := e.ForwardBackward("bench", data, "cross_entropy", nil); err != nil {
+			return err
+		}
+		_, err := e.OptimStep("bench", engine.DefaultAdamParams())
+		return err
+	}
+	if err := step(); err != nil { // compile
+		return err
+	}
+	start := time.Now()
+	for range *steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	stepTime := time.Since(start) / time.Duration(*steps)
+	tokens := *batch * *seq
+	res := map[string]float64{
+		"step_ms":            float64(stepTime.Microseconds()) / 1000,
+		"train_tokens_per_s": float64(tokens) / stepTime.Seconds(),
+		"train_gflops":       e.Config.TrainFLOPs(tokens, *seq) / stepTime.Seconds() / 1e9,
+	}
+	if res["peak_gflops"], err = engine.MatmulGFLOPS(1024, 5); err != nil {
+		return err
+	}
+	for _, b := range []int{1, 8} {
+		prompt := data[0].Tokens[:16]
+		req := engine.SampleRequest{Prompt: prompt, NumSamples: b, Params: engine.SampleParams{MaxTokens: *decode, Temperature: 1, TopK: -1, TopP: 1}}
+		if _, err := e.Sample("bench", req); err != nil { // compile
+			return err
+		}
+		start := time.Now()
+		r, err := e.Sample("bench", req)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, s := range r.Sequences {
+			n += len(s.Tokens)
+		}
+		res[fmt.Sprintf("decode_tokens_per_s_b%d", b)] = float64(n) / time.Since(start).Seconds()
+	}
+	cs := e.CompileStats()
+	res["compiles"] = float64(cs.Count)
+	res["compile_s"] = cs.Total.Seconds()
+	if *asJSON {
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+		return nil
+	}
+	fmt.Printf("model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", *model, e.Config.Arch,
+		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
+	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step, %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%)\n",
+		res["train_tokens_per_s"], res["step_ms"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"])
+	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f tokens/s at batch 8\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"])
+	fmt.Printf("graph compiles: %d, %.2f s in all (each time includes one run)\n", cs.Count, cs.Total.Seconds())
+	return nil
+}

@@ -1,0 +1,168 @@
+// Command skein is the one binary: serve, model, bench.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+)
+
+const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
+
+  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]...
+  skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small] [--seed N]
+  skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
+`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "skein:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		fmt.Print(usage)
+		return errors.New("no command")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:])
+	case "model":
+		if len(args) < 2 || args[1] != "init-tiny" {
+			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P]")
+		}
+		return initTiny(args[2:])
+	case "bench":
+		if len(args) < 2 || args[1] != "engine" {
+			return errors.New("usage: skein bench engine --model DIR")
+		}
+		return benchEngine(args[2:])
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+// envDefault reads SKEIN_<NAME> for a flag default.
+func envDefault(name, def string) string {
+	if v := os.Getenv("SKEIN_" + strings.ToUpper(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// splitFlags lets flags and positional arguments come in any order.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func initTiny(args []string) error {
+	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
+	arch := fs.String("arch", "qwen3", "llama, qwen2 or qwen3")
+	preset := fs.String("preset", "tiny", "tiny or small")
+	seed := fs.Uint64("seed", 1, "random seed")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small]")
+	}
+	if err := engine.InitTiny(pos[0], engine.Arch(*arch), *preset, *seed); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s model (%s preset) to %s\n", *arch, *preset, pos[0])
+	return nil
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	addr := fs.String("addr", envDefault("addr", "127.0.0.1:8000"), "listen address")
+	data := fs.String("data", envDefault("data", "./skein-data"), "data directory")
+	var models, names multiFlag
+	fs.Var(&models, "model", "Hugging Face model directory (repeatable); default: a generated tiny model")
+	fs.Var(&names, "name", "base-model name clients use for the matching --model (default: directory name)")
+	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := os.MkdirAll(*data, 0o755); err != nil {
+		return err
+	}
+	if len(models) == 0 {
+		dir := filepath.Join(*data, "models", "tiny-qwen3")
+		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+			log.Info("no --model given: generating the tiny model", "dir", dir)
+			if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+				return err
+			}
+		}
+		models = append(models, dir)
+	}
+	reps := map[string]*replica.Replica{}
+	for i, dir := range models {
+		name := filepath.Base(filepath.Clean(dir))
+		if i < len(names) {
+			name = names[i]
+		}
+		start := time.Now()
+		e, err := engine.Load(dir, engine.Options{})
+		if err != nil {
+			return err
+		}
+		if _, dup := reps[name]; dup {
+			return fmt.Errorf("two models named %q: use --name", name)
+		}
+		reps[name] = replica.New(fmt.Sprintf("%s-0", name), name, e)
+		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "took", time.Since(start).Round(time.Millisecond))
+	}
+	srv := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log}, reps)
+	defer srv.Close()
+	hs := &http.Server{Addr: *addr, Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- hs.ListenAndServe() }()
+	log.Info("skein serving the Tinker API", "addr", "http://"+*addr, "data", *data)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return hs.Shutdown(shutdown)
+}

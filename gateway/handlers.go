@@ -1,0 +1,1116 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+)
+
+const v1 = "/api/v1/"
+
+func (s *Server) routes() {
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	s.handle("POST "+v1+"client/config", false, s.clientConfig)
+	s.handle("POST "+v1+"client/dynamic_config", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
+		return map[string]any{"refresh_interval_sec": 300}, nil
+	})
+	s.handle("GET "+v1+"healthz", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
+		return map[string]string{"status": "ok"}, nil
+	})
+	s.handle("GET "+v1+"get_server_capabilities", false, s.capabilities)
+	s.handle("POST "+v1+"create_session", true, s.createSession)
+	s.handle("POST "+v1+"session_heartbeat", true, s.heartbeat)
+	s.handle("POST "+v1+"telemetry", true, func(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+		_, err := s.readBody(r)
+		return map[string]string{"status": "accepted"}, err
+	})
+	s.handle("POST "+v1+"create_model", true, s.createModel)
+	s.handle("POST "+v1+"get_info", true, s.getInfo)
+	s.handle("POST "+v1+"unload_model", true, s.unloadModel)
+	s.handle("POST "+v1+"forward_backward", true, s.forwardBackward)
+	s.handle("POST "+v1+"forward", true, s.forwardBackward)
+	s.handle("POST "+v1+"optim_step", true, s.optimStep)
+	s.handle("POST "+v1+"save_weights", true, s.saveWeights)
+	s.handle("POST "+v1+"save_weights_for_sampler", true, s.saveWeightsForSampler)
+	s.handle("POST "+v1+"load_weights", true, s.loadWeights)
+	s.handle("POST "+v1+"weights_info", true, s.weightsInfo)
+	s.handle("POST "+v1+"create_sampling_session", true, s.createSamplingSession)
+	s.handle("POST "+v1+"asample", true, s.asample)
+	s.handle("GET "+v1+"samplers/{id}", true, s.getSampler)
+	s.handle("POST "+v1+"retrieve_future", true, s.retrieveFuture)
+	s.handle("GET "+v1+"training_runs", true, s.listRuns)
+	s.handle("GET "+v1+"training_runs/{id}", true, s.getRun)
+	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
+	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.deleteCheckpoint)
+	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
+	s.handle("POST "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(true))
+	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(false))
+	s.handle("PUT "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/ttl", true, s.setTTL)
+	s.handle("GET "+v1+"checkpoints", true, s.listAllCheckpoints)
+	s.handle("GET "+v1+"sessions", true, s.listSessions)
+	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
+}
+
+func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	_, _ = s.readBody(r)
+	return map[string]any{
+		"use_pyqwest_transport": false, "pjwt_auth_enabled": false, "credential_default_source": "api_key",
+		"proto_compress_fwdbwd": false, "parallel_fwdbwd_chunks": true,
+		// SDK 0.22.3–0.24: send forward_backward (and forward) as protobuf.
+		"proto_write_fwdbwd": true, "fwd_via_fwdbwd": true,
+		"sample_enable_stuck_detection": true,
+	}, nil
+}
+
+func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, error) {
+	var models []map[string]any
+	for _, name := range s.order {
+		e := s.models[name].Engine
+		models = append(models, map[string]any{"model_name": name, "max_context_length": e.Config.MaxPositionEmbeddings})
+	}
+	return map[string]any{"supported_models": models}, nil
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req struct {
+		Tags         []string       `json:"tags"`
+		UserMetadata map[string]any `json:"user_metadata"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata}
+	s.mu.Lock()
+	s.sessions[sess.id] = sess
+	s.mu.Unlock()
+	return map[string]any{"session_id": sess.id, "type": "create_session"}, nil
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req struct {
+		SessionID string `json:"session_id"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[req.SessionID]
+	if sess == nil || sess.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
+	}
+	sess.heartbeat = time.Now()
+	return map[string]any{"type": "session_heartbeat"}, nil
+}
+
+// sweepSessions closes sessions that stopped heartbeating: their samplers go, their runs' adapters
+// are unloaded (their checkpoints stay).
+func (s *Server) sweepSessions(now time.Time) {
+	s.mu.Lock()
+	var expired []*session
+	for id, sess := range s.sessions {
+		if now.Sub(sess.heartbeat) > s.opts.SessionTimeout {
+			expired = append(expired, sess)
+			delete(s.sessions, id)
+		}
+	}
+	var drop []*trainingRun
+	for _, sess := range expired {
+		for _, id := range sess.samplers {
+			delete(s.samplers, id)
+		}
+		for _, id := range sess.runs {
+			if run := s.runs[id]; run != nil && run.ready {
+				drop = append(drop, run)
+				run.ready = false
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, run := range drop {
+		run := run
+		_ = run.rep.Run(func() {
+			run.rep.Engine.DeleteAdapter(run.id)
+			for _, e := range run.ephemeral {
+				run.rep.Engine.DeleteAdapter(e)
+			}
+		})
+	}
+}
+
+func (s *Server) sessionOf(tenant, id string) (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[id]
+	if sess == nil || sess.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "session %q not found", id)
+	}
+	return sess, nil
+}
+
+func (s *Server) replicaFor(base string) (*replica.Replica, error) {
+	rep, ok := s.models[base]
+	if !ok {
+		return nil, errf(http.StatusBadRequest, "unknown base model %q (this server has: %s)", base, strings.Join(s.order, ", "))
+	}
+	return rep, nil
+}
+
+// runOf finds a tenant's training run; another tenant's is a 404.
+func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run := s.runs[id]
+	if run == nil || run.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "model %q not found", id)
+	}
+	run.lastRequest = time.Now()
+	return run, nil
+}
+
+// futureResponse is what every async submit returns.
+func futureResponse(f *future, modelID string) map[string]any {
+	out := map[string]any{"request_id": f.id}
+	if modelID != "" {
+		out["model_id"] = modelID
+	}
+	return out
+}
+
+// userFault maps engine errors to the future's category.
+func categorize(err error) string {
+	if errors.Is(err, engine.ErrInvalidInput) || errors.Is(err, engine.ErrUnknownAdapter) || errors.Is(err, engine.ErrNoOptimizerState) {
+		return "user"
+	}
+	return "server"
+}
+
+func (s *Server) finish(f *future, result any, err error) {
+	if err != nil {
+		s.futures.fail(f, categorize(err), err.Error())
+		return
+	}
+	s.futures.complete(f, result)
+}
+
+func boolOr(p *bool, d bool) bool {
+	if p == nil {
+		return d
+	}
+	return *p
+}
+
+func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.CreateModelRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	sess, err := s.sessionOf(tenant, req.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := s.replicaFor(req.BaseModel)
+	if err != nil {
+		return nil, err
+	}
+	lc := api.LoraConfig{Rank: 32}
+	if req.LoraConfig != nil {
+		lc = *req.LoraConfig
+	}
+	cfg := engine.LoraConfig{Rank: lc.Rank, TrainAttn: boolOr(lc.TrainAttn, true), TrainMLP: boolOr(lc.TrainMLP, true),
+		TrainUnembed: boolOr(lc.TrainUnembed, true)}
+	if lc.Seed != nil {
+		cfg.Seed = *lc.Seed
+	}
+	if err := rep.Engine.ValidateLora(cfg); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
+	s.mu.Lock()
+	if existing := s.runs[id]; existing != nil {
+		s.mu.Unlock()
+		return nil, errf(http.StatusBadRequest, "model %q already exists (model_seq_id %d reused)", id, req.ModelSeqID)
+	}
+	live := 0
+	for _, run := range s.runs {
+		if run.tenant == tenant && run.ready {
+			live++
+		}
+	}
+	if live >= s.opts.MaxLoras {
+		s.mu.Unlock()
+		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxLoras)
+	}
+	md := map[string]string{}
+	for k, v := range req.UserMetadata {
+		md[k] = fmt.Sprint(v)
+	}
+	now := time.Now()
+	run := &trainingRun{id: id, tenant: tenant, session: sess.id, baseModel: req.BaseModel, lora: cfg, created: now,
+		lastRequest: now, metadata: md, rep: rep, ready: true}
+	s.runs[id] = run
+	sess.runs = append(sess.runs, id)
+	s.mu.Unlock()
+	f, _ := s.futures.create(tenant, "CreateModel", "")
+	err = rep.Run(func() {
+		_, err := rep.Engine.CreateAdapter(id, cfg)
+		s.finish(f, map[string]any{"model_id": id, "type": "create_model"}, err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return futureResponse(f, id), nil
+}
+
+func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req struct {
+		ModelID string `json:"model_id"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"model_id": run.id, "type": "get_info", "is_lora": true, "lora_rank": run.lora.Rank,
+		"model_name": run.baseModel,
+		"model_data": map[string]any{"arch": string(run.rep.Engine.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
+}
+
+func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req struct {
+		ModelID string `json:"model_id"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	run.ready = false
+	s.mu.Unlock()
+	f, _ := s.futures.create(tenant, "Unload", "")
+	err = run.rep.Run(func() {
+		run.rep.Engine.DeleteAdapter(run.id)
+		run.rep.Forget(run.id)
+		s.futures.complete(f, map[string]any{"model_id": run.id, "type": "unload_model"})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return futureResponse(f, run.id), nil
+}
+
+// submitOrdered creates (or finds, on retry) the future of a model op and queues it in seq order.
+// A request rejected as bad input still consumes its seq_id, so the model's later ops run.
+func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func() (any, error)) (any, error) {
+	n := 0
+	if seq != nil {
+		n = *seq
+	}
+	opKey := ""
+	if n > 0 {
+		opKey = run.id + "#" + strconv.Itoa(n)
+	}
+	if err := validate(); err != nil {
+		if n > 0 {
+			_ = run.rep.RunOrdered(run.id, n, func() {})
+		}
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	f, fresh := s.futures.create(tenant, kind, opKey)
+	if !fresh {
+		return futureResponse(f, run.id), nil // a retry: answer with the original request
+	}
+	err := run.rep.RunOrdered(run.id, n, func() {
+		res, err := op()
+		s.finish(f, res, err)
+	})
+	if err != nil {
+		s.futures.fail(f, "user", err.Error())
+	}
+	return futureResponse(f, run.id), nil
+}
+
+func toEngineData(data []api.Datum) ([]engine.Datum, error) {
+	out := make([]engine.Datum, len(data))
+	for i, d := range data {
+		toks, err := d.ModelInput.Tokens()
+		if err != nil {
+			return nil, fmt.Errorf("datum %d: model_input: %v", i, err)
+		}
+		in := map[string]engine.TensorInput{}
+		for k, t := range d.LossFnInputs {
+			dt, err := t.Dense()
+			if err != nil {
+				return nil, fmt.Errorf("datum %d: loss_fn_inputs.%s: %v", i, k, err)
+			}
+			dtype := dt.DType
+			if dtype == "" { // plain lists: the SDK coerces by key
+				dtype = "float32"
+				if k == "target_tokens" {
+					dtype = "int64"
+				}
+			}
+			var shape []int
+			if len(dt.Shape) > 0 {
+				shape = dt.Shape
+			}
+			in[k] = engine.TensorInput{DType: dtype, Shape: shape, Data: dt.Data}
+		}
+		out[i] = engine.Datum{Tokens: toks, Inputs: in}
+	}
+	return out, nil
+}
+
+func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	body, err := s.readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	var req *api.ForwardBackwardRequest
+	if strings.Contains(r.Header.Get("Content-Type"), "protobuf") {
+		if req, err = api.DecodeForwardBackwardRequest(body); err != nil {
+			return nil, errf(http.StatusBadRequest, "%v", err)
+		}
+	} else {
+		var j api.ForwardBackwardJSON
+		if err := jsonUnmarshal(body, &j); err != nil {
+			return nil, err
+		}
+		req = &api.ForwardBackwardRequest{ModelID: j.ModelID, SeqID: j.SeqID}
+		switch {
+		case j.ForwardBackwardInput != nil:
+			req.Input = *j.ForwardBackwardInput
+		case j.ForwardInput != nil:
+			req.Input = *j.ForwardInput
+		default:
+			return nil, errf(http.StatusBadRequest, "body needs forward_backward_input (or forward_input)")
+		}
+		req.ForwardOnly = strings.HasSuffix(r.URL.Path, "/forward")
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	var data []engine.Datum
+	e := run.rep.Engine
+	kind := "ForwardBackward"
+	if req.ForwardOnly {
+		kind = "Forward"
+	}
+	return s.submitOrdered(tenant, run, req.SeqID, kind, func() error {
+		var err error
+		if data, err = toEngineData(req.Input.Data); err != nil {
+			return err
+		}
+		return e.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
+	}, func() (any, error) {
+		var res *engine.ForwardResult
+		var err error
+		if req.ForwardOnly {
+			res, err = e.Forward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+		} else {
+			res, err = e.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
+		for i := range res.Logprobs {
+			out.LossFnOutputs = append(out.LossFnOutputs, api.LossOutput{
+				"logprobs":         {Data: res.Logprobs[i], DType: "float32", Shape: []int{len(res.Logprobs[i])}},
+				"elementwise_loss": {Data: res.Losses[i], DType: "float32", Shape: []int{len(res.Losses[i])}},
+			})
+		}
+		return out, nil
+	})
+}
+
+func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.OptimStepRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	p := engine.DefaultAdamParams()
+	for dst, src := range map[*float64]*float64{&p.LearningRate: req.AdamParams.LearningRate, &p.Beta1: req.AdamParams.Beta1,
+		&p.Beta2: req.AdamParams.Beta2, &p.Eps: req.AdamParams.Eps, &p.WeightDecay: req.AdamParams.WeightDecay,
+		&p.GradClipNorm: req.AdamParams.GradClipNorm} {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	e := run.rep.Engine
+	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func() (any, error) {
+		m, err := e.OptimStep(run.id, p)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"metrics": m, "type": "optim_step"}, nil
+	})
+}
+
+func jsonUnmarshal(b []byte, v any) error {
+	if err := jsonStrict(b, v); err != nil {
+		return errf(http.StatusBadRequest, "%v", err)
+	}
+	return nil
+}
+
+func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.SaveWeightsRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	name := req.Path
+	if name == "" {
+		name = fmt.Sprintf("ckpt-%s", time.Now().UTC().Format("20060102T150405.000"))
+		name = strings.ReplaceAll(name, ".", "-")
+	}
+	p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindWeights, Name: name}
+	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeights", func() error {
+		return s.checkNewCheckpoint(p, req.Overwrite, req.TTLSeconds)
+	}, func() (any, error) {
+		if err := s.writeCheckpoint(run, p, true, req.TTLSeconds); err != nil {
+			return nil, err
+		}
+		return map[string]any{"path": p.String(), "type": "save_weights"}, nil
+	})
+}
+
+func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int64) error {
+	if err := checkpoint.ValidName(p.Name); err != nil {
+		return err
+	}
+	if ttl != nil && *ttl <= 0 {
+		return fmt.Errorf("ttl_seconds must be positive")
+	}
+	s.mu.Lock()
+	_, exists := s.ckpts[p.String()]
+	s.mu.Unlock()
+	if exists && !overwrite {
+		return fmt.Errorf("checkpoint %s already exists (set overwrite to replace it)", p)
+	}
+	return nil
+}
+
+// writeCheckpoint saves an adapter's state under the data directory and records it.
+func (s *Server) writeCheckpoint(run *trainingRun, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
+	dir := p.Dir(s.opts.DataDir)
+	tmp := dir + ".partial-" + randomHex(4)
+	if err := run.rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	meta := &ckptMeta{Path: p.String(), Owner: run.tenant, BaseModel: run.baseModel, Created: time.Now().UTC(),
+		Size: fileSize(dir), Lora: run.lora, parsed: p}
+	if ttl != nil {
+		t := meta.Created.Add(time.Duration(*ttl) * time.Second)
+		meta.ExpiresAt = &t
+	}
+	if err := s.saveMeta(meta); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ckpts[meta.Path] = meta
+	if p.Kind == checkpoint.KindWeights {
+		run.lastCkpt = meta.Path
+	} else {
+		run.lastSamplerCkpt = meta.Path
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.SaveWeightsRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	if req.Path != "" {
+		p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindSamplerWeights, Name: req.Path}
+		return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error {
+			return s.checkNewCheckpoint(p, true, req.TTLSeconds)
+		}, func() (any, error) {
+			if err := s.writeCheckpoint(run, p, false, req.TTLSeconds); err != nil {
+				return nil, err
+			}
+			return map[string]any{"path": p.String(), "type": "save_weights_for_sampler"}, nil
+		})
+	}
+	// Ephemeral: a sampler over a snapshot of the adapter as it is at this seq_id.
+	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: run.session, baseModel: run.baseModel, rep: run.rep}
+	smp.engineID = "sampler:" + smp.id
+	smp.dir = filepath.Join(s.opts.DataDir, "ephemeral", smp.id)
+	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func() (any, error) {
+		e := run.rep.Engine
+		if err := e.SaveAdapter(run.id, smp.dir, false); err != nil {
+			return nil, err
+		}
+		if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		s.samplers[smp.id] = smp
+		if sess := s.sessions[run.session]; sess != nil {
+			sess.samplers = append(sess.samplers, smp.id)
+		}
+		run.ephemeral = append(run.ephemeral, smp.engineID)
+		var evict []string
+		// Keep the newest few snapshots in memory; older ones reload from disk if used again.
+		for len(run.ephemeral) > 4 {
+			evict = append(evict, run.ephemeral[0])
+			run.ephemeral = run.ephemeral[1:]
+		}
+		s.mu.Unlock()
+		for _, id := range evict {
+			e.DeleteAdapter(id)
+		}
+		return map[string]any{"sampling_session_id": smp.id, "type": "save_weights_for_sampler"}, nil
+	})
+}
+
+// checkpointFor resolves a tinker path the tenant may read: its own, or a published one.
+func (s *Server) checkpointFor(tenant, path string) (*ckptMeta, error) {
+	p, err := checkpoint.Parse(path)
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.ckpts[p.String()]
+	if m == nil || (m.Owner != tenant && !m.Public) || m.expired(time.Now()) {
+		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
+	}
+	return m, nil
+}
+
+func (m *ckptMeta) expired(now time.Time) bool { return m.ExpiresAt != nil && now.After(*m.ExpiresAt) }
+
+func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.LoadWeightsRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	var meta *ckptMeta
+	return s.submitOrdered(tenant, run, req.SeqID, "LoadWeights", func() error {
+		var err error
+		if meta, err = s.checkpointFor(tenant, req.Path); err != nil {
+			return err
+		}
+		if meta.BaseModel != run.baseModel {
+			return fmt.Errorf("checkpoint was trained on %s, this model is %s", meta.BaseModel, run.baseModel)
+		}
+		if req.Optimizer && meta.parsed.Kind != checkpoint.KindWeights {
+			return fmt.Errorf("%s is a sampler checkpoint: it has no optimizer state", req.Path)
+		}
+		return nil
+	}, func() (any, error) {
+		if err := run.rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
+			return nil, err
+		}
+		cfg, _, _ := run.rep.Engine.AdapterInfo(run.id)
+		s.mu.Lock()
+		run.lora = cfg
+		s.mu.Unlock()
+		return map[string]any{"path": req.Path, "type": "load_weights"}, nil
+	})
+}
+
+func (s *Server) weightsInfo(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req struct {
+		TinkerPath string `json:"tinker_path"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	m, err := s.checkpointFor(tenant, req.TinkerPath)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"base_model": m.BaseModel, "is_lora": true, "lora_rank": m.Lora.Rank,
+		"train_unembed": m.Lora.TrainUnembed, "train_mlp": m.Lora.TrainMLP, "train_attn": m.Lora.TrainAttn}, nil
+}
+
+// samplerFromPath makes a sampler for a base model or a checkpoint path.
+func (s *Server) newSampler(tenant, sessionID, base, modelPath string) (*sampler, error) {
+	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: sessionID, modelPath: modelPath}
+	if modelPath != "" {
+		m, err := s.checkpointFor(tenant, modelPath)
+		if err != nil {
+			return nil, err
+		}
+		smp.baseModel = m.BaseModel
+		smp.dir = m.parsed.Dir(s.opts.DataDir)
+		smp.engineID = "ckpt:" + m.Path
+	} else {
+		if base == "" {
+			return nil, errf(http.StatusBadRequest, "give base_model or model_path")
+		}
+		smp.baseModel = base
+	}
+	rep, err := s.replicaFor(smp.baseModel)
+	if err != nil {
+		return nil, err
+	}
+	smp.rep = rep
+	return smp, nil
+}
+
+func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.CreateSamplingSessionRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if _, err := s.sessionOf(tenant, req.SessionID); err != nil {
+		return nil, err
+	}
+	smp, err := s.newSampler(tenant, req.SessionID, req.BaseModel, req.ModelPath)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.samplers[smp.id] = smp
+	if sess := s.sessions[req.SessionID]; sess != nil {
+		sess.samplers = append(sess.samplers, smp.id)
+	}
+	s.mu.Unlock()
+	return map[string]any{"sampling_session_id": smp.id, "type": "create_sampling_session"}, nil
+}
+
+func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	smp := s.samplers[id]
+	s.mu.Unlock()
+	if smp == nil || smp.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "sampler %q not found", id)
+	}
+	out := map[string]any{"sampler_id": smp.id, "base_model": smp.baseModel}
+	if smp.modelPath != "" {
+		out["model_path"] = smp.modelPath
+	}
+	return out, nil
+}
+
+func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.SampleRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	var smp *sampler
+	if req.SamplingSessionID != "" {
+		s.mu.Lock()
+		smp = s.samplers[req.SamplingSessionID]
+		s.mu.Unlock()
+		if smp == nil || smp.tenant != tenant {
+			return nil, errf(http.StatusNotFound, "sampling session %q not found", req.SamplingSessionID)
+		}
+	} else {
+		var err error
+		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath); err != nil {
+			return nil, err
+		}
+	}
+	prompt, err := req.Prompt.Tokens()
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "prompt: %v", err)
+	}
+	sr := engine.SampleRequest{Prompt: prompt, NumSamples: 1, PromptLogprobs: req.PromptLogprobs, TopKPromptLogprobs: req.TopKPromptLogprobs}
+	if req.NumSamples != nil {
+		sr.NumSamples = *req.NumSamples
+		if sr.NumSamples < 1 {
+			return nil, errf(http.StatusBadRequest, "num_samples must be at least 1, got %d", sr.NumSamples)
+		}
+	}
+	sp := req.SamplingParams
+	sr.Params = engine.SampleParams{Temperature: 1, TopK: -1, TopP: 1, Seed: sp.Seed}
+	if sp.MaxTokens != nil {
+		if *sp.MaxTokens < 1 {
+			return nil, errf(http.StatusBadRequest, "sampling_params.max_tokens must be at least 1, got %d", *sp.MaxTokens)
+		}
+		sr.Params.MaxTokens = *sp.MaxTokens
+	}
+	if sp.Temperature != nil {
+		sr.Params.Temperature = *sp.Temperature
+	}
+	if sp.TopK != nil {
+		sr.Params.TopK = *sp.TopK
+	}
+	if sp.TopP != nil {
+		sr.Params.TopP = *sp.TopP
+	}
+	if sr.Params.StopStrings, sr.Params.StopTokens, err = sp.StopSpec(); err != nil {
+		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
+	}
+	e := smp.rep.Engine
+	if err := e.ValidateSample(&sr); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	f, _ := s.futures.create(tenant, "Sample", "")
+	err = smp.rep.Run(func() {
+		if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
+			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+				s.finish(f, nil, fmt.Errorf("loading sampler weights: %w", err))
+				return
+			}
+		}
+		res, err := e.Sample(smp.engineID, sr)
+		if err != nil {
+			s.finish(f, nil, err)
+			return
+		}
+		out := &api.SampleResponse{Type: "sample"}
+		for _, q := range res.Sequences {
+			out.Sequences = append(out.Sequences, api.SampledSequence{StopReason: q.StopReason, Tokens: q.Tokens, Logprobs: q.Logprobs})
+		}
+		if res.PromptLogprobs != nil {
+			for _, v := range res.PromptLogprobs {
+				if math.IsNaN(v) {
+					out.PromptLogprobs = append(out.PromptLogprobs, nil)
+				} else {
+					v := v
+					out.PromptLogprobs = append(out.PromptLogprobs, &v)
+				}
+			}
+		}
+		for _, row := range res.TopKPrompt {
+			var r [][2]float64
+			for _, t := range row {
+				r = append(r, [2]float64{float64(t.Token), t.Logprob})
+			}
+			out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
+		}
+		s.futures.complete(f, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return futureResponse(f, ""), nil
+}
+
+func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.RetrieveFutureRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	f := s.futures.get(tenant, req.RequestID)
+	if f == nil {
+		return nil, errf(http.StatusNotFound, "request %q not found", req.RequestID)
+	}
+	timer := time.NewTimer(s.opts.LongPoll)
+	defer timer.Stop()
+	select {
+	case <-f.done:
+	case <-timer.C:
+		state, reason := s.futures.queueState(f)
+		writeJSON(w, http.StatusRequestTimeout, api.TryAgain{Type: "try_again", RequestID: f.id, QueueState: state, QueueStateReason: reason})
+		return nil, nil
+	case <-r.Context().Done():
+		return nil, nil
+	}
+	if f.errMsg != "" {
+		return api.ErrorResult{Error: f.errMsg, Category: f.category}, nil
+	}
+	wantsProto := strings.Contains(r.Header.Get("Accept"), "application/x-protobuf")
+	switch v := f.result.(type) {
+	case *api.ForwardBackwardOutput:
+		if wantsProto {
+			writeProto(w, api.EncodeForwardBackwardOutput(v))
+			return nil, nil
+		}
+	case *api.SampleResponse:
+		if wantsProto {
+			writeProto(w, api.EncodeSampleResponse(v))
+			return nil, nil
+		}
+	}
+	return f.result, nil
+}
+
+func writeProto(w http.ResponseWriter, b []byte) {
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// --- REST listings ---
+
+func paging(r *http.Request) (offset, limit int, err error) {
+	limit = 20
+	if v := r.URL.Query().Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+			return 0, 0, errf(http.StatusBadRequest, "limit must be an integer in [1, 1000]")
+		}
+	}
+	if v := r.URL.Query().Get("offset"); v != "" {
+		if offset, err = strconv.Atoi(v); err != nil || offset < 0 {
+			return 0, 0, errf(http.StatusBadRequest, "offset must be a non-negative integer")
+		}
+	}
+	return offset, limit, nil
+}
+
+func page[T any](items []T, offset, limit int) []T {
+	if offset >= len(items) {
+		return []T{}
+	}
+	return items[offset:min(len(items), offset+limit)]
+}
+
+func (s *Server) ckptRow(m *ckptMeta) api.Checkpoint {
+	kind := "training"
+	if m.parsed.Kind == checkpoint.KindSamplerWeights {
+		kind = "sampler"
+	}
+	c := api.Checkpoint{CheckpointID: m.parsed.ID(), CheckpointType: kind, Time: m.Created.Format(time.RFC3339Nano),
+		TinkerPath: m.Path, SizeBytes: m.Size, Public: m.Public}
+	if m.ExpiresAt != nil {
+		e := m.ExpiresAt.Format(time.RFC3339Nano)
+		c.ExpiresAt = &e
+	}
+	return c
+}
+
+func (s *Server) runRow(run *trainingRun) api.TrainingRun {
+	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
+		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
+	if m := s.ckpts[run.lastCkpt]; m != nil {
+		c := s.ckptRow(m)
+		tr.LastCheckpoint = &c
+	}
+	if m := s.ckpts[run.lastSamplerCkpt]; m != nil {
+		c := s.ckptRow(m)
+		tr.LastSamplerCheckpoint = &c
+	}
+	return tr
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	offset, limit, err := paging(r)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var runs []*trainingRun
+	for _, run := range s.runs {
+		if run.tenant == tenant {
+			runs = append(runs, run)
+		}
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
+	rows := []api.TrainingRun{}
+	for _, run := range page(runs, offset, limit) {
+		rows = append(rows, s.runRow(run))
+	}
+	return map[string]any{"training_runs": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	run, err := s.runOf(tenant, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runRow(run), nil
+}
+
+func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool) []*ckptMeta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var out []*ckptMeta
+	for _, m := range s.ckpts {
+		if !m.expired(now) && keep(m) {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	run := s.runs[id]
+	s.mu.Unlock()
+	if run == nil || run.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "training run %q not found", id)
+	}
+	rows := []api.Checkpoint{}
+	for _, m := range s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }) {
+		rows = append(rows, s.ckptRow(m))
+	}
+	return map[string]any{"checkpoints": rows}, nil
+}
+
+func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	offset, limit, err := paging(r)
+	if err != nil {
+		return nil, err
+	}
+	all := s.checkpointsWhere(func(m *ckptMeta) bool { return m.Owner == tenant })
+	rows := []api.Checkpoint{}
+	for _, m := range page(all, offset, limit) {
+		rows = append(rows, s.ckptRow(m))
+	}
+	return map[string]any{"checkpoints": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(all)}}, nil
+}
+
+// ownedCheckpoint resolves {id}/{kind}/{name} to a checkpoint the tenant owns.
+func (s *Server) ownedCheckpoint(r *http.Request, tenant string) (*ckptMeta, error) {
+	p := checkpoint.Path{ModelID: r.PathValue("id"), Kind: r.PathValue("kind"), Name: r.PathValue("name")}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.ckpts[p.String()]
+	if m == nil || m.Owner != tenant || m.expired(time.Now()) {
+		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
+	}
+	return m, nil
+}
+
+func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	m, err := s.ownedCheckpoint(r, tenant)
+	if err != nil {
+		return nil, err
+	}
+	s.removeCheckpoint(m)
+	return map[string]any{"deleted": m.Path}, nil
+}
+
+func (s *Server) removeCheckpoint(m *ckptMeta) {
+	s.mu.Lock()
+	delete(s.ckpts, m.Path)
+	s.mu.Unlock()
+	os.RemoveAll(m.parsed.Dir(s.opts.DataDir))
+}
+
+func (s *Server) publish(public bool) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+		m, err := s.ownedCheckpoint(r, tenant)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		m.Public = public
+		s.mu.Unlock()
+		if err := s.saveMeta(m); err != nil {
+			return nil, err
+		}
+		return map[string]any{"tinker_path": m.Path, "public": public}, nil
+	}
+}
+
+func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	m, err := s.ownedCheckpoint(r, tenant)
+	if err != nil {
+		return nil, err
+	}
+	var req struct {
+		TTLSeconds *int64 `json:"ttl_seconds"`
+	}
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if req.TTLSeconds != nil && *req.TTLSeconds <= 0 {
+		return nil, errf(http.StatusBadRequest, "ttl_seconds must be positive or null")
+	}
+	s.mu.Lock()
+	if req.TTLSeconds == nil {
+		m.ExpiresAt = nil
+	} else {
+		t := time.Now().UTC().Add(time.Duration(*req.TTLSeconds) * time.Second)
+		m.ExpiresAt = &t
+	}
+	s.mu.Unlock()
+	if err := s.saveMeta(m); err != nil {
+		return nil, err
+	}
+	return map[string]any{"tinker_path": m.Path}, nil
+}
+
+func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	m, err := s.ownedCheckpoint(r, tenant)
+	if err != nil {
+		return nil, err
+	}
+	w.Header().Set("Content-Type", "application/gzip")
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))
+	w.WriteHeader(http.StatusOK)
+	if err := writeTarGz(w, m.parsed.Dir(s.opts.DataDir)); err != nil {
+		s.log.Error("archive", "path", m.Path, "err", err)
+	}
+	return nil, nil
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	offset, limit, err := paging(r)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	var all []*session
+	for _, sess := range s.sessions {
+		if sess.tenant == tenant {
+			all = append(all, sess)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].created.Before(all[j].created) })
+	ids := []string{}
+	for _, sess := range page(all, offset, limit) {
+		ids = append(ids, sess.id)
+	}
+	return map[string]any{"sessions": ids}, nil
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	sess, err := s.sessionOf(tenant, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return map[string]any{"training_run_ids": append([]string{}, sess.runs...), "sampler_ids": append([]string{}, sess.samplers...)}, nil
+}

@@ -1,0 +1,111 @@
+package gateway
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/skein-ai/skein/checkpoint"
+)
+
+const metaFile = "skein_checkpoint.json"
+
+// jsonStrict decodes JSON, reporting type errors (unknown fields are allowed: clients add keys).
+func jsonStrict(b []byte, v any) error {
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	return json.Unmarshal(b, v)
+}
+
+// saveMeta writes a checkpoint's metadata beside its files, so checkpoints survive a restart.
+func (s *Server) saveMeta(m *ckptMeta) error {
+	s.mu.Lock()
+	b, err := json.MarshalIndent(m, "", "  ")
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(m.parsed.Dir(s.opts.DataDir), metaFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// loadCheckpoints rebuilds the checkpoint index from the data directory.
+func (s *Server) loadCheckpoints() {
+	matches, _ := filepath.Glob(filepath.Join(s.opts.DataDir, "checkpoints", "*", "*", "*", metaFile))
+	for _, f := range matches {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var m ckptMeta
+		if json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		p, err := checkpoint.Parse(m.Path)
+		if err != nil {
+			continue
+		}
+		m.parsed = p
+		s.ckpts[m.Path] = &m
+	}
+}
+
+func (s *Server) sweepCheckpoints(now time.Time) {
+	var gone []*ckptMeta
+	s.mu.Lock()
+	for _, m := range s.ckpts {
+		if m.expired(now) {
+			gone = append(gone, m)
+		}
+	}
+	s.mu.Unlock()
+	for _, m := range gone {
+		s.removeCheckpoint(m)
+	}
+}
+
+// writeTarGz streams a checkpoint directory as a .tar.gz (files at the archive's top level).
+func writeTarGz(w io.Writer, dir string) error {
+	gz := gzip.NewWriter(w)
+	tw := tar.NewWriter(gz)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() || e.Name() == metaFile {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		hdr := &tar.Header{Name: e.Name(), Mode: 0o644, Size: info.Size(), ModTime: info.ModTime()}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(tw, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return gz.Close()
+}

@@ -1,0 +1,296 @@
+// Package gateway is skein's HTTP surface: the Tinker REST API (JSON and protobuf), tenants,
+// sessions, futures with long-poll, and checkpoints. Compute goes to replicas.
+package gateway
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+)
+
+// Options configure a Server.
+type Options struct {
+	DataDir        string
+	MaxBodyBytes   int64         // requests over this get 413 (default 64 MiB)
+	LongPoll       time.Duration // how long retrieve_future holds a request (default 30 s)
+	FutureTTL      time.Duration // how long results are kept (default 24 h)
+	SessionTimeout time.Duration // sessions without heartbeat expire (default 5 min)
+	MaxLoras       int           // live adapters per tenant (default 30)
+	Logger         *slog.Logger
+}
+
+// Server serves the Tinker API over a set of base models.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	models  map[string]*replica.Replica // base model name -> replica
+	order   []string
+	futures *futureTable
+	mux     *http.ServeMux
+
+	mu        sync.Mutex
+	sessions  map[string]*session
+	runs      map[string]*trainingRun
+	samplers  map[string]*sampler
+	ckpts     map[string]*ckptMeta // tinker path -> meta
+	stop      chan struct{}
+	closeOnce sync.Once
+}
+
+type session struct {
+	id, tenant string
+	created    time.Time
+	heartbeat  time.Time
+	tags       []string
+	metadata   map[string]any
+	runs       []string
+	samplers   []string
+}
+
+type trainingRun struct {
+	id, tenant, session, baseModel string
+	lora                           engine.LoraConfig
+	created, lastRequest           time.Time
+	metadata                       map[string]string
+	rep                            *replica.Replica
+	ready                          bool // create_model finished
+	lastCkpt, lastSamplerCkpt      string
+	ephemeral                      []string // engine ids of ephemeral sampler snapshots, oldest first
+}
+
+type sampler struct {
+	id, tenant, session, baseModel, modelPath string
+	engineID                                  string // "" = base model
+	dir                                       string // where its weights are on disk
+	rep                                       *replica.Replica
+}
+
+type ckptMeta struct {
+	Path      string            `json:"path"`
+	Owner     string            `json:"owner"`
+	BaseModel string            `json:"base_model"`
+	Created   time.Time         `json:"created"`
+	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+	Public    bool              `json:"public"`
+	Size      int64             `json:"size_bytes"`
+	Lora      engine.LoraConfig `json:"lora"`
+	parsed    checkpoint.Path
+}
+
+// New builds a server over replicas keyed by base model name.
+func New(opts Options, models map[string]*replica.Replica) *Server {
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 64 << 20
+	}
+	if opts.LongPoll == 0 {
+		opts.LongPoll = 30 * time.Second
+	}
+	if opts.FutureTTL == 0 {
+		opts.FutureTTL = 24 * time.Hour
+	}
+	if opts.SessionTimeout == 0 {
+		opts.SessionTimeout = 5 * time.Minute
+	}
+	if opts.MaxLoras == 0 {
+		opts.MaxLoras = 30
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &Server{opts: opts, log: opts.Logger, models: models, futures: newFutureTable(randomHex(4), opts.FutureTTL),
+		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
+		ckpts: map[string]*ckptMeta{}, stop: make(chan struct{})}
+	for name := range models {
+		s.order = append(s.order, name)
+	}
+	s.loadCheckpoints()
+	s.routes()
+	go s.sweeper()
+	return s
+}
+
+// Close stops background work.
+func (s *Server) Close() { s.closeOnce.Do(func() { close(s.stop) }) }
+
+func (s *Server) sweeper() {
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.futures.sweep(now)
+			s.sweepCheckpoints(now)
+			s.sweepSessions(now)
+		}
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ServeHTTP implements http.Handler with panic recovery: a panic is a bug, answered as a 500
+// with a message, never a dropped connection.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("handler panic", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			writeError(w, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
+		}
+	}()
+	s.mux.ServeHTTP(w, r)
+}
+
+// --- HTTP helpers ---
+
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func errf(status int, format string, args ...any) error {
+	return &httpError{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"detail":"encoding response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// writeError sends a non-empty JSON error body; the SDK treats an empty 400 as a network glitch.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"detail": msg, "message": msg})
+}
+
+// handler adapts a handler that returns (value, error) to http.HandlerFunc.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, tenant string) (any, error)
+
+func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		tenant := ""
+		if authed {
+			var err error
+			if tenant, err = tenantOf(r); err != nil {
+				writeError(w, http.StatusUnauthorized, err.Error())
+				return
+			}
+		}
+		v, err := fn(w, r, tenant)
+		if err != nil {
+			var he *httpError
+			if errors.As(err, &he) {
+				writeError(w, he.status, he.msg)
+				return
+			}
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		if v != nil {
+			writeJSON(w, http.StatusOK, v)
+		}
+	})
+}
+
+// tenantOf derives the tenant from the API key; only a hash of the key is ever kept.
+func tenantOf(r *http.Request) (string, error) {
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+			key = strings.TrimPrefix(a, "Bearer ")
+		}
+	}
+	key = strings.TrimSpace(key)
+	if key == "" {
+		return "", errors.New("missing API key: send X-API-Key (or Authorization: Bearer)")
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "t-" + hex.EncodeToString(sum[:8]), nil
+}
+
+// readBody reads a request body within the size limit, undoing zstd if declared.
+func (s *Server) readBody(r *http.Request) ([]byte, error) {
+	limited := http.MaxBytesReader(nil, r.Body, s.opts.MaxBodyBytes)
+	b, err := io.ReadAll(limited)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", s.opts.MaxBodyBytes)
+		}
+		return nil, errf(http.StatusBadRequest, "reading body: %v", err)
+	}
+	if strings.EqualFold(r.Header.Get("Content-Encoding"), "zstd") {
+		dec, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderMaxMemory(uint64(s.opts.MaxBodyBytes)))
+		if err != nil {
+			return nil, errf(http.StatusBadRequest, "zstd: %v", err)
+		}
+		defer dec.Close()
+		out, err := io.ReadAll(io.LimitReader(dec, s.opts.MaxBodyBytes+1))
+		if err != nil {
+			return nil, errf(http.StatusBadRequest, "zstd body: %v", err)
+		}
+		if int64(len(out)) > s.opts.MaxBodyBytes {
+			return nil, errf(http.StatusRequestEntityTooLarge, "decompressed body over the %d-byte limit", s.opts.MaxBodyBytes)
+		}
+		b = out
+	}
+	return b, nil
+}
+
+// decodeJSON reads a JSON body into v; wrong types are a 400 naming the field.
+func (s *Server) decodeJSON(r *http.Request, v any) error {
+	b, err := s.readBody(r)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return errf(http.StatusBadRequest, "field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return errf(http.StatusBadRequest, "malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+func fileSize(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil {
+			n += info.Size()
+		}
+	}
+	return n
+}

@@ -64,7 +64,10 @@ type CompileStats struct {
 	Total time.Duration
 }
 
-var sharedBackend = sync.OnceValues(func() (compute.Backend, error) { return gobackend.New("") })
+// ops_sequential: running graph nodes in parallel deadlocks GoMLX v0.28.2's worker pool when several
+// large matmuls each wait in Saturate for workers that the other matmuls hold (seen at batch 8 × 256
+// on the small preset). Sequential node order still parallelises inside each matmul.
+var sharedBackend = sync.OnceValues(func() (compute.Backend, error) { return gobackend.New("ops_sequential") })
 
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
 func Load(dir string, opts Options) (*Engine, error) {

@@ -115,11 +115,13 @@ func serve(args []string) error {
 	fs.Var(&models, "model", "Hugging Face model directory (repeatable); default: a generated tiny model")
 	fs.Var(&names, "name", "base-model name clients use for the matching --model (default: directory name)")
 	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
+	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := os.MkdirAll(*data, 0o755); err != nil {
+	var err error
+	if err = os.MkdirAll(*data, 0o755); err != nil {
 		return err
 	}
 	if len(models) == 0 {
@@ -151,7 +153,13 @@ func serve(args []string) error {
 	}
 	srv := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log}, reps)
 	defer srv.Close()
-	hs := &http.Server{Addr: *addr, Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler = srv
+	if *record != "" {
+		if handler, err = gateway.Recorder(srv, *record); err != nil {
+			return err
+		}
+	}
+	hs := &http.Server{Addr: *addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+)
+
+// Exchange is one recorded request and its response, as written by Recorder (one JSON object a
+// line). Bodies are kept as text when they are JSON and base64 otherwise (protobuf).
+type Exchange struct {
+	Method         string            `json:"method"`
+	Path           string            `json:"path"`
+	Headers        map[string]string `json:"headers"`
+	RequestJSON    json.RawMessage   `json:"request_json,omitempty"`
+	RequestBinary  []byte            `json:"request_binary,omitempty"`
+	Status         int               `json:"status"`
+	ResponseType   string            `json:"response_content_type"`
+	ResponseJSON   json.RawMessage   `json:"response_json,omitempty"`
+	ResponseBinary []byte            `json:"response_binary,omitempty"`
+}
+
+// recordedHeaders are the request headers kept (the API key is replaced by its tenant's label).
+var recordedHeaders = []string{"Content-Type", "Content-Encoding", "Accept", "User-Agent", "X-Tinker-Request-Type"}
+
+// Recorder wraps a handler and appends every exchange to a JSONL file: the way skein records
+// the real SDK's traffic for the replay tests (`skein serve --record FILE`).
+func Recorder(next http.Handler, path string) (http.Handler, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rec := &captureWriter{ResponseWriter: w, status: 200}
+		next.ServeHTTP(rec, r)
+		ex := Exchange{Method: r.Method, Path: r.URL.RequestURI(), Headers: map[string]string{}, Status: rec.status,
+			ResponseType: rec.Header().Get("Content-Type")}
+		for _, h := range recordedHeaders {
+			if v := r.Header.Get(h); v != "" {
+				ex.Headers[h] = v
+			}
+		}
+		if json.Valid(body) && len(body) > 0 {
+			ex.RequestJSON = body
+		} else if len(body) > 0 {
+			ex.RequestBinary = body
+		}
+		if strings.Contains(ex.ResponseType, "json") && json.Valid(rec.buf.Bytes()) {
+			ex.ResponseJSON = rec.buf.Bytes()
+		} else {
+			ex.ResponseBinary = rec.buf.Bytes()
+		}
+		line, _ := json.Marshal(ex)
+		mu.Lock()
+		_, _ = f.Write(append(line, '\n'))
+		mu.Unlock()
+	}), nil
+}
+
+type captureWriter struct {
+	http.ResponseWriter
+	status int
+	buf    bytes.Buffer
+}
+
+func (c *captureWriter) WriteHeader(s int) { c.status = s; c.ResponseWriter.WriteHeader(s) }
+func (c *captureWriter) Write(b []byte) (int, error) {
+	c.buf.Write(b)
+	return c.ResponseWriter.Write(b)
+}

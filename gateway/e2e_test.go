@@ -19,7 +19,7 @@ import (
 	"github.com/skein-ai/skein/replica"
 )
 
-const base = "tiny"
+const base = "tiny-qwen3"
 
 var modelDir = sync.OnceValue(func() string {
 	dir, err := os.MkdirTemp("", "skein-gw-model-")
@@ -433,8 +433,8 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 		{"create_model", j, `{"session_id":`, "tml-dave", 400},
 		{"create_model", j, `{"session_id": 5}`, "tml-dave", 400},
 		{"create_model", j, `{"session_id":"` + sess + `","model_seq_id":1,"base_model":"nope","lora_config":{"rank":4}}`, "tml-dave", 400},
-		{"create_model", j, `{"session_id":"` + sess + `","model_seq_id":1,"base_model":"tiny","lora_config":{"rank":0}}`, "tml-dave", 400},
-		{"create_model", j, `{"session_id":"` + sess + `","model_seq_id":1,"base_model":"tiny"}`, "tml-eve", 404},
+		{"create_model", j, `{"session_id":"` + sess + `","model_seq_id":1,"base_model":"tiny-qwen3","lora_config":{"rank":0}}`, "tml-dave", 400},
+		{"create_model", j, `{"session_id":"` + sess + `","model_seq_id":1,"base_model":"tiny-qwen3"}`, "tml-eve", 404},
 		{"create_model", j, `{}`, "", 401},
 		{"forward_backward", "application/x-protobuf", "\xff\xff\xff", "tml-dave", 400},
 		{"forward_backward", j, `{"model_id":"` + tc.ModelID + `","forward_backward_input":{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2]}]},"loss_fn_inputs":{"target_tokens":{"data":[1],"dtype":"int64"}}}],"loss_fn":"cross_entropy"}}`, "tml-dave", 400},
@@ -443,8 +443,8 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 		{"forward_backward", j, big, "tml-dave", 413},
 		{"optim_step", j, `{"model_id":"` + tc.ModelID + `","adam_params":{"learning_rate":-1}}`, "tml-dave", 400},
 		{"retrieve_future", j, `{"request_id":"nope"}`, "tml-dave", 404},
-		{"asample", j, `{"base_model":"tiny","prompt":{"chunks":[{"type":"encoded_text","tokens":[99999]}]},"sampling_params":{}}`, "tml-dave", 400},
-		{"asample", j, `{"base_model":"tiny","prompt":{"chunks":[{"type":"image","data":"AA=="}]},"sampling_params":{}}`, "tml-dave", 400},
+		{"asample", j, `{"base_model":"tiny-qwen3","prompt":{"chunks":[{"type":"encoded_text","tokens":[99999]}]},"sampling_params":{}}`, "tml-dave", 400},
+		{"asample", j, `{"base_model":"tiny-qwen3","prompt":{"chunks":[{"type":"image","data":"AA=="}]},"sampling_params":{}}`, "tml-dave", 400},
 		{"asample", j, `{"sampling_session_id":"nope","prompt":{"chunks":[]},"sampling_params":{}}`, "tml-dave", 404},
 		{"load_weights", j, `{"model_id":"` + tc.ModelID + `","path":"http://x","optimizer":true}`, "tml-dave", 400},
 		{"load_weights", j, `{"model_id":"` + tc.ModelID + `","path":"tinker://a:train:0/weights/zz","optimizer":true}`, "tml-dave", 400},

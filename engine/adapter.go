@@ -165,7 +165,9 @@ func DefaultAdamParams() AdamParams {
 }
 
 func (p AdamParams) validate() error {
-	bad := func(f string, v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (f == "beta" && v >= 1) }
+	bad := func(f string, v float64) bool {
+		return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (f == "beta" && v >= 1)
+	}
 	switch {
 	case bad("", p.LearningRate):
 		return inputErr(-1, "adam_params.learning_rate", "must be a finite number ≥ 0, got %v", p.LearningRate)
@@ -231,9 +233,9 @@ func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) 
 	}
 	a.pendingGrads = false
 	return map[string]float64{
-		"grad_norm:mean":   norm,
-		"update_norm:mean": math.Sqrt(updSq),
+		"grad_norm:mean":     norm,
+		"update_norm:mean":   math.Sqrt(updSq),
 		"learning_rate:mean": p.LearningRate,
-		"step:max":         t,
+		"step:max":           t,
 	}, nil
 }

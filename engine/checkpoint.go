@@ -24,20 +24,20 @@ const (
 )
 
 type peftConfig struct {
-	PeftType          string   `json:"peft_type"`
-	TaskType          string   `json:"task_type"`
-	BaseModel         string   `json:"base_model_name_or_path"`
-	R                 int      `json:"r"`
-	LoraAlpha         float64  `json:"lora_alpha"`
-	LoraDropout       float64  `json:"lora_dropout"`
-	TargetModules     []string `json:"target_modules"`
-	Bias              string   `json:"bias"`
-	FanInFanOut       bool     `json:"fan_in_fan_out"`
-	InferenceMode     bool     `json:"inference_mode"`
-	InitLoraWeights   bool     `json:"init_lora_weights"`
-	ModulesToSave     []string `json:"modules_to_save"`
-	UseRSLoRA         bool     `json:"use_rslora"`
-	SkeinSeed         int64    `json:"skein_seed"`
+	PeftType        string   `json:"peft_type"`
+	TaskType        string   `json:"task_type"`
+	BaseModel       string   `json:"base_model_name_or_path"`
+	R               int      `json:"r"`
+	LoraAlpha       float64  `json:"lora_alpha"`
+	LoraDropout     float64  `json:"lora_dropout"`
+	TargetModules   []string `json:"target_modules"`
+	Bias            string   `json:"bias"`
+	FanInFanOut     bool     `json:"fan_in_fan_out"`
+	InferenceMode   bool     `json:"inference_mode"`
+	InitLoraWeights bool     `json:"init_lora_weights"`
+	ModulesToSave   []string `json:"modules_to_save"`
+	UseRSLoRA       bool     `json:"use_rslora"`
+	SkeinSeed       int64    `json:"skein_seed"`
 }
 
 type trainerState struct {

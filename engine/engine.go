@@ -51,10 +51,10 @@ type Engine struct {
 	base      []*tensors.Tensor
 	invFreq   []float64
 
-	mu       sync.Mutex
-	adapters map[string]*Adapter
-	execs    map[string]*graph.Exec
-	compiles CompileStats
+	mu         sync.Mutex
+	adapters   map[string]*Adapter
+	execs      map[string]*graph.Exec
+	compiles   CompileStats
 	seenGraphs map[*graph.Graph]bool
 }
 
@@ -64,10 +64,25 @@ type CompileStats struct {
 	Total time.Duration
 }
 
-// ops_sequential: running graph nodes in parallel deadlocks GoMLX v0.28.2's worker pool when several
-// large matmuls each wait in Saturate for workers that the other matmuls hold (seen at batch 8 × 256
-// on the small preset). Sequential node order still parallelises inside each matmul.
-var sharedBackend = sync.OnceValues(func() (compute.Backend, error) { return gobackend.New("ops_sequential") })
+// sharedBackend is GoMLX's Go backend with unlimited worker parallelism. With the default (a pool of
+// 2×GOMAXPROCS workers) graph nodes running in parallel deadlock GoMLX v0.28.2 when several large
+// matmuls each wait in Saturate for workers the others hold (seen at batch 8 × 256 on the small
+// preset); "ops_sequential" avoids that but leaves every element-wise op on one core (2× slower).
+// Unlimited parallelism has no pool to exhaust: each matmul still splits into GOMAXPROCS workers.
+// SKEIN_GOBACKEND_CONFIG overrides the setting for experiments.
+var sharedBackend = sync.OnceValues(func() (compute.Backend, error) {
+	cfg := os.Getenv("SKEIN_GOBACKEND_CONFIG")
+	if cfg == "" {
+		cfg = "parallelism=-1"
+	}
+	// The backend prints its parallelism setting to stdout; keep stdout for our own output.
+	stdout := os.Stdout
+	if devnull, err := os.Open(os.DevNull); err == nil {
+		os.Stdout = devnull
+		defer func() { os.Stdout = stdout; devnull.Close() }()
+	}
+	return gobackend.New(cfg)
+})
 
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
 func Load(dir string, opts Options) (*Engine, error) {

@@ -53,14 +53,19 @@ func (c *Config) loraModules(s loraSpec) []loraModule {
 type netInputs struct {
 	cfg   *Config
 	dtype dtypes.DType
-	w     map[string]*Node     // base weights, by HF name (linear weights pre-transposed to [in,out])
+	w     map[string]*Node    // base weights, by HF name (linear weights pre-transposed to [in,out])
 	lora  map[string][2]*Node // module path -> (A [r,in], B [out,r])
 	scale *Node               // alpha / r
+	// taps records, per LoRA module, its input x [N,in], x·Aᵀ [N,r] and (x·Aᵀ)·Bᵀ [N,out]:
+	// loraGradients builds dA and dB from the loss gradients at these points.
+	taps map[string]loraTap
 }
+
+type loraTap struct{ x, xa, z *Node }
 
 // takeNetInputs consumes the leading inputs in the order engine.inputTensors produces them.
 func takeNetInputs(cfg *Config, dtype dtypes.DType, names []string, spec loraSpec, in []*Node) (*netInputs, []*Node) {
-	n := &netInputs{cfg: cfg, dtype: dtype, w: map[string]*Node{}, lora: map[string][2]*Node{}}
+	n := &netInputs{cfg: cfg, dtype: dtype, w: map[string]*Node{}, lora: map[string][2]*Node{}, taps: map[string]loraTap{}}
 	for i, name := range names {
 		n.w[name] = in[i]
 	}
@@ -74,18 +79,56 @@ func takeNetInputs(cfg *Config, dtype dtypes.DType, names []string, spec loraSpe
 	return n, in[1:]
 }
 
-// linear applies x·Wᵀ (+ bias) (+ scale·(x·Aᵀ)·Bᵀ) for the module at path. weight is the
-// HF weight name; W is stored pre-transposed as [in, out] so the big matmul is x·W.
+// linear applies x·Wᵀ (+ bias) (+ scale·(x·Aᵀ)·Bᵀ) for the module at path. W is stored
+// pre-transposed as [in, out] so the big matmul is x·W. Batch and time are flattened into one
+// axis first: the backward pass then contracts over a single axis, which the Go backend's matmul
+// handles without transposing the activations (two contracting axes would force a transpose of
+// x for every LoRA gradient).
 func (n *netInputs) linear(x *Node, path string) *Node {
-	y := Einsum("bti,io->bto", x, n.w[path+".weight"])
+	dims := x.Shape().Dimensions
+	B, T, in := dims[0], dims[1], dims[2]
+	x2 := Reshape(x, B*T, in)
+	y := MatMul(x2, n.w[path+".weight"])
 	if b, ok := n.w[path+".bias"]; ok {
 		y = Add(y, ExpandLeftToRank(b, y.Rank()))
 	}
-	if ab, ok := n.lora[path]; ok {
-		xa := Einsum("bti,ri->btr", x, ab[0])
-		y = Add(y, Mul(Einsum("btr,or->bto", xa, ab[1]), n.scale))
+	if _, ok := n.lora[path]; ok {
+		y = Add(y, n.loraDelta(path, x2))
 	}
-	return y
+	return Reshape(y, B, T, y.Shape().Dimensions[1])
+}
+
+// loraDelta is scale·(x·Aᵀ)·Bᵀ for x [N,in], recording the points loraGradients needs.
+func (n *netInputs) loraDelta(path string, x *Node) *Node {
+	ab := n.lora[path]
+	xa := Einsum("ni,ri->nr", x, ab[0])
+	z := Einsum("nr,or->no", xa, ab[1])
+	n.taps[path] = loraTap{x: x, xa: xa, z: z}
+	return Mul(z, n.scale)
+}
+
+// loraGradients returns d loss/dA and d loss/dB for each module (A then B, in order).
+//
+// Autodiff of x·Aᵀ would contract over the token axis with that axis first in both operands,
+// which the Go backend serves by transposing the big activation x for every module. Instead we
+// take the gradients at x·Aᵀ and (x·Aᵀ)·Bᵀ and contract ourselves with the small [N,r] operand
+// transposed: dA = (∂L/∂xa)ᵀ·x and dBᵀ = xaᵀ·∂L/∂z, both in the backend's fast layout.
+func (n *netInputs) loraGradients(loss *Node, mods []loraModule) []*Node {
+	var points []*Node
+	for _, m := range mods {
+		t := n.taps[m.Path]
+		points = append(points, t.xa, t.z)
+	}
+	g := Gradient(loss, points...)
+	out := make([]*Node, 0, 2*len(mods))
+	for i, m := range mods {
+		t := n.taps[m.Path]
+		gxa, gz := g[2*i], g[2*i+1]
+		dA := MatMul(Transpose(gxa, 0, 1), t.x)                 // [r,in]
+		dB := Transpose(MatMul(Transpose(t.xa, 0, 1), gz), 0, 1) // [out,r]
+		out = append(out, dA, dB)
+	}
+	return out
 }
 
 func (n *netInputs) rmsNorm(x, w *Node) *Node {
@@ -94,32 +137,38 @@ func (n *netInputs) rmsNorm(x, w *Node) *Node {
 	return Mul(Mul(x, inv), ExpandLeftToRank(w, x.Rank()))
 }
 
-// rope rotates x [B,heads,T,hd] by cos/sin [B,T,hd] (HF rotate_half convention).
+// rope rotates x [B,T,heads,hd] by cos/sin [B,T,hd] (HF rotate_half convention), in the
+// projection's own layout so no transpose is needed before it.
 func rope(x, cos, sin *Node) *Node {
 	hd := x.Shape().Dimensions[3]
-	c := InsertAxes(cos, 1)
-	s := InsertAxes(sin, 1)
+	c := InsertAxes(cos, 2) // [B,T,1,hd], broadcast over heads
+	s := InsertAxes(sin, 2)
 	x1 := SliceAxis(x, -1, AxisRange(0, hd/2))
 	x2 := SliceAxis(x, -1, AxisRange(hd/2, hd))
 	rot := Concatenate([]*Node{Neg(x2), x1}, -1)
 	return Add(Mul(x, c), Mul(rot, s))
 }
 
-// attnKV is what one layer's attention sees: keys and values [B,KVH,S,hd], and which
-// key positions each query may attend to, mask [B,T,S] (bool).
+// attnKV is what one layer's attention sees: keys and values [B,KVH,S,hd], and an additive
+// mask bias (0 or -1e9) broadcastable to [B,KVH,G,T,S] (its shape is [1 or B,1,1,T,S]).
 type attnKV struct {
-	k, v, mask *Node
+	k, v, bias *Node
 }
 
-// block runs one decoder layer. kvFn receives this layer's fresh k, v [B,KVH,T,hd] and
+// block runs one decoder layer. kvFn receives this layer's fresh k, v [B,T,KVH,hd] and
 // returns the keys/values/mask to attend over (the same tensors with a causal mask when
 // training, an updated cache when sampling).
+//
+// The attention matmuls are laid out for the Go backend's fast paths (one leading batch axis,
+// contraction on the last lhs axis): heads are folded into the batch as [B·KVH, G·T, hd], so the
+// only transposes are moving heads in front of time for q (and k, v) and back for the output.
 func (n *netInputs) block(l int, h, cos, sin *Node, kvFn func(l int, k, v *Node) attnKV) *Node {
 	c := n.cfg
 	p := fmt.Sprintf("model.layers.%d.", l)
 	dims := h.Shape().Dimensions
 	B, T := dims[0], dims[1]
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G := H / KVH
 
 	x := n.rmsNorm(h, n.w[p+"input_layernorm.weight"])
 	q := Reshape(n.linear(x, p+"self_attn.q_proj"), B, T, H, hd)
@@ -129,31 +178,31 @@ func (n *netInputs) block(l int, h, cos, sin *Node, kvFn func(l int, k, v *Node)
 		q = n.rmsNorm(q, n.w[p+"self_attn.q_norm.weight"])
 		k = n.rmsNorm(k, n.w[p+"self_attn.k_norm.weight"])
 	}
-	q = TransposeAllAxes(q, 0, 2, 1, 3) // [B,H,T,hd]
-	k = TransposeAllAxes(k, 0, 2, 1, 3)
-	v = TransposeAllAxes(v, 0, 2, 1, 3)
 	q = rope(q, cos, sin)
 	k = rope(k, cos, sin)
 
 	kv := kvFn(l, k, v)
 	S := kv.k.Shape().Dimensions[2]
-	G := H / KVH
-	q5 := Reshape(q, B, KVH, G, T, hd)
-	scores := Einsum("bkgtd,bksd->bkgts", q5, kv.k)
-	scores = MulScalar(scores, 1/math.Sqrt(float64(hd)))
-	mask := BroadcastToDims(Reshape(kv.mask, B, 1, 1, T, S), B, KVH, G, T, S)
-	neg := BroadcastToDims(Scalar(h.Graph(), n.dtype, -1e9), B, KVH, G, T, S)
-	scores = Where(mask, scores, neg)
-	probs := Softmax(scores, -1)
-	o := Einsum("bkgts,bksd->bkgtd", probs, kv.v) // [B,KVH,G,T,hd]
-	o = Reshape(TransposeAllAxes(Reshape(o, B, H, T, hd), 0, 2, 1, 3), B, T, H*hd)
-	h = Add(h, n.linear(o, p+"self_attn.o_proj"))
+	qh := TransposeAllAxes(Reshape(q, B, T, KVH, G, hd), 0, 2, 3, 1, 4) // [B,KVH,G,T,hd]
+	qh = Reshape(qh, B*KVH, G*T, hd)
+	scores := Einsum("nqd,nsd->nqs", qh, Reshape(kv.k, B*KVH, S, hd)) // [B·KVH, G·T, S]
+	scores = Add(MulScalar(Reshape(scores, B, KVH, G, T, S), 1/math.Sqrt(float64(hd))), kv.bias)
+	probs := Reshape(Softmax(scores, -1), B*KVH, G*T, S)
+	o := Einsum("nqs,nsd->nqd", probs, Reshape(kv.v, B*KVH, S, hd))   // [B·KVH, G·T, hd]
+	o = TransposeAllAxes(Reshape(o, B, KVH, G, T, hd), 0, 3, 1, 2, 4) // [B,T,KVH,G,hd]
+	h = Add(h, n.linear(Reshape(o, B, T, H*hd), p+"self_attn.o_proj"))
 
 	x = n.rmsNorm(h, n.w[p+"post_attention_layernorm.weight"])
 	gate := n.linear(x, p+"mlp.gate_proj")
 	up := n.linear(x, p+"mlp.up_proj")
 	act := Mul(Mul(gate, Sigmoid(gate)), up)
 	return Add(h, n.linear(act, p+"mlp.down_proj"))
+}
+
+// maskBias turns an attend/ignore mask into an additive bias: 0 where allowed, -1e9 elsewhere.
+func maskBias(mask *Node, dtype dtypes.DType) *Node {
+	g := mask.Graph()
+	return Where(mask, Scalar(g, dtype, 0), Scalar(g, dtype, -1e9))
 }
 
 // logits runs the whole network on tokens [B,T] and returns logits [B,T,V].
@@ -171,22 +220,22 @@ func (n *netInputs) logits(tokens, cos, sin *Node, kvFn func(l int, k, v *Node) 
 	} else {
 		out = Einsum("btd,dv->btv", h, n.w["lm_head.weight"])
 	}
-	if ab, ok := n.lora["lm_head"]; ok {
-		xa := Einsum("btd,rd->btr", h, ab[0])
-		out = Add(out, Mul(Einsum("btr,vr->btv", xa, ab[1]), n.scale))
+	if _, ok := n.lora["lm_head"]; ok {
+		dims := h.Shape().Dimensions
+		delta := n.loraDelta("lm_head", Reshape(h, dims[0]*dims[1], dims[2]))
+		out = Add(out, Reshape(delta, dims[0], dims[1], c.VocabSize))
 	}
 	return out
 }
 
-// causalKV attends over the sequence itself: position t sees s ≤ t.
-func causalKV(k, v *Node) attnKV {
-	dims := k.Shape().Dimensions
-	B, T := dims[0], dims[2]
+// causalKV attends over the sequence itself: position t sees s ≤ t. k, v come in as [B,T,KVH,hd].
+func causalKV(k, v *Node, dtype dtypes.DType) attnKV {
+	T := k.Shape().Dimensions[1]
 	g := k.Graph()
 	row := Iota(g, shapeOf(dtypes.Int32, T, T), 0)
 	col := Iota(g, shapeOf(dtypes.Int32, T, T), 1)
-	mask := BroadcastToDims(InsertAxes(GreaterOrEqual(row, col), 0), B, T, T)
-	return attnKV{k: k, v: v, mask: mask}
+	bias := Reshape(maskBias(GreaterOrEqual(row, col), dtype), 1, 1, 1, T, T)
+	return attnKV{k: TransposeAllAxes(k, 0, 2, 1, 3), v: TransposeAllAxes(v, 0, 2, 1, 3), bias: bias}
 }
 
 // Loss kinds, as graph variants.
@@ -209,11 +258,21 @@ func takeLossInputs(in []*Node) (lossInputs, []*Node) {
 		lo: in[5], hi: in[6], beta: in[7]}, in[8:]
 }
 
-// targetLogprobs returns log p(target) [B,T] from logits [B,T,V].
+// targetLogprobs returns log p(target) [B,T] from logits [B,T,V] as logit[target] − logsumexp:
+// a gather instead of a full log-softmax times a one-hot, which would be several more passes
+// over the largest tensor of the step.
 func targetLogprobs(logits, targets *Node) *Node {
-	V := logits.Shape().Dimensions[2]
-	lsm := LogSoftmax(logits, -1)
-	return ReduceSum(Mul(lsm, OneHot(targets, V, logits.DType())), -1)
+	dims := logits.Shape().Dimensions
+	B, T := dims[0], dims[1]
+	m := StopGradient(ReduceMax(logits, -1)) // [B,T], for a stable exp
+	lse := Add(Log(ReduceSum(Exp(Sub(logits, InsertAxes(m, -1))), -1)), m)
+	V := dims[2]
+	row := Iota(logits.Graph(), targets.Shape(), 0)
+	col := Iota(logits.Graph(), targets.Shape(), 1)
+	flatIdx := Add(MulScalar(Add(MulScalar(row, T), col), V), targets) // (b·T + t)·V + target
+	picked := Gather(Reshape(logits, B*T*V, 1), InsertAxes(flatIdx, -1))
+	picked = Reshape(picked, B, T)
+	return Sub(picked, lse)
 }
 
 // tokenLoss is the per-token loss [B,T] of a loss kind; padding positions give 0.

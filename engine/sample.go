@@ -373,20 +373,21 @@ func (e *Engine) stepExec(spec loraSpec) *graph.Exec {
 		S := caches[0].Shape().Dimensions[2]
 		B, T := pos.Shape().Dimensions[0], pos.Shape().Dimensions[1]
 		g := pos.Graph()
-		write := graph.OneHot(pos, S, e.dtype)                                   // [B,T,S]
-		keep := graph.OneMinus(graph.ReduceSum(write, 1))                        // [B,S]: 1 where no new token lands
-		keep = graph.Reshape(keep, B, 1, S, 1)                                   // broadcast over heads and hd
-		sIota := graph.Iota(g, shapeOf(pos.DType(), B, T, S), 2)                 // key position s
+		write := graph.OneHot(pos, S, e.dtype)                   // [B,T,S]
+		keep := graph.OneMinus(graph.ReduceSum(write, 1))        // [B,S]: 1 where no new token lands
+		keep = graph.Reshape(keep, B, 1, S, 1)                   // broadcast over heads and hd
+		sIota := graph.Iota(g, shapeOf(pos.DType(), B, T, S), 2) // key position s
 		mask := graph.LessOrEqual(sIota, graph.BroadcastToDims(graph.InsertAxes(pos, -1), B, T, S))
+		bias := graph.Reshape(maskBias(mask, e.dtype), B, 1, 1, T, S)
 		logits := net.logits(tokens, cos, sin, func(l int, k, v *graph.Node) attnKV {
-			KVH, hd := k.Shape().Dimensions[1], k.Shape().Dimensions[3]
-			upd := func(cache, x *graph.Node) *graph.Node {
-				scattered := graph.Einsum("bts,bktd->bksd", write, x)
+			KVH, hd := k.Shape().Dimensions[2], k.Shape().Dimensions[3]
+			upd := func(cache, x *graph.Node) *graph.Node { // x: [B,T,KVH,hd]
+				scattered := graph.Einsum("bts,btkd->bksd", write, x)
 				return graph.Add(graph.Mul(cache, graph.BroadcastToDims(keep, B, KVH, S, hd)), scattered)
 			}
 			nk, nv := upd(caches[2*l], k), upd(caches[2*l+1], v)
 			newCaches[2*l], newCaches[2*l+1] = nk, nv
-			return attnKV{k: nk, v: nv, mask: mask}
+			return attnKV{k: nk, v: nv, bias: bias}
 		})
 		return append([]*graph.Node{logits}, newCaches...)
 	})

@@ -235,8 +235,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	long := make([]int, e.Config.MaxPositionEmbeddings+2)
 	cases := []struct {
 		name, loss, field string
-		data               []Datum
-		cfg                map[string]float64
+		data              []Datum
+		cfg               map[string]float64
 	}{
 		{"token id ≥ vocab", "cross_entropy", "model_input", with(func(d *Datum) { d.Tokens[2] = V }), nil},
 		{"negative target", "cross_entropy", "loss_fn_inputs.target_tokens", with(func(d *Datum) { d.Inputs["target_tokens"].Data[0] = -1 }), nil},

@@ -51,12 +51,12 @@ var lossDefs = map[string]lossDef{
 
 // prepared is a validated batch, ready to be cut into graph calls.
 type prepared struct {
-	data    []Datum
-	tokens  [][]int
-	targets [][]int
-	weights [][]float64
-	oldLP   [][]float64
-	adv     [][]float64
+	data         []Datum
+	tokens       [][]int
+	targets      [][]int
+	weights      [][]float64
+	oldLP        [][]float64
+	adv          [][]float64
 	lo, hi, beta float64
 }
 
@@ -341,18 +341,13 @@ func (e *Engine) lossExec(kind, loss string, spec loraSpec) *graph.Exec {
 		net, rest := takeNetInputs(e.Config, e.dtype, e.baseNames, spec, in)
 		tokens, cos, sin := rest[0], rest[1], rest[2]
 		li, _ := takeLossInputs(rest[3:])
-		logits := net.logits(tokens, cos, sin, func(_ int, k, v *graph.Node) attnKV { return causalKV(k, v) })
+		logits := net.logits(tokens, cos, sin, func(_ int, k, v *graph.Node) attnKV { return causalKV(k, v, e.dtype) })
 		lp := targetLogprobs(logits, li.targets)
 		tl := tokenLoss(loss, lp, li)
 		total := graph.ReduceAllSum(tl)
 		outs := []*graph.Node{lp, tl, total}
 		if kind == "train" {
-			var params []*graph.Node
-			for _, m := range e.Config.loraModules(spec) {
-				ab := net.lora[m.Path]
-				params = append(params, ab[0], ab[1])
-			}
-			outs = append(outs, graph.Gradient(total, params...)...)
+			outs = append(outs, net.loraGradients(total, e.Config.loraModules(spec))...)
 		}
 		return outs
 	})

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/skein-ai/skein/engine"
@@ -19,6 +21,7 @@ func benchEngine(args []string) error {
 	steps := fs.Int("steps", 3, "timed training steps")
 	decode := fs.Int("decode", 32, "tokens to decode per sequence")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +60,16 @@ func benchEngine(args []string) error {
 	if err := step(); err != nil { // compile
 		return err
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer f.Close()
+	}
 	start := time.Now()
 	for range *steps {
 		if err := step(); err != nil {
@@ -64,6 +77,7 @@ func benchEngine(args []string) error {
 		}
 	}
 	stepTime := time.Since(start) / time.Duration(*steps)
+	pprof.StopCPUProfile()
 	tokens := *batch * *seq
 	res := map[string]float64{
 		"step_ms":            float64(stepTime.Microseconds()) / 1000,

@@ -42,7 +42,9 @@ type RequestFailed struct {
 	Message, Category string
 }
 
-func (e *RequestFailed) Error() string { return fmt.Sprintf("request failed (%s): %s", e.Category, e.Message) }
+func (e *RequestFailed) Error() string {
+	return fmt.Sprintf("request failed (%s): %s", e.Category, e.Message)
+}
 
 // Do sends a request and decodes a JSON answer into out (if not nil).
 func (c *Client) Do(ctx context.Context, method, path string, body any, out any) error {

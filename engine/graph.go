@@ -124,7 +124,7 @@ func (n *netInputs) loraGradients(loss *Node, mods []loraModule) []*Node {
 	for i, m := range mods {
 		t := n.taps[m.Path]
 		gxa, gz := g[2*i], g[2*i+1]
-		dA := MatMul(Transpose(gxa, 0, 1), t.x)                 // [r,in]
+		dA := MatMul(Transpose(gxa, 0, 1), t.x)                  // [r,in]
 		dB := Transpose(MatMul(Transpose(t.xa, 0, 1), gz), 0, 1) // [out,r]
 		out = append(out, dA, dB)
 	}

@@ -143,7 +143,7 @@ func TestRLLoopWithEphemeralSampler(t *testing.T) {
 		n, mt := 4, 6
 		seed := int64(step)
 		sf, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: saved.SamplingSessionID, NumSamples: &n,
-			Prompt: api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: prompt}}},
+			Prompt:         api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: prompt}}},
 			SamplingParams: api.SamplingParams{MaxTokens: &mt, Seed: &seed}})
 		if err != nil {
 			t.Fatal(err)

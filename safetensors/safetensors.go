@@ -27,8 +27,8 @@ type Tensor struct {
 var ErrFormat = errors.New("safetensors: invalid file")
 
 type headerEntry struct {
-	DType       string  `json:"dtype"`
-	Shape       []int   `json:"shape"`
+	DType       string   `json:"dtype"`
+	Shape       []int    `json:"shape"`
 	DataOffsets [2]int64 `json:"data_offsets"`
 }
 

@@ -69,6 +69,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body any, out any)
 		req.Header.Set("Content-Type", ctype)
 	}
 	req.Header.Set("X-API-Key", c.APIKey)
+	req.Header.Set("Accept", "application/json")
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return err
@@ -161,6 +162,9 @@ func (f *Future) Result(ctx context.Context, out any) error {
 		return json.Unmarshal(rb, out)
 	}
 }
+
+// Future returns a handle on an existing request id.
+func (c *Client) Future(requestID string) *Future { return &Future{c: c, RequestID: requestID} }
 
 func (c *Client) submit(ctx context.Context, path string, body any) (*Future, error) {
 	f := &Future{c: c}

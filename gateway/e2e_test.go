@@ -38,7 +38,7 @@ type testServer struct {
 	eng *engine.Engine
 }
 
-func newServer(t *testing.T, opts gateway.Options) *testServer {
+func newServer(t testing.TB, opts gateway.Options) *testServer {
 	t.Helper()
 	e, err := engine.Load(modelDir(), engine.Options{})
 	if err != nil {

@@ -58,6 +58,7 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
 	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.deleteCheckpoint)
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
+	s.handle("GET "+v1+"archives/{token}", false, s.downloadArchive)
 	s.handle("POST "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(true))
 	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(false))
 	s.handle("PUT "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/ttl", true, s.setTTL)
@@ -1070,10 +1071,40 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	return map[string]any{"tinker_path": m.Path}, nil
 }
 
+// archiveCheckpoint answers with a signed download URL, valid for 15 minutes and usable without
+// the API key (as the SDK's get_checkpoint_archive_url expects): JSON {url, expires} when the client
+// accepts JSON, a 302 to the URL otherwise (so `curl -L` downloads the tar.gz).
 func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	m, err := s.ownedCheckpoint(r, tenant)
 	if err != nil {
 		return nil, err
+	}
+	expires := time.Now().Add(15 * time.Minute).UTC()
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	url := fmt.Sprintf("%s://%s%sarchives/%s", scheme, r.Host, v1, s.signArchive(m.Path, expires))
+	if strings.Contains(r.Header.Get("Accept"), "application/json") {
+		return map[string]any{"url": url, "expires": expires.Format(time.RFC3339)}, nil
+	}
+	w.Header().Set("Location", url)
+	w.Header().Set("Expires", expires.Format(http.TimeFormat))
+	writeJSON(w, http.StatusFound, map[string]any{"url": url, "expires": expires.Format(time.RFC3339)})
+	return nil, nil
+}
+
+// downloadArchive streams a checkpoint as .tar.gz for a valid signed token.
+func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	path, err := s.verifyArchive(r.PathValue("token"), time.Now())
+	if err != nil {
+		return nil, errf(http.StatusForbidden, "%v", err)
+	}
+	s.mu.Lock()
+	m := s.ckpts[path]
+	s.mu.Unlock()
+	if m == nil {
+		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
 	}
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))

@@ -4,10 +4,17 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/checkpoint"
@@ -108,4 +115,60 @@ func writeTarGz(w io.Writer, dir string) error {
 		return err
 	}
 	return gz.Close()
+}
+
+// archiveSecret is the HMAC key of archive download URLs, kept in the data directory so that
+// URLs handed out stay valid across a restart.
+func (s *Server) archiveSecret() []byte {
+	s.secretOnce.Do(func() {
+		path := filepath.Join(s.opts.DataDir, "archive-secret")
+		if b, err := os.ReadFile(path); err == nil && len(b) >= 32 {
+			s.secret = b
+			return
+		}
+		b := make([]byte, 32)
+		_, _ = rand.Read(b)
+		_ = os.MkdirAll(s.opts.DataDir, 0o755)
+		_ = os.WriteFile(path, b, 0o600)
+		s.secret = b
+	})
+	return s.secret
+}
+
+type archiveClaim struct {
+	Path    string `json:"p"`
+	Expires int64  `json:"e"`
+}
+
+func (s *Server) signArchive(path string, expires time.Time) string {
+	body, _ := json.Marshal(archiveClaim{Path: path, Expires: expires.Unix()})
+	enc := base64.RawURLEncoding.EncodeToString(body)
+	mac := hmac.New(sha256.New, s.archiveSecret())
+	mac.Write([]byte(enc))
+	return enc + "." + hex.EncodeToString(mac.Sum(nil))
+}
+
+func (s *Server) verifyArchive(token string, now time.Time) (string, error) {
+	enc, sig, ok := strings.Cut(token, ".")
+	if !ok {
+		return "", errors.New("malformed download token")
+	}
+	mac := hmac.New(sha256.New, s.archiveSecret())
+	mac.Write([]byte(enc))
+	want := hex.EncodeToString(mac.Sum(nil))
+	if !hmac.Equal([]byte(sig), []byte(want)) {
+		return "", errors.New("invalid download token")
+	}
+	body, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return "", errors.New("malformed download token")
+	}
+	var c archiveClaim
+	if err := json.Unmarshal(body, &c); err != nil {
+		return "", errors.New("malformed download token")
+	}
+	if now.Unix() > c.Expires {
+		return "", errors.New("download link expired: ask for a new one")
+	}
+	return c.Path, nil
 }

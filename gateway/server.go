@@ -53,6 +53,9 @@ type Server struct {
 	ckpts     map[string]*ckptMeta // tinker path -> meta
 	stop      chan struct{}
 	closeOnce sync.Once
+
+	secretOnce sync.Once
+	secret     []byte
 }
 
 type session struct {

@@ -1,0 +1,162 @@
+package gateway_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/gateway"
+)
+
+func trainedModel(t *testing.T, ts *testServer, key string) (*client.Client, *client.TrainingClient) {
+	ctx := context.Background()
+	c := client.New(ts.URL, key)
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, tc
+}
+
+// The archive endpoint hands out a signed URL that downloads the PEFT files without the key.
+func TestCheckpointArchiveDownload(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c, tc := trainedModel(t, ts, "tml-arch")
+	f, _ := tc.SaveState(ctx, "a1")
+	if err := f.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var u struct{ URL, Expires string }
+	if err := c.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/checkpoints/weights/a1/archive", nil, &u); err != nil || u.URL == "" {
+		t.Fatalf("archive url: %v %+v", err, u)
+	}
+	resp, err := http.Get(u.URL) // no API key
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("download: %d", resp.StatusCode)
+	}
+	gz, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+	sort.Strings(names)
+	want := []string{"adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "trainer_state.json"}
+	if strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Fatalf("archive holds %v, want %v", names, want)
+	}
+	bad := u.URL[:len(u.URL)-1] + "0"
+	if strings.HasSuffix(u.URL, "0") {
+		bad = u.URL[:len(u.URL)-1] + "1"
+	}
+	resp2, err := http.Get(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusForbidden {
+		t.Fatalf("tampered token: %d", resp2.StatusCode)
+	}
+}
+
+// forward_backward bodies may come zstd-compressed (proto_compress_fwdbwd).
+func TestZstdForwardBackward(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c, tc := trainedModel(t, ts, "tml-zstd")
+	ids := ts.eng.Tokenizer.Encode("Compressed bodies work too.")
+	seq := 1
+	raw := api.EncodeForwardBackwardRequest(&api.ForwardBackwardRequest{ModelID: tc.ModelID, SeqID: &seq,
+		Input: api.ForwardBackwardInput{Data: []api.Datum{datum(ids, true)}, LossFn: "cross_entropy"}})
+	enc, _ := zstd.NewWriter(nil)
+	body := enc.EncodeAll(raw, nil)
+	req, _ := http.NewRequest("POST", ts.URL+"/api/v1/forward_backward", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header.Set("Content-Encoding", "zstd")
+	req.Header.Set("X-API-Key", "tml-zstd")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fut struct {
+		RequestID string `json:"request_id"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&fut)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || fut.RequestID == "" {
+		t.Fatalf("zstd forward_backward: %d", resp.StatusCode)
+	}
+	var out api.ForwardBackwardOutput
+	if err := c.Future(fut.RequestID).Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.LossFnOutputs) != 1 || len(out.LossFnOutputs[0]["logprobs"].Data) != len(ids)-1 || out.Metrics["loss:sum"] <= 0 {
+		t.Fatalf("zstd forward_backward result: %+v", out)
+	}
+}
+
+// A future that cannot run yet (its seq_id waits for an earlier one) answers 408 try_again
+// with a queue_state once the long-poll runs out, then the result once it can run.
+func TestLongPollTimesOutWithTryAgain(t *testing.T) {
+	ts := newServer(t, gateway.Options{LongPoll: 150 * time.Millisecond})
+	ctx := context.Background()
+	_, tc := trainedModel(t, ts, "tml-wait")
+	ids := ts.eng.Tokenizer.Encode("Wait for it.")
+	f2, err := tc.ForwardBackwardSeq(ctx, 2, []api.Datum{datum(ids, true)}, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(api.RetrieveFutureRequest{RequestID: f2.RequestID})
+	req, _ := http.NewRequest("POST", ts.URL+"/api/v1/retrieve_future", bytes.NewReader(body))
+	req.Header.Set("X-API-Key", "tml-wait")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ta api.TryAgain
+	_ = json.NewDecoder(resp.Body).Decode(&ta)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || ta.Type != "try_again" || ta.QueueState == "" || time.Since(start) < 100*time.Millisecond {
+		t.Fatalf("pending future: %d %+v after %v", resp.StatusCode, ta, time.Since(start))
+	}
+	f1, _ := tc.ForwardBackwardSeq(ctx, 1, []api.Datum{datum(ids, true)}, "cross_entropy", nil, true)
+	var out api.ForwardBackwardOutput
+	if err := f1.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := f2.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -19,6 +19,7 @@ type future struct {
 	category string // "user" or "server" on failure
 	// queueState is what a pending future reports in try_again ("active", "paused_capacity").
 	queueState, queueReason string
+	waiting                 int // long-polls parked on this future (for benchmarks and metrics)
 }
 
 type futureTable struct {
@@ -124,4 +125,32 @@ func (t *futureTable) sweep(now time.Time) int {
 		}
 	}
 	return n
+}
+
+// wait parks until the future is terminal, the timeout passes or cancel closes; it reports
+// whether the future is done.
+func (t *futureTable) wait(f *future, timeout time.Duration, cancel <-chan struct{}) bool {
+	t.mu.Lock()
+	f.waiting++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		f.waiting--
+		t.mu.Unlock()
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-f.done:
+		return true
+	case <-timer.C:
+	case <-cancel:
+	}
+	return false
+}
+
+func (t *futureTable) waiters(f *future) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return f.waiting
 }

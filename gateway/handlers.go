@@ -838,15 +838,12 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 	if f == nil {
 		return nil, errf(http.StatusNotFound, "request %q not found", req.RequestID)
 	}
-	timer := time.NewTimer(s.opts.LongPoll)
-	defer timer.Stop()
-	select {
-	case <-f.done:
-	case <-timer.C:
+	if !s.futures.wait(f, s.opts.LongPoll, r.Context().Done()) {
+		if r.Context().Err() != nil {
+			return nil, nil // the client went away
+		}
 		state, reason := s.futures.queueState(f)
 		writeJSON(w, http.StatusRequestTimeout, api.TryAgain{Type: "try_again", RequestID: f.id, QueueState: state, QueueStateReason: reason})
-		return nil, nil
-	case <-r.Context().Done():
 		return nil, nil
 	}
 	if f.errMsg != "" {

@@ -1,0 +1,174 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// contract is the behaviour every Store implementation must have.
+func contract(t *testing.T, open func(t *testing.T) Store) {
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+
+	t.Run("rows round trip and update", func(t *testing.T) {
+		s := open(t)
+		if err := s.PutSession(ctx, Session{ID: "s1", Tenant: "a", Created: now, Heartbeat: now, Data: []byte(`{"tags":[]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutSession(ctx, Session{ID: "s1", Tenant: "a", Created: now, Heartbeat: now.Add(time.Minute), Closed: true}); err != nil {
+			t.Fatal(err)
+		}
+		ss, err := s.Sessions(ctx)
+		if err != nil || len(ss) != 1 || !ss[0].Heartbeat.Equal(now.Add(time.Minute)) || !ss[0].Closed || ss[0].Tenant != "a" {
+			t.Fatalf("sessions %+v %v", ss, err)
+		}
+		if err := s.PutRun(ctx, Run{ID: "s1:train:0", Tenant: "a", SessionID: "s1", BaseModel: "m", Created: now, LastRequest: now, Live: true, Data: []byte(`{"rank":4}`)}); err != nil {
+			t.Fatal(err)
+		}
+		runs, err := s.Runs(ctx)
+		if err != nil || len(runs) != 1 || !runs[0].Live || string(runs[0].Data) != `{"rank":4}` {
+			t.Fatalf("runs %+v %v", runs, err)
+		}
+		exp := now.Add(time.Hour)
+		if err := s.PutCheckpoint(ctx, Checkpoint{Path: "tinker://x/weights/a", Owner: "a", ModelID: "x", Created: now, ExpiresAt: &exp}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutCheckpoint(ctx, Checkpoint{Path: "tinker://x/weights/b", Owner: "a", ModelID: "x", Created: now, Public: true}); err != nil {
+			t.Fatal(err)
+		}
+		cs, err := s.Checkpoints(ctx)
+		if err != nil || len(cs) != 2 || cs[0].ExpiresAt == nil || !cs[0].ExpiresAt.Equal(exp) || cs[1].ExpiresAt != nil || !cs[1].Public {
+			t.Fatalf("checkpoints %+v %v", cs, err)
+		}
+		if err := s.DeleteCheckpoint(ctx, "tinker://x/weights/a"); err != nil {
+			t.Fatal(err)
+		}
+		if cs, _ := s.Checkpoints(ctx); len(cs) != 1 {
+			t.Fatalf("after delete: %+v", cs)
+		}
+		if err := s.PutSampler(ctx, Sampler{ID: "p", Tenant: "a", SessionID: "s1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteSampler(ctx, "p"); err != nil {
+			t.Fatal(err)
+		}
+		if ps, _ := s.Samplers(ctx); len(ps) != 0 {
+			t.Fatalf("samplers after delete: %+v", ps)
+		}
+	})
+
+	t.Run("futures reach one terminal state", func(t *testing.T) {
+		s := open(t)
+		f, fresh, err := s.CreateFuture(ctx, Future{ID: "f1", Tenant: "a", Kind: "OptimStep", OpKey: "m#1", Created: now})
+		if err != nil || !fresh || f.State != FuturePending {
+			t.Fatalf("create: %+v %v %v", f, fresh, err)
+		}
+		again, fresh, err := s.CreateFuture(ctx, Future{ID: "f2", Tenant: "a", Kind: "OptimStep", OpKey: "m#1", Created: now})
+		if err != nil || fresh || again.ID != "f1" {
+			t.Fatalf("retry with the same op key: %+v %v %v", again, fresh, err)
+		}
+		// Many finishers race; exactly one wins and its result stays.
+		var wg sync.WaitGroup
+		wins := make(chan string, 8)
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				state := FutureComplete
+				if i%2 == 1 {
+					state = FutureFailed
+				}
+				ok, err := s.FinishFuture(ctx, "f1", state, []byte(fmt.Sprint(i)), "user")
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					wins <- fmt.Sprint(i)
+				}
+			}()
+		}
+		wg.Wait()
+		close(wins)
+		var winners []string
+		for w := range wins {
+			winners = append(winners, w)
+		}
+		got, err := s.GetFuture(ctx, "f1")
+		if err != nil || len(winners) != 1 || string(got.Result) != winners[0] || got.State == FuturePending {
+			t.Fatalf("winners %v, future %+v %v", winners, got, err)
+		}
+		if _, err := s.GetFuture(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("missing future: %v", err)
+		}
+	})
+
+	t.Run("crash recovery and sweeping", func(t *testing.T) {
+		s := open(t)
+		old := now.Add(-48 * time.Hour)
+		for i, st := range []string{FuturePending, FuturePending, FutureComplete} {
+			if _, _, err := s.CreateFuture(ctx, Future{ID: fmt.Sprint("p", i), Tenant: "a", Kind: "Sample", Created: old}); err != nil {
+				t.Fatal(err)
+			}
+			if st != FuturePending {
+				if _, err := s.FinishFuture(ctx, fmt.Sprint("p", i), st, []byte(`{}`), ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		n, err := s.FailPending(ctx, "server restarted")
+		if err != nil || n != 2 {
+			t.Fatalf("fail pending: %d %v", n, err)
+		}
+		f, _ := s.GetFuture(ctx, "p0")
+		if f.State != FutureFailed || f.Category != "server" || string(f.Result) != "server restarted" {
+			t.Fatalf("after crash: %+v", f)
+		}
+		if _, _, err := s.CreateFuture(ctx, Future{ID: "new", Tenant: "a", Kind: "Sample", Created: now}); err != nil {
+			t.Fatal(err)
+		}
+		n, err = s.SweepFutures(ctx, now.Add(-24*time.Hour))
+		if err != nil || n != 3 {
+			t.Fatalf("sweep: %d %v", n, err)
+		}
+		if _, err := s.GetFuture(ctx, "new"); err != nil {
+			t.Fatalf("sweep removed a recent future: %v", err)
+		}
+	})
+}
+
+func TestSQLiteContract(t *testing.T) {
+	contract(t, func(t *testing.T) Store {
+		s, err := OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestSQLiteReopenKeepsDataAndSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.PutSession(ctx, Session{ID: "s", Tenant: "t", Created: time.Now(), Heartbeat: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenSQLite(path) // migrations must not run twice
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ss, err := s.Sessions(ctx); err != nil || len(ss) != 1 {
+		t.Fatalf("after reopen: %+v %v", ss, err)
+	}
+}

@@ -1,0 +1,93 @@
+// Package store keeps skein's durable state: sessions, training runs, sampling sessions,
+// checkpoint metadata and futures with their results. One interface; SQLite (pure Go, no cgo)
+// is the embedded default. It is a leaf package: rows are plain structs and JSON blobs.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned for a missing row.
+var ErrNotFound = errors.New("not found")
+
+// Session is a client session.
+type Session struct {
+	ID, Tenant string
+	Created    time.Time
+	Heartbeat  time.Time
+	Closed     bool
+	Data       []byte // JSON: tags, user metadata
+}
+
+// Run is a training run (a LoRA model).
+type Run struct {
+	ID, Tenant, SessionID, BaseModel string
+	Created, LastRequest             time.Time
+	Live                             bool   // the adapter exists (not unloaded or expired)
+	Data                             []byte // JSON: LoRA config, user metadata, last checkpoints
+}
+
+// Sampler is a sampling session.
+type Sampler struct {
+	ID, Tenant, SessionID string
+	Data                  []byte // JSON: base model, model path, weights directory
+}
+
+// Checkpoint is a saved adapter's metadata (the files live in the checkpoint directory).
+type Checkpoint struct {
+	Path, Owner, ModelID string
+	Created              time.Time
+	ExpiresAt            *time.Time
+	Public               bool
+	Data                 []byte // JSON: the gateway's metadata
+}
+
+// Future states.
+const (
+	FuturePending  = "pending"
+	FutureComplete = "complete"
+	FutureFailed   = "failed"
+)
+
+// Future is an asynchronous request and, once terminal, its result.
+type Future struct {
+	ID, Tenant, Kind string
+	OpKey            string // "model#seq" for ordered ops, to answer retries with the original id
+	State            string
+	Result           []byte // JSON result, or the error message when failed
+	Category         string // "user" or "server" when failed
+	Created          time.Time
+}
+
+// Store is the durable state. Implementations are safe for concurrent use.
+type Store interface {
+	PutSession(ctx context.Context, s Session) error
+	Sessions(ctx context.Context) ([]Session, error)
+
+	PutRun(ctx context.Context, r Run) error
+	Runs(ctx context.Context) ([]Run, error)
+
+	PutSampler(ctx context.Context, s Sampler) error
+	DeleteSampler(ctx context.Context, id string) error
+	Samplers(ctx context.Context) ([]Sampler, error)
+
+	PutCheckpoint(ctx context.Context, c Checkpoint) error
+	DeleteCheckpoint(ctx context.Context, path string) error
+	Checkpoints(ctx context.Context) ([]Checkpoint, error)
+
+	// CreateFuture inserts a pending future. If OpKey is set and a future with that key exists,
+	// it returns that one and false.
+	CreateFuture(ctx context.Context, f Future) (Future, bool, error)
+	// FinishFuture moves a pending future to a terminal state; a terminal future never changes,
+	// and finishing it again reports false.
+	FinishFuture(ctx context.Context, id, state string, result []byte, category string) (bool, error)
+	GetFuture(ctx context.Context, id string) (Future, error)
+	// FailPending ends every pending future (after a crash) with a server error; it returns how many.
+	FailPending(ctx context.Context, msg string) (int, error)
+	// SweepFutures deletes terminal futures created before the cutoff.
+	SweepFutures(ctx context.Context, before time.Time) (int, error)
+
+	Close() error
+}

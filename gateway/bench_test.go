@@ -12,7 +12,10 @@ import (
 
 // benchServer is a gateway with no models: these benchmarks measure the gateway's own cost.
 func benchServer(b *testing.B) (*Server, *httptest.Server) {
-	s := New(Options{DataDir: b.TempDir()}, nil)
+	s, err := New(Options{DataDir: b.TempDir()}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	ts := httptest.NewServer(s)
 	b.Cleanup(func() { ts.Close(); s.Close() })
 	return s, ts
@@ -38,7 +41,7 @@ func retrieve(b *testing.B, c *http.Client, url, id string) {
 func BenchmarkRetrieveCompletedFuture(b *testing.B) {
 	s, ts := benchServer(b)
 	tenant, _ := tenantOf(&http.Request{Header: http.Header{"X-Api-Key": {"tml-bench"}}})
-	f, _ := s.futures.create(tenant, "CreateModel", "")
+	f, _, _ := s.futures.create(tenant, "CreateModel", "")
 	s.futures.complete(f, map[string]any{"model_id": "m"})
 	c := ts.Client()
 	b.ReportAllocs()
@@ -58,7 +61,7 @@ func BenchmarkLongPollWake(b *testing.B) {
 	c := ts.Client()
 	lat := make([]time.Duration, 0, b.N)
 	for range b.N {
-		f, _ := s.futures.create(tenant, "CreateModel", "")
+		f, _, _ := s.futures.create(tenant, "CreateModel", "")
 		done := make(chan time.Time)
 		go func() {
 			retrieve(b, c, ts.URL, f.id)

@@ -48,7 +48,10 @@ func newServer(t testing.TB, opts gateway.Options) *testServer {
 	if opts.DataDir == "" {
 		opts.DataDir = t.TempDir()
 	}
-	gw := gateway.New(opts, map[string]*replica.Replica{base: rep})
+	gw, err := gateway.New(opts, map[string]*replica.Replica{base: rep})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ts := httptest.NewServer(gw)
 	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
 	return &testServer{Server: ts, gw: gw, eng: e}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -99,6 +100,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata}
 	s.mu.Lock()
 	s.sessions[sess.id] = sess
+	s.saveSession(sess, false)
 	s.mu.Unlock()
 	return map[string]any{"session_id": sess.id, "type": "create_session"}, nil
 }
@@ -117,6 +119,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
 	}
 	sess.heartbeat = time.Now()
+	s.saveSession(sess, false)
 	return map[string]any{"type": "session_heartbeat"}, nil
 }
 
@@ -133,13 +136,16 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	var drop []*trainingRun
 	for _, sess := range expired {
+		s.saveSession(sess, true)
 		for _, id := range sess.samplers {
 			delete(s.samplers, id)
+			s.logErr("sampler", s.st.DeleteSampler(context.Background(), id))
 		}
 		for _, id := range sess.runs {
 			if run := s.runs[id]; run != nil && run.ready {
 				drop = append(drop, run)
 				run.ready = false
+				s.saveRun(run)
 			}
 		}
 	}
@@ -267,8 +273,13 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 		lastRequest: now, metadata: md, rep: rep, ready: true}
 	s.runs[id] = run
 	sess.runs = append(sess.runs, id)
+	s.saveRun(run)
+	s.saveSession(sess, false)
 	s.mu.Unlock()
-	f, _ := s.futures.create(tenant, "CreateModel", "")
+	f, _, err := s.futures.create(tenant, "CreateModel", "")
+	if err != nil {
+		return nil, err
+	}
 	err = rep.Run(func() {
 		_, err := rep.Engine.CreateAdapter(id, cfg)
 		s.finish(f, map[string]any{"model_id": id, "type": "create_model"}, err)
@@ -308,8 +319,12 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	}
 	s.mu.Lock()
 	run.ready = false
+	s.saveRun(run)
 	s.mu.Unlock()
-	f, _ := s.futures.create(tenant, "Unload", "")
+	f, _, err := s.futures.create(tenant, "Unload", "")
+	if err != nil {
+		return nil, err
+	}
 	err = run.rep.Run(func() {
 		run.rep.Engine.DeleteAdapter(run.id)
 		run.rep.Forget(run.id)
@@ -338,11 +353,18 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 		}
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
-	f, fresh := s.futures.create(tenant, kind, opKey)
+	f, fresh, err := s.futures.create(tenant, kind, opKey)
+	if err != nil {
+		return nil, err
+	}
 	if !fresh {
 		return futureResponse(f, run.id), nil // a retry: answer with the original request
 	}
-	err := run.rep.RunOrdered(run.id, n, func() {
+	err = run.rep.RunOrdered(run.id, n, func() {
+		if err := s.ensureAdapter(run); err != nil {
+			s.finish(f, nil, fmt.Errorf("restoring the adapter: %w", err))
+			return
+		}
 		res, err := op()
 		s.finish(f, res, err)
 	})
@@ -470,6 +492,10 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		if err != nil {
 			return nil, err
 		}
+		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
+		if err := s.persistAdapter(run); err != nil {
+			return nil, fmt.Errorf("saving the adapter state: %w", err)
+		}
 		return map[string]any{"metrics": m, "type": "optim_step"}, nil
 	})
 }
@@ -550,6 +576,7 @@ func (s *Server) writeCheckpoint(run *trainingRun, p checkpoint.Path, withOptimi
 	} else {
 		run.lastSamplerCkpt = meta.Path
 	}
+	s.saveRun(run)
 	s.mu.Unlock()
 	return nil
 }
@@ -588,8 +615,10 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 		}
 		s.mu.Lock()
 		s.samplers[smp.id] = smp
+		s.saveSampler(smp)
 		if sess := s.sessions[run.session]; sess != nil {
 			sess.samplers = append(sess.samplers, smp.id)
+			s.saveSession(sess, false)
 		}
 		run.ephemeral = append(run.ephemeral, smp.engineID)
 		var evict []string
@@ -652,7 +681,11 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		cfg, _, _ := run.rep.Engine.AdapterInfo(run.id)
 		s.mu.Lock()
 		run.lora = cfg
+		s.saveRun(run)
 		s.mu.Unlock()
+		if err := s.persistAdapter(run); err != nil {
+			return nil, fmt.Errorf("saving the adapter state: %w", err)
+		}
 		return map[string]any{"path": req.Path, "type": "load_weights"}, nil
 	})
 }
@@ -711,8 +744,10 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 	}
 	s.mu.Lock()
 	s.samplers[smp.id] = smp
+	s.saveSampler(smp)
 	if sess := s.sessions[req.SessionID]; sess != nil {
 		sess.samplers = append(sess.samplers, smp.id)
+		s.saveSession(sess, false)
 	}
 	s.mu.Unlock()
 	return map[string]any{"sampling_session_id": smp.id, "type": "create_sampling_session"}, nil
@@ -787,7 +822,10 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err := e.ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
-	f, _ := s.futures.create(tenant, "Sample", "")
+	f, _, err := s.futures.create(tenant, "Sample", "")
+	if err != nil {
+		return nil, err
+	}
 	err = smp.rep.Run(func() {
 		if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
 			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
@@ -1021,6 +1059,7 @@ func (s *Server) removeCheckpoint(m *ckptMeta) {
 	s.mu.Lock()
 	delete(s.ckpts, m.Path)
 	s.mu.Unlock()
+	s.logErr("checkpoint", s.st.DeleteCheckpoint(context.Background(), m.Path))
 	os.RemoveAll(m.parsed.Dir(s.opts.DataDir))
 }
 

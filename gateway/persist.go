@@ -16,11 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/skein-ai/skein/checkpoint"
 )
-
-const metaFile = "skein_checkpoint.json"
 
 // jsonStrict decodes JSON, reporting type errors (unknown fields are allowed: clients add keys).
 func jsonStrict(b []byte, v any) error {
@@ -28,43 +24,6 @@ func jsonStrict(b []byte, v any) error {
 		b = []byte("{}")
 	}
 	return json.Unmarshal(b, v)
-}
-
-// saveMeta writes a checkpoint's metadata beside its files, so checkpoints survive a restart.
-func (s *Server) saveMeta(m *ckptMeta) error {
-	s.mu.Lock()
-	b, err := json.MarshalIndent(m, "", "  ")
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	path := filepath.Join(m.parsed.Dir(s.opts.DataDir), metaFile)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// loadCheckpoints rebuilds the checkpoint index from the data directory.
-func (s *Server) loadCheckpoints() {
-	matches, _ := filepath.Glob(filepath.Join(s.opts.DataDir, "checkpoints", "*", "*", "*", metaFile))
-	for _, f := range matches {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var m ckptMeta
-		if json.Unmarshal(b, &m) != nil {
-			continue
-		}
-		p, err := checkpoint.Parse(m.Path)
-		if err != nil {
-			continue
-		}
-		m.parsed = p
-		s.ckpts[m.Path] = &m
-	}
 }
 
 func (s *Server) sweepCheckpoints(now time.Time) {
@@ -90,7 +49,7 @@ func writeTarGz(w io.Writer, dir string) error {
 		return err
 	}
 	for _, e := range entries {
-		if e.IsDir() || e.Name() == metaFile {
+		if e.IsDir() {
 			continue
 		}
 		info, err := e.Info()

@@ -14,7 +14,9 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/store"
 )
 
 // Options configure a Server.
@@ -35,6 +38,8 @@ type Options struct {
 	SessionTimeout time.Duration // sessions without heartbeat expire (default 5 min)
 	MaxLoras       int           // live adapters per tenant (default 30)
 	Logger         *slog.Logger
+	// Store holds durable state; nil opens SQLite at DataDir/state.db.
+	Store store.Store
 }
 
 // Server serves the Tinker API over a set of base models.
@@ -45,6 +50,8 @@ type Server struct {
 	order   []string
 	futures *futureTable
 	mux     *http.ServeMux
+	st      store.Store
+	ownsSt  bool
 
 	mu        sync.Mutex
 	sessions  map[string]*session
@@ -98,8 +105,8 @@ type ckptMeta struct {
 	parsed    checkpoint.Path
 }
 
-// New builds a server over replicas keyed by base model name.
-func New(opts Options, models map[string]*replica.Replica) *Server {
+// New builds a server over replicas keyed by base model name, restoring the state in the store.
+func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 64 << 20
 	}
@@ -118,20 +125,45 @@ func New(opts Options, models map[string]*replica.Replica) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{opts: opts, log: opts.Logger, models: models, futures: newFutureTable(randomHex(4), opts.FutureTTL),
+	st, owns := opts.Store, false
+	if st == nil {
+		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+			return nil, err
+		}
+		sq, err := store.OpenSQLite(filepath.Join(opts.DataDir, "state.db"))
+		if err != nil {
+			return nil, err
+		}
+		st, owns = sq, true
+	}
+	s := &Server{opts: opts, log: opts.Logger, models: models, st: st, ownsSt: owns,
+		futures:  newFutureTable(randomHex(4), opts.FutureTTL, st, opts.Logger),
 		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
 		ckpts: map[string]*ckptMeta{}, stop: make(chan struct{})}
 	for name := range models {
 		s.order = append(s.order, name)
 	}
-	s.loadCheckpoints()
+	sort.Strings(s.order)
+	if err := s.restore(); err != nil {
+		if owns {
+			st.Close()
+		}
+		return nil, fmt.Errorf("gateway: restoring state: %w", err)
+	}
 	s.routes()
 	go s.sweeper()
-	return s
+	return s, nil
 }
 
-// Close stops background work.
-func (s *Server) Close() { s.closeOnce.Do(func() { close(s.stop) }) }
+// Close stops background work and closes a store the server opened itself.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		if s.ownsSt {
+			s.st.Close()
+		}
+	})
+}
 
 func (s *Server) sweeper() {
 	t := time.NewTicker(30 * time.Second)

@@ -88,6 +88,9 @@ func (r *Replica) RunOrdered(adapter string, seq int, fn func()) error {
 		q = &queue{next: 1, pending: map[int]func(){}}
 		r.queues[adapter] = q
 	}
+	if q.next == -1 {
+		q.next = seq
+	}
 	if seq < q.next {
 		return fmt.Errorf("seq_id %d of %s already ran (next is %d)", seq, adapter, q.next)
 	}
@@ -105,6 +108,14 @@ func (r *Replica) RunOrdered(adapter string, seq int, fn func()) error {
 		r.work <- f
 	}
 	return nil
+}
+
+// Resume restarts an adapter's ordering after a restart: the first ordered op that arrives sets
+// where its sequence goes on (the ops before it ran in the previous process or were lost with it).
+func (r *Replica) Resume(adapter string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queues[adapter] = &queue{next: -1, pending: map[int]func(){}}
 }
 
 // Waiting reports how many ops of an adapter wait for an earlier seq_id.

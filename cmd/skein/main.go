@@ -151,7 +151,10 @@ func serve(args []string) error {
 		reps[name] = replica.New(fmt.Sprintf("%s-0", name), name, e)
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "took", time.Since(start).Round(time.Millisecond))
 	}
-	srv := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log}, reps)
+	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log}, reps)
+	if err != nil {
+		return err
+	}
 	defer srv.Close()
 	var handler http.Handler = srv
 	if *record != "" {

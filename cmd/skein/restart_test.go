@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+)
+
+// TestMain lets this test binary act as `skein` itself, so the restart test runs a real server
+// process without building one.
+func TestMain(m *testing.M) {
+	if os.Getenv("SKEIN_TEST_RUN_AS_SKEIN") == "1" {
+		if err := run(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "skein:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func startServe(t *testing.T, data, addr string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "serve", "--data", data, "--addr", addr)
+	cmd.Env = append(os.Environ(), "SKEIN_TEST_RUN_AS_SKEIN=1")
+	logf, _ := os.Create(filepath.Join(data, fmt.Sprintf("serve-%d.log", time.Now().UnixNano())))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + addr + "/api/v1/healthz"); err == nil {
+			resp.Body.Close()
+			return cmd
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("server did not come up")
+	return nil
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func datum(ids []int) api.Datum {
+	n := len(ids) - 1
+	tg, w := make([]float64, n), make([]float64, n)
+	for i := range n {
+		tg[i], w[i] = float64(ids[i+1]), 1
+	}
+	return api.Datum{ModelInput: api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: ids[:n]}}},
+		LossFnInputs: map[string]api.TensorData{"target_tokens": {Data: tg, DType: "int64"}, "weights": {Data: w, DType: "float32"}}}
+}
+
+// Kill `skein serve` with SIGKILL mid-run and start it again on the same data directory:
+// sessions, runs, checkpoints and completed futures are all there, the request that was running
+// ends as a server error saying so, and training goes on from the last acknowledged step.
+func TestRestartAfterSIGKILL(t *testing.T) {
+	data := t.TempDir()
+	addr := freeAddr(t)
+	srv := startServe(t, data, addr)
+	ctx := context.Background()
+	c := client.New("http://"+addr, "tml-restart")
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, "tiny-qwen3", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70, 80, 90})}
+	for range 3 {
+		fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		op, _ := tc.OptimStep(ctx, 1e-2)
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Result(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sf, _ := tc.SaveState(ctx, "before-crash")
+	if err := sf.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	fwd, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+	var before api.ForwardBackwardOutput
+	if err := fwd.Result(ctx, &before); err != nil {
+		t.Fatal(err)
+	}
+	// A request that is still waiting (its seq_id has a gap) when the process dies.
+	gap := tc.NextSeq() + 1
+	stuck, err := tc.ForwardBackwardSeq(ctx, gap, batch, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := srv.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = srv.Process.Wait()
+	startServe(t, data, addr)
+
+	// The completed future is still there, with the same result.
+	var again api.ForwardBackwardOutput
+	if err := c.Future(fwd.RequestID).Result(ctx, &again); err != nil {
+		t.Fatalf("completed future after restart: %v", err)
+	}
+	if fmt.Sprint(again.LossFnOutputs) != fmt.Sprint(before.LossFnOutputs) {
+		t.Fatal("stored result changed across the restart")
+	}
+	// The interrupted one ends as a server error that says why; it does not hang.
+	err = stuck.Result(ctx, &api.ForwardBackwardOutput{})
+	var rf *client.RequestFailed
+	if !errors.As(err, &rf) || rf.Category != "server" {
+		t.Fatalf("interrupted request: %v", err)
+	}
+	// Runs, checkpoints and sessions survived.
+	var runs struct {
+		TrainingRuns []api.TrainingRun `json:"training_runs"`
+	}
+	if err := c.Do(ctx, "GET", "training_runs", nil, &runs); err != nil || len(runs.TrainingRuns) != 1 ||
+		runs.TrainingRuns[0].LastCheckpoint == nil || runs.TrainingRuns[0].LastCheckpoint.CheckpointID != "weights/before-crash" {
+		t.Fatalf("runs after restart: %v %+v", err, runs)
+	}
+	if err := c.Do(ctx, "POST", "session_heartbeat", map[string]string{"session_id": sess}, nil); err != nil {
+		t.Fatalf("session after restart: %v", err)
+	}
+	// Training goes on: the adapter reloads from its last acknowledged step.
+	tc.NextSeq() // the client's counter moved past the lost request
+	f2, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after api.ForwardBackwardOutput
+	if err := f2.Result(ctx, &after); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(after.LossFnOutputs[0]["logprobs"].Data) != fmt.Sprint(before.LossFnOutputs[0]["logprobs"].Data) {
+		t.Fatal("the adapter after the restart differs from the one before it")
+	}
+	fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	op, _ := tc.OptimStep(ctx, 1e-2)
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	var step struct {
+		Metrics map[string]float64 `json:"metrics"`
+	}
+	if err := op.Result(ctx, &step); err != nil || step.Metrics["step:max"] != 4 {
+		t.Fatalf("step after restart: %v %+v (want step 4)", err, step)
+	}
+}

@@ -1,0 +1,190 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/store"
+)
+
+// Write-through persistence: the in-memory maps serve requests; every change is written to the
+// store, and New rebuilds the maps from it, so a restart loses nothing a client was told about.
+
+type sessionData struct {
+	Tags     []string       `json:"tags"`
+	Metadata map[string]any `json:"metadata"`
+	Runs     []string       `json:"runs"`
+	Samplers []string       `json:"samplers"`
+}
+
+type runData struct {
+	Lora            engine.LoraConfig `json:"lora"`
+	Metadata        map[string]string `json:"metadata"`
+	LastCkpt        string            `json:"last_checkpoint"`
+	LastSamplerCkpt string            `json:"last_sampler_checkpoint"`
+}
+
+type samplerData struct {
+	BaseModel string `json:"base_model"`
+	ModelPath string `json:"model_path"`
+	EngineID  string `json:"engine_id"`
+	Dir       string `json:"dir"`
+}
+
+func (s *Server) logErr(what string, err error) {
+	if err != nil {
+		s.log.Error("persisting state", "what", what, "err", err)
+	}
+}
+
+// saveSession persists a session; call with s.mu held.
+func (s *Server) saveSession(x *session, closed bool) {
+	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers})
+	s.logErr("session", s.st.PutSession(context.Background(), store.Session{ID: x.id, Tenant: x.tenant,
+		Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}))
+}
+
+// saveRun persists a training run; call with s.mu held.
+func (s *Server) saveRun(r *trainingRun) {
+	b, _ := json.Marshal(runData{Lora: r.lora, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt})
+	s.logErr("run", s.st.PutRun(context.Background(), store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
+		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}))
+}
+
+func (s *Server) saveSampler(x *sampler) {
+	b, _ := json.Marshal(samplerData{BaseModel: x.baseModel, ModelPath: x.modelPath, EngineID: x.engineID, Dir: x.dir})
+	s.logErr("sampler", s.st.PutSampler(context.Background(), store.Sampler{ID: x.id, Tenant: x.tenant, SessionID: x.session, Data: b}))
+}
+
+// saveMeta persists a checkpoint's metadata.
+func (s *Server) saveMeta(m *ckptMeta) error {
+	s.mu.Lock()
+	b, _ := json.Marshal(m)
+	row := store.Checkpoint{Path: m.Path, Owner: m.Owner, ModelID: m.parsed.ModelID, Created: m.Created,
+		ExpiresAt: m.ExpiresAt, Public: m.Public, Data: b}
+	s.mu.Unlock()
+	return s.st.PutCheckpoint(context.Background(), row)
+}
+
+// restore rebuilds the in-memory state from the store after a start. Requests that were running
+// when the previous process died end as server errors saying so; live adapters come back from
+// their last saved state on their next request (see ensureAdapter).
+func (s *Server) restore() error {
+	ctx := context.Background()
+	if n, err := s.st.FailPending(ctx, "the server restarted while this request was running; submit it again"); err != nil {
+		return err
+	} else if n > 0 {
+		s.log.Warn("ended requests interrupted by a restart", "count", n)
+	}
+	sessions, err := s.st.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, row := range sessions {
+		if row.Closed {
+			continue
+		}
+		var d sessionData
+		_ = json.Unmarshal(row.Data, &d)
+		// The heartbeat clock restarts: a client that is still there keeps its session.
+		s.sessions[row.ID] = &session{id: row.ID, tenant: row.Tenant, created: row.Created, heartbeat: now,
+			tags: d.Tags, metadata: d.Metadata, runs: d.Runs, samplers: d.Samplers}
+	}
+	runs, err := s.st.Runs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, row := range runs {
+		rep, ok := s.models[row.BaseModel]
+		if !ok {
+			s.log.Warn("training run's base model is not served any more", "run", row.ID, "base_model", row.BaseModel)
+			continue
+		}
+		var d runData
+		_ = json.Unmarshal(row.Data, &d)
+		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
+			lora: d.Lora, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata, rep: rep,
+			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt}
+		if row.Live {
+			rep.Resume(row.ID) // the client's seq_ids go on from wherever it is
+		}
+	}
+	samplers, err := s.st.Samplers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, row := range samplers {
+		var d samplerData
+		_ = json.Unmarshal(row.Data, &d)
+		rep, ok := s.models[d.BaseModel]
+		if !ok {
+			continue
+		}
+		s.samplers[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
+			modelPath: d.ModelPath, engineID: d.EngineID, dir: d.Dir, rep: rep}
+	}
+	ckpts, err := s.st.Checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	for _, row := range ckpts {
+		var m ckptMeta
+		if json.Unmarshal(row.Data, &m) != nil {
+			continue
+		}
+		p, err := checkpoint.Parse(m.Path)
+		if err != nil {
+			continue
+		}
+		m.parsed = p
+		s.ckpts[m.Path] = &m
+	}
+	return nil
+}
+
+// stateDir is where an adapter's latest full state (weights, optimizer, step) is kept: written
+// after every optim_step and load, so an adapter that leaves memory (restart, eviction) comes
+// back exactly as its last acknowledged step left it.
+func (s *Server) stateDir(runID string) string {
+	return filepath.Join(s.opts.DataDir, "state", strings.ReplaceAll(runID, ":", "_"))
+}
+
+// persistAdapter writes the adapter's state atomically (new directory, then rename).
+func (s *Server) persistAdapter(run *trainingRun) error {
+	dir := s.stateDir(run.id)
+	tmp := dir + ".partial-" + randomHex(4)
+	if err := run.rep.Engine.SaveAdapter(run.id, tmp, true); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	old := dir + ".old-" + randomHex(4)
+	_ = os.Rename(dir, old)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	os.RemoveAll(old)
+	return nil
+}
+
+// ensureAdapter makes sure a run's adapter is in the engine, reloading its persisted state or, if
+// it never stepped, re-creating it from its seed (PEFT init is deterministic). Runs on the replica.
+func (s *Server) ensureAdapter(run *trainingRun) error {
+	e := run.rep.Engine
+	if e.HasAdapter(run.id) {
+		return nil
+	}
+	dir := s.stateDir(run.id)
+	if _, err := os.Stat(filepath.Join(dir, engine.AdapterWeightsFile)); err == nil {
+		s.log.Info("reloading adapter from its saved state", "run", run.id)
+		return e.LoadAdapter(run.id, dir, true)
+	}
+	_, err := e.CreateAdapter(run.id, run.lora)
+	return err
+}

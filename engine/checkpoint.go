@@ -61,7 +61,9 @@ func (e *Engine) SaveAdapter(id, dir string, withOptimizer bool) error {
 		if withOptimizer {
 			opt[p.name+".exp_avg"] = safetensors.FromFloat64(p.m, p.shape...)
 			opt[p.name+".exp_avg_sq"] = safetensors.FromFloat64(p.v, p.shape...)
-			opt[p.name+".grad_accum"] = safetensors.FromFloat64(p.g, p.shape...)
+			if a.pendingGrads { // right after optim_step the accumulator is zero: not worth writing
+				opt[p.name+".grad_accum"] = safetensors.FromFloat64(p.g, p.shape...)
+			}
 		}
 	}
 	targets := map[string]bool{}
@@ -176,8 +178,14 @@ func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
 			return err
 		}
 		for _, p := range a.params {
+			if _, ok := ost.Tensors[p.name+".grad_accum"]; ok {
+				a.pendingGrads = true
+			}
 			for suffix, dst := range map[string]*[]float64{".exp_avg": &p.m, ".exp_avg_sq": &p.v, ".grad_accum": &p.g} {
 				t, ok := ost.Tensors[p.name+suffix]
+				if !ok && suffix == ".grad_accum" {
+					continue // saved with an empty accumulator
+				}
 				if !ok {
 					return fmt.Errorf("engine: optimizer state lacks %s%s", p.name, suffix)
 				}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -301,4 +302,41 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := e.ForwardBackward("nope", []Datum{good}, "cross_entropy", nil); !errors.Is(err, ErrUnknownAdapter) {
 		t.Fatalf("unknown adapter: %v", err)
 	}
+}
+
+// The cost of persisting an adapter's full state (weights, Adam moments, step), which the
+// gateway does before acknowledging every optim_step. SKEIN_BENCH_MODEL picks the model
+// (default: the tiny preset); rank 16 on attention and MLP.
+func BenchmarkSaveAdapterState(b *testing.B) {
+	dir := os.Getenv("SKEIN_BENCH_MODEL")
+	if dir == "" {
+		dir = tinyModel(b, ArchQwen2)
+	}
+	e, err := Load(dir, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 16, TrainAttn: true, TrainMLP: true}); err != nil {
+		b.Fatal(err)
+	}
+	out := b.TempDir()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := e.SaveAdapter("a", filepath.Join(out, fmt.Sprint(i%2)), true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(fileSizes(filepath.Join(out, "0")))/1e6, "MB")
+}
+
+func fileSizes(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, en := range entries {
+		if info, err := en.Info(); err == nil {
+			n += info.Size()
+		}
+	}
+	return n
 }

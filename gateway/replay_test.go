@@ -87,7 +87,8 @@ func (m idMap) applyJSON(v any) any {
 // serverID matches the ids a server makes up: sessions, samplers, request ids.
 var serverID = regexp.MustCompile(`^((sess|samp)-[0-9a-f]{16}|[0-9a-f]{8}-[0-9]+)$`)
 
-var unstableKeys = map[string]bool{"time": true, "last_request_time": true, "expires_at": true}
+// size_bytes follows the checkpoint file format, not the protocol.
+var unstableKeys = map[string]bool{"time": true, "last_request_time": true, "expires_at": true, "size_bytes": true}
 
 // compare walks recorded and fresh JSON together, learning id mappings from differing strings
 // and failing on any other difference.

@@ -6,6 +6,7 @@ require (
 	github.com/dlclark/regexp2 v1.11.5
 	github.com/gomlx/compute v0.1.2
 	github.com/gomlx/gomlx v0.28.2
+	github.com/jackc/pgx/v5 v5.7.6
 	github.com/klauspost/compress v1.20.4
 	golang.org/x/text v0.44.0
 	google.golang.org/protobuf v1.36.12
@@ -16,11 +17,16 @@ require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/ncruces/go-strftime v0.1.9 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	golang.org/x/crypto v0.37.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
+	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.43.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	modernc.org/libc v1.66.10 // indirect

@@ -28,20 +28,24 @@ type future struct {
 	queueState, queueReason string
 	waiting                 int  // long-polls parked on this future
 	finishing               bool // a terminal state is being recorded
+	remote                  bool // running on another gateway: wakes on its notification
 }
 
 type futureTable struct {
 	mu     sync.Mutex
 	seq    uint64
-	prefix string
+	prefix string // this gateway's instance id, also the owner of the futures it runs
 	byID   map[string]*future
 	ttl    time.Duration
 	st     store.Store
 	log    *slog.Logger
+	// remotePoll is how often a wait on another gateway's future re-reads the store, in case a
+	// notification was lost.
+	remotePoll time.Duration
 }
 
-func newFutureTable(prefix string, ttl time.Duration, st store.Store, log *slog.Logger) *futureTable {
-	return &futureTable{prefix: prefix, byID: map[string]*future{}, ttl: ttl, st: st, log: log}
+func newFutureTable(prefix string, ttl, remotePoll time.Duration, st store.Store, log *slog.Logger) *futureTable {
+	return &futureTable{prefix: prefix, byID: map[string]*future{}, ttl: ttl, remotePoll: remotePoll, st: st, log: log}
 }
 
 // create registers a pending future. With opKey set, a second create with the same key returns
@@ -53,7 +57,8 @@ func (t *futureTable) create(tenant, kind, opKey string) (*future, bool, error) 
 	id := fmt.Sprintf("%s-%d", t.prefix, t.seq)
 	t.mu.Unlock()
 	now := time.Now()
-	row, fresh, err := t.st.CreateFuture(context.Background(), store.Future{ID: id, Tenant: tenant, Kind: kind, OpKey: opKey, Created: now})
+	row, fresh, err := t.st.CreateFuture(context.Background(), store.Future{ID: id, Tenant: tenant, Kind: kind,
+		OpKey: opKey, Owner: t.prefix, Created: now})
 	if err != nil {
 		return nil, false, fmt.Errorf("recording request: %w", err)
 	}
@@ -71,8 +76,8 @@ func (t *futureTable) create(tenant, kind, opKey string) (*future, bool, error) 
 	return f, true, nil
 }
 
-// get returns a tenant's future, from memory or (after a restart) from the store; another
-// tenant's is as absent as a missing one.
+// get returns a tenant's future, from memory or from the store (after a restart, or when another
+// gateway runs it); another tenant's is as absent as a missing one.
 func (t *futureTable) get(tenant, id string) *future {
 	t.mu.Lock()
 	f := t.byID[id]
@@ -84,18 +89,55 @@ func (t *futureTable) get(tenant, id string) *future {
 		return f
 	}
 	row, err := t.st.GetFuture(context.Background(), id)
-	if err != nil || row.Tenant != tenant || row.State == store.FuturePending {
-		// A pending row with no waiter in memory belongs to a dead process; FailPending ends it at start.
+	if err != nil || row.Tenant != tenant || (row.State == store.FuturePending && row.Owner == t.prefix) {
 		return nil
 	}
-	f = &future{id: row.ID, tenant: row.Tenant, kind: row.Kind, created: row.Created, done: make(chan struct{})}
+	f = &future{id: row.ID, tenant: row.Tenant, kind: row.Kind, created: row.Created, done: make(chan struct{}), queueState: "active"}
+	if row.State == store.FuturePending {
+		// Another gateway runs it; its completion arrives as a notification (see remoteDone).
+		f.remote, f.finishing = true, true
+		t.mu.Lock()
+		if existing := t.byID[id]; existing != nil {
+			f = existing
+		} else {
+			t.byID[id] = f
+		}
+		t.mu.Unlock()
+		return f
+	}
+	t.fill(f, row)
+	close(f.done)
+	return f
+}
+
+func (t *futureTable) fill(f *future, row store.Future) {
 	if row.State == store.FutureFailed {
 		f.errMsg, f.category = string(row.Result), row.Category
 	} else {
 		f.result = decodeResult(row.Kind, row.Result)
 	}
-	close(f.done)
-	return f
+}
+
+// remoteDone completes a future another gateway finished, waking local waiters at once.
+func (t *futureTable) remoteDone(id string) {
+	t.mu.Lock()
+	f := t.byID[id]
+	t.mu.Unlock()
+	if f == nil || !f.remote {
+		return
+	}
+	row, err := t.st.GetFuture(context.Background(), id)
+	if err != nil || row.State == store.FuturePending {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-f.done:
+	default:
+		t.fill(f, row)
+		close(f.done)
+	}
 }
 
 // decodeResult turns a stored result back into what retrieve_future serves.
@@ -158,8 +200,9 @@ func (t *futureTable) queueState(f *future) (string, string) {
 	return f.queueState, f.queueReason
 }
 
-// sweep forgets completed futures older than the retention time, in memory and in the store.
-func (t *futureTable) sweep(now time.Time) int {
+// sweep forgets completed futures older than the retention time in memory; withStore also
+// deletes them from the store (the gateway holding the sweep lease does that).
+func (t *futureTable) sweep(now time.Time, withStore bool) int {
 	t.mu.Lock()
 	n := 0
 	for id, f := range t.byID {
@@ -173,8 +216,10 @@ func (t *futureTable) sweep(now time.Time) int {
 		}
 	}
 	t.mu.Unlock()
-	if _, err := t.st.SweepFutures(context.Background(), now.Add(-t.ttl)); err != nil {
-		t.log.Error("sweeping futures", "err", err)
+	if withStore {
+		if _, err := t.st.SweepFutures(context.Background(), now.Add(-t.ttl)); err != nil {
+			t.log.Error("sweeping futures", "err", err)
+		}
 	}
 	return n
 }
@@ -192,13 +237,24 @@ func (t *futureTable) wait(f *future, timeout time.Duration, cancel <-chan struc
 	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	select {
-	case <-f.done:
-		return true
-	case <-timer.C:
-	case <-cancel:
+	var poll <-chan time.Time
+	if f.remote { // notifications can be missed (a dropped connection): check the store now and then
+		tick := time.NewTicker(t.remotePoll)
+		defer tick.Stop()
+		poll = tick.C
 	}
-	return false
+	for {
+		select {
+		case <-f.done:
+			return true
+		case <-poll:
+			t.remoteDone(f.id)
+		case <-timer.C:
+			return false
+		case <-cancel:
+			return false
+		}
+	}
 }
 
 func (t *futureTable) waiters(f *future) int {

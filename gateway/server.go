@@ -4,6 +4,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -40,6 +41,9 @@ type Options struct {
 	Logger         *slog.Logger
 	// Store holds durable state; nil opens SQLite at DataDir/state.db.
 	Store store.Store
+	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
+	// fallback for a lost notification (default 1 s).
+	RemotePoll time.Duration
 }
 
 // Server serves the Tinker API over a set of base models.
@@ -122,6 +126,9 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 	if opts.MaxLoras == 0 {
 		opts.MaxLoras = 30
 	}
+	if opts.RemotePoll == 0 {
+		opts.RemotePoll = time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -137,7 +144,7 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 		st, owns = sq, true
 	}
 	s := &Server{opts: opts, log: opts.Logger, models: models, st: st, ownsSt: owns,
-		futures:  newFutureTable(randomHex(4), opts.FutureTTL, st, opts.Logger),
+		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
 		ckpts: map[string]*ckptMeta{}, stop: make(chan struct{})}
 	for name := range models {
@@ -152,6 +159,11 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 	}
 	s.routes()
 	go s.sweeper()
+	if l, ok := st.(store.FutureListener); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-s.stop; cancel() }()
+		go l.ListenFutures(ctx, s.futures.remoteDone)
+	}
 	return s, nil
 }
 
@@ -165,17 +177,32 @@ func (s *Server) Close() {
 	})
 }
 
+// sweeper heartbeats this gateway and, holding the sweep lease (one gateway at a time), expires
+// futures, checkpoints and sessions and ends the requests of dead gateways.
 func (s *Server) sweeper() {
-	t := time.NewTicker(30 * time.Second)
-	defer t.Stop()
+	beat := time.NewTicker(gatewayHeartbeat)
+	defer beat.Stop()
+	sweep := time.NewTicker(30 * time.Second)
+	defer sweep.Stop()
+	ctx := context.Background()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case now := <-t.C:
-			s.futures.sweep(now)
+		case <-beat.C:
+			s.logErr("gateway heartbeat", s.st.GatewayHeartbeat(ctx, s.futures.prefix))
+		case now := <-sweep.C:
+			if ok, err := s.st.TryLease(ctx, "sweep", s.futures.prefix, 2*time.Minute); err != nil || !ok {
+				s.logErr("sweep lease", err)
+				// Session expiry stays local: each gateway holds its own sessions' adapters.
+				s.futures.sweep(now, false)
+				s.sweepSessions(now)
+				continue
+			}
+			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
 			s.sweepSessions(now)
+			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}
 	}
 }

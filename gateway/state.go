@@ -77,10 +77,11 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 // their last saved state on their next request (see ensureAdapter).
 func (s *Server) restore() error {
 	ctx := context.Background()
-	if n, err := s.st.FailPending(ctx, "the server restarted while this request was running; submit it again"); err != nil {
+	if err := s.st.GatewayHeartbeat(ctx, s.futures.prefix); err != nil {
 		return err
-	} else if n > 0 {
-		s.log.Warn("ended requests interrupted by a restart", "count", n)
+	}
+	if err := s.failOrphans(ctx); err != nil {
+		return err
 	}
 	sessions, err := s.st.Sessions(ctx)
 	if err != nil {
@@ -188,3 +189,29 @@ func (s *Server) ensureAdapter(run *trainingRun) error {
 	_, err := e.CreateAdapter(run.id, run.lora)
 	return err
 }
+
+// orphanMsg is the error of a request whose gateway died while it ran.
+const orphanMsg = "the server restarted while this request was running; submit it again"
+
+// failOrphans ends requests whose gateway is gone. With an embedded store this process is the
+// only gateway, so every other owner is dead; with a shared store, owners that stopped
+// heartbeating are.
+func (s *Server) failOrphans(ctx context.Context) error {
+	var within time.Duration
+	if s.shared() {
+		within = 5 * gatewayHeartbeat
+	}
+	n, err := s.st.FailOrphaned(ctx, s.futures.prefix, within, orphanMsg)
+	if n > 0 {
+		s.log.Warn("ended requests interrupted by a restart", "count", n)
+	}
+	return err
+}
+
+// shared reports whether other gateways may use the same store (it notifies across them).
+func (s *Server) shared() bool {
+	_, ok := s.st.(store.FutureListener)
+	return ok
+}
+
+const gatewayHeartbeat = 2 * time.Second

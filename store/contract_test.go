@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,9 +122,9 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 				}
 			}
 		}
-		n, err := s.FailPending(ctx, "server restarted")
+		n, err := s.FailOrphaned(ctx, "me", 0, "server restarted")
 		if err != nil || n != 2 {
-			t.Fatalf("fail pending: %d %v", n, err)
+			t.Fatalf("fail orphaned: %d %v", n, err)
 		}
 		f, _ := s.GetFuture(ctx, "p0")
 		if f.State != FutureFailed || f.Category != "server" || string(f.Result) != "server restarted" {
@@ -139,6 +141,95 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 			t.Fatalf("sweep removed a recent future: %v", err)
 		}
 	})
+}
+
+func TestOrphansLeasesAndHeartbeats(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		now := time.Now()
+		if err := s.GatewayHeartbeat(ctx, "alive"); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []Future{{ID: "a", Owner: "alive"}, {ID: "d", Owner: "dead"}, {ID: "m", Owner: "me"}} {
+			f.Tenant, f.Kind, f.Created = "t", "Sample", now
+			if _, _, err := s.CreateFuture(ctx, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := s.FailOrphaned(ctx, "me", time.Minute, "gateway died")
+		if err != nil || n != 1 {
+			t.Fatalf("orphans: %d %v", n, err)
+		}
+		for id, want := range map[string]string{"a": FuturePending, "d": FutureFailed, "m": FuturePending} {
+			if f, _ := s.GetFuture(ctx, id); f.State != want {
+				t.Fatalf("future %s: %s, want %s", id, f.State, want)
+			}
+		}
+		ok, err := s.TryLease(ctx, "sweep", "g1", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("first lease: %v %v", ok, err)
+		}
+		if ok, _ := s.TryLease(ctx, "sweep", "g2", time.Minute); ok {
+			t.Fatal("a second holder took a live lease")
+		}
+		if ok, _ := s.TryLease(ctx, "sweep", "g1", time.Minute); !ok {
+			t.Fatal("the holder could not renew its lease")
+		}
+		if ok, _ := s.TryLease(ctx, "sweep", "g1", -time.Second); !ok { // let it lapse
+			t.Fatal("renew")
+		}
+		if ok, _ := s.TryLease(ctx, "sweep", "g2", time.Minute); !ok {
+			t.Fatal("an expired lease was not taken over")
+		}
+	})
+}
+
+// forEachStore runs f against SQLite, and PostgreSQL when SKEIN_TEST_POSTGRES holds a DSN.
+func forEachStore(t *testing.T, f func(t *testing.T, s Store)) {
+	t.Run("sqlite", func(t *testing.T) { f(t, openSQLite(t)) })
+	if dsn := os.Getenv("SKEIN_TEST_POSTGRES"); dsn != "" {
+		t.Run("postgres", func(t *testing.T) { f(t, openPostgres(t, dsn)) })
+	}
+}
+
+func openSQLite(t *testing.T) Store {
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// openPostgres gives each test a fresh schema in the database.
+func openPostgres(t *testing.T, dsn string) Store {
+	schema := fmt.Sprintf("t_%d", time.Now().UnixNano())
+	admin, err := OpenPostgres(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.db.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close()
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	s, err := OpenPostgres(dsn + sep + "search_path=" + schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestPostgresContract(t *testing.T) {
+	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
+	}
+	contract(t, func(t *testing.T) Store { return openPostgres(t, dsn) })
 }
 
 func TestSQLiteContract(t *testing.T) {
@@ -170,5 +261,48 @@ func TestSQLiteReopenKeepsDataAndSchema(t *testing.T) {
 	defer s.Close()
 	if ss, err := s.Sessions(ctx); err != nil || len(ss) != 1 {
 		t.Fatalf("after reopen: %+v %v", ss, err)
+	}
+}
+
+// create-future → complete-future → read-result, one op each, on each backend.
+func BenchmarkFutureLifecycle(b *testing.B) {
+	run := func(b *testing.B, s Store) {
+		ctx := context.Background()
+		payload := []byte(`{"metrics":{"loss:sum":1.25},"type":"optim_step"}`)
+		b.ResetTimer()
+		for i := range b.N {
+			id := fmt.Sprint("f", i)
+			if _, _, err := s.CreateFuture(ctx, Future{ID: id, Tenant: "t", Kind: "OptimStep", OpKey: "m#" + id, Created: time.Now()}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.FinishFuture(ctx, id, FutureComplete, payload, ""); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.GetFuture(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lifecycles/s")
+	}
+	b.Run("sqlite", func(b *testing.B) {
+		s, err := OpenSQLite(filepath.Join(b.TempDir(), "state.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		run(b, s)
+	})
+	if dsn := os.Getenv("SKEIN_TEST_POSTGRES"); dsn != "" {
+		b.Run("postgres", func(b *testing.B) {
+			s, err := OpenPostgres(dsn)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if _, err := s.db.Exec(`DELETE FROM futures`); err != nil {
+				b.Fatal(err)
+			}
+			run(b, s)
+		})
 	}
 }

@@ -55,6 +55,7 @@ const (
 type Future struct {
 	ID, Tenant, Kind string
 	OpKey            string // "model#seq" for ordered ops, to answer retries with the original id
+	Owner            string // the gateway whose process runs it
 	State            string
 	Result           []byte // JSON result, or the error message when failed
 	Category         string // "user" or "server" when failed
@@ -84,10 +85,23 @@ type Store interface {
 	// and finishing it again reports false.
 	FinishFuture(ctx context.Context, id, state string, result []byte, category string) (bool, error)
 	GetFuture(ctx context.Context, id string) (Future, error)
-	// FailPending ends every pending future (after a crash) with a server error; it returns how many.
-	FailPending(ctx context.Context, msg string) (int, error)
+	// FailOrphaned ends with a server error every pending future whose gateway is not self and has
+	// not heartbeated within liveWithin (0: every other gateway is dead, as after a crash of the
+	// only gateway); it returns how many.
+	FailOrphaned(ctx context.Context, self string, liveWithin time.Duration, msg string) (int, error)
 	// SweepFutures deletes terminal futures created before the cutoff.
 	SweepFutures(ctx context.Context, before time.Time) (int, error)
 
+	// GatewayHeartbeat records that a gateway is alive.
+	GatewayHeartbeat(ctx context.Context, id string) error
+	// TryLease takes or renews a named lease for ttl; it reports whether holder has it. Periodic
+	// sweeps run under a lease so that one gateway at a time does them.
+	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+
 	Close() error
+}
+
+// FutureListener is a Store that reports futures finished by other gateways.
+type FutureListener interface {
+	ListenFutures(ctx context.Context, fn func(id string))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/store"
 )
 
 const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
@@ -115,6 +116,7 @@ func serve(args []string) error {
 	fs.Var(&models, "model", "Hugging Face model directory (repeatable); default: a generated tiny model")
 	fs.Var(&names, "name", "base-model name clients use for the matching --model (default: directory name)")
 	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
+	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
@@ -151,7 +153,19 @@ func serve(args []string) error {
 		reps[name] = replica.New(fmt.Sprintf("%s-0", name), name, e)
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "took", time.Since(start).Round(time.Millisecond))
 	}
-	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log}, reps)
+	var st store.Store
+	if *stateURL != "" {
+		if !strings.HasPrefix(*stateURL, "postgres://") && !strings.HasPrefix(*stateURL, "postgresql://") {
+			return fmt.Errorf("--state: want a postgres:// URL, got %q", *stateURL)
+		}
+		pg, err := store.OpenPostgres(*stateURL)
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		st = pg
+	}
+	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st}, reps)
 	if err != nil {
 		return err
 	}

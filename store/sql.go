@@ -1,0 +1,335 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// SQL is the Store over database/sql, for SQLite (embedded default) and PostgreSQL (shared by
+// several gateways). The two differ only in placeholders, a few type names, and notifications.
+type SQL struct {
+	db      *sql.DB
+	dialect string // "sqlite" or "postgres"
+	notify  bool   // pg_notify on future completion
+}
+
+// migrations are applied in order, each once, recorded in skein_schema. {{BLOB}}, {{INT}} and
+// {{BOOL}} are replaced by the dialect's type names.
+var migrations = []string{
+	`CREATE TABLE sessions (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created {{INT}} NOT NULL,
+		heartbeat {{INT}} NOT NULL, closed {{BOOL}} NOT NULL DEFAULT FALSE, data {{BLOB}});
+	CREATE TABLE runs (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT NOT NULL, base_model TEXT NOT NULL,
+		created {{INT}} NOT NULL, last_request {{INT}} NOT NULL, live {{BOOL}} NOT NULL, data {{BLOB}});
+	CREATE TABLE samplers (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT NOT NULL, data {{BLOB}});
+	CREATE TABLE checkpoints (path TEXT PRIMARY KEY, owner TEXT NOT NULL, model_id TEXT NOT NULL, created {{INT}} NOT NULL,
+		expires_at {{INT}}, public {{BOOL}} NOT NULL, data {{BLOB}});
+	CREATE TABLE futures (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, kind TEXT NOT NULL, op_key TEXT,
+		owner TEXT NOT NULL DEFAULT '', state TEXT NOT NULL, result {{BLOB}}, category TEXT NOT NULL DEFAULT '',
+		created {{INT}} NOT NULL);
+	CREATE UNIQUE INDEX futures_op_key ON futures(op_key) WHERE op_key IS NOT NULL;
+	CREATE INDEX futures_state ON futures(state, created);
+	CREATE TABLE gateways (id TEXT PRIMARY KEY, heartbeat {{INT}} NOT NULL);
+	CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until {{INT}} NOT NULL);`,
+}
+
+func (s *SQL) ddl(q string) string {
+	r := strings.NewReplacer("{{BLOB}}", "BLOB", "{{INT}}", "INTEGER", "{{BOOL}}", "BOOLEAN")
+	if s.dialect == "postgres" {
+		r = strings.NewReplacer("{{BLOB}}", "BYTEA", "{{INT}}", "BIGINT", "{{BOOL}}", "BOOLEAN")
+	}
+	return r.Replace(q)
+}
+
+// q rewrites ? placeholders to $n for PostgreSQL.
+func (s *SQL) q(query string) string {
+	if s.dialect != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func (s *SQL) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS skein_schema (version INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if s.dialect == "postgres" {
+		// Gateways starting together must not migrate twice.
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE skein_schema IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+	}
+	var version int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM skein_schema`).Scan(&version); err != nil {
+		return err
+	}
+	for i := version; i < len(migrations); i++ {
+		for _, stmt := range strings.Split(s.ddl(migrations[i]), ";") {
+			if strings.TrimSpace(stmt) == "" {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("migration %d: %w", i+1, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO skein_schema (version) VALUES (?)`), i+1); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// Close closes the database.
+func (s *SQL) Close() error { return s.db.Close() }
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+func fromMS(v int64) time.Time {
+	return time.UnixMilli(v).UTC()
+}
+
+func (s *SQL) PutSession(ctx context.Context, x Session) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO sessions (id, tenant, created, heartbeat, closed, data) VALUES (?,?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET heartbeat=excluded.heartbeat, closed=excluded.closed, data=excluded.data`),
+		x.ID, x.Tenant, ms(x.Created), ms(x.Heartbeat), x.Closed, x.Data)
+	return err
+}
+
+func (s *SQL) Sessions(ctx context.Context) ([]Session, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, created, heartbeat, closed, data FROM sessions ORDER BY created`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Session
+	for rows.Next() {
+		var x Session
+		var c, h int64
+		if err := rows.Scan(&x.ID, &x.Tenant, &c, &h, &x.Closed, &x.Data); err != nil {
+			return nil, err
+		}
+		x.Created, x.Heartbeat = fromMS(c), fromMS(h)
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQL) PutRun(ctx context.Context, r Run) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO runs (id, tenant, session_id, base_model, created, last_request, live, data)
+		VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET last_request=excluded.last_request, live=excluded.live, data=excluded.data`),
+		r.ID, r.Tenant, r.SessionID, r.BaseModel, ms(r.Created), ms(r.LastRequest), r.Live, r.Data)
+	return err
+}
+
+func (s *SQL) Runs(ctx context.Context) ([]Run, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, session_id, base_model, created, last_request, live, data FROM runs ORDER BY created`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Run
+	for rows.Next() {
+		var r Run
+		var c, l int64
+		if err := rows.Scan(&r.ID, &r.Tenant, &r.SessionID, &r.BaseModel, &c, &l, &r.Live, &r.Data); err != nil {
+			return nil, err
+		}
+		r.Created, r.LastRequest = fromMS(c), fromMS(l)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQL) PutSampler(ctx context.Context, x Sampler) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO samplers (id, tenant, session_id, data) VALUES (?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET data=excluded.data`), x.ID, x.Tenant, x.SessionID, x.Data)
+	return err
+}
+
+func (s *SQL) DeleteSampler(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM samplers WHERE id = ?`), id)
+	return err
+}
+
+func (s *SQL) Samplers(ctx context.Context) ([]Sampler, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, session_id, data FROM samplers`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Sampler
+	for rows.Next() {
+		var x Sampler
+		if err := rows.Scan(&x.ID, &x.Tenant, &x.SessionID, &x.Data); err != nil {
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQL) PutCheckpoint(ctx context.Context, c Checkpoint) error {
+	var exp *int64
+	if c.ExpiresAt != nil {
+		v := ms(*c.ExpiresAt)
+		exp = &v
+	}
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO checkpoints (path, owner, model_id, created, expires_at, public, data)
+		VALUES (?,?,?,?,?,?,?) ON CONFLICT(path) DO UPDATE SET owner=excluded.owner, created=excluded.created,
+		expires_at=excluded.expires_at, public=excluded.public, data=excluded.data`),
+		c.Path, c.Owner, c.ModelID, ms(c.Created), exp, c.Public, c.Data)
+	return err
+}
+
+func (s *SQL) DeleteCheckpoint(ctx context.Context, path string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM checkpoints WHERE path = ?`), path)
+	return err
+}
+
+func (s *SQL) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT path, owner, model_id, created, expires_at, public, data FROM checkpoints ORDER BY created`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Checkpoint
+	for rows.Next() {
+		var c Checkpoint
+		var created int64
+		var exp sql.NullInt64
+		if err := rows.Scan(&c.Path, &c.Owner, &c.ModelID, &created, &exp, &c.Public, &c.Data); err != nil {
+			return nil, err
+		}
+		c.Created = fromMS(created)
+		if exp.Valid {
+			t := fromMS(exp.Int64)
+			c.ExpiresAt = &t
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func (s *SQL) CreateFuture(ctx context.Context, f Future) (Future, bool, error) {
+	if f.State == "" {
+		f.State = FuturePending
+	}
+	res, err := s.db.ExecContext(ctx, s.q(`INSERT INTO futures (id, tenant, kind, op_key, owner, state, result, category, created)
+		VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING`),
+		f.ID, f.Tenant, f.Kind, nullable(f.OpKey), f.Owner, f.State, f.Result, f.Category, ms(f.Created))
+	if err != nil {
+		return Future{}, false, err
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return f, true, nil
+	}
+	if f.OpKey == "" {
+		return Future{}, false, fmt.Errorf("store: future %s already exists", f.ID)
+	}
+	existing, err := s.scanFuture(s.db.QueryRowContext(ctx, s.q(futureCols+` WHERE op_key = ?`), f.OpKey))
+	if err != nil {
+		return Future{}, false, err
+	}
+	return existing, false, nil
+}
+
+const futureCols = `SELECT id, tenant, kind, COALESCE(op_key, ''), owner, state, result, category, created FROM futures`
+
+func (s *SQL) scanFuture(row *sql.Row) (Future, error) {
+	var f Future
+	var created int64
+	if err := row.Scan(&f.ID, &f.Tenant, &f.Kind, &f.OpKey, &f.Owner, &f.State, &f.Result, &f.Category, &created); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return Future{}, ErrNotFound
+		}
+		return Future{}, err
+	}
+	f.Created = fromMS(created)
+	return f, nil
+}
+
+func (s *SQL) FinishFuture(ctx context.Context, id, state string, result []byte, category string) (bool, error) {
+	if state != FutureComplete && state != FutureFailed {
+		return false, fmt.Errorf("store: %q is not a terminal state", state)
+	}
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ? WHERE id = ? AND state = ?`),
+		state, result, category, id, FuturePending)
+	if err != nil {
+		return false, err
+	}
+	n, _ := res.RowsAffected()
+	if n == 1 && s.notify {
+		// Wakes retrieve_future long-polls waiting on other gateways.
+		if _, err := s.db.ExecContext(ctx, `SELECT pg_notify('skein_futures', $1)`, id); err != nil {
+			return true, err
+		}
+	}
+	return n == 1, nil
+}
+
+func (s *SQL) GetFuture(ctx context.Context, id string) (Future, error) {
+	return s.scanFuture(s.db.QueryRowContext(ctx, s.q(futureCols+` WHERE id = ?`), id))
+}
+
+func (s *SQL) FailOrphaned(ctx context.Context, self string, liveWithin time.Duration, msg string) (int, error) {
+	cutoff := ms(time.Now().Add(-liveWithin))
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = 'server'
+		WHERE state = ? AND owner != ? AND owner NOT IN (SELECT id FROM gateways WHERE heartbeat > ? AND id != ?)`),
+		FutureFailed, []byte(msg), FuturePending, self, cutoff, self)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
+
+func (s *SQL) SweepFutures(ctx context.Context, before time.Time) (int, error) {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM futures WHERE state != ? AND created < ?`), FuturePending, ms(before))
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
+
+func (s *SQL) GatewayHeartbeat(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO gateways (id, heartbeat) VALUES (?, ?)
+		ON CONFLICT(id) DO UPDATE SET heartbeat = excluded.heartbeat`), id, ms(time.Now()))
+	return err
+}
+
+func (s *SQL) TryLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
+	now := time.Now()
+	res, err := s.db.ExecContext(ctx, s.q(`INSERT INTO leases (name, holder, until) VALUES (?, ?, ?)
+		ON CONFLICT(name) DO UPDATE SET holder = excluded.holder, until = excluded.until
+		WHERE leases.holder = excluded.holder OR leases.until < ?`), name, holder, ms(now.Add(ttl)), ms(now))
+	if err != nil {
+		return false, err
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}

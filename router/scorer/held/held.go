@@ -1,0 +1,18 @@
+// Package held is a router scorer that spreads adapters: the fewer a replica holds (relative to
+// its max_loras), the higher it scores. With uniform arrivals it keeps max − min held ≤ 1.
+package held
+
+import "github.com/skein-ai/skein/router"
+
+// Scorer rates 1 − held/max_loras.
+type Scorer struct{}
+
+func (Scorer) Name() string { return "adapters-held" }
+
+func (Scorer) Score(_ router.Request, c router.Candidate) float64 {
+	m := c.Endpoint.MaxLoras()
+	if m <= 0 {
+		return 0
+	}
+	return 1 - float64(min(c.Held, m))/float64(m)
+}

@@ -51,11 +51,37 @@ type Engine struct {
 	base      []*tensors.Tensor
 	invFreq   []float64
 
+	mu       sync.Mutex
+	adapters map[string]*Adapter
+	graphs   *graphCache // shared by forks
+}
+
+// graphCache holds the compiled graphs, shared by every fork of a base model: graphs depend on
+// the model and the LoRA spec, not on which replica runs them.
+type graphCache struct {
 	mu         sync.Mutex
-	adapters   map[string]*Adapter
 	execs      map[string]*graph.Exec
 	compiles   CompileStats
 	seenGraphs map[*graph.Graph]bool
+}
+
+// Fork returns an engine over the same base weights (shared, read-only, never copied) and the
+// same compiled graphs, with its own adapters: one per replica of a base model.
+func (e *Engine) Fork() *Engine {
+	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
+		dtype: e.dtype, baseNames: e.baseNames, base: e.base, invFreq: e.invFreq,
+		adapters: map[string]*Adapter{}, graphs: e.graphs}
+}
+
+// AdapterIDs lists the loaded adapters.
+func (e *Engine) AdapterIDs() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ids := make([]string, 0, len(e.adapters))
+	for id := range e.adapters {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // CompileStats counts graph compilations, which happen once per (graph kind, bucketed shape).
@@ -119,7 +145,8 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
 	}
 	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, backend: backend,
-		dtype: dtypes.Float32, adapters: map[string]*Adapter{}, execs: map[string]*graph.Exec{}, seenGraphs: map[*graph.Graph]bool{},
+		dtype: dtypes.Float32, adapters: map[string]*Adapter{},
+		graphs: &graphCache{execs: map[string]*graph.Exec{}, seenGraphs: map[*graph.Graph]bool{}},
 		invFreq: cfg.invFreq()}
 	if opts.Float64 {
 		e.dtype = dtypes.Float64
@@ -201,14 +228,15 @@ func (e *Engine) roundToDType(v float64) float64 {
 
 // exec returns (building on first use) the executable for a graph kind.
 func (e *Engine) exec(key string, build func(in []*graph.Node) []*graph.Node) *graph.Exec {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if x, ok := e.execs[key]; ok {
+	c := e.graphs
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if x, ok := c.execs[key]; ok {
 		return x
 	}
 	x := graph.MustNewExec(e.backend, build).WithName(key)
 	x.SetMaxCache(256)
-	e.execs[key] = x
+	c.execs[key] = x
 	return x
 }
 
@@ -228,22 +256,23 @@ func (e *Engine) call(x *graph.Exec, args []*tensors.Tensor) (out []*tensors.Ten
 	if err != nil {
 		return nil, fmt.Errorf("engine: compute failed: %w", err)
 	}
-	e.mu.Lock()
-	if !e.seenGraphs[g] {
+	c := e.graphs
+	c.mu.Lock()
+	if !c.seenGraphs[g] {
 		// A graph seen for the first time was just built and compiled; the time includes one run.
-		e.seenGraphs[g] = true
-		e.compiles.Count++
-		e.compiles.Total += time.Since(start)
+		c.seenGraphs[g] = true
+		c.compiles.Count++
+		c.compiles.Total += time.Since(start)
 	}
-	e.mu.Unlock()
+	c.mu.Unlock()
 	return out, nil
 }
 
 // CompileStats reports graph compilations so far.
 func (e *Engine) CompileStats() CompileStats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.compiles
+	e.graphs.mu.Lock()
+	defer e.graphs.mu.Unlock()
+	return e.graphs.compiles
 }
 
 // ropeTables returns cos and sin [B,T,hd] for the given absolute positions [B][T].

@@ -12,7 +12,7 @@ import (
 
 // benchServer is a gateway with no models: these benchmarks measure the gateway's own cost.
 func benchServer(b *testing.B) (*Server, *httptest.Server) {
-	s, err := New(Options{DataDir: b.TempDir()}, nil)
+	s, err := New(Options{DataDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}

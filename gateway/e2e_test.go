@@ -44,11 +44,11 @@ func newServer(t testing.TB, opts gateway.Options) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := replica.New("r0", base, e)
+	rep := replica.New("r0", base, e, 0)
 	if opts.DataDir == "" {
 		opts.DataDir = t.TempDir()
 	}
-	gw, err := gateway.New(opts, map[string]*replica.Replica{base: rep})
+	gw, err := gateway.New(opts, rep)
 	if err != nil {
 		t.Fatal(err)
 	}

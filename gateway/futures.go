@@ -26,9 +26,10 @@ type future struct {
 	category string // "user" or "server" on failure
 	// queueState is what a pending future reports in try_again ("active", "paused_capacity").
 	queueState, queueReason string
-	waiting                 int  // long-polls parked on this future
-	finishing               bool // a terminal state is being recorded
-	remote                  bool // running on another gateway: wakes on its notification
+	waiting                 int    // long-polls parked on this future
+	finishing               bool   // a terminal state is being recorded
+	remote                  bool   // running on another gateway: wakes on its notification
+	replica                 string // the replica that ran it
 }
 
 type futureTable struct {

@@ -66,6 +66,8 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"checkpoints", true, s.listAllCheckpoints)
 	s.handle("GET "+v1+"sessions", true, s.listSessions)
 	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
+	s.handle("GET "+v1+"skein/replicas", true, s.listReplicas)
+	s.handle("GET "+v1+"skein/capacity", true, s.capacity)
 }
 
 func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
@@ -82,7 +84,7 @@ func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) 
 func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, error) {
 	var models []map[string]any
 	for _, name := range s.order {
-		e := s.models[name].Engine
+		e := s.models[name][0].Engine
 		models = append(models, map[string]any{"model_name": name, "max_context_length": e.Config.MaxPositionEmbeddings})
 	}
 	return map[string]any{"supported_models": models}, nil
@@ -151,14 +153,31 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	s.mu.Unlock()
 	for _, run := range drop {
-		run := run
-		_ = run.rep.Run(func() {
-			run.rep.Engine.DeleteAdapter(run.id)
-			for _, e := range run.ephemeral {
-				run.rep.Engine.DeleteAdapter(e)
-			}
-		})
+		s.dropAdapter(run)
 	}
+}
+
+// dropAdapter frees an unloaded or expired run's slot and memory (its saved state stays).
+func (s *Server) dropAdapter(run *trainingRun) {
+	if ep, ok := s.router.Where(run.id); ok {
+		rep := ep.(*replica.Replica)
+		_ = rep.Run(func() { rep.Engine.DeleteAdapter(run.id) })
+	}
+	s.router.Forget(run.id)
+	s.mu.Lock()
+	snaps := run.ephemeral
+	run.ephemeral = nil
+	s.mu.Unlock()
+	for _, smp := range snaps {
+		smp := smp
+		_ = smp.rep.Run(func() { smp.rep.Engine.DeleteAdapter(smp.engineID) })
+	}
+}
+
+func (s *Server) isLive(run *trainingRun) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return run.ready
 }
 
 func (s *Server) sessionOf(tenant, id string) (*session, error) {
@@ -169,14 +188,6 @@ func (s *Server) sessionOf(tenant, id string) (*session, error) {
 		return nil, errf(http.StatusNotFound, "session %q not found", id)
 	}
 	return sess, nil
-}
-
-func (s *Server) replicaFor(base string) (*replica.Replica, error) {
-	rep, ok := s.models[base]
-	if !ok {
-		return nil, errf(http.StatusBadRequest, "unknown base model %q (this server has: %s)", base, strings.Join(s.order, ", "))
-	}
-	return rep, nil
 }
 
 // runOf finds a tenant's training run; another tenant's is a 404.
@@ -202,10 +213,22 @@ func futureResponse(f *future, modelID string) map[string]any {
 
 // userFault maps engine errors to the future's category.
 func categorize(err error) string {
+	var ue userError
+	if errors.As(err, &ue) {
+		return "user"
+	}
 	if errors.Is(err, engine.ErrInvalidInput) || errors.Is(err, engine.ErrUnknownAdapter) || errors.Is(err, engine.ErrNoOptimizerState) {
 		return "user"
 	}
 	return "server"
+}
+
+// finishOn ends a future with the replica that ran it (reported as X-Skein-Replica).
+func (s *Server) finishOn(f *future, replicaID string, result any, err error) {
+	s.futures.mu.Lock()
+	f.replica = replicaID
+	s.futures.mu.Unlock()
+	s.finish(f, result, err)
 }
 
 func (s *Server) finish(f *future, result any, err error) {
@@ -232,7 +255,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	rep, err := s.replicaFor(req.BaseModel)
+	reps, err := s.replicasOf(req.BaseModel)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +268,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if lc.Seed != nil {
 		cfg.Seed = *lc.Seed
 	}
-	if err := rep.Engine.ValidateLora(cfg); err != nil {
+	if err := reps[0].Engine.ValidateLora(cfg); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
@@ -270,7 +293,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	}
 	now := time.Now()
 	run := &trainingRun{id: id, tenant: tenant, session: sess.id, baseModel: req.BaseModel, lora: cfg, created: now,
-		lastRequest: now, metadata: md, rep: rep, ready: true}
+		lastRequest: now, metadata: md, ready: true, queue: newRunQueue(1)}
 	s.runs[id] = run
 	sess.runs = append(sess.runs, id)
 	s.saveRun(run)
@@ -280,13 +303,12 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	err = rep.Run(func() {
-		_, err := rep.Engine.CreateAdapter(id, cfg)
-		s.finish(f, map[string]any{"model_id": id, "type": "create_model"}, err)
-	})
-	if err != nil {
-		return nil, err
-	}
+	// Placing it creates the adapter on the chosen replica (router Load hook); with every slot
+	// taken it waits, reporting paused_capacity.
+	go func() {
+		_, repID, err := s.onReplica(f, run, func(*replica.Replica) (any, error) { return nil, nil })
+		s.finishOn(f, repID, map[string]any{"model_id": id, "type": "create_model"}, err)
+	}()
 	return futureResponse(f, id), nil
 }
 
@@ -303,7 +325,7 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	return map[string]any{"model_id": run.id, "type": "get_info", "is_lora": true, "lora_rank": run.lora.Rank,
 		"model_name": run.baseModel,
-		"model_data": map[string]any{"arch": string(run.rep.Engine.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
+		"model_data": map[string]any{"arch": string(s.models[run.baseModel][0].Engine.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
 }
 
 func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -325,20 +347,14 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	err = run.rep.Run(func() {
-		run.rep.Engine.DeleteAdapter(run.id)
-		run.rep.Forget(run.id)
-		s.futures.complete(f, map[string]any{"model_id": run.id, "type": "unload_model"})
-	})
-	if err != nil {
-		return nil, err
-	}
+	s.dropAdapter(run)
+	s.futures.complete(f, map[string]any{"model_id": run.id, "type": "unload_model"})
 	return futureResponse(f, run.id), nil
 }
 
 // submitOrdered creates (or finds, on retry) the future of a model op and queues it in seq order.
 // A request rejected as bad input still consumes its seq_id, so the model's later ops run.
-func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func() (any, error)) (any, error) {
+func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
 	n := 0
 	if seq != nil {
 		n = *seq
@@ -347,9 +363,10 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 	if n > 0 {
 		opKey = run.id + "#" + strconv.Itoa(n)
 	}
+	q := s.queueOf(run)
 	if err := validate(); err != nil {
 		if n > 0 {
-			_ = run.rep.RunOrdered(run.id, n, func() {})
+			_ = q.submit(n, func() {})
 		}
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
@@ -360,13 +377,13 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 	if !fresh {
 		return futureResponse(f, run.id), nil // a retry: answer with the original request
 	}
-	err = run.rep.RunOrdered(run.id, n, func() {
-		if err := s.ensureAdapter(run); err != nil {
-			s.finish(f, nil, fmt.Errorf("restoring the adapter: %w", err))
+	err = q.submit(n, func() {
+		if !s.isLive(run) {
+			s.futures.fail(f, "user", fmt.Sprintf("model %s was unloaded (or its session expired)", run.id))
 			return
 		}
-		res, err := op()
-		s.finish(f, res, err)
+		res, repID, err := s.onReplica(f, run, op)
+		s.finishOn(f, repID, res, err)
 	})
 	if err != nil {
 		s.futures.fail(f, "user", err.Error())
@@ -436,7 +453,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		return nil, err
 	}
 	var data []engine.Datum
-	e := run.rep.Engine
+	e := s.models[run.baseModel][0].Engine // validation depends only on the base model
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
 		kind = "Forward"
@@ -447,13 +464,13 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 			return err
 		}
 		return e.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
-	}, func() (any, error) {
+	}, func(rep *replica.Replica) (any, error) {
 		var res *engine.ForwardResult
 		var err error
 		if req.ForwardOnly {
-			res, err = e.Forward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Engine.Forward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
 		} else {
-			res, err = e.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Engine.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
 		}
 		if err != nil {
 			return nil, err
@@ -486,14 +503,13 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 			*dst = *src
 		}
 	}
-	e := run.rep.Engine
-	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func() (any, error) {
-		m, err := e.OptimStep(run.id, p)
+	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(rep *replica.Replica) (any, error) {
+		m, err := rep.Engine.OptimStep(run.id, p)
 		if err != nil {
 			return nil, err
 		}
 		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
-		if err := s.persistAdapter(run); err != nil {
+		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
 		return map[string]any{"metrics": m, "type": "optim_step"}, nil
@@ -524,8 +540,8 @@ func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindWeights, Name: name}
 	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeights", func() error {
 		return s.checkNewCheckpoint(p, req.Overwrite, req.TTLSeconds)
-	}, func() (any, error) {
-		if err := s.writeCheckpoint(run, p, true, req.TTLSeconds); err != nil {
+	}, func(rep *replica.Replica) (any, error) {
+		if err := s.writeCheckpoint(run, rep, p, true, req.TTLSeconds); err != nil {
 			return nil, err
 		}
 		return map[string]any{"path": p.String(), "type": "save_weights"}, nil
@@ -549,10 +565,10 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 }
 
 // writeCheckpoint saves an adapter's state under the data directory and records it.
-func (s *Server) writeCheckpoint(run *trainingRun, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
+func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
-	if err := run.rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
+	if err := rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -594,19 +610,20 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 		p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindSamplerWeights, Name: req.Path}
 		return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error {
 			return s.checkNewCheckpoint(p, true, req.TTLSeconds)
-		}, func() (any, error) {
-			if err := s.writeCheckpoint(run, p, false, req.TTLSeconds); err != nil {
+		}, func(rep *replica.Replica) (any, error) {
+			if err := s.writeCheckpoint(run, rep, p, false, req.TTLSeconds); err != nil {
 				return nil, err
 			}
 			return map[string]any{"path": p.String(), "type": "save_weights_for_sampler"}, nil
 		})
 	}
 	// Ephemeral: a sampler over a snapshot of the adapter as it is at this seq_id.
-	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: run.session, baseModel: run.baseModel, rep: run.rep}
+	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: run.session, baseModel: run.baseModel}
 	smp.engineID = "sampler:" + smp.id
 	smp.dir = filepath.Join(s.opts.DataDir, "ephemeral", smp.id)
-	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func() (any, error) {
-		e := run.rep.Engine
+	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(rep *replica.Replica) (any, error) {
+		e := rep.Engine
+		smp.rep = rep // the snapshot lives where the adapter is
 		if err := e.SaveAdapter(run.id, smp.dir, false); err != nil {
 			return nil, err
 		}
@@ -620,16 +637,21 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 			sess.samplers = append(sess.samplers, smp.id)
 			s.saveSession(sess, false)
 		}
-		run.ephemeral = append(run.ephemeral, smp.engineID)
-		var evict []string
+		run.ephemeral = append(run.ephemeral, smp)
+		var evict []*sampler
 		// Keep the newest few snapshots in memory; older ones reload from disk if used again.
 		for len(run.ephemeral) > 4 {
 			evict = append(evict, run.ephemeral[0])
 			run.ephemeral = run.ephemeral[1:]
 		}
 		s.mu.Unlock()
-		for _, id := range evict {
-			e.DeleteAdapter(id)
+		for _, old := range evict {
+			if old.rep == rep {
+				e.DeleteAdapter(old.engineID)
+			} else {
+				old := old
+				_ = old.rep.Run(func() { old.rep.Engine.DeleteAdapter(old.engineID) })
+			}
 		}
 		return map[string]any{"sampling_session_id": smp.id, "type": "save_weights_for_sampler"}, nil
 	})
@@ -674,16 +696,16 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 			return fmt.Errorf("%s is a sampler checkpoint: it has no optimizer state", req.Path)
 		}
 		return nil
-	}, func() (any, error) {
-		if err := run.rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
+	}, func(rep *replica.Replica) (any, error) {
+		if err := rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
 			return nil, err
 		}
-		cfg, _, _ := run.rep.Engine.AdapterInfo(run.id)
+		cfg, _, _ := rep.Engine.AdapterInfo(run.id)
 		s.mu.Lock()
 		run.lora = cfg
 		s.saveRun(run)
 		s.mu.Unlock()
-		if err := s.persistAdapter(run); err != nil {
+		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
 		return map[string]any{"path": req.Path, "type": "load_weights"}, nil
@@ -705,8 +727,9 @@ func (s *Server) weightsInfo(w http.ResponseWriter, r *http.Request, tenant stri
 		"train_unembed": m.Lora.TrainUnembed, "train_mlp": m.Lora.TrainMLP, "train_attn": m.Lora.TrainAttn}, nil
 }
 
-// samplerFromPath makes a sampler for a base model or a checkpoint path.
-func (s *Server) newSampler(tenant, sessionID, base, modelPath string) (*sampler, error) {
+// newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
+// routing key (if the request has one).
+func (s *Server) newSampler(tenant, sessionID, base, modelPath, key string) (*sampler, error) {
 	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: sessionID, modelPath: modelPath}
 	if modelPath != "" {
 		m, err := s.checkpointFor(tenant, modelPath)
@@ -722,7 +745,7 @@ func (s *Server) newSampler(tenant, sessionID, base, modelPath string) (*sampler
 		}
 		smp.baseModel = base
 	}
-	rep, err := s.replicaFor(smp.baseModel)
+	rep, err := s.samplingReplica(smp.baseModel, "", key)
 	if err != nil {
 		return nil, err
 	}
@@ -738,7 +761,7 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 	if _, err := s.sessionOf(tenant, req.SessionID); err != nil {
 		return nil, err
 	}
-	smp, err := s.newSampler(tenant, req.SessionID, req.BaseModel, req.ModelPath)
+	smp, err := s.newSampler(tenant, req.SessionID, req.BaseModel, req.ModelPath, routingKey(r))
 	if err != nil {
 		return nil, err
 	}
@@ -783,7 +806,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 		}
 	} else {
 		var err error
-		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath); err != nil {
+		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath, routingKey(r)); err != nil {
 			return nil, err
 		}
 	}
@@ -884,6 +907,11 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 		writeJSON(w, http.StatusRequestTimeout, api.TryAgain{Type: "try_again", RequestID: f.id, QueueState: state, QueueStateReason: reason})
 		return nil, nil
 	}
+	s.futures.mu.Lock()
+	if f.replica != "" {
+		w.Header().Set("X-Skein-Replica", f.replica)
+	}
+	s.futures.mu.Unlock()
 	if f.errMsg != "" {
 		return api.ErrorResult{Error: f.errMsg, Category: f.category}, nil
 	}

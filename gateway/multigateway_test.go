@@ -46,9 +46,9 @@ func TestTwoGatewaysShareOnePostgres(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep := replica.New("r", base, e)
+		rep := replica.New("r", base, e, 0)
 		gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), Store: st, RemotePoll: time.Hour, LongPoll: 20 * time.Second},
-			map[string]*replica.Replica{base: rep})
+			rep)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,6 +27,8 @@ import (
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/router/pipeline"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -41,6 +43,10 @@ type Options struct {
 	Logger         *slog.Logger
 	// Store holds durable state; nil opens SQLite at DataDir/state.db.
 	Store store.Store
+	// QueueTimeout bounds how long an op waits for a LoRA slot (default 10 min).
+	QueueTimeout time.Duration
+	// Weights of the router's scorers (zero: defaults).
+	Weights router.Weights
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -50,8 +56,9 @@ type Options struct {
 type Server struct {
 	opts    Options
 	log     *slog.Logger
-	models  map[string]*replica.Replica // base model name -> replica
+	models  map[string][]*replica.Replica // base model name -> its replicas
 	order   []string
+	router  *router.Router
 	futures *futureTable
 	mux     *http.ServeMux
 	st      store.Store
@@ -84,10 +91,10 @@ type trainingRun struct {
 	lora                           engine.LoraConfig
 	created, lastRequest           time.Time
 	metadata                       map[string]string
-	rep                            *replica.Replica
-	ready                          bool // create_model finished
+	queue                          *runQueue // seq_id order of its ops
+	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
-	ephemeral                      []string // engine ids of ephemeral sampler snapshots, oldest first
+	ephemeral                      []*sampler // ephemeral sampler snapshots in memory, oldest first
 }
 
 type sampler struct {
@@ -109,8 +116,9 @@ type ckptMeta struct {
 	parsed    checkpoint.Path
 }
 
-// New builds a server over replicas keyed by base model name, restoring the state in the store.
-func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
+// New builds a server over replicas (several may serve one base model), restoring the state in
+// the store.
+func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 64 << 20
 	}
@@ -125,6 +133,9 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxLoras == 0 {
 		opts.MaxLoras = 30
+	}
+	if opts.QueueTimeout == 0 {
+		opts.QueueTimeout = 10 * time.Minute
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second
@@ -143,6 +154,10 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 		}
 		st, owns = sq, true
 	}
+	models := map[string][]*replica.Replica{}
+	for _, r := range replicas {
+		models[r.BaseModel()] = append(models[r.BaseModel()], r)
+	}
 	s := &Server{opts: opts, log: opts.Logger, models: models, st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
@@ -151,6 +166,10 @@ func New(opts Options, models map[string]*replica.Replica) (*Server, error) {
 		s.order = append(s.order, name)
 	}
 	sort.Strings(s.order)
+	s.router = pipeline.New(opts.Weights, s.routerHooks())
+	for _, r := range replicas {
+		s.router.AddEndpoint(r)
+	}
 	if err := s.restore(); err != nil {
 		if owns {
 			st.Close()

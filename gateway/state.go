@@ -10,6 +10,7 @@ import (
 
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -103,19 +104,16 @@ func (s *Server) restore() error {
 		return err
 	}
 	for _, row := range runs {
-		rep, ok := s.models[row.BaseModel]
-		if !ok {
+		if _, ok := s.models[row.BaseModel]; !ok {
 			s.log.Warn("training run's base model is not served any more", "run", row.ID, "base_model", row.BaseModel)
 			continue
 		}
 		var d runData
 		_ = json.Unmarshal(row.Data, &d)
 		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
-			lora: d.Lora, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata, rep: rep,
-			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt}
-		if row.Live {
-			rep.Resume(row.ID) // the client's seq_ids go on from wherever it is
-		}
+			lora: d.Lora, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
+			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt,
+			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
 	}
 	samplers, err := s.st.Samplers(ctx)
 	if err != nil {
@@ -124,8 +122,8 @@ func (s *Server) restore() error {
 	for _, row := range samplers {
 		var d samplerData
 		_ = json.Unmarshal(row.Data, &d)
-		rep, ok := s.models[d.BaseModel]
-		if !ok {
+		rep, err := s.samplingReplica(d.BaseModel, "", "")
+		if err != nil {
 			continue
 		}
 		s.samplers[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
@@ -158,10 +156,10 @@ func (s *Server) stateDir(runID string) string {
 }
 
 // persistAdapter writes the adapter's state atomically (new directory, then rename).
-func (s *Server) persistAdapter(run *trainingRun) error {
+func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
 	dir := s.stateDir(run.id)
 	tmp := dir + ".partial-" + randomHex(4)
-	if err := run.rep.Engine.SaveAdapter(run.id, tmp, true); err != nil {
+	if err := rep.Engine.SaveAdapter(run.id, tmp, true); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -176,8 +174,8 @@ func (s *Server) persistAdapter(run *trainingRun) error {
 
 // ensureAdapter makes sure a run's adapter is in the engine, reloading its persisted state or, if
 // it never stepped, re-creating it from its seed (PEFT init is deterministic). Runs on the replica.
-func (s *Server) ensureAdapter(run *trainingRun) error {
-	e := run.rep.Engine
+func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
+	e := rep.Engine
 	if e.HasAdapter(run.id) {
 		return nil
 	}

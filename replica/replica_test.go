@@ -2,68 +2,43 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 )
 
-// Ops of one adapter run in seq_id order whatever order they arrive in; another adapter's ops
-// are not held up by a gap in the first one's sequence.
-func TestRunOrderedBuffersEarlyArrivals(t *testing.T) {
-	r := New("r", "m", nil)
-	defer r.Close()
+// Work runs one item at a time in submission order, and the queue depth counts what is pending.
+func TestWorkerRunsInOrderAndCountsDepth(t *testing.T) {
+	r := New("r", "m", nil, 0)
+	block := make(chan struct{})
 	var mu sync.Mutex
 	var got []int
-	var wg sync.WaitGroup
-	record := func(n int) func() {
-		wg.Add(1)
-		return func() { mu.Lock(); got = append(got, n); mu.Unlock(); wg.Done() }
+	_ = r.Run(func() { <-block })
+	for i := range 5 {
+		_ = r.Run(func() { mu.Lock(); got = append(got, i); mu.Unlock() })
 	}
-	for _, seq := range []int{3, 2, 5} {
-		if err := r.RunOrdered("a", seq, record(seq)); err != nil {
-			t.Fatal(err)
-		}
+	if d := r.QueueDepth(); d != 6 {
+		t.Fatalf("queue depth %d, want 6", d)
 	}
-	if r.Waiting("a") != 3 {
-		t.Fatalf("%d ops waiting, want 3", r.Waiting("a"))
-	}
-	if err := r.RunOrdered("b", 1, record(100)); err != nil { // another adapter runs at once
+	close(block)
+	if err := r.Do(context.Background(), func() {}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.RunOrdered("a", 1, record(1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.RunOrdered("a", 4, record(4)); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	var a []int
-	for _, n := range got {
-		if n != 100 {
-			a = append(a, n)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range got {
+		if v != i {
+			t.Fatalf("ran in order %v", got)
 		}
 	}
-	for i, n := range a {
-		if n != i+1 {
-			t.Fatalf("adapter a ran in order %v", a)
-		}
+	if d := r.QueueDepth(); d != 0 {
+		t.Fatalf("queue depth %d after draining", d)
 	}
-	if err := r.RunOrdered("a", 2, func() {}); err == nil {
-		t.Fatal("a seq_id that already ran was accepted again")
+	if r.MaxLoras() != DefaultMaxLoras || !r.Healthy() || r.ID() != "r" || r.BaseModel() != "m" {
+		t.Fatal("endpoint fields")
 	}
-}
-
-func TestResumeContinuesFromFirstArrival(t *testing.T) {
-	r := New("r", "m", nil)
-	defer r.Close()
-	r.Resume("a")
-	ran := make(chan int, 2)
-	_ = r.RunOrdered("a", 42, func() { ran <- 42 })
-	_ = r.RunOrdered("a", 43, func() { ran <- 43 })
-	if a, b := <-ran, <-ran; a != 42 || b != 43 {
-		t.Fatalf("ran %d then %d", a, b)
-	}
-	done := false
-	if err := r.Do(context.Background(), func() { done = true }); err != nil || !done {
-		t.Fatal("Do did not run")
+	r.Close()
+	if err := r.Run(func() {}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("run after close: %v", err)
 	}
 }

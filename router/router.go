@@ -67,7 +67,7 @@ type Hooks struct {
 	// Evict saves the adapter's full state and removes it from the endpoint.
 	Evict func(ctx context.Context, adapter string, ep Endpoint) error
 	// Waiting is told when a request waits for capacity, and when it stops waiting.
-	Waiting func(adapter string, waiting bool, reason string)
+	Waiting func(ctx context.Context, adapter string, waiting bool, reason string)
 }
 
 // Errors.
@@ -179,7 +179,7 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	waiting := false
 	defer func() {
 		if waiting && r.hooks.Waiting != nil {
-			r.hooks.Waiting(req.Adapter, false, "")
+			r.hooks.Waiting(ctx, req.Adapter, false, "")
 		}
 	}()
 	for {
@@ -228,7 +228,7 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 			r.mu.Unlock()
 			if !waiting && r.hooks.Waiting != nil {
 				waiting = true
-				r.hooks.Waiting(req.Adapter, true, "every LoRA slot of "+req.BaseModel+" holds an adapter with work queued")
+				r.hooks.Waiting(ctx, req.Adapter, true, "every LoRA slot of "+req.BaseModel+" holds an adapter with work queued")
 			}
 			select {
 			case <-ch:
@@ -341,7 +341,7 @@ func (r *Router) pickLocked(req Request) (Endpoint, string, error) {
 		for _, s := range r.scorers {
 			score += s.Weight * s.Score(req, *c)
 		}
-		h := rendezvous(req.Adapter, c.Endpoint.ID())
+		h := Rendezvous(req.Adapter, c.Endpoint.ID())
 		if best == nil || score > bestScore || (score == bestScore && h > bestHash) {
 			best, bestScore, bestHash = c, score, h
 		}
@@ -366,9 +366,9 @@ func (r *Router) pickLocked(req Request) (Endpoint, string, error) {
 	return best.Endpoint, victim, nil
 }
 
-// rendezvous is the highest-random-weight hash of (adapter, endpoint): FNV-1a over both strings
+// Rendezvous is the highest-random-weight hash of (key, endpoint): FNV-1a over both strings
 // (inline, so a routing decision allocates nothing), finished with a splitmix step.
-func rendezvous(adapter, endpoint string) uint64 {
+func Rendezvous(adapter, endpoint string) uint64 {
 	const prime = 1099511628211
 	x := uint64(14695981039346656037)
 	for i := 0; i < len(adapter); i++ {

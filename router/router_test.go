@@ -73,7 +73,7 @@ func newFleet(t testing.TB, n, maxLoras int, base string) *fleet {
 			fl.mu.Unlock()
 			return nil
 		},
-		Waiting: func(_ string, waiting bool, reason string) {
+		Waiting: func(_ context.Context, _ string, waiting bool, reason string) {
 			if waiting && reason != "" {
 				fl.waits.Add(1)
 			}

@@ -116,6 +116,9 @@ func serve(args []string) error {
 	fs.Var(&models, "model", "Hugging Face model directory (repeatable); default: a generated tiny model")
 	fs.Var(&names, "name", "base-model name clients use for the matching --model (default: directory name)")
 	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
+	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
+	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
+	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if _, err := parseInterspersed(fs, args); err != nil {
@@ -136,7 +139,11 @@ func serve(args []string) error {
 		}
 		models = append(models, dir)
 	}
-	reps := map[string]*replica.Replica{}
+	if *nReplicas < 1 || *maxLoras < 1 {
+		return errors.New("--replicas and --max-loras must be at least 1")
+	}
+	var reps []*replica.Replica
+	names2 := map[string]bool{}
 	for i, dir := range models {
 		name := filepath.Base(filepath.Clean(dir))
 		if i < len(names) {
@@ -147,11 +154,19 @@ func serve(args []string) error {
 		if err != nil {
 			return err
 		}
-		if _, dup := reps[name]; dup {
+		if names2[name] {
 			return fmt.Errorf("two models named %q: use --name", name)
 		}
-		reps[name] = replica.New(fmt.Sprintf("%s-0", name), name, e)
-		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "took", time.Since(start).Round(time.Millisecond))
+		names2[name] = true
+		for k := range *nReplicas {
+			eng := e
+			if k > 0 {
+				eng = e.Fork() // same weights in memory, its own adapters
+			}
+			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, eng, *maxLoras))
+		}
+		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", *nReplicas,
+			"max_loras", *maxLoras, "took", time.Since(start).Round(time.Millisecond))
 	}
 	var st store.Store
 	if *stateURL != "" {
@@ -165,7 +180,8 @@ func serve(args []string) error {
 		defer pg.Close()
 		st = pg
 	}
-	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st}, reps)
+	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
+		QueueTimeout: *queueTimeout}, reps...)
 	if err != nil {
 		return err
 	}

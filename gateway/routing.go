@@ -1,0 +1,262 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/router"
+)
+
+// runQueue orders one training run's ops by seq_id, buffering early arrivals, and feeds them one
+// at a time to the run's dispatcher. Ordering lives here, in the gateway, rather than in a replica,
+// because an adapter may move between replicas (evicted, reloaded elsewhere) between two ops.
+type runQueue struct {
+	mu      sync.Mutex
+	next    int // next seq_id to run; -1: the first to arrive (after a restart)
+	pending map[int]func()
+	ready   []func()
+	running bool
+}
+
+func newRunQueue(next int) *runQueue { return &runQueue{next: next, pending: map[int]func(){}} }
+
+// submit queues op number seq (seq ≤ 0: no seq_id, runs in arrival order).
+func (q *runQueue) submit(seq int, op func()) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if seq <= 0 {
+		q.ready = append(q.ready, op)
+	} else {
+		if q.next == -1 {
+			q.next = seq
+		}
+		if seq < q.next {
+			return fmt.Errorf("seq_id %d already ran (the next expected is %d)", seq, q.next)
+		}
+		if _, dup := q.pending[seq]; dup {
+			return fmt.Errorf("seq_id %d is already queued", seq)
+		}
+		q.pending[seq] = op
+		for {
+			f, ok := q.pending[q.next]
+			if !ok {
+				break
+			}
+			delete(q.pending, q.next)
+			q.next++
+			q.ready = append(q.ready, f)
+		}
+	}
+	if !q.running && len(q.ready) > 0 {
+		q.running = true
+		go q.drain()
+	}
+	return nil
+}
+
+// drain runs ready ops one after another; each op itself routes to a replica and waits.
+func (q *runQueue) drain() {
+	for {
+		q.mu.Lock()
+		if len(q.ready) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		op := q.ready[0]
+		q.ready = q.ready[1:]
+		q.mu.Unlock()
+		op()
+	}
+}
+
+// waiting reports buffered ops (arrived before an earlier seq_id).
+func (q *runQueue) waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending)
+}
+
+func (s *Server) queueOf(run *trainingRun) *runQueue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if run.queue == nil {
+		run.queue = newRunQueue(1)
+	}
+	return run.queue
+}
+
+type futureKey struct{}
+
+// routerHooks are the router's side effects on in-process replicas.
+func (s *Server) routerHooks() router.Hooks {
+	return router.Hooks{
+		Load: func(ctx context.Context, adapter string, ep router.Endpoint) error {
+			rep := ep.(*replica.Replica)
+			s.mu.Lock()
+			run := s.runs[adapter]
+			s.mu.Unlock()
+			if run == nil {
+				return fmt.Errorf("unknown training run %s", adapter)
+			}
+			var err error
+			if derr := rep.Do(ctx, func() { err = s.ensureAdapter(run, rep) }); derr != nil {
+				return derr
+			}
+			return err
+		},
+		Evict: func(ctx context.Context, adapter string, ep router.Endpoint) error {
+			rep := ep.(*replica.Replica)
+			s.mu.Lock()
+			run := s.runs[adapter]
+			s.mu.Unlock()
+			var err error
+			if derr := rep.Do(ctx, func() {
+				if run != nil && rep.Engine.HasAdapter(adapter) {
+					// Saved in full before it leaves memory: its next request reloads it, possibly elsewhere.
+					if err = s.persistAdapter(run, rep); err != nil {
+						return
+					}
+				}
+				rep.Engine.DeleteAdapter(adapter)
+			}); derr != nil {
+				return derr
+			}
+			if err == nil {
+				s.log.Info("evicted adapter", "run", adapter, "replica", rep.ID())
+			}
+			return err
+		},
+		Waiting: func(ctx context.Context, adapter string, waiting bool, reason string) {
+			f, _ := ctx.Value(futureKey{}).(*future)
+			if f == nil {
+				return
+			}
+			if waiting {
+				s.futures.setQueueState(f, "paused_capacity", reason)
+			} else {
+				s.futures.setQueueState(f, "active", "")
+			}
+		},
+	}
+}
+
+// onReplica routes one op of a run (placing and loading the adapter if needed, waiting for a slot
+// if every replica is full and busy) and runs fn on that replica's worker, waiting for it.
+func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (any, string, error) {
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), futureKey{}, f), s.opts.QueueTimeout)
+	defer cancel()
+	lease, err := s.router.Acquire(ctx, router.Request{Adapter: run.id, BaseModel: run.baseModel})
+	if err != nil {
+		if errors.Is(err, router.ErrCapacity) {
+			return nil, "", userError{fmt.Errorf("no LoRA slot of %s became free within %s: every slot holds an adapter with work queued; try again later or unload an adapter", run.baseModel, s.opts.QueueTimeout)}
+		}
+		return nil, "", err
+	}
+	defer lease.Release()
+	rep := lease.Endpoint.(*replica.Replica)
+	var res any
+	var opErr error
+	err = rep.Do(context.Background(), func() {
+		if err := s.ensureAdapter(run, rep); err != nil {
+			opErr = fmt.Errorf("restoring the adapter: %w", err)
+			return
+		}
+		res, opErr = fn(rep)
+	})
+	if err != nil {
+		return nil, rep.ID(), err
+	}
+	return res, rep.ID(), opErr
+}
+
+// userError marks a failure as the user's (category "user").
+type userError struct{ error }
+
+func (e userError) Unwrap() error { return e.error }
+
+// replicasOf lists a base model's replicas (validated name).
+func (s *Server) replicasOf(base string) ([]*replica.Replica, error) {
+	reps, ok := s.models[base]
+	if !ok || len(reps) == 0 {
+		return nil, errf(http.StatusBadRequest, "unknown base model %q (this server has: %s)", base, strings.Join(s.order, ", "))
+	}
+	return reps, nil
+}
+
+// samplingReplica picks where a sampler runs: the replica holding the weights if any (where),
+// else by the request's routing key (rendezvous, so one key sticks to one replica), else the
+// shortest queue.
+func (s *Server) samplingReplica(base, where, key string) (*replica.Replica, error) {
+	reps, err := s.replicasOf(base)
+	if err != nil {
+		return nil, err
+	}
+	var best *replica.Replica
+	for _, r := range reps {
+		if !r.Healthy() {
+			continue
+		}
+		if r.ID() == where {
+			return r, nil
+		}
+		if best == nil || (key != "" && router.Rendezvous(key, r.ID()) > router.Rendezvous(key, best.ID())) ||
+			(key == "" && r.QueueDepth() < best.QueueDepth()) {
+			best = r
+		}
+	}
+	if best == nil {
+		return nil, errf(http.StatusServiceUnavailable, "no healthy replica of %s", base)
+	}
+	return best, nil
+}
+
+// routingKey reads the sticky routing header, accepting every spelling of Ray Serve's multiplexed
+// model id and X-Session-Id, in any case, with '-' and '_' equivalent.
+func routingKey(r *http.Request) string {
+	for name, vals := range r.Header {
+		n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+		if (n == "serve-multiplexed-model-id" || n == "x-session-id") && len(vals) > 0 && vals[0] != "" {
+			return vals[0]
+		}
+	}
+	return ""
+}
+
+func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	var rows []map[string]any
+	for _, u := range s.router.Usage() {
+		ep := u.Endpoint
+		rows = append(rows, map[string]any{"id": ep.ID(), "base_model": ep.BaseModel(), "healthy": ep.Healthy(),
+			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "queue_depth": ep.QueueDepth()})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i]["id"].(string) < rows[j]["id"].(string) })
+	return map[string]any{"replicas": rows}, nil
+}
+
+func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	out := map[string]map[string]int{}
+	for _, u := range s.router.Usage() {
+		ep := u.Endpoint
+		c := out[ep.BaseModel()]
+		if c == nil {
+			c = map[string]int{}
+			out[ep.BaseModel()] = c
+		}
+		if ep.Healthy() {
+			c["max_loras"] += ep.MaxLoras()
+			c["used_loras"] += u.Held
+			c["free_loras"] += ep.MaxLoras() - u.Held
+		}
+	}
+	return out, nil
+}
+
+var _ = time.Second

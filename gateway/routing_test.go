@@ -1,0 +1,195 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+)
+
+// newCluster serves the tiny model from n in-process replicas (one shared copy of the weights).
+func newCluster(t *testing.T, n, maxLoras int) (*httptest.Server, []*replica.Replica) {
+	t.Helper()
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []*replica.Replica
+	for i := range n {
+		eng := e
+		if i > 0 {
+			eng = e.Fork()
+		}
+		reps = append(reps, replica.New(fmt.Sprint("r", i), base, eng, maxLoras))
+	}
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), MaxLoras: 1000}, reps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(func() {
+		ts.Close()
+		gw.Close()
+		for _, r := range reps {
+			r.Close()
+		}
+	})
+	return ts, reps
+}
+
+// trainingAdapters counts a replica's resident training adapters (not sampler snapshots).
+func trainingAdapters(r *replica.Replica) int {
+	n := 0
+	for _, id := range r.Engine.AdapterIDs() {
+		if strings.Contains(id, ":train:") {
+			n++
+		}
+	}
+	return n
+}
+
+// 1000 concurrent create_model calls on 4 replicas of 8 slots: every one succeeds (older adapters
+// are saved and evicted to make room) and no replica ever holds more than max_loras.
+func TestConcurrentCreateModelsNeverExceedMaxLoras(t *testing.T) {
+	ts, reps := newCluster(t, 4, 8)
+	ctx := context.Background()
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() { // watch residency while the calls run
+		defer watch.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, r := range reps {
+				if n := int64(trainingAdapters(r)); n > peak.Load() {
+					peak.Store(n)
+				}
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for tenant := range 50 {
+		c := client.New(ts.URL, fmt.Sprint("tml-tenant-", tenant))
+		sess, err := c.CreateSession(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.CreateLoraTrainingClient(ctx, sess, k, base, 2); err != nil {
+					failed.Add(1)
+					t.Log(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	watch.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d create_model calls failed", failed.Load())
+	}
+	if peak.Load() > 8 || peak.Load() == 0 {
+		t.Fatalf("a replica held %d adapters (max_loras 8)", peak.Load())
+	}
+	var capResp map[string]map[string]int
+	if err := client.New(ts.URL, "tml-admin").Do(ctx, "GET", "skein/capacity", nil, &capResp); err != nil {
+		t.Fatal(err)
+	}
+	if c := capResp[base]; c["max_loras"] != 32 || c["used_loras"] != 32 || c["free_loras"] != 0 {
+		t.Fatalf("capacity %+v", capResp)
+	}
+}
+
+// An evicted adapter comes back transparently, with nothing lost: same weights, same step.
+func TestEvictionAndReloadLoseNothing(t *testing.T) {
+	ts, reps := newCluster(t, 1, 1)
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-evict")
+	sess, _ := c.CreateSession(ctx)
+	a, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	step := func(tc *client.TrainingClient) float64 {
+		fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		op, _ := tc.OptimStep(ctx, 1e-2)
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Metrics map[string]float64 `json:"metrics"`
+		}
+		if err := op.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Metrics["step:max"]
+	}
+	forward := func(tc *client.TrainingClient) string {
+		f, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+		var out api.ForwardBackwardOutput
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(out.LossFnOutputs[0]["logprobs"].Data)
+	}
+	step(a)
+	step(a)
+	before := forward(a)
+	// B takes the only slot: A is saved and evicted.
+	b, err := c.CreateLoraTrainingClient(ctx, sess, 1, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(b)
+	if ids := reps[0].Engine.AdapterIDs(); len(ids) != 1 || ids[0] != b.ModelID {
+		t.Fatalf("resident %v, want only %s", ids, b.ModelID)
+	}
+	if got := forward(a); got != before {
+		t.Fatal("adapter A changed across its eviction")
+	}
+	if s := step(a); s != 3 {
+		t.Fatalf("A's step after reload is %v, want 3", s)
+	}
+	// The replica that ran an op is named on the result.
+	f, _ := a.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+	if err := f.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("POST", ts.URL+"/api/v1/retrieve_future", strings.NewReader(`{"request_id":"`+f.RequestID+`"}`))
+	req.Header.Set("X-API-Key", "tml-evict")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Skein-Replica") != "r0" {
+		t.Fatalf("X-Skein-Replica %q", resp.Header.Get("X-Skein-Replica"))
+	}
+	var reps2 struct {
+		Replicas []map[string]any `json:"replicas"`
+	}
+	if err := c.Do(ctx, "GET", "skein/replicas", nil, &reps2); err != nil || len(reps2.Replicas) != 1 ||
+		reps2.Replicas[0]["adapters_held"].(float64) != 1 || reps2.Replicas[0]["max_loras"].(float64) != 1 {
+		t.Fatalf("replicas %v %+v", err, reps2)
+	}
+}

@@ -157,11 +157,17 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 }
 
-// dropAdapter frees an unloaded or expired run's slot and memory (its saved state stays).
+// dropAdapter frees an unloaded or expired run's slot and memory. Its full state (including
+// gradients accumulated since the last step) is saved first, so it can be loaded again.
 func (s *Server) dropAdapter(run *trainingRun) {
 	if ep, ok := s.router.Where(run.id); ok {
 		rep := ep.(*replica.Replica)
-		_ = rep.Run(func() { rep.Engine.DeleteAdapter(run.id) })
+		_ = rep.Run(func() {
+			if rep.Engine.HasAdapter(run.id) {
+				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
+			}
+			rep.Engine.DeleteAdapter(run.id)
+		})
 	}
 	s.router.Forget(run.id)
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
@@ -191,5 +193,68 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 	if err := c.Do(ctx, "GET", "skein/replicas", nil, &reps2); err != nil || len(reps2.Replicas) != 1 ||
 		reps2.Replicas[0]["adapters_held"].(float64) != 1 || reps2.Replicas[0]["max_loras"].(float64) != 1 {
 		t.Fatalf("replicas %v %+v", err, reps2)
+	}
+}
+
+// A session that stops heartbeating expires within one sweep: its adapters are saved and released
+// (their slots free) and its samplers closed; and a tenant's live adapters are limited.
+func TestSessionExpiryAndTenantLimit(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := replica.New("r0", base, e, 4)
+	defer rep.Close()
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), SessionTimeout: 300 * time.Millisecond, MaxLoras: 2}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	ts := httptest.NewServer(gw)
+	defer ts.Close()
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-expiry")
+	sess, _ := c.CreateSession(ctx)
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateLoraTrainingClient(ctx, sess, 1, base, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateLoraTrainingClient(ctx, sess, 2, base, 2); !isStatus(err, 400) {
+		t.Fatalf("third adapter over the tenant limit of 2: %v", err)
+	}
+	sid, err := c.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep a second session alive with heartbeats; let the first lapse.
+	other, _ := c.CreateSession(ctx)
+	deadline := time.Now().Add(5 * time.Second)
+	for trainingAdapters(rep) != 0 && time.Now().Before(deadline) {
+		_ = c.Do(ctx, "POST", "session_heartbeat", map[string]string{"session_id": other}, nil)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := trainingAdapters(rep); n != 0 {
+		t.Fatalf("%d adapters still resident after the session expired", n)
+	}
+	if err := c.Do(ctx, "GET", "samplers/"+sid, nil, nil); !isStatus(err, 404) {
+		t.Fatalf("sampler of an expired session: %v", err)
+	}
+	if err := c.Do(ctx, "POST", "session_heartbeat", map[string]string{"session_id": sess}, nil); !isStatus(err, 404) {
+		t.Fatalf("heartbeat of an expired session: %v", err)
+	}
+	if err := c.Do(ctx, "POST", "session_heartbeat", map[string]string{"session_id": other}, nil); err != nil {
+		t.Fatalf("a heartbeating session expired: %v", err)
+	}
+	// Its ops now fail clearly, and the tenant may create adapters again.
+	f, _ := tc.ForwardBackward(ctx, []api.Datum{datum([]int{1, 2, 3}, true)}, "cross_entropy", nil, true)
+	var rf *client.RequestFailed
+	if err := f.Result(ctx, &api.ForwardBackwardOutput{}); !errors.As(err, &rf) || rf.Category != "user" {
+		t.Fatalf("op on an expired model: %v", err)
+	}
+	if _, err := c.CreateLoraTrainingClient(ctx, other, 0, base, 2); err != nil {
+		t.Fatalf("after expiry the tenant limit should have room: %v", err)
 	}
 }

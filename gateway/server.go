@@ -201,7 +201,8 @@ func (s *Server) Close() {
 func (s *Server) sweeper() {
 	beat := time.NewTicker(gatewayHeartbeat)
 	defer beat.Stop()
-	sweep := time.NewTicker(30 * time.Second)
+	// Sweep often enough that a session expires within one sweep of its timeout.
+	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))
 	defer sweep.Stop()
 	ctx := context.Background()
 	for {

@@ -8,7 +8,7 @@ import (
 
 func TestParse(t *testing.T) {
 	good := map[string]Path{
-		"tinker://s:train:0/weights/step-1":        {ModelID: "s:train:0", Kind: KindWeights, Name: "step-1"},
+		"tinker://s:train:0/weights/step-1":         {ModelID: "s:train:0", Kind: KindWeights, Name: "step-1"},
 		"twinkle://s:train:3/sampler_weights/a.b_c": {ModelID: "s:train:3", Kind: KindSamplerWeights, Name: "a.b_c"},
 	}
 	for in, want := range good {

@@ -146,7 +146,7 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 	}
 	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, backend: backend,
 		dtype: dtypes.Float32, adapters: map[string]*Adapter{},
-		graphs: &graphCache{execs: map[string]*graph.Exec{}, seenGraphs: map[*graph.Graph]bool{}},
+		graphs:  &graphCache{execs: map[string]*graph.Exec{}, seenGraphs: map[*graph.Graph]bool{}},
 		invFreq: cfg.invFreq()}
 	if opts.Float64 {
 		e.dtype = dtypes.Float64

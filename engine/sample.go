@@ -324,6 +324,21 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 		scaled[i] = v / p.Temperature
 	}
 	probs := logSoftmax(scaled)
+	if (p.TopK <= 0 || p.TopK >= len(probs)) && p.TopP >= 1 {
+		// No truncation: draw from the full distribution without sorting the vocabulary.
+		u := rng.Float64()
+		last := 0
+		for i, lp := range probs {
+			u -= math.Exp(lp)
+			if u <= 0 {
+				return i, lsm[i]
+			}
+			if !math.IsInf(lp, -1) {
+				last = i
+			}
+		}
+		return last, lsm[last]
+	}
 	idx := make([]int, len(probs))
 	for i := range idx {
 		idx[i] = i

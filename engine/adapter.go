@@ -47,17 +47,11 @@ func (e *Engine) CreateAdapter(id string, cfg LoraConfig) (*Adapter, error) {
 	if id == "" {
 		return nil, inputErr(-1, "model_id", "empty adapter id")
 	}
-	if cfg.Rank < 1 || cfg.Rank > e.opts.MaxRank {
-		return nil, inputErr(-1, "lora_config.rank", "rank %d out of range [1, %d]", cfg.Rank, e.opts.MaxRank)
-	}
-	if !cfg.spec().any() {
-		return nil, inputErr(-1, "lora_config", "at least one of train_attn, train_mlp, train_unembed must be true")
+	if err := e.Info().ValidateLora(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Alpha == 0 {
 		cfg.Alpha = e.opts.LoraAlpha
-	}
-	if cfg.Alpha < 0 || math.IsNaN(cfg.Alpha) || math.IsInf(cfg.Alpha, 0) {
-		return nil, inputErr(-1, "lora_config.alpha", "alpha must be a positive number")
 	}
 	a := e.newAdapter(id, cfg)
 	for i, m := range a.mods {

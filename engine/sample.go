@@ -55,8 +55,11 @@ type SampleResult struct {
 // DefaultMaxTokens is used when a request sets no max_tokens.
 const DefaultMaxTokens = 16
 
-func (e *Engine) validateSample(r *SampleRequest) error {
-	V, ctx := e.Config.VocabSize, e.Config.MaxPositionEmbeddings
+func (e *Engine) validateSample(r *SampleRequest) error { return e.Info().ValidateSample(r) }
+
+// ValidateSample checks (and fills defaults of) a sampling request against the model.
+func (m ModelInfo) ValidateSample(r *SampleRequest) error {
+	V, ctx := m.Config.VocabSize, m.Config.MaxPositionEmbeddings
 	if len(r.Prompt) == 0 {
 		return inputErr(-1, "prompt", "empty prompt")
 	}
@@ -99,7 +102,7 @@ func (e *Engine) validateSample(r *SampleRequest) error {
 			return inputErr(-1, "sampling_params.stop", "stop token %d outside the vocabulary", s)
 		}
 	}
-	if len(p.StopStrings) > 0 && e.Tokenizer == nil {
+	if len(p.StopStrings) > 0 && !m.HasTokenizer {
 		return inputErr(-1, "sampling_params.stop", "stop strings need a tokenizer and this model has none")
 	}
 	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > V {

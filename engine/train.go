@@ -61,6 +61,12 @@ type prepared struct {
 }
 
 func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
+	return prepareFor(e.Config, data, loss, cfg)
+}
+
+// prepareFor validates a batch against a model config: all a gateway needs to reject bad input
+// without the model's weights.
+func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
 	def, ok := lossDefs[loss]
 	if !ok {
 		return nil, inputErr(-1, "loss_fn", "unknown loss function %q (supported: %v)", loss, LossNames)
@@ -90,7 +96,7 @@ func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*pr
 	if p.lo > p.hi {
 		return nil, inputErr(-1, "loss_fn_config", "clip_low_threshold %v > clip_high_threshold %v", p.lo, p.hi)
 	}
-	V, maxLen := e.Config.VocabSize, e.Config.MaxPositionEmbeddings
+	V, maxLen := c.VocabSize, c.MaxPositionEmbeddings
 	for i, d := range data {
 		n := len(d.Tokens)
 		if n == 0 {

@@ -84,8 +84,8 @@ func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) 
 func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, error) {
 	var models []map[string]any
 	for _, name := range s.order {
-		e := s.models[name][0].Engine
-		models = append(models, map[string]any{"model_name": name, "max_context_length": e.Config.MaxPositionEmbeddings})
+		info := s.models[name][0].Engine.Info()
+		models = append(models, map[string]any{"model_name": name, "max_context_length": info.Config.MaxPositionEmbeddings})
 	}
 	return map[string]any{"supported_models": models}, nil
 }
@@ -274,7 +274,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if lc.Seed != nil {
 		cfg.Seed = *lc.Seed
 	}
-	if err := reps[0].Engine.ValidateLora(cfg); err != nil {
+	if err := reps[0].Engine.Info().ValidateLora(cfg); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
@@ -331,7 +331,7 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	return map[string]any{"model_id": run.id, "type": "get_info", "is_lora": true, "lora_rank": run.lora.Rank,
 		"model_name": run.baseModel,
-		"model_data": map[string]any{"arch": string(s.models[run.baseModel][0].Engine.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
+		"model_data": map[string]any{"arch": string(s.models[run.baseModel][0].Engine.Info().Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
 }
 
 func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -459,7 +459,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		return nil, err
 	}
 	var data []engine.Datum
-	e := s.models[run.baseModel][0].Engine // validation depends only on the base model
+	info := s.models[run.baseModel][0].Engine.Info() // validation depends only on the base model
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
 		kind = "Forward"
@@ -469,7 +469,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		if data, err = toEngineData(req.Input.Data); err != nil {
 			return err
 		}
-		return e.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
+		return info.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
 	}, func(rep *replica.Replica) (any, error) {
 		var res *engine.ForwardResult
 		var err error
@@ -848,7 +848,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
 	}
 	e := smp.rep.Engine
-	if err := e.ValidateSample(&sr); err != nil {
+	if err := e.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	f, _, err := s.futures.create(tenant, "Sample", "")

@@ -184,8 +184,7 @@ func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 		s.log.Info("reloading adapter from its saved state", "run", run.id)
 		return e.LoadAdapter(run.id, dir, true)
 	}
-	_, err := e.CreateAdapter(run.id, run.lora)
-	return err
+	return e.CreateLora(run.id, run.lora)
 }
 
 // orphanMsg is the error of a request whose gateway died while it ran.

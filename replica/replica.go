@@ -19,7 +19,7 @@ const DefaultMaxLoras = 16
 
 // Replica is one base model in memory.
 type Replica struct {
-	Engine *engine.Engine
+	Engine engine.Compute
 
 	id, baseModel string
 	maxLoras      int
@@ -37,7 +37,7 @@ var ErrClosed = errors.New("replica closed")
 
 // New starts a replica over a loaded engine (see engine.Fork to share one base model's weights
 // between replicas). maxLoras ≤ 0 means DefaultMaxLoras.
-func New(id, baseModel string, e *engine.Engine, maxLoras int) *Replica {
+func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 	if maxLoras <= 0 {
 		maxLoras = DefaultMaxLoras
 	}

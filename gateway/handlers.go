@@ -68,6 +68,8 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
 	s.handle("GET "+v1+"skein/replicas", true, s.listReplicas)
 	s.handle("GET "+v1+"skein/capacity", true, s.capacity)
+	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
+	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
 }
 
 func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
@@ -83,8 +85,11 @@ func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) 
 
 func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, error) {
 	var models []map[string]any
-	for _, name := range s.order {
-		info := s.models[name][0].Engine.Info()
+	for _, name := range s.baseModels() {
+		info, err := s.infoOf(name)
+		if err != nil {
+			continue
+		}
 		models = append(models, map[string]any{"model_name": name, "max_context_length": info.Config.MaxPositionEmbeddings})
 	}
 	return map[string]any{"supported_models": models}, nil
@@ -329,9 +334,13 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
+	info, err := s.infoOf(run.baseModel)
+	if err != nil {
+		return nil, err
+	}
 	return map[string]any{"model_id": run.id, "type": "get_info", "is_lora": true, "lora_rank": run.lora.Rank,
 		"model_name": run.baseModel,
-		"model_data": map[string]any{"arch": string(s.models[run.baseModel][0].Engine.Info().Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
+		"model_data": map[string]any{"arch": string(info.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
 }
 
 func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -459,7 +468,10 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		return nil, err
 	}
 	var data []engine.Datum
-	info := s.models[run.baseModel][0].Engine.Info() // validation depends only on the base model
+	info, err := s.infoOf(run.baseModel) // validation depends only on the base model
+	if err != nil {
+		return nil, err
+	}
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
 		kind = "Forward"

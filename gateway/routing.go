@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
 )
@@ -184,11 +185,65 @@ func (e userError) Unwrap() error { return e.error }
 
 // replicasOf lists a base model's replicas (validated name).
 func (s *Server) replicasOf(base string) ([]*replica.Replica, error) {
-	reps, ok := s.models[base]
-	if !ok || len(reps) == 0 {
-		return nil, errf(http.StatusBadRequest, "unknown base model %q (this server has: %s)", base, strings.Join(s.order, ", "))
+	s.modelsMu.RLock()
+	defer s.modelsMu.RUnlock()
+	reps := s.models[base]
+	if len(reps) == 0 {
+		return nil, errf(http.StatusBadRequest, "unknown base model %q (this server has: %s)", base, strings.Join(s.baseModelsLocked(), ", "))
 	}
-	return reps, nil
+	return append([]*replica.Replica(nil), reps...), nil
+}
+
+// infoOf describes a base model (from any of its replicas: they hold the same model).
+func (s *Server) infoOf(base string) (engine.ModelInfo, error) {
+	reps, err := s.replicasOf(base)
+	if err != nil {
+		return engine.ModelInfo{}, err
+	}
+	return reps[0].Engine.Info(), nil
+}
+
+// baseModels lists the served base models, sorted.
+func (s *Server) baseModels() []string {
+	s.modelsMu.RLock()
+	defer s.modelsMu.RUnlock()
+	return s.baseModelsLocked()
+}
+
+func (s *Server) baseModelsLocked() []string {
+	var names []string
+	for name, reps := range s.models {
+		if len(reps) > 0 {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// addReplica starts routing to a replica (in process, or a worker that registered).
+func (s *Server) addReplica(r *replica.Replica) {
+	s.modelsMu.Lock()
+	s.models[r.BaseModel()] = append(s.models[r.BaseModel()], r)
+	s.modelsMu.Unlock()
+	s.router.AddEndpoint(r)
+}
+
+// removeReplica stops routing to a replica (a dead worker); its adapters are re-placed on their
+// next request, from their last saved state.
+func (s *Server) removeReplica(id string) {
+	s.modelsMu.Lock()
+	for base, reps := range s.models {
+		for i, r := range reps {
+			if r.ID() == id {
+				r.SetHealthy(false)
+				s.models[base] = append(reps[:i:i], reps[i+1:]...)
+				break
+			}
+		}
+	}
+	s.modelsMu.Unlock()
+	s.router.RemoveEndpoint(id)
 }
 
 // samplingReplica picks where a sampler runs: the replica holding the weights if any (where),

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +46,8 @@ type Options struct {
 	QueueTimeout time.Duration
 	// Weights of the router's scorers (zero: defaults).
 	Weights router.Weights
+	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
+	WorkerToken string
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -54,15 +55,16 @@ type Options struct {
 
 // Server serves the Tinker API over a set of base models.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	models  map[string][]*replica.Replica // base model name -> its replicas
-	order   []string
-	router  *router.Router
-	futures *futureTable
-	mux     *http.ServeMux
-	st      store.Store
-	ownsSt  bool
+	opts     Options
+	log      *slog.Logger
+	modelsMu sync.RWMutex
+	models   map[string][]*replica.Replica // base model name -> its replicas
+	workers  map[string]*workerState       // registered worker processes, by replica id
+	router   *router.Router
+	futures  *futureTable
+	mux      *http.ServeMux
+	st       store.Store
+	ownsSt   bool
 
 	mu        sync.Mutex
 	sessions  map[string]*session
@@ -154,21 +156,14 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		}
 		st, owns = sq, true
 	}
-	models := map[string][]*replica.Replica{}
-	for _, r := range replicas {
-		models[r.BaseModel()] = append(models[r.BaseModel()], r)
-	}
-	s := &Server{opts: opts, log: opts.Logger, models: models, st: st, ownsSt: owns,
+	s := &Server{opts: opts, log: opts.Logger, models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
+		st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
 		ckpts: map[string]*ckptMeta{}, stop: make(chan struct{})}
-	for name := range models {
-		s.order = append(s.order, name)
-	}
-	sort.Strings(s.order)
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
-		s.router.AddEndpoint(r)
+		s.addReplica(r)
 	}
 	if err := s.restore(); err != nil {
 		if owns {
@@ -201,6 +196,8 @@ func (s *Server) Close() {
 func (s *Server) sweeper() {
 	beat := time.NewTicker(gatewayHeartbeat)
 	defer beat.Stop()
+	reap := time.NewTicker(workerTimeout / 3)
+	defer reap.Stop()
 	// Sweep often enough that a session expires within one sweep of its timeout.
 	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))
 	defer sweep.Stop()
@@ -211,6 +208,8 @@ func (s *Server) sweeper() {
 			return
 		case <-beat.C:
 			s.logErr("gateway heartbeat", s.st.GatewayHeartbeat(ctx, s.futures.prefix))
+		case now := <-reap.C:
+			s.reapWorkers(now)
 		case now := <-sweep.C:
 			if ok, err := s.st.TryLease(ctx, "sweep", s.futures.prefix, 2*time.Minute); err != nil || !ok {
 				s.logErr("sweep lease", err)

@@ -104,10 +104,7 @@ func (s *Server) restore() error {
 		return err
 	}
 	for _, row := range runs {
-		if _, ok := s.models[row.BaseModel]; !ok {
-			s.log.Warn("training run's base model is not served any more", "run", row.ID, "base_model", row.BaseModel)
-			continue
-		}
+		// Runs of base models not served (yet: workers may register later) are restored too.
 		var d runData
 		_ = json.Unmarshal(row.Data, &d)
 		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,

@@ -23,7 +23,9 @@ import (
 
 const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
 
-  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]...
+  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K]
+  skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
+  skein worker --gateway URL --model DIR [--name NAME] [--max-loras K] [--addr 127.0.0.1:0] [--worker-token T]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small] [--seed N]
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
 `
@@ -42,7 +44,11 @@ func run(args []string) error {
 	}
 	switch args[0] {
 	case "serve":
-		return serve(args[1:])
+		return serve(args[1:], false)
+	case "gateway":
+		return serve(args[1:], true)
+	case "worker":
+		return runWorker(args[1:])
 	case "model":
 		if len(args) < 2 || args[1] != "init-tiny" {
 			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P]")
@@ -108,7 +114,8 @@ func initTiny(args []string) error {
 	return nil
 }
 
-func serve(args []string) error {
+// serve runs the gateway; with gatewayOnly it loads no model and waits for workers.
+func serve(args []string, gatewayOnly bool) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", envDefault("addr", "127.0.0.1:8000"), "listen address")
 	data := fs.String("data", envDefault("data", "./skein-data"), "data directory")
@@ -119,6 +126,7 @@ func serve(args []string) error {
 	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
 	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
+	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if _, err := parseInterspersed(fs, args); err != nil {
@@ -129,7 +137,7 @@ func serve(args []string) error {
 	if err = os.MkdirAll(*data, 0o755); err != nil {
 		return err
 	}
-	if len(models) == 0 {
+	if len(models) == 0 && !gatewayOnly {
 		dir := filepath.Join(*data, "models", "tiny-qwen3")
 		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 			log.Info("no --model given: generating the tiny model", "dir", dir)
@@ -181,7 +189,7 @@ func serve(args []string) error {
 		st = pg
 	}
 	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
-		QueueTimeout: *queueTimeout}, reps...)
+		QueueTimeout: *queueTimeout, WorkerToken: *workerToken}, reps...)
 	if err != nil {
 		return err
 	}

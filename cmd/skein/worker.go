@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/worker"
+)
+
+// runWorker serves one replica of a model to a gateway: it registers, heartbeats every second,
+// and runs the gateway's calls on its engine. Checkpoint and state paths in the calls are on
+// storage it shares with the gateway.
+func runWorker(args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	gw := fs.String("gateway", envDefault("gateway", ""), "gateway base URL, e.g. http://127.0.0.1:8000")
+	model := fs.String("model", "", "Hugging Face model directory")
+	name := fs.String("name", "", "base-model name (default: the directory name)")
+	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
+	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
+	token := fs.String("worker-token", envDefault("worker_token", ""), "shared secret with the gateway")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	if *gw == "" || *model == "" {
+		return errors.New("usage: skein worker --gateway URL --model DIR [--max-loras K]")
+	}
+	if *name == "" {
+		*name = filepath.Base(filepath.Clean(*model))
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	e, err := engine.Load(*model, engine.Options{})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	url := "http://" + ln.Addr().String()
+	hs := &http.Server{Handler: worker.NewServer(e, *token), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
+	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
+	worker.Announce(ctx, *gw, *token, reg, log)
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return hs.Shutdown(shutdown)
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+)
+
+func startSkein(t *testing.T, logDir string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "SKEIN_TEST_RUN_AS_SKEIN=1")
+	logf, _ := os.Create(filepath.Join(logDir, fmt.Sprintf("%s-%d.log", args[0], time.Now().UnixNano())))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	return cmd
+}
+
+type replicaRow struct {
+	ID      string `json:"id"`
+	Healthy bool   `json:"healthy"`
+}
+
+func waitReplicas(t *testing.T, c *client.Client, want int) []replicaRow {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var out struct {
+		Replicas []replicaRow `json:"replicas"`
+	}
+	for time.Now().Before(deadline) {
+		if err := c.Do(context.Background(), "GET", "skein/replicas", nil, &out); err == nil && len(out.Replicas) == want {
+			return out.Replicas
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("never saw %d replicas (last %+v)", want, out.Replicas)
+	return nil
+}
+
+// A gateway with two `skein worker` processes: kill the worker that holds an adapter with SIGKILL
+// mid-run; after three missed heartbeats it is dropped and the run finishes on the other worker,
+// from its last acknowledged step.
+func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
+	root := t.TempDir()
+	modelDir := filepath.Join(root, "tiny-qwen3")
+	if err := engine.InitTiny(modelDir, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	gwURL := "http://" + addr
+	startSkein(t, root, "gateway", "--data", filepath.Join(root, "data"), "--addr", addr, "--worker-token", "s3cret")
+	c := client.New(gwURL, "tml-workers")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get(gwURL + "/api/v1/healthz"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gateway did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w1 := startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
+	first := waitReplicas(t, c, 1)[0].ID
+
+	ctx := context.Background()
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, "tiny-qwen3", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70})}
+	step := func() float64 {
+		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, _ := tc.OptimStep(ctx, 1e-2)
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Metrics map[string]float64 `json:"metrics"`
+		}
+		if err := op.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Metrics["step:max"]
+	}
+	step()
+	step()
+
+	startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
+	waitReplicas(t, c, 2)
+	if err := w1.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = w1.Process.Wait()
+	left := waitReplicas(t, c, 1)
+	if left[0].ID == first {
+		t.Fatal("the killed worker is still listed")
+	}
+	if s := step(); s != 3 {
+		t.Fatalf("step after failover %v, want 3: the acknowledged steps must survive the worker", s)
+	}
+	// The result names the worker that ran it.
+	f, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+	if err := f.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("POST", gwURL+"/api/v1/retrieve_future", strings.NewReader(`{"request_id":"`+f.RequestID+`"}`))
+	req.Header.Set("X-API-Key", "tml-workers")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Skein-Replica"); got != left[0].ID {
+		t.Fatalf("X-Skein-Replica %q, want %q", got, left[0].ID)
+	}
+	// Without the token a worker cannot register.
+	r2, _ := http.Post(gwURL+"/api/v1/skein/workers/register", "application/json", strings.NewReader(`{}`))
+	if r2.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("registration without token: %d", r2.StatusCode)
+	}
+	r2.Body.Close()
+}

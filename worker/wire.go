@@ -1,0 +1,122 @@
+// Package worker runs a replica as its own process: an HTTP server in front of a local engine
+// (skein worker), the client that implements engine.Compute over it for the gateway, and the
+// registration and heartbeat loop. Checkpoint and state directories are paths on storage shared
+// by the gateway and its workers.
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+// Header carrying the shared worker token.
+const TokenHeader = "X-Skein-Worker-Token"
+
+// Registration is what a worker tells the gateway about itself.
+type Registration struct {
+	ID        string           `json:"id"`
+	URL       string           `json:"url"`
+	BaseModel string           `json:"base_model"`
+	MaxLoras  int              `json:"max_loras"`
+	Info      engine.ModelInfo `json:"info"`
+}
+
+// Heartbeat is sent every second.
+type Heartbeat struct {
+	ID       string   `json:"id"`
+	Adapters []string `json:"adapters"`
+}
+
+type callRequest struct {
+	ID            string                `json:"id,omitempty"`
+	Dir           string                `json:"dir,omitempty"`
+	WithOptimizer bool                  `json:"with_optimizer,omitempty"`
+	Lora          *engine.LoraConfig    `json:"lora,omitempty"`
+	Data          []engine.Datum        `json:"data,omitempty"`
+	Loss          string                `json:"loss,omitempty"`
+	LossConfig    map[string]float64    `json:"loss_config,omitempty"`
+	Adam          *engine.AdamParams    `json:"adam,omitempty"`
+	Sample        *engine.SampleRequest `json:"sample,omitempty"`
+}
+
+type wireSample struct {
+	Sequences      []engine.SampledSequence `json:"sequences"`
+	PromptLogprobs []*float64               `json:"prompt_logprobs,omitempty"` // NaN (no value) as null
+	TopKPrompt     [][]engine.TokenLogprob  `json:"topk_prompt,omitempty"`
+}
+
+type callResponse struct {
+	Error string `json:"error,omitempty"`
+	Kind  string `json:"kind,omitempty"` // input, unknown_adapter, no_optimizer
+	Datum int    `json:"datum,omitempty"`
+	Field string `json:"field,omitempty"`
+	Msg   string `json:"msg,omitempty"`
+
+	Bool    bool                  `json:"bool,omitempty"`
+	IDs     []string              `json:"ids,omitempty"`
+	Lora    *engine.LoraConfig    `json:"lora,omitempty"`
+	Step    int                   `json:"step,omitempty"`
+	Forward *engine.ForwardResult `json:"forward,omitempty"`
+	Metrics map[string]float64    `json:"metrics,omitempty"`
+	Sample  *wireSample           `json:"sample,omitempty"`
+	Info    *engine.ModelInfo     `json:"info,omitempty"`
+}
+
+func encodeErr(err error) callResponse {
+	r := callResponse{Error: err.Error()}
+	var ie *engine.InputError
+	switch {
+	case errors.As(err, &ie):
+		r.Kind, r.Datum, r.Field, r.Msg = "input", ie.Datum, ie.Field, ie.Msg
+	case errors.Is(err, engine.ErrUnknownAdapter):
+		r.Kind = "unknown_adapter"
+	case errors.Is(err, engine.ErrNoOptimizerState):
+		r.Kind = "no_optimizer"
+	}
+	return r
+}
+
+// decodeErr rebuilds a typed error, so the gateway classifies user faults as it does locally.
+func decodeErr(r callResponse) error {
+	switch r.Kind {
+	case "input":
+		return &engine.InputError{Datum: r.Datum, Field: r.Field, Msg: r.Msg}
+	case "unknown_adapter":
+		return fmt.Errorf("%w (worker: %s)", engine.ErrUnknownAdapter, r.Error)
+	case "no_optimizer":
+		return fmt.Errorf("%w (worker: %s)", engine.ErrNoOptimizerState, r.Error)
+	}
+	return fmt.Errorf("worker: %s", r.Error)
+}
+
+func toWireSample(s *engine.SampleResult) *wireSample {
+	w := &wireSample{Sequences: s.Sequences, TopKPrompt: s.TopKPrompt}
+	if s.PromptLogprobs != nil {
+		w.PromptLogprobs = make([]*float64, len(s.PromptLogprobs))
+		for i, v := range s.PromptLogprobs {
+			if !math.IsNaN(v) {
+				v := v
+				w.PromptLogprobs[i] = &v
+			}
+		}
+	}
+	return w
+}
+
+func fromWireSample(w *wireSample) *engine.SampleResult {
+	s := &engine.SampleResult{Sequences: w.Sequences, TopKPrompt: w.TopKPrompt}
+	if w.PromptLogprobs != nil {
+		s.PromptLogprobs = make([]float64, len(w.PromptLogprobs))
+		for i, v := range w.PromptLogprobs {
+			if v == nil {
+				s.PromptLogprobs[i] = math.NaN()
+			} else {
+				s.PromptLogprobs[i] = *v
+			}
+		}
+	}
+	return s
+}

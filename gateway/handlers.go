@@ -104,6 +104,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 		return nil, err
 	}
 	now := time.Now()
+	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
 	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata}
 	s.mu.Lock()
 	s.sessions[sess.id] = sess
@@ -175,6 +176,7 @@ func (s *Server) dropAdapter(run *trainingRun) {
 		})
 	}
 	s.router.Forget(run.id)
+	s.logErr("placement", s.st.DeletePlacement(context.Background(), run.id))
 	s.mu.Lock()
 	snaps := run.ephemeral
 	run.ephemeral = nil
@@ -859,7 +861,17 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if sr.Params.StopStrings, sr.Params.StopTokens, err = sp.StopSpec(); err != nil {
 		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
 	}
-	e := smp.rep.Engine
+	// Sampling reads the weights only: it may run on any healthy replica of the base model,
+	// preferring the one that already holds them (a read-only copy loads from disk elsewhere).
+	prefer := ""
+	if smp.rep != nil {
+		prefer = smp.rep.ID()
+	}
+	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r))
+	if err != nil {
+		return nil, err
+	}
+	e := rep.Engine
 	if err := e.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
@@ -867,16 +879,16 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	err = smp.rep.Run(func() {
+	err = rep.Run(func() {
 		if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
 			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
-				s.finish(f, nil, fmt.Errorf("loading sampler weights: %w", err))
+				s.finishOn(f, rep.ID(), nil, fmt.Errorf("loading sampler weights: %w", err))
 				return
 			}
 		}
 		res, err := e.Sample(smp.engineID, sr)
 		if err != nil {
-			s.finish(f, nil, err)
+			s.finishOn(f, rep.ID(), nil, err)
 			return
 		}
 		out := &api.SampleResponse{Type: "sample"}
@@ -900,7 +912,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 			}
 			out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
 		}
-		s.futures.complete(f, out)
+		s.finishOn(f, rep.ID(), out, nil)
 	})
 	if err != nil {
 		return nil, err

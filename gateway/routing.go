@@ -111,6 +111,9 @@ func (s *Server) routerHooks() router.Hooks {
 			if derr := rep.Do(ctx, func() { err = s.ensureAdapter(run, rep) }); derr != nil {
 				return derr
 			}
+			if err == nil {
+				s.logErr("placement", s.st.PutPlacement(context.Background(), adapter, rep.ID()))
+			}
 			return err
 		},
 		Evict: func(ctx context.Context, adapter string, ep router.Endpoint) error {
@@ -132,6 +135,7 @@ func (s *Server) routerHooks() router.Hooks {
 			}
 			if err == nil {
 				s.log.Info("evicted adapter", "run", adapter, "replica", rep.ID())
+				s.logErr("placement", s.st.DeletePlacement(context.Background(), adapter))
 			}
 			return err
 		},

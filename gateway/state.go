@@ -84,6 +84,16 @@ func (s *Server) restore() error {
 	if err := s.failOrphans(ctx); err != nil {
 		return err
 	}
+	if !s.shared() {
+		// This process is the only gateway and its replicas start empty: old placements are void.
+		placed, err := s.st.Placements(ctx)
+		if err != nil {
+			return err
+		}
+		for a := range placed {
+			s.logErr("placement", s.st.DeletePlacement(ctx, a))
+		}
+	}
 	sessions, err := s.st.Sessions(ctx)
 	if err != nil {
 		return err

@@ -64,6 +64,25 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 		}
 	})
 
+	t.Run("tenants and placements", func(t *testing.T) {
+		s := open(t)
+		for _, id := range []string{"t-1", "t-2", "t-1"} {
+			if err := s.TouchTenant(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ts, err := s.Tenants(ctx); err != nil || len(ts) != 2 {
+			t.Fatalf("tenants %v %v", ts, err)
+		}
+		_ = s.PutPlacement(ctx, "a", "r1")
+		_ = s.PutPlacement(ctx, "b", "r1")
+		_ = s.PutPlacement(ctx, "a", "r2") // moved
+		_ = s.DeletePlacement(ctx, "b")
+		if p, err := s.Placements(ctx); err != nil || len(p) != 1 || p["a"] != "r2" {
+			t.Fatalf("placements %v %v", p, err)
+		}
+	})
+
 	t.Run("futures reach one terminal state", func(t *testing.T) {
 		s := open(t)
 		f, fresh, err := s.CreateFuture(ctx, Future{ID: "f1", Tenant: "a", Kind: "OptimStep", OpKey: "m#1", Created: now})

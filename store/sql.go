@@ -34,6 +34,9 @@ var migrations = []string{
 	CREATE INDEX futures_state ON futures(state, created);
 	CREATE TABLE gateways (id TEXT PRIMARY KEY, heartbeat {{INT}} NOT NULL);
 	CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until {{INT}} NOT NULL);`,
+	// 2: tenants (API keys are kept only as hashes) and the router's placements.
+	`CREATE TABLE tenants (id TEXT PRIMARY KEY, first_seen {{INT}} NOT NULL, last_seen {{INT}} NOT NULL);
+	CREATE TABLE placements (adapter TEXT PRIMARY KEY, replica TEXT NOT NULL, updated {{INT}} NOT NULL);`,
 }
 
 func (s *SQL) ddl(q string) string {
@@ -332,4 +335,56 @@ func (s *SQL) TryLease(ctx context.Context, name, holder string, ttl time.Durati
 	}
 	n, _ := res.RowsAffected()
 	return n == 1, nil
+}
+
+func (s *SQL) TouchTenant(ctx context.Context, id string) error {
+	now := ms(time.Now())
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO tenants (id, first_seen, last_seen) VALUES (?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen`), id, now, now)
+	return err
+}
+
+func (s *SQL) Tenants(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM tenants ORDER BY first_seen`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQL) PutPlacement(ctx context.Context, adapter, replica string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO placements (adapter, replica, updated) VALUES (?, ?, ?)
+		ON CONFLICT(adapter) DO UPDATE SET replica = excluded.replica, updated = excluded.updated`), adapter, replica, ms(time.Now()))
+	return err
+}
+
+func (s *SQL) DeletePlacement(ctx context.Context, adapter string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM placements WHERE adapter = ?`), adapter)
+	return err
+}
+
+func (s *SQL) Placements(ctx context.Context) (map[string]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT adapter, replica FROM placements`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var a, r string
+		if err := rows.Scan(&a, &r); err != nil {
+			return nil, err
+		}
+		out[a] = r
+	}
+	return out, rows.Err()
 }

@@ -92,6 +92,15 @@ type Store interface {
 	// SweepFutures deletes terminal futures created before the cutoff.
 	SweepFutures(ctx context.Context, before time.Time) (int, error)
 
+	// TouchTenant records a tenant (the hash of an API key; raw keys are never stored).
+	TouchTenant(ctx context.Context, id string) error
+	Tenants(ctx context.Context) ([]string, error)
+
+	// PutPlacement records which replica holds an adapter; DeletePlacement forgets it.
+	PutPlacement(ctx context.Context, adapter, replica string) error
+	DeletePlacement(ctx context.Context, adapter string) error
+	Placements(ctx context.Context) (map[string]string, error)
+
 	// GatewayHeartbeat records that a gateway is alive.
 	GatewayHeartbeat(ctx context.Context, id string) error
 	// TryLease takes or renews a named lease for ttl; it reports whether holder has it. Periodic

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -162,7 +163,7 @@ func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
 		if !ok {
 			return fmt.Errorf("engine: adapter %s lacks %s (saved for another model?)", dir, p.name)
 		}
-		if !sameShape(t.Shape, p.shape) {
+		if !slices.Equal(t.Shape, p.shape) {
 			return fmt.Errorf("engine: adapter tensor %s has shape %v, this model needs %v", p.name, t.Shape, p.shape)
 		}
 		if p.w, err = t.Float64(); err != nil {

@@ -5,7 +5,6 @@ import (
 	"math"
 	"sort"
 
-	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
 )
@@ -358,5 +357,3 @@ func (e *Engine) lossExec(kind, loss string, spec loraSpec) *graph.Exec {
 		return outs
 	})
 }
-
-var _ = dtypes.Float32

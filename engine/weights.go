@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/skein-ai/skein/safetensors"
@@ -120,7 +121,7 @@ func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
 				continue // e.g. rotary_emb.inv_freq in old checkpoints
 			}
 			exp := c.expectedShape(name)
-			if !sameShape(exp, t.Shape) {
+			if !slices.Equal(exp, t.Shape) {
 				return nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, exp)
 			}
 			v, err := t.Float64()
@@ -136,16 +137,4 @@ func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
 		}
 	}
 	return out, nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -254,7 +255,7 @@ func TestCheckpointsStateAndTenancy(t *testing.T) {
 	if err := f.Result(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := fwd(tc2); !equal(got, want) {
+	if got := fwd(tc2); !slices.Equal(got, want) {
 		t.Fatal("loaded model differs from the saved one")
 	}
 	// Loading optimizer state from a sampler checkpoint is a user error.
@@ -327,18 +328,6 @@ func TestCheckpointsStateAndTenancy(t *testing.T) {
 	}
 }
 
-func equal(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func isStatus(err error, code int) bool {
 	var se *client.StatusError
 	return errors.As(err, &se) && se.Status == code && se.Body != ""
@@ -394,10 +383,10 @@ func TestOutOfOrderAndRetry(t *testing.T) {
 	if err := f4.Result(ctx, &o4); err != nil {
 		t.Fatal(err)
 	}
-	if !equal(o1.LossFnOutputs[0]["logprobs"].Data, o2.LossFnOutputs[0]["logprobs"].Data) {
+	if !slices.Equal(o1.LossFnOutputs[0]["logprobs"].Data, o2.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("forward (seq 2) did not see the same weights as forward_backward (seq 1)")
 	}
-	if equal(o2.LossFnOutputs[0]["logprobs"].Data, o4.LossFnOutputs[0]["logprobs"].Data) {
+	if slices.Equal(o2.LossFnOutputs[0]["logprobs"].Data, o4.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("forward after optim_step saw unchanged weights")
 	}
 	if !(o4.Metrics["loss:sum"] < o2.Metrics["loss:sum"]) {

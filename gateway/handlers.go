@@ -451,7 +451,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		}
 	} else {
 		var j api.ForwardBackwardJSON
-		if err := jsonUnmarshal(body, &j); err != nil {
+		if err := decodeJSONBytes(body, &j); err != nil {
 			return nil, err
 		}
 		req = &api.ForwardBackwardRequest{ModelID: j.ModelID, SeqID: j.SeqID}
@@ -534,13 +534,6 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		}
 		return map[string]any{"metrics": m, "type": "optim_step"}, nil
 	})
-}
-
-func jsonUnmarshal(b []byte, v any) error {
-	if err := jsonStrict(b, v); err != nil {
-		return errf(http.StatusBadRequest, "%v", err)
-	}
-	return nil
 }
 
 func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {

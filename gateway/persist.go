@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"archive/tar"
-	"bytes"
 	"compress/gzip"
 	"crypto/hmac"
 	"crypto/rand"
@@ -17,14 +16,6 @@ import (
 	"strings"
 	"time"
 )
-
-// jsonStrict decodes JSON, reporting type errors (unknown fields are allowed: clients add keys).
-func jsonStrict(b []byte, v any) error {
-	if len(bytes.TrimSpace(b)) == 0 {
-		b = []byte("{}")
-	}
-	return json.Unmarshal(b, v)
-}
 
 func (s *Server) sweepCheckpoints(now time.Time) {
 	var gone []*ckptMeta

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
@@ -317,5 +316,3 @@ func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ string) (any
 	}
 	return out, nil
 }
-
-var _ = time.Second

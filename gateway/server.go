@@ -352,6 +352,12 @@ func (s *Server) decodeJSON(r *http.Request, v any) error {
 	if err != nil {
 		return err
 	}
+	return decodeJSONBytes(b, v)
+}
+
+// decodeJSONBytes decodes a JSON body (empty means {}); unknown fields are allowed, since clients
+// add keys, but a known field of the wrong type is a 400 that names it.
+func decodeJSONBytes(b []byte, v any) error {
 	if len(bytes.TrimSpace(b)) == 0 {
 		b = []byte("{}")
 	}

@@ -532,6 +532,11 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
+		_, step, _ := rep.Engine.AdapterInfo(run.id)
+		s.mu.Lock()
+		run.step, run.lastRequest = step, time.Now()
+		s.saveRun(run)
+		s.mu.Unlock()
 		return map[string]any{"metrics": m, "type": "optim_step"}, nil
 	})
 }
@@ -713,9 +718,9 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if err := rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
 			return nil, err
 		}
-		cfg, _, _ := rep.Engine.AdapterInfo(run.id)
+		cfg, step, _ := rep.Engine.AdapterInfo(run.id)
 		s.mu.Lock()
-		run.lora = cfg
+		run.lora, run.step = cfg, step
 		s.saveRun(run)
 		s.mu.Unlock()
 		if err := s.persistAdapter(run, rep); err != nil {

@@ -91,6 +91,7 @@ type session struct {
 type trainingRun struct {
 	id, tenant, session, baseModel string
 	lora                           engine.LoraConfig
+	step                           int // optimizer steps taken
 	created, lastRequest           time.Time
 	metadata                       map[string]string
 	queue                          *runQueue // seq_id order of its ops

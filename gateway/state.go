@@ -26,6 +26,7 @@ type sessionData struct {
 
 type runData struct {
 	Lora            engine.LoraConfig `json:"lora"`
+	Step            int               `json:"step"`
 	Metadata        map[string]string `json:"metadata"`
 	LastCkpt        string            `json:"last_checkpoint"`
 	LastSamplerCkpt string            `json:"last_sampler_checkpoint"`
@@ -53,7 +54,7 @@ func (s *Server) saveSession(x *session, closed bool) {
 
 // saveRun persists a training run; call with s.mu held.
 func (s *Server) saveRun(r *trainingRun) {
-	b, _ := json.Marshal(runData{Lora: r.lora, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt})
+	b, _ := json.Marshal(runData{Lora: r.lora, Step: r.step, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt})
 	s.logErr("run", s.st.PutRun(context.Background(), store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
 		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}))
 }
@@ -118,7 +119,7 @@ func (s *Server) restore() error {
 		var d runData
 		_ = json.Unmarshal(row.Data, &d)
 		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
-			lora: d.Lora, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
+			lora: d.Lora, step: d.Step, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
 			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt,
 			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/router"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -126,6 +128,10 @@ func serve(args []string, gatewayOnly bool) error {
 	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
 	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
+	futureTTL := fs.Duration("future-ttl", 24*time.Hour, "how long request results are kept")
+	sessionTimeout := fs.Duration("session-timeout", 5*time.Minute, "sessions without a heartbeat for this long expire")
+	maxPerTenant := fs.Int("tenant-max-loras", 30, "live adapters per tenant")
+	weights := fs.String("router-weights", "", "router scorer weights, e.g. capacity=4,queue=1,held=2")
 	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
@@ -188,8 +194,13 @@ func serve(args []string, gatewayOnly bool) error {
 		defer pg.Close()
 		st = pg
 	}
+	w, err := parseWeights(*weights)
+	if err != nil {
+		return err
+	}
 	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
-		QueueTimeout: *queueTimeout, WorkerToken: *workerToken}, reps...)
+		QueueTimeout: *queueTimeout, WorkerToken: *workerToken, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
+		MaxLoras: *maxPerTenant, Weights: w}, reps...)
 	if err != nil {
 		return err
 	}
@@ -214,4 +225,30 @@ func serve(args []string, gatewayOnly bool) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return hs.Shutdown(shutdown)
+}
+
+// parseWeights reads "capacity=4,queue=1,held=2" (any subset; the rest keep their defaults).
+func parseWeights(s string) (router.Weights, error) {
+	var w router.Weights
+	if s == "" {
+		return w, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil || f <= 0 {
+			return w, fmt.Errorf("--router-weights: %q is not name=positive-number", kv)
+		}
+		switch k {
+		case "capacity":
+			w.Capacity = f
+		case "queue":
+			w.QueueDepth = f
+		case "held":
+			w.Held = f
+		default:
+			return w, fmt.Errorf("--router-weights: unknown scorer %q (capacity, queue, held)", k)
+		}
+	}
+	return w, nil
 }

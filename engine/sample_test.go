@@ -1,14 +1,18 @@
 package engine
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
+
+	"github.com/skein-ai/skein/safetensors"
 )
 
 func trainSteps(t *testing.T, e *Engine, id string, ids []int, steps int) {
@@ -339,4 +343,97 @@ func fileSizes(dir string) int64 {
 		}
 	}
 	return n
+}
+
+// Weights may come as bf16 or f16, in shards named by model.safetensors.index.json: a model saved
+// that way computes exactly what the same (rounded) weights in f32 compute.
+func TestLoadsShardedHalfPrecisionWeights(t *testing.T) {
+	src := tinyModel(t, ArchLlama)
+	st, err := safetensors.ReadFile(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(st.Tensors))
+	for n := range st.Tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	rounded := map[string]safetensors.Tensor{}
+	shards := []map[string]safetensors.Tensor{{}, {}}
+	index := map[string]string{}
+	for i, n := range names {
+		f, _ := st.Tensors[n].Float32()
+		half := make([]byte, 2*len(f))
+		r := make([]float32, len(f))
+		for j, v := range f {
+			b := uint16(math.Float32bits(v) >> 16) // truncating to bf16
+			if i%2 == 1 {                          // odd tensors as f16 instead
+				h := float32ToHalf(v)
+				half[2*j], half[2*j+1] = byte(h), byte(h>>8)
+				r[j] = halfToFloat32(h)
+				continue
+			}
+			half[2*j], half[2*j+1] = byte(b), byte(b>>8)
+			r[j] = math.Float32frombits(uint32(b) << 16)
+		}
+		dt := "BF16"
+		if i%2 == 1 {
+			dt = "F16"
+		}
+		shards[i%2][n] = safetensors.Tensor{DType: dt, Shape: st.Tensors[n].Shape, Data: half}
+		index[n] = fmt.Sprintf("model-%05d-of-00002.safetensors", i%2+1)
+		rounded[n] = safetensors.FromFloat32(r, st.Tensors[n].Shape...)
+	}
+	halfDir, f32Dir := t.TempDir(), t.TempDir()
+	for _, d := range []string{halfDir, f32Dir} {
+		for _, f := range []string{"config.json", "tokenizer.json"} {
+			b, _ := os.ReadFile(filepath.Join(src, f))
+			_ = os.WriteFile(filepath.Join(d, f), b, 0o644)
+		}
+	}
+	for i, sh := range shards {
+		if err := safetensors.WriteFile(filepath.Join(halfDir, fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)), sh, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ib, _ := json.Marshal(map[string]any{"weight_map": index})
+	_ = os.WriteFile(filepath.Join(halfDir, "model.safetensors.index.json"), ib, 0o644)
+	if err := safetensors.WriteFile(filepath.Join(f32Dir, "model.safetensors"), rounded, nil); err != nil {
+		t.Fatal(err)
+	}
+	var results [][]float64
+	for _, d := range []string{halfDir, f32Dir} {
+		e, err := Load(d, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.Forward("", []Datum{textDatum([]int{5, 9, 13, 200, 7, 42})}, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		results = append(results, r.Logprobs[0])
+	}
+	if !reflect.DeepEqual(results[0], results[1]) {
+		t.Fatalf("half-precision shards %v, rounded f32 %v", results[0], results[1])
+	}
+}
+
+func float32ToHalf(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int((b>>23)&0xff) - 127 + 15
+	frac := b & 0x7fffff
+	switch {
+	case exp <= 0:
+		return sign // flush tiny values to zero: enough for weights of this size
+	case exp >= 31:
+		return sign | 0x7c00
+	}
+	return sign | uint16(exp)<<10 | uint16(frac>>13)
+}
+
+func halfToFloat32(h uint16) float32 {
+	t := safetensors.Tensor{DType: "F16", Shape: []int{1}, Data: []byte{byte(h), byte(h >> 8)}}
+	v, _ := t.Float32()
+	return v[0]
 }

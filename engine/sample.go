@@ -114,6 +114,21 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 // Sample generates continuations with a KV cache; all samples of the request decode together.
 // id "" samples from the base model.
 func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
+	res, err := e.SampleBatch(id, []SampleRequest{r})
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// MaxSampleRows bounds the sequences decoded together; bigger batches run in several loops.
+const MaxSampleRows = 64
+
+// SampleBatch serves several sampling requests on one adapter (id "" = base model) with shared
+// decode loops: every sample of every request is a row of one batch, each at its own position
+// with its own sampling parameters and random stream. Requests are validated first; one bad
+// request fails the whole call and nothing runs.
+func (e *Engine) SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, error) {
 	var a *Adapter
 	if id != "" {
 		var err error
@@ -121,14 +136,67 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 			return nil, err
 		}
 	}
-	if err := e.validateSample(&r); err != nil {
-		return nil, err
+	for i := range reqs {
+		if err := e.validateSample(&reqs[i]); err != nil {
+			return nil, err
+		}
 	}
-	p := r.Params
-	n := r.NumSamples
+	out := make([]*SampleResult, len(reqs))
+	// Group requests into loops of at most MaxSampleRows rows (a request is never split).
+	for start := 0; start < len(reqs); {
+		end, rows := start, 0
+		for end < len(reqs) && (end == start || rows+reqs[end].NumSamples <= MaxSampleRows) {
+			rows += reqs[end].NumSamples
+			end++
+		}
+		res, err := e.decode(a, reqs[start:end])
+		if err != nil {
+			return nil, err
+		}
+		copy(out[start:end], res)
+		start = end
+	}
+	return out, nil
+}
+
+// sampleRow is one sequence being generated.
+type sampleRow struct {
+	req     int // index of its request
+	prompt  []int
+	params  SampleParams
+	rng     *rand.Rand
+	seq     SampledSequence
+	done    bool
+	stopTok map[int]bool
+}
+
+// decode runs one batched prefill + decode loop over the rows of some requests.
+func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+	eos := e.Config.EOSTokens()
+	var rows []*sampleRow
+	maxPrompt, maxLen := 0, 0
+	for ri, r := range reqs {
+		stop := map[int]bool{}
+		for _, t := range r.Params.StopTokens {
+			stop[t] = true
+		}
+		for _, t := range eos {
+			stop[t] = true
+		}
+		for i := range r.NumSamples {
+			seed := rand.Uint64()
+			if r.Params.Seed != nil {
+				seed = uint64(*r.Params.Seed)
+			}
+			rows = append(rows, &sampleRow{req: ri, prompt: r.Prompt, params: r.Params,
+				rng: rand.New(rand.NewPCG(seed, uint64(i))), stopTok: stop})
+		}
+		maxPrompt = max(maxPrompt, len(r.Prompt))
+		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
+	}
+	n := len(rows)
 	B := bucket(n, 1)
-	P := len(r.Prompt)
-	S := min(bucket(P+p.MaxTokens, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
+	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
 	L, KVH, hd, V := e.Config.NumHiddenLayers, e.Config.NumKeyValueHeads, e.Config.HeadDim, e.Config.VocabSize
 	lora := e.loraTensors(a)
 	caches := make([]*tensors.Tensor, 2*L)
@@ -166,14 +234,18 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 		return values(out[0]), nil
 	}
 
-	// Prefill: the prompt, padded to a bucket, in every row.
-	T := bucket(P, 16)
+	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes
+	// garbage into cache slots at or after the row's prompt end; decode overwrites each slot
+	// before any query may attend to it.
+	T := bucket(maxPrompt, 16)
 	tok := make([][]int, B)
 	pos := make([][]int, B)
 	for b := range B {
 		tok[b] = make([]int, T)
 		pos[b] = make([]int, T)
-		copy(tok[b], r.Prompt)
+		if b < n {
+			copy(tok[b], rows[b].prompt)
+		}
 		for t := range T {
 			pos[b][t] = t
 		}
@@ -182,15 +254,26 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &SampleResult{}
-	if r.PromptLogprobs || r.TopKPromptLogprobs > 0 {
+	results := make([]*SampleResult, len(reqs))
+	first := map[int]int{} // request -> its first row
+	for b := n - 1; b >= 0; b-- {
+		first[rows[b].req] = b
+	}
+	for ri, r := range reqs {
+		res := &SampleResult{}
+		results[ri] = res
+		if !r.PromptLogprobs && r.TopKPromptLogprobs == 0 {
+			continue
+		}
+		P, b := len(r.Prompt), first[ri]
 		res.PromptLogprobs = make([]float64, P)
 		res.PromptLogprobs[0] = math.NaN()
 		if r.TopKPromptLogprobs > 0 {
 			res.TopKPrompt = make([][]TokenLogprob, P)
 		}
 		for t := 1; t < P; t++ {
-			lsm := logSoftmax(logits[(t-1)*V : t*V])
+			off := (b*T + t - 1) * V
+			lsm := logSoftmax(logits[off : off+V])
 			res.PromptLogprobs[t] = lsm[r.Prompt[t]]
 			if r.TopKPromptLogprobs > 0 {
 				res.TopKPrompt[t] = topK(lsm, r.TopKPromptLogprobs)
@@ -198,71 +281,50 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 		}
 	}
 
-	rngs := make([]*rand.Rand, n)
-	for i := range rngs {
-		seed := rand.Uint64()
-		if p.Seed != nil {
-			seed = uint64(*p.Seed)
-		}
-		rngs[i] = rand.New(rand.NewPCG(seed, uint64(i)))
+	// next[b] holds the logits that predict row b's next token.
+	next := make([][]float64, B)
+	for b := range n {
+		off := (b*T + len(rows[b].prompt) - 1) * V
+		next[b] = logits[off : off+V]
 	}
-	stopTok := map[int]bool{}
-	for _, s := range p.StopTokens {
-		stopTok[s] = true
-	}
-	for _, s := range e.Config.EOSTokens() {
-		stopTok[s] = true
-	}
-	seqs := make([]SampledSequence, n)
-	done := make([]bool, n)
-	// rows[b] holds the logits that predict row b's next token.
-	rows := make([][]float64, B)
-	for b := range B {
-		off := (b*T + P - 1) * V
-		rows[b] = logits[off : off+V]
-	}
-	for k := 0; k < p.MaxTokens; k++ {
-		next := make([][]int, B)
-		npos := make([][]int, B)
+	for {
+		feed := make([][]int, B)
+		fpos := make([][]int, B)
 		active := false
 		for b := range B {
-			next[b], npos[b] = []int{0}, []int{P + k}
-			if b >= n || done[b] {
+			feed[b], fpos[b] = []int{0}, []int{0}
+			if b >= n || rows[b].done {
 				continue
 			}
-			t, lp := sampleToken(rows[b], p, rngs[b])
-			s := &seqs[b]
-			s.Tokens = append(s.Tokens, t)
-			s.Logprobs = append(s.Logprobs, lp)
-			next[b][0] = t
-			if stopTok[t] || e.hitsStopString(s.Tokens, p.StopStrings) {
-				s.StopReason, done[b] = "stop", true
-				continue
+			r := rows[b]
+			t, lp := sampleToken(next[b], r.params, r.rng)
+			r.seq.Tokens = append(r.seq.Tokens, t)
+			r.seq.Logprobs = append(r.seq.Logprobs, lp)
+			switch {
+			case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
+				r.seq.StopReason, r.done = "stop", true
+			case len(r.seq.Tokens) == r.params.MaxTokens:
+				r.seq.StopReason, r.done = "length", true
+			default:
+				active = true
 			}
-			if len(s.Tokens) == p.MaxTokens {
-				s.StopReason, done[b] = "length", true
-				continue
-			}
-			active = true
+			feed[b][0] = t
+			fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
 		}
 		if !active {
 			break
 		}
-		logits, err = step(next, npos)
-		if err != nil {
+		if logits, err = step(feed, fpos); err != nil {
 			return nil, err
 		}
-		for b := range B {
-			rows[b] = logits[b*V : (b+1)*V]
+		for b := range n {
+			next[b] = logits[b*V : (b+1)*V]
 		}
 	}
-	for b := range n {
-		if seqs[b].StopReason == "" {
-			seqs[b].StopReason = "length"
-		}
+	for _, r := range rows {
+		results[r.req].Sequences = append(results[r.req].Sequences, r.seq)
 	}
-	res.Sequences = seqs
-	return res, nil
+	return results, nil
 }
 
 func (e *Engine) hitsStopString(toks []int, stops []string) bool {

@@ -437,3 +437,53 @@ func halfToFloat32(h uint16) float32 {
 	v, _ := t.Float32()
 	return v[0]
 }
+
+// Several requests decode in one batch (different prompts, lengths, parameters) and each gets
+// what it would get alone.
+func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	seed := int64(11)
+	reqs := []SampleRequest{
+		{Prompt: e.Tokenizer.Encode("The quick brown fox"), NumSamples: 2, PromptLogprobs: true,
+			Params: SampleParams{MaxTokens: 6, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}},
+		{Prompt: e.Tokenizer.Encode("A language model reads a sequence of tokens and"), NumSamples: 1,
+			Params: SampleParams{MaxTokens: 9, Temperature: 0}},
+		{Prompt: []int{7}, NumSamples: 3, TopKPromptLogprobs: 2,
+			Params: SampleParams{MaxTokens: 3, Temperature: 0.7, TopK: 5, TopP: 0.9, Seed: &seed}},
+	}
+	batched, err := e.SampleBatch("", append([]SampleRequest(nil), reqs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range reqs {
+		alone, err := e.Sample("", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := batched[i]
+		if len(b.Sequences) != r.NumSamples || len(alone.Sequences) != r.NumSamples {
+			t.Fatalf("request %d: %d and %d sequences, want %d", i, len(b.Sequences), len(alone.Sequences), r.NumSamples)
+		}
+		for j := range b.Sequences {
+			if !reflect.DeepEqual(b.Sequences[j].Tokens, alone.Sequences[j].Tokens) || b.Sequences[j].StopReason != alone.Sequences[j].StopReason {
+				t.Fatalf("request %d sample %d: batched %v, alone %v", i, j, b.Sequences[j].Tokens, alone.Sequences[j].Tokens)
+			}
+			for k, lp := range b.Sequences[j].Logprobs {
+				if math.Abs(lp-alone.Sequences[j].Logprobs[k]) > 1e-3 {
+					t.Fatalf("request %d sample %d token %d: logprob %v vs %v", i, j, k, lp, alone.Sequences[j].Logprobs[k])
+				}
+			}
+		}
+		if len(b.PromptLogprobs) != len(alone.PromptLogprobs) || len(b.TopKPrompt) != len(alone.TopKPrompt) {
+			t.Fatalf("request %d: prompt logprobs differ in length", i)
+		}
+		for k := 1; k < len(b.PromptLogprobs); k++ {
+			if math.Abs(b.PromptLogprobs[k]-alone.PromptLogprobs[k]) > 1e-3 {
+				t.Fatalf("request %d prompt token %d: %v vs %v", i, k, b.PromptLogprobs[k], alone.PromptLogprobs[k])
+			}
+		}
+	}
+	if _, err := e.SampleBatch("", []SampleRequest{reqs[0], {Prompt: []int{e.Config.VocabSize}}}); !errors.Is(err, ErrInvalidInput) {
+		t.Fatalf("a bad request in a batch: %v", err)
+	}
+}

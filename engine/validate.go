@@ -52,7 +52,7 @@ type Compute interface {
 	Forward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
 	ForwardBackward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
 	OptimStep(id string, p AdamParams) (map[string]float64, error)
-	Sample(id string, r SampleRequest) (*SampleResult, error)
+	SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, error)
 }
 
 // CreateLora is CreateAdapter for the Compute interface.

@@ -6,10 +6,12 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,5 +160,52 @@ func TestLongPollTimesOutWithTryAgain(t *testing.T) {
 	}
 	if err := f2.Result(ctx, &out); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Concurrent sampling requests on one sampler are decoded together; each future still gets its
+// own request's answer (the same as when the requests come one at a time).
+func TestConcurrentSamplesAreBatchedAndAnsweredEach(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-batch")
+	sess, _ := c.CreateSession(ctx)
+	sid, err := c.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample := func(i int) api.SampleResponse {
+		n, mt, seed := 1+i%3, 4+i%5, int64(100+i)
+		f, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: sid, NumSamples: &n,
+			Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1 + i, 2, 3 + i%4}}}},
+			SamplingParams: api.SamplingParams{MaxTokens: &mt, Seed: &seed}})
+		if err != nil {
+			t.Error(err)
+			return api.SampleResponse{}
+		}
+		var out api.SampleResponse
+		if err := f.Result(ctx, &out); err != nil {
+			t.Error(err)
+		}
+		return out
+	}
+	const n = 12
+	together := make([]api.SampleResponse, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); together[i] = sample(i) }()
+	}
+	wg.Wait()
+	for i := range n {
+		alone := sample(i)
+		if len(alone.Sequences) != 1+i%3 || len(together[i].Sequences) != len(alone.Sequences) {
+			t.Fatalf("request %d: %d sequences together, %d alone", i, len(together[i].Sequences), len(alone.Sequences))
+		}
+		for j := range alone.Sequences {
+			if fmt.Sprint(alone.Sequences[j].Tokens) != fmt.Sprint(together[i].Sequences[j].Tokens) {
+				t.Fatalf("request %d sample %d: together %v, alone %v", i, j, together[i].Sequences[j].Tokens, alone.Sequences[j].Tokens)
+			}
+		}
 	}
 }

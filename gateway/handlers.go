@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -877,42 +876,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	err = rep.Run(func() {
-		if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
-			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
-				s.finishOn(f, rep.ID(), nil, fmt.Errorf("loading sampler weights: %w", err))
-				return
-			}
-		}
-		res, err := e.Sample(smp.engineID, sr)
-		if err != nil {
-			s.finishOn(f, rep.ID(), nil, err)
-			return
-		}
-		out := &api.SampleResponse{Type: "sample"}
-		for _, q := range res.Sequences {
-			out.Sequences = append(out.Sequences, api.SampledSequence{StopReason: q.StopReason, Tokens: q.Tokens, Logprobs: q.Logprobs})
-		}
-		if res.PromptLogprobs != nil {
-			for _, v := range res.PromptLogprobs {
-				if math.IsNaN(v) {
-					out.PromptLogprobs = append(out.PromptLogprobs, nil)
-				} else {
-					v := v
-					out.PromptLogprobs = append(out.PromptLogprobs, &v)
-				}
-			}
-		}
-		for _, row := range res.TopKPrompt {
-			var r [][2]float64
-			for _, t := range row {
-				r = append(r, [2]float64{float64(t.Token), t.Logprob})
-			}
-			out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
-		}
-		s.finishOn(f, rep.ID(), out, nil)
-	})
-	if err != nil {
+	if err := s.enqueueSample(rep, smp, sr, f); err != nil {
 		return nil, err
 	}
 	return futureResponse(f, ""), nil

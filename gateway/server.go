@@ -61,6 +61,7 @@ type Server struct {
 	models   map[string][]*replica.Replica // base model name -> its replicas
 	workers  map[string]*workerState       // registered worker processes, by replica id
 	router   *router.Router
+	sampling samplers
 	futures  *futureTable
 	mux      *http.ServeMux
 	st       store.Store

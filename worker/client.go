@@ -107,12 +107,19 @@ func (c *Client) OptimStep(id string, p engine.AdamParams) (map[string]float64, 
 	return r.Metrics, err
 }
 
-func (c *Client) Sample(id string, req engine.SampleRequest) (*engine.SampleResult, error) {
-	r, err := c.do("sample", callRequest{ID: id, Sample: &req})
+func (c *Client) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	r, err := c.do("sample", callRequest{ID: id, Samples: reqs})
 	if err != nil {
 		return nil, err
 	}
-	return fromWireSample(r.Sample), nil
+	if len(r.Samples) != len(reqs) {
+		return nil, fmt.Errorf("worker %s answered %d results for %d requests", c.URL, len(r.Samples), len(reqs))
+	}
+	out := make([]*engine.SampleResult, len(reqs))
+	for i, w := range r.Samples {
+		out[i] = fromWireSample(w)
+	}
+	return out, nil
 }
 
 var _ engine.Compute = (*Client)(nil)

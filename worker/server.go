@@ -88,12 +88,11 @@ func (s *Server) call(method string, q callRequest) (callResponse, error) {
 		}
 		r.Metrics, err = s.e.OptimStep(q.ID, *q.Adam)
 	case "sample":
-		if q.Sample == nil {
-			return r, errors.New("sample needs sample")
-		}
-		var res *engine.SampleResult
-		if res, err = s.e.Sample(q.ID, *q.Sample); err == nil {
-			r.Sample = toWireSample(res)
+		var res []*engine.SampleResult
+		if res, err = s.e.SampleBatch(q.ID, q.Samples); err == nil {
+			for _, x := range res {
+				r.Samples = append(r.Samples, toWireSample(x))
+			}
 		}
 	default:
 		return r, errUnknownCall

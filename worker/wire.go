@@ -31,15 +31,15 @@ type Heartbeat struct {
 }
 
 type callRequest struct {
-	ID            string                `json:"id,omitempty"`
-	Dir           string                `json:"dir,omitempty"`
-	WithOptimizer bool                  `json:"with_optimizer,omitempty"`
-	Lora          *engine.LoraConfig    `json:"lora,omitempty"`
-	Data          []engine.Datum        `json:"data,omitempty"`
-	Loss          string                `json:"loss,omitempty"`
-	LossConfig    map[string]float64    `json:"loss_config,omitempty"`
-	Adam          *engine.AdamParams    `json:"adam,omitempty"`
-	Sample        *engine.SampleRequest `json:"sample,omitempty"`
+	ID            string                 `json:"id,omitempty"`
+	Dir           string                 `json:"dir,omitempty"`
+	WithOptimizer bool                   `json:"with_optimizer,omitempty"`
+	Lora          *engine.LoraConfig     `json:"lora,omitempty"`
+	Data          []engine.Datum         `json:"data,omitempty"`
+	Loss          string                 `json:"loss,omitempty"`
+	LossConfig    map[string]float64     `json:"loss_config,omitempty"`
+	Adam          *engine.AdamParams     `json:"adam,omitempty"`
+	Samples       []engine.SampleRequest `json:"samples,omitempty"`
 }
 
 type wireSample struct {
@@ -61,7 +61,7 @@ type callResponse struct {
 	Step    int                   `json:"step,omitempty"`
 	Forward *engine.ForwardResult `json:"forward,omitempty"`
 	Metrics map[string]float64    `json:"metrics,omitempty"`
-	Sample  *wireSample           `json:"sample,omitempty"`
+	Samples []*wireSample         `json:"samples,omitempty"`
 	Info    *engine.ModelInfo     `json:"info,omitempty"`
 }
 

@@ -1,0 +1,115 @@
+package gateway
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+)
+
+// Sampling requests for the same weights on the same replica are served together: requests that
+// arrive while the replica is busy wait in a queue, and the next job takes them all and decodes
+// every sample of every request in shared loops (engine.SampleBatch). An RL step's hundred
+// concurrent sample calls become a few batched decodes instead of a hundred batch-of-one ones.
+
+type pendingSample struct {
+	req engine.SampleRequest
+	f   *future
+}
+
+type sampleQueue struct {
+	pending   []pendingSample
+	scheduled bool
+}
+
+type samplers struct {
+	mu     sync.Mutex
+	queues map[string]*sampleQueue // replica id + "|" + engine adapter id
+}
+
+func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.SampleRequest, f *future) error {
+	key := rep.ID() + "|" + smp.engineID
+	s.sampling.mu.Lock()
+	defer s.sampling.mu.Unlock()
+	if s.sampling.queues == nil {
+		s.sampling.queues = map[string]*sampleQueue{}
+	}
+	q := s.sampling.queues[key]
+	if q == nil {
+		q = &sampleQueue{}
+		s.sampling.queues[key] = q
+	}
+	q.pending = append(q.pending, pendingSample{req: req, f: f})
+	if q.scheduled {
+		return nil // the job already queued on the replica will take this one too
+	}
+	q.scheduled = true
+	err := rep.Run(func() { s.runSamples(rep, smp, key) })
+	if err != nil {
+		q.scheduled = false
+		q.pending = q.pending[:len(q.pending)-1]
+	}
+	return err
+}
+
+// runSamples runs on the replica's worker: it takes every waiting request for these weights.
+func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
+	s.sampling.mu.Lock()
+	q := s.sampling.queues[key]
+	batch := q.pending
+	q.pending, q.scheduled = nil, false
+	s.sampling.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	fail := func(err error) {
+		for _, p := range batch {
+			s.finishOn(p.f, rep.ID(), nil, err)
+		}
+	}
+	e := rep.Engine
+	if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
+		if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+			fail(fmt.Errorf("loading sampler weights: %w", err))
+			return
+		}
+	}
+	reqs := make([]engine.SampleRequest, len(batch))
+	for i, p := range batch {
+		reqs[i] = p.req
+	}
+	results, err := e.SampleBatch(smp.engineID, reqs)
+	if err != nil {
+		fail(err)
+		return
+	}
+	for i, p := range batch {
+		s.finishOn(p.f, rep.ID(), sampleResponse(results[i]), nil)
+	}
+}
+
+func sampleResponse(res *engine.SampleResult) *api.SampleResponse {
+	out := &api.SampleResponse{Type: "sample"}
+	for _, q := range res.Sequences {
+		out.Sequences = append(out.Sequences, api.SampledSequence{StopReason: q.StopReason, Tokens: q.Tokens, Logprobs: q.Logprobs})
+	}
+	for _, v := range res.PromptLogprobs {
+		if math.IsNaN(v) {
+			out.PromptLogprobs = append(out.PromptLogprobs, nil)
+		} else {
+			v := v
+			out.PromptLogprobs = append(out.PromptLogprobs, &v)
+		}
+	}
+	for _, row := range res.TopKPrompt {
+		var r [][2]float64
+		for _, t := range row {
+			r = append(r, [2]float64{float64(t.Token), t.Logprob})
+		}
+		out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
+	}
+	return out
+}

@@ -292,8 +292,12 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) 
 	var rows []map[string]any
 	for _, u := range s.router.Usage() {
 		ep := u.Endpoint
-		rows = append(rows, map[string]any{"id": ep.ID(), "base_model": ep.BaseModel(), "healthy": ep.Healthy(),
-			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "queue_depth": ep.QueueDepth()})
+		row := map[string]any{"id": ep.ID(), "base_model": ep.BaseModel(), "healthy": ep.Healthy(),
+			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "queue_depth": ep.QueueDepth()}
+		if hb, ok := s.reported(ep.ID()); ok {
+			row["worker_reported"] = map[string]any{"adapters": len(hb.Adapters), "free_slots": hb.FreeSlots, "queue_depth": hb.QueueDepth}
+		}
+		rows = append(rows, row)
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i]["id"].(string) < rows[j]["id"].(string) })
 	return map[string]any{"replicas": rows}, nil

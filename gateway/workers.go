@@ -13,6 +13,7 @@ import (
 type workerState struct {
 	rep      *replica.Replica
 	lastSeen time.Time
+	reported worker.Heartbeat // the worker's own last report, shown by the admin API
 }
 
 // workerTimeout: a worker that misses three one-second heartbeats is dead.
@@ -69,7 +70,7 @@ func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ strin
 	s.modelsMu.Lock()
 	ws := s.workers[hb.ID]
 	if ws != nil {
-		ws.lastSeen = time.Now()
+		ws.lastSeen, ws.reported = time.Now(), hb
 	}
 	s.modelsMu.Unlock()
 	if ws == nil {
@@ -95,4 +96,15 @@ func (s *Server) reapWorkers(now time.Time) {
 		s.removeReplica(ws.rep.ID())
 		ws.rep.Close()
 	}
+}
+
+// reported returns a worker's last heartbeat, if the replica is a worker.
+func (s *Server) reported(id string) (worker.Heartbeat, bool) {
+	s.modelsMu.RLock()
+	defer s.modelsMu.RUnlock()
+	ws := s.workers[id]
+	if ws == nil {
+		return worker.Heartbeat{}, false
+	}
+	return ws.reported, true
 }

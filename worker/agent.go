@@ -13,7 +13,7 @@ import (
 
 // Announce registers with the gateway, then heartbeats every second until ctx ends; when the
 // gateway does not know the worker (it restarted, or declared the worker dead) it registers again.
-func Announce(ctx context.Context, gateway, token string, reg Registration, log *slog.Logger) {
+func Announce(ctx context.Context, gateway, token string, reg Registration, status func() Heartbeat, log *slog.Logger) {
 	gateway = strings.TrimRight(gateway, "/")
 	hc := &http.Client{Timeout: 5 * time.Second}
 	post := func(path string, v any) (int, error) {
@@ -45,13 +45,15 @@ func Announce(ctx context.Context, gateway, token string, reg Registration, log 
 				log.Warn("registering with the gateway", "gateway", gateway, "status", status, "err", err)
 			}
 		} else {
-			status, err := post("heartbeat", Heartbeat{ID: reg.ID})
-			if err == nil && status == http.StatusNotFound {
+			hb := status()
+			hb.ID = reg.ID
+			code, err := post("heartbeat", hb)
+			if err == nil && code == http.StatusNotFound {
 				registered = false
 				continue
 			}
-			if err != nil || status != http.StatusOK {
-				log.Warn("heartbeat", "status", status, "err", err)
+			if err != nil || code != http.StatusOK {
+				log.Warn("heartbeat", "status", code, "err", err)
 			}
 		}
 		select {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine"
 )
@@ -12,9 +14,21 @@ import (
 // Server exposes a local engine to a gateway. Calls run one at a time: the gateway already sends
 // a replica's work in order, one op at a time.
 type Server struct {
-	e     engine.Compute
-	token string
-	mu    sync.Mutex
+	e        engine.Compute
+	token    string
+	mu       sync.Mutex
+	inflight atomic.Int64
+}
+
+// Status is the worker's heartbeat payload (its id filled in by the caller).
+func (s *Server) Status(maxLoras int) Heartbeat {
+	var training []string
+	for _, id := range s.e.AdapterIDs() {
+		if strings.Contains(id, ":train:") { // sampler snapshots do not take LoRA slots
+			training = append(training, id)
+		}
+	}
+	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load())}
 }
 
 // NewServer wraps an engine; token, if set, must come with every call.
@@ -41,9 +55,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(http.StatusBadRequest, callResponse{Error: "malformed call: " + err.Error()})
 		return
 	}
+	s.inflight.Add(1)
 	s.mu.Lock()
 	resp, err := s.call(r.URL.Path[len(prefix):], req)
 	s.mu.Unlock()
+	s.inflight.Add(-1)
 	if err != nil {
 		resp = encodeErr(err)
 	}

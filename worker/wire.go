@@ -24,10 +24,12 @@ type Registration struct {
 	Info      engine.ModelInfo `json:"info"`
 }
 
-// Heartbeat is sent every second.
+// Heartbeat is sent every second: the worker's own view of what it holds and how busy it is.
 type Heartbeat struct {
-	ID       string   `json:"id"`
-	Adapters []string `json:"adapters"`
+	ID         string   `json:"id"`
+	Adapters   []string `json:"adapters"`    // training adapters resident in its engine
+	FreeSlots  int      `json:"free_slots"`  // max_loras minus those
+	QueueDepth int      `json:"queue_depth"` // calls running or waiting
 }
 
 type callRequest struct {

@@ -48,13 +48,14 @@ func runWorker(args []string) error {
 		return err
 	}
 	url := "http://" + ln.Addr().String()
-	hs := &http.Server{Handler: worker.NewServer(e, *token), ReadHeaderTimeout: 10 * time.Second}
+	ws := worker.NewServer(e, *token)
+	hs := &http.Server{Handler: ws, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
 	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
-	worker.Announce(ctx, *gw, *token, reg, log)
+	worker.Announce(ctx, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return hs.Shutdown(shutdown)

@@ -31,8 +31,13 @@ func startSkein(t *testing.T, logDir string, args ...string) *exec.Cmd {
 }
 
 type replicaRow struct {
-	ID      string `json:"id"`
-	Healthy bool   `json:"healthy"`
+	ID       string `json:"id"`
+	Healthy  bool   `json:"healthy"`
+	Held     int    `json:"adapters_held"`
+	Reported *struct {
+		Adapters  int `json:"adapters"`
+		FreeSlots int `json:"free_slots"`
+	} `json:"worker_reported"`
 }
 
 func waitReplicas(t *testing.T, c *client.Client, want int) []replicaRow {
@@ -107,6 +112,18 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 	}
 	step()
 	step()
+	// The worker's own heartbeat agrees with the router: one adapter held, three slots free.
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		rows := waitReplicas(t, c, 1)
+		if r := rows[0].Reported; r != nil && r.Adapters == 1 && r.FreeSlots == 3 && rows[0].Held == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker report %+v", rows[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
 	waitReplicas(t, c, 2)

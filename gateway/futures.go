@@ -201,15 +201,20 @@ func (t *futureTable) queueState(f *future) (string, string) {
 	return f.queueState, f.queueReason
 }
 
-// sweep forgets completed futures older than the retention time in memory; withStore also
-// deletes them from the store (the gateway holding the sweep lease does that).
+// memoryTTL is how long a finished future's result stays in memory. Clients fetch results at
+// once; later reads come from the store, which keeps them for the full retention time. (Keeping a
+// day of forward_backward outputs in memory would grow without bound on a busy server.)
+const memoryTTL = 2 * time.Minute
+
+// sweep forgets finished futures from memory after memoryTTL; withStore also deletes those older
+// than the retention time from the store (the gateway holding the sweep lease does that).
 func (t *futureTable) sweep(now time.Time, withStore bool) int {
 	t.mu.Lock()
 	n := 0
 	for id, f := range t.byID {
 		select {
 		case <-f.done:
-			if now.Sub(f.created) > t.ttl {
+			if now.Sub(f.created) > min(t.ttl, memoryTTL) {
 				delete(t.byID, id)
 				n++
 			}

@@ -195,6 +195,19 @@ func (t *futureTable) setQueueState(f *future, state, reason string) {
 	t.mu.Unlock()
 }
 
+// setReplica records which replica ran a future (reported as X-Skein-Replica).
+func (t *futureTable) setReplica(f *future, id string) {
+	t.mu.Lock()
+	f.replica = id
+	t.mu.Unlock()
+}
+
+func (t *futureTable) replicaOf(f *future) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return f.replica
+}
+
 func (t *futureTable) queueState(f *future) (string, string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -237,9 +237,7 @@ func categorize(err error) string {
 
 // finishOn ends a future with the replica that ran it (reported as X-Skein-Replica).
 func (s *Server) finishOn(f *future, replicaID string, result any, err error) {
-	s.futures.mu.Lock()
-	f.replica = replicaID
-	s.futures.mu.Unlock()
+	s.futures.setReplica(f, replicaID)
 	s.finish(f, result, err)
 }
 
@@ -899,11 +897,9 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 		writeJSON(w, http.StatusRequestTimeout, api.TryAgain{Type: "try_again", RequestID: f.id, QueueState: state, QueueStateReason: reason})
 		return nil, nil
 	}
-	s.futures.mu.Lock()
-	if f.replica != "" {
-		w.Header().Set("X-Skein-Replica", f.replica)
+	if rep := s.futures.replicaOf(f); rep != "" {
+		w.Header().Set("X-Skein-Replica", rep)
 	}
-	s.futures.mu.Unlock()
 	if f.errMsg != "" {
 		return api.ErrorResult{Error: f.errMsg, Category: f.category}, nil
 	}

@@ -313,14 +313,40 @@ func decodeNumbers(b []byte, dtype uint64) ([]float64, error) {
 	return out, nil
 }
 
+// Field writers: tag plus value.
+func appendBytesField(b []byte, num protowire.Number, v []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func appendStringField(b []byte, num protowire.Number, v string) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, v)
+}
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+// appendMapEntry writes one entry of a map<string, message> field.
+func appendMapEntry(b []byte, num protowire.Number, key string, value []byte) []byte {
+	return appendBytesField(b, num, appendBytesField(appendStringField(nil, 1, key), 2, value))
+}
+
+// appendDoubleMapEntry writes one entry of a map<string, double> field.
+func appendDoubleMapEntry(b []byte, num protowire.Number, key string, value float64) []byte {
+	e := appendStringField(nil, 1, key)
+	e = protowire.AppendTag(e, 2, protowire.Fixed64Type)
+	e = protowire.AppendFixed64(e, math.Float64bits(value))
+	return appendBytesField(b, num, e)
+}
+
 // EncodeForwardBackwardRequest writes the protobuf form (used by the Go client and tests).
 func EncodeForwardBackwardRequest(r *ForwardBackwardRequest) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, r.ModelID)
+	b := appendStringField(nil, 1, r.ModelID)
 	if r.SeqID != nil {
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(int64(*r.SeqID)))
+		b = appendVarintField(b, 2, uint64(int64(*r.SeqID)))
 	}
 	for _, d := range r.Input.Data {
 		var db []byte
@@ -329,18 +355,11 @@ func EncodeForwardBackwardRequest(r *ForwardBackwardRequest) []byte {
 			for _, t := range c.Tokens {
 				tok = binary.LittleEndian.AppendUint32(tok, uint32(int32(t)))
 			}
-			var et []byte
-			et = protowire.AppendTag(et, 1, protowire.BytesType)
-			et = protowire.AppendBytes(et, tok)
-			var cb []byte
-			cb = protowire.AppendTag(cb, 1, protowire.BytesType)
-			cb = protowire.AppendBytes(cb, et)
-			db = protowire.AppendTag(db, 1, protowire.BytesType)
-			db = protowire.AppendBytes(db, cb)
+			encodedText := appendBytesField(nil, 1, tok)
+			db = appendBytesField(db, 1, appendBytesField(nil, 1, encodedText))
 		}
 		for _, k := range sortedKeys(d.LossFnInputs) {
 			t := d.LossFnInputs[k]
-			var tb []byte
 			var data []byte
 			dt := uint64(DTypeFloat32)
 			if t.DType == "int64" {
@@ -353,45 +372,27 @@ func EncodeForwardBackwardRequest(r *ForwardBackwardRequest) []byte {
 					data = binary.LittleEndian.AppendUint32(data, math.Float32bits(float32(v)))
 				}
 			}
-			tb = protowire.AppendTag(tb, 1, protowire.BytesType)
-			tb = protowire.AppendBytes(tb, data)
-			tb = protowire.AppendTag(tb, 3, protowire.VarintType)
-			tb = protowire.AppendVarint(tb, dt)
 			shape := t.Shape
 			if shape == nil {
 				shape = []int{len(t.Data)}
 			}
-			var sb []byte
+			var packed []byte
 			for _, s := range shape {
-				sb = protowire.AppendVarint(sb, uint64(int64(s)))
+				packed = protowire.AppendVarint(packed, uint64(int64(s)))
 			}
-			tb = protowire.AppendTag(tb, 4, protowire.BytesType)
-			tb = protowire.AppendBytes(tb, sb)
-			var eb []byte
-			eb = protowire.AppendTag(eb, 1, protowire.BytesType)
-			eb = protowire.AppendString(eb, k)
-			eb = protowire.AppendTag(eb, 2, protowire.BytesType)
-			eb = protowire.AppendBytes(eb, tb)
-			db = protowire.AppendTag(db, 2, protowire.BytesType)
-			db = protowire.AppendBytes(db, eb)
+			tb := appendBytesField(nil, 1, data)
+			tb = appendVarintField(tb, 3, dt)
+			tb = appendBytesField(tb, 4, packed)
+			db = appendMapEntry(db, 2, k, tb)
 		}
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
-		b = protowire.AppendBytes(b, db)
+		b = appendBytesField(b, 3, db)
 	}
-	b = protowire.AppendTag(b, 4, protowire.BytesType)
-	b = protowire.AppendString(b, r.Input.LossFn)
+	b = appendStringField(b, 4, r.Input.LossFn)
 	for _, k := range sortedKeys(r.Input.LossFnConfig) {
-		var eb []byte
-		eb = protowire.AppendTag(eb, 1, protowire.BytesType)
-		eb = protowire.AppendString(eb, k)
-		eb = protowire.AppendTag(eb, 2, protowire.Fixed64Type)
-		eb = protowire.AppendFixed64(eb, math.Float64bits(r.Input.LossFnConfig[k]))
-		b = protowire.AppendTag(b, 5, protowire.BytesType)
-		b = protowire.AppendBytes(b, eb)
+		b = appendDoubleMapEntry(b, 5, k, r.Input.LossFnConfig[k])
 	}
 	if r.ForwardOnly {
-		b = protowire.AppendTag(b, 6, protowire.VarintType)
-		b = protowire.AppendVarint(b, 1)
+		b = appendVarintField(b, 6, 1)
 	}
 	return b
 }
@@ -407,13 +408,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // EncodeForwardBackwardOutput writes one ArrayRecord holding every datum's outputs.
 func EncodeForwardBackwardOutput(o *ForwardBackwardOutput) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, o.LossFnOutputType)
+	b := appendStringField(nil, 1, o.LossFnOutputType)
 	if len(o.LossFnOutputs) > 0 {
-		var rec []byte
-		rec = protowire.AppendTag(rec, 1, protowire.BytesType)
-		rec = protowire.AppendString(rec, o.LossFnOutputType)
+		rec := appendStringField(nil, 1, o.LossFnOutputType)
 		for _, name := range sortedKeys(o.LossFnOutputs[0]) {
 			var data, offsets []byte
 			offsets = binary.LittleEndian.AppendUint64(offsets, 0)
@@ -423,34 +420,16 @@ func EncodeForwardBackwardOutput(o *ForwardBackwardOutput) []byte {
 				}
 				offsets = binary.LittleEndian.AppendUint64(offsets, uint64(len(data)))
 			}
-			var bt []byte
-			bt = protowire.AppendTag(bt, 1, protowire.BytesType)
-			bt = protowire.AppendBytes(bt, data)
-			bt = protowire.AppendTag(bt, 2, protowire.BytesType)
-			bt = protowire.AppendBytes(bt, offsets)
-			bt = protowire.AppendTag(bt, 3, protowire.VarintType)
-			bt = protowire.AppendVarint(bt, DTypeFloat32)
-			var eb []byte
-			eb = protowire.AppendTag(eb, 1, protowire.BytesType)
-			eb = protowire.AppendString(eb, name)
-			eb = protowire.AppendTag(eb, 2, protowire.BytesType)
-			eb = protowire.AppendBytes(eb, bt)
-			rec = protowire.AppendTag(rec, 2, protowire.BytesType)
-			rec = protowire.AppendBytes(rec, eb)
+			bt := appendBytesField(nil, 1, data)
+			bt = appendBytesField(bt, 2, offsets)
+			bt = appendVarintField(bt, 3, DTypeFloat32)
+			rec = appendMapEntry(rec, 2, name, bt)
 		}
-		rec = protowire.AppendTag(rec, 3, protowire.VarintType)
-		rec = protowire.AppendVarint(rec, uint64(len(o.LossFnOutputs)))
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, rec)
+		rec = appendVarintField(rec, 3, uint64(len(o.LossFnOutputs)))
+		b = appendBytesField(b, 2, rec)
 	}
 	for _, k := range sortedKeys(o.Metrics) {
-		var eb []byte
-		eb = protowire.AppendTag(eb, 1, protowire.BytesType)
-		eb = protowire.AppendString(eb, k)
-		eb = protowire.AppendTag(eb, 2, protowire.Fixed64Type)
-		eb = protowire.AppendFixed64(eb, math.Float64bits(o.Metrics[k]))
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
-		b = protowire.AppendBytes(b, eb)
+		b = appendDoubleMapEntry(b, 3, k, o.Metrics[k])
 	}
 	return b
 }
@@ -523,20 +502,17 @@ func DecodeForwardBackwardOutput(b []byte) (*ForwardBackwardOutput, error) {
 		case 3:
 			var key string
 			var v float64
-			if err := eachField(val, func(n protowire.Number, _ protowire.Type, _ []byte, x uint64) error {
-				if n == 2 {
+			if err := eachField(val, func(n protowire.Number, _ protowire.Type, kv []byte, x uint64) error {
+				switch n {
+				case 1:
+					key = string(kv)
+				case 2:
 					v = math.Float64frombits(x)
 				}
 				return nil
 			}); err != nil {
 				return err
 			}
-			_ = eachField(val, func(n protowire.Number, _ protowire.Type, kv []byte, _ uint64) error {
-				if n == 1 {
-					key = string(kv)
-				}
-				return nil
-			})
 			o.Metrics[key] = v
 		}
 		return nil
@@ -548,13 +524,10 @@ func DecodeForwardBackwardOutput(b []byte) (*ForwardBackwardOutput, error) {
 func EncodeSampleResponse(r *SampleResponse) []byte {
 	var b []byte
 	for _, s := range r.Sequences {
-		var sb []byte
 		reason := uint64(StopReasonStop)
 		if s.StopReason == "length" {
 			reason = StopReasonLength
 		}
-		sb = protowire.AppendTag(sb, 1, protowire.VarintType)
-		sb = protowire.AppendVarint(sb, reason)
 		var tok, lp []byte
 		for _, t := range s.Tokens {
 			tok = binary.LittleEndian.AppendUint32(tok, uint32(int32(t)))
@@ -562,24 +535,21 @@ func EncodeSampleResponse(r *SampleResponse) []byte {
 		for _, v := range s.Logprobs {
 			lp = binary.LittleEndian.AppendUint32(lp, math.Float32bits(float32(v)))
 		}
-		sb = protowire.AppendTag(sb, 2, protowire.BytesType)
-		sb = protowire.AppendBytes(sb, tok)
-		sb = protowire.AppendTag(sb, 3, protowire.BytesType)
-		sb = protowire.AppendBytes(sb, lp)
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendBytes(b, sb)
+		sb := appendVarintField(nil, 1, reason)
+		sb = appendBytesField(sb, 2, tok)
+		sb = appendBytesField(sb, 3, lp)
+		b = appendBytesField(b, 1, sb)
 	}
 	if r.PromptLogprobs != nil {
 		var pb []byte
 		for _, v := range r.PromptLogprobs {
-			f := float32(math.NaN())
+			f := float32(math.NaN()) // the wire's "no value"
 			if v != nil {
 				f = float32(*v)
 			}
 			pb = binary.LittleEndian.AppendUint32(pb, math.Float32bits(f))
 		}
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, pb)
+		b = appendBytesField(b, 2, pb)
 	}
 	if len(r.TopKPromptLogprobs) > 0 {
 		k := 0
@@ -589,7 +559,7 @@ func EncodeSampleResponse(r *SampleResponse) []byte {
 		var ids, lps []byte
 		for _, row := range r.TopKPromptLogprobs {
 			for j := range k {
-				tok, lp := int32(0), float32(-99999.0)
+				tok, lp := int32(0), float32(-99999.0) // empty cells, as the SDK expects
 				if j < len(row) {
 					tok, lp = int32(row[j][0]), float32(row[j][1])
 				}
@@ -597,21 +567,13 @@ func EncodeSampleResponse(r *SampleResponse) []byte {
 				lps = binary.LittleEndian.AppendUint32(lps, math.Float32bits(lp))
 			}
 		}
-		var tb []byte
-		tb = protowire.AppendTag(tb, 1, protowire.BytesType)
-		tb = protowire.AppendBytes(tb, ids)
-		tb = protowire.AppendTag(tb, 2, protowire.BytesType)
-		tb = protowire.AppendBytes(tb, lps)
-		tb = protowire.AppendTag(tb, 3, protowire.VarintType)
-		tb = protowire.AppendVarint(tb, uint64(k))
-		tb = protowire.AppendTag(tb, 4, protowire.VarintType)
-		tb = protowire.AppendVarint(tb, uint64(len(r.TopKPromptLogprobs)))
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
-		b = protowire.AppendBytes(b, tb)
+		tb := appendBytesField(nil, 1, ids)
+		tb = appendBytesField(tb, 2, lps)
+		tb = appendVarintField(tb, 3, uint64(k))
+		tb = appendVarintField(tb, 4, uint64(len(r.TopKPromptLogprobs)))
+		b = appendBytesField(b, 3, tb)
 	}
-	b = protowire.AppendTag(b, 4, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(r.PromptCacheHitTokens))
-	return b
+	return appendVarintField(b, 4, uint64(r.PromptCacheHitTokens))
 }
 
 // DecodeSampleResponse parses a protobuf SampleResponse (Go client side).

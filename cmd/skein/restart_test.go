@@ -30,26 +30,39 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func startServe(t *testing.T, data, addr string) *exec.Cmd {
+// startSkein runs this test binary as `skein ARGS…`, logging into logDir; it is killed at cleanup.
+func startSkein(t *testing.T, logDir string, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "serve", "--data", data, "--addr", addr)
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "SKEIN_TEST_RUN_AS_SKEIN=1")
-	logf, _ := os.Create(filepath.Join(data, fmt.Sprintf("serve-%d.log", time.Now().UnixNano())))
+	logf, _ := os.Create(filepath.Join(logDir, fmt.Sprintf("%s-%d.log", args[0], time.Now().UnixNano())))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	return cmd
+}
+
+// waitHealthy waits for a gateway to answer.
+func waitHealthy(t *testing.T, addr string) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get("http://" + addr + "/api/v1/healthz"); err == nil {
 			resp.Body.Close()
-			return cmd
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatal("server did not come up")
-	return nil
+}
+
+func startServe(t *testing.T, data, addr string) *exec.Cmd {
+	t.Helper()
+	cmd := startSkein(t, data, "serve", "--data", data, "--addr", addr)
+	waitHealthy(t, addr)
+	return cmd
 }
 
 func freeAddr(t *testing.T) string {

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,19 +13,6 @@ import (
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
 )
-
-func startSkein(t *testing.T, logDir string, args ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "SKEIN_TEST_RUN_AS_SKEIN=1")
-	logf, _ := os.Create(filepath.Join(logDir, fmt.Sprintf("%s-%d.log", args[0], time.Now().UnixNano())))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
-	return cmd
-}
 
 type replicaRow struct {
 	ID       string `json:"id"`
@@ -69,17 +53,7 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 	gwURL := "http://" + addr
 	startSkein(t, root, "gateway", "--data", filepath.Join(root, "data"), "--addr", addr, "--worker-token", "s3cret")
 	c := client.New(gwURL, "tml-workers")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if resp, err := http.Get(gwURL + "/api/v1/healthz"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("gateway did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitHealthy(t, addr)
 	w1 := startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
 	first := waitReplicas(t, c, 1)[0].ID
 
@@ -113,7 +87,7 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 	step()
 	step()
 	// The worker's own heartbeat agrees with the router: one adapter held, three slots free.
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rows := waitReplicas(t, c, 1)
 		if r := rows[0].Reported; r != nil && r.Adapters == 1 && r.FreeSlots == 3 && rows[0].Held == 1 {

@@ -176,14 +176,6 @@ func (s *Server) dropAdapter(run *trainingRun) {
 	}
 	s.router.Forget(run.id)
 	s.logErr("placement", s.st.DeletePlacement(context.Background(), run.id))
-	s.mu.Lock()
-	snaps := run.ephemeral
-	run.ephemeral = nil
-	s.mu.Unlock()
-	for _, smp := range snaps {
-		smp := smp
-		_ = smp.rep.Run(func() { smp.rep.Engine.DeleteAdapter(smp.engineID) })
-	}
 }
 
 func (s *Server) isLive(run *trainingRun) bool {
@@ -652,22 +644,8 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 			sess.samplers = append(sess.samplers, smp.id)
 			s.saveSession(sess, false)
 		}
-		run.ephemeral = append(run.ephemeral, smp)
-		var evict []*sampler
-		// Keep the newest few snapshots in memory; older ones reload from disk if used again.
-		for len(run.ephemeral) > 4 {
-			evict = append(evict, run.ephemeral[0])
-			run.ephemeral = run.ephemeral[1:]
-		}
 		s.mu.Unlock()
-		for _, old := range evict {
-			if old.rep == rep {
-				e.DeleteAdapter(old.engineID)
-			} else {
-				old := old
-				_ = old.rep.Run(func() { old.rep.Engine.DeleteAdapter(old.engineID) })
-			}
-		}
+		s.keepSamplerCopy(rep, smp.engineID)
 		return map[string]any{"sampling_session_id": smp.id, "type": "save_weights_for_sampler"}, nil
 	})
 }

@@ -258,3 +258,52 @@ func TestSessionExpiryAndTenantLimit(t *testing.T) {
 		t.Fatalf("after expiry the tenant limit should have room: %v", err)
 	}
 }
+
+// A replica keeps a bounded number of read-only sampler copies; an evicted one reloads from disk
+// when it is sampled again.
+func TestSamplerCopiesAreBounded(t *testing.T) {
+	ts, reps := newCluster(t, 1, 4)
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-copies")
+	sess, _ := c.CreateSession(ctx)
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range gateway.SamplerCopiesPerReplica + 3 {
+		f, _ := tc.SaveWeightsForSampler(ctx, "")
+		var out struct {
+			ID string `json:"sampling_session_id"`
+		}
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, out.ID)
+	}
+	copies := func() int {
+		n := 0
+		for _, id := range reps[0].Engine.AdapterIDs() {
+			if strings.HasPrefix(id, "sampler:") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := copies(); n != gateway.SamplerCopiesPerReplica {
+		t.Fatalf("%d sampler copies in memory, want %d", n, gateway.SamplerCopiesPerReplica)
+	}
+	mt := 2
+	f, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: ids[0], Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &mt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res api.SampleResponse
+	if err := f.Result(ctx, &res); err != nil || len(res.Sequences) != 1 {
+		t.Fatalf("sampling an evicted snapshot: %v %+v", err, res)
+	}
+	if n := copies(); n != gateway.SamplerCopiesPerReplica {
+		t.Fatalf("%d sampler copies after reloading one, want %d", n, gateway.SamplerCopiesPerReplica)
+	}
+}

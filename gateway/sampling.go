@@ -71,11 +71,14 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 		}
 	}
 	e := rep.Engine
-	if smp.engineID != "" && !e.HasAdapter(smp.engineID) {
-		if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
-			fail(fmt.Errorf("loading sampler weights: %w", err))
-			return
+	if smp.engineID != "" {
+		if !e.HasAdapter(smp.engineID) {
+			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+				fail(fmt.Errorf("loading sampler weights: %w", err))
+				return
+			}
 		}
+		s.keepSamplerCopy(rep, smp.engineID)
 	}
 	reqs := make([]engine.SampleRequest, len(batch))
 	for i, p := range batch {
@@ -112,4 +115,42 @@ func sampleResponse(res *engine.SampleResult) *api.SampleResponse {
 		out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
 	}
 	return out
+}
+
+// SamplerCopiesPerReplica bounds the read-only sampler weights (ephemeral snapshots, checkpoint
+// copies) a replica keeps in memory besides its training adapters; the least recently used go,
+// and reload from disk if sampled again.
+const SamplerCopiesPerReplica = 8
+
+type samplerCopies struct {
+	mu  sync.Mutex
+	lru map[string][]string // replica id -> engine ids, least recently used first
+}
+
+// keepSamplerCopy marks engineID as just used on rep and unloads the copies past the bound.
+// It runs on rep's worker, so the unloading cannot race a sample on the same replica.
+func (s *Server) keepSamplerCopy(rep *replica.Replica, engineID string) {
+	c := &s.copies
+	c.mu.Lock()
+	if c.lru == nil {
+		c.lru = map[string][]string{}
+	}
+	ids := c.lru[rep.ID()]
+	for i, id := range ids {
+		if id == engineID {
+			ids = append(ids[:i:i], ids[i+1:]...)
+			break
+		}
+	}
+	ids = append(ids, engineID)
+	var evict []string
+	for len(ids) > SamplerCopiesPerReplica {
+		evict = append(evict, ids[0])
+		ids = ids[1:]
+	}
+	c.lru[rep.ID()] = ids
+	c.mu.Unlock()
+	for _, id := range evict {
+		rep.Engine.DeleteAdapter(id)
+	}
 }

@@ -62,6 +62,7 @@ type Server struct {
 	workers  map[string]*workerState       // registered worker processes, by replica id
 	router   *router.Router
 	sampling samplers
+	copies   samplerCopies
 	futures  *futureTable
 	mux      *http.ServeMux
 	st       store.Store
@@ -98,7 +99,6 @@ type trainingRun struct {
 	queue                          *runQueue // seq_id order of its ops
 	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
-	ephemeral                      []*sampler // ephemeral sampler snapshots in memory, oldest first
 }
 
 type sampler struct {

@@ -49,7 +49,14 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 		s.removeReplica(reg.ID) // a restarted worker holds nothing: forget its old placements
 		old.rep.Close()
 	}
-	rep := replica.New(reg.ID, reg.BaseModel, worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info), reg.MaxLoras)
+	cl := worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info)
+	// A worker that re-registers (this gateway restarted, or declared it dead) may still hold
+	// adapters the router no longer counts: drop them, so its slots match the router's view.
+	// Their state is on disk as of their last step; they reload on their next request.
+	for _, id := range cl.AdapterIDs() {
+		cl.DeleteAdapter(id)
+	}
+	rep := replica.New(reg.ID, reg.BaseModel, cl, reg.MaxLoras)
 	s.modelsMu.Lock()
 	s.workers[reg.ID] = &workerState{rep: rep, lastSeen: time.Now()}
 	s.modelsMu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -207,5 +208,89 @@ func TestConcurrentSamplesAreBatchedAndAnsweredEach(t *testing.T) {
 				t.Fatalf("request %d sample %d: together %v, alone %v", i, j, together[i].Sequences[j].Tokens, alone.Sequences[j].Tokens)
 			}
 		}
+	}
+}
+
+// Checkpoint TTLs, paged listings, sessions and unload_model.
+func TestListingsTTLAndUnload(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-lists")
+	sess, _ := c.CreateSession(ctx)
+	var models []*client.TrainingClient
+	for i := range 3 {
+		tc, err := c.CreateLoraTrainingClient(ctx, sess, i, base, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		models = append(models, tc)
+	}
+	var page struct {
+		Runs   []api.TrainingRun `json:"training_runs"`
+		Cursor api.Cursor        `json:"cursor"`
+	}
+	if err := c.Do(ctx, "GET", "training_runs?limit=2&offset=1", nil, &page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Runs) != 2 || page.Cursor.TotalCount != 3 || page.Runs[0].TrainingRunID != models[1].ModelID {
+		t.Fatalf("page %+v", page)
+	}
+	if err := c.Do(ctx, "GET", "training_runs?limit=0", nil, nil); !isStatus(err, 400) {
+		t.Fatalf("limit=0: %v", err)
+	}
+	var sessions struct {
+		Sessions []string `json:"sessions"`
+	}
+	if err := c.Do(ctx, "GET", "sessions", nil, &sessions); err != nil || len(sessions.Sessions) != 1 || sessions.Sessions[0] != sess {
+		t.Fatalf("sessions %v %+v", err, sessions)
+	}
+	var detail struct {
+		Runs []string `json:"training_run_ids"`
+	}
+	if err := c.Do(ctx, "GET", "sessions/"+sess, nil, &detail); err != nil || len(detail.Runs) != 3 {
+		t.Fatalf("session detail %v %+v", err, detail)
+	}
+
+	// TTL: set, read back, clear.
+	f, _ := models[0].SaveState(ctx, "keep")
+	if err := f.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	ttlURL := "training_runs/" + models[0].ModelID + "/checkpoints/weights/keep/ttl"
+	if err := c.Do(ctx, "PUT", ttlURL, map[string]any{"ttl_seconds": 3600}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Checkpoints []api.Checkpoint `json:"checkpoints"`
+	}
+	_ = c.Do(ctx, "GET", "checkpoints", nil, &list)
+	if len(list.Checkpoints) != 1 || list.Checkpoints[0].ExpiresAt == nil {
+		t.Fatalf("after ttl: %+v", list)
+	}
+	if err := c.Do(ctx, "PUT", ttlURL, map[string]any{"ttl_seconds": nil}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Do(ctx, "GET", "checkpoints", nil, &list)
+	if list.Checkpoints[0].ExpiresAt != nil {
+		t.Fatalf("ttl not cleared: %+v", list)
+	}
+	if err := c.Do(ctx, "PUT", ttlURL, map[string]any{"ttl_seconds": -5}, nil); !isStatus(err, 400) {
+		t.Fatalf("negative ttl: %v", err)
+	}
+
+	// unload_model: the run's ops fail as the user's error afterwards.
+	var unloaded struct {
+		RequestID string `json:"request_id"`
+	}
+	if err := c.Do(ctx, "POST", "unload_model", map[string]string{"model_id": models[2].ModelID}, &unloaded); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Future(unloaded.RequestID).Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	fb, _ := models[2].ForwardBackward(ctx, []api.Datum{datum([]int{1, 2, 3}, true)}, "cross_entropy", nil, false)
+	var rf *client.RequestFailed
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); !errors.As(err, &rf) || rf.Category != "user" {
+		t.Fatalf("op after unload: %v", err)
 	}
 }

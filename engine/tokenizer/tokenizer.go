@@ -36,6 +36,8 @@ type Tokenizer struct {
 	addedID map[int]string
 	split   *regexp2.Regexp
 	nfc     bool
+	// ignoreMerges (Llama 3): a pre-token that is itself in the vocabulary is one token, without BPE.
+	ignoreMerges bool
 
 	cacheMu sync.Mutex
 	cache   map[string][]int
@@ -139,6 +141,7 @@ func Parse(b []byte) (*Tokenizer, error) {
 		}
 	}
 	t.nfc = strings.Contains(string(f.Normalizer), `"NFC"`)
+	t.ignoreMerges = f.Model.IgnoreMerges
 	return t, nil
 }
 
@@ -291,6 +294,11 @@ func (t *Tokenizer) bpe(piece string) []int {
 	syms := make([]string, 0, len(piece))
 	for _, b := range []byte(piece) {
 		syms = append(syms, string(byteToRune[b]))
+	}
+	if t.ignoreMerges {
+		if id, ok := t.vocab[strings.Join(syms, "")]; ok {
+			return []int{id}
+		}
 	}
 	for len(syms) > 1 {
 		best, bestRank := -1, int(^uint(0)>>1)

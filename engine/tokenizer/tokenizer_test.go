@@ -82,3 +82,25 @@ func TestQwen3TokenizerMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// With ignore_merges (as Llama 3 sets it) a pre-token found whole in the vocabulary is one
+// token even when the merges would not build it.
+func TestIgnoreMerges(t *testing.T) {
+	vocab := map[string]int{"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}
+	build := func(ignore bool) *tokenizer.Tokenizer {
+		f := tokenizer.File{Model: tokenizer.ModelRec{Type: "BPE", Vocab: vocab, IgnoreMerges: ignore,
+			Merges: json.RawMessage(`["a b"]`)}}
+		b, _ := json.Marshal(f)
+		tok, err := tokenizer.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	if got := build(false).Encode("abc"); !reflect.DeepEqual(got, []int{3, 2}) {
+		t.Fatalf("merges only: %v", got)
+	}
+	if got := build(true).Encode("abc"); !reflect.DeepEqual(got, []int{4}) {
+		t.Fatalf("ignore_merges: %v", got)
+	}
+}

@@ -22,6 +22,7 @@ const v1 = "/api/v1/"
 
 func (s *Server) routes() {
 	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -235,9 +236,12 @@ func (s *Server) finishOn(f *future, replicaID string, result any, err error) {
 
 func (s *Server) finish(f *future, result any, err error) {
 	if err != nil {
-		s.futures.fail(f, categorize(err), err.Error())
+		cat := categorize(err)
+		s.metrics.future(f.kind, cat+"_error")
+		s.futures.fail(f, cat, err.Error())
 		return
 	}
+	s.metrics.future(f.kind, "ok")
 	s.futures.complete(f, result)
 }
 

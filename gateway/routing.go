@@ -134,6 +134,7 @@ func (s *Server) routerHooks() router.Hooks {
 			}
 			if err == nil {
 				s.log.Info("evicted adapter", "run", adapter, "replica", rep.ID())
+				s.metrics.eviction()
 				s.logErr("placement", s.st.DeletePlacement(context.Background(), adapter))
 			}
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -186,6 +187,22 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 	resp.Body.Close()
 	if resp.Header.Get("X-Skein-Replica") != "r0" {
 		t.Fatalf("X-Skein-Replica %q", resp.Header.Get("X-Skein-Replica"))
+	}
+	// Both evictions (A for B, then B for A) and the state saves show in the Prometheus metrics.
+	mresp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{"skein_evictions_total 1\n", `skein_futures_total{kind="OptimStep",outcome="ok"} 3`,
+		`skein_lora_slots{replica="r0",base_model="tiny-qwen3",state="used"} 1`, `skein_http_requests_total{endpoint="/api/v1/optim_step",code="2xx"} 4`} {
+		if !strings.Contains(string(mb), want) {
+			t.Fatalf("metrics lack %q:\n%s", want, mb)
+		}
+	}
+	if !strings.Contains(string(mb), "skein_adapter_persist_seconds_count ") {
+		t.Fatal("no persist timing")
 	}
 	var reps2 struct {
 		Replicas []map[string]any `json:"replicas"`

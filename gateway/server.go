@@ -63,6 +63,7 @@ type Server struct {
 	router   *router.Router
 	sampling samplers
 	copies   samplerCopies
+	metrics  metrics
 	futures  *futureTable
 	mux      *http.ServeMux
 	st       store.Store
@@ -278,7 +279,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 type handlerFunc func(w http.ResponseWriter, r *http.Request, tenant string) (any, error)
 
 func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	endpoint := pattern[strings.Index(pattern, " ")+1:]
+	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
+		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
+		defer func() { s.metrics.request(endpoint, w.status) }()
 		tenant := ""
 		if authed {
 			var err error

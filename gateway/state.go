@@ -165,6 +165,8 @@ func (s *Server) stateDir(runID string) string {
 
 // persistAdapter writes the adapter's state atomically (new directory, then rename).
 func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
+	start := time.Now()
+	defer func() { s.metrics.persisted(time.Since(start)) }()
 	dir := s.stateDir(run.id)
 	tmp := dir + ".partial-" + randomHex(4)
 	if err := rep.Engine.SaveAdapter(run.id, tmp, true); err != nil {

@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// metrics are Prometheus counters kept by hand (no client library): a few numbers an operator
+// needs, served as text at GET /metrics.
+type metrics struct {
+	mu          sync.Mutex
+	requests    map[[2]string]int64 // endpoint, status class
+	futures     map[[2]string]int64 // kind, outcome
+	evictions   int64
+	persistN    int64
+	persistSecs float64
+}
+
+func (m *metrics) request(endpoint string, status int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.requests == nil {
+		m.requests = map[[2]string]int64{}
+	}
+	m.requests[[2]string{endpoint, fmt.Sprintf("%dxx", status/100)}]++
+}
+
+func (m *metrics) future(kind, outcome string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.futures == nil {
+		m.futures = map[[2]string]int64{}
+	}
+	m.futures[[2]string{kind, outcome}]++
+}
+
+func (m *metrics) eviction() {
+	m.mu.Lock()
+	m.evictions++
+	m.mu.Unlock()
+}
+
+func (m *metrics) persisted(d time.Duration) {
+	m.mu.Lock()
+	m.persistN++
+	m.persistSecs += d.Seconds()
+	m.mu.Unlock()
+}
+
+// statusRecorder remembers a handler's status for the request counter.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(s int) { r.status = s; r.ResponseWriter.WriteHeader(s) }
+
+func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	var b strings.Builder
+	m := &s.metrics
+	m.mu.Lock()
+	writeCounter := func(name, help string, rows map[[2]string]int64, l1, l2 string) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
+		keys := make([][2]string, 0, len(rows))
+		for k := range rows {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool { return keys[i][0]+keys[i][1] < keys[j][0]+keys[j][1] })
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s{%s=%q,%s=%q} %d\n", name, l1, k[0], l2, k[1], rows[k])
+		}
+	}
+	writeCounter("skein_http_requests_total", "API requests by endpoint and status class.", m.requests, "endpoint", "code")
+	writeCounter("skein_futures_total", "Finished requests by kind and outcome.", m.futures, "kind", "outcome")
+	fmt.Fprintf(&b, "# HELP skein_evictions_total Adapters saved and evicted to free a LoRA slot.\n# TYPE skein_evictions_total counter\nskein_evictions_total %d\n", m.evictions)
+	fmt.Fprintf(&b, "# HELP skein_adapter_persist_seconds Time to save adapter state before acknowledging a step.\n# TYPE skein_adapter_persist_seconds summary\nskein_adapter_persist_seconds_sum %g\nskein_adapter_persist_seconds_count %d\n", m.persistSecs, m.persistN)
+	m.mu.Unlock()
+	fmt.Fprintf(&b, "# HELP skein_lora_slots LoRA slots of healthy replicas by base model and state.\n# TYPE skein_lora_slots gauge\n")
+	for _, u := range s.router.Usage() {
+		ep := u.Endpoint
+		if !ep.Healthy() {
+			continue
+		}
+		fmt.Fprintf(&b, "skein_lora_slots{replica=%q,base_model=%q,state=\"used\"} %d\n", ep.ID(), ep.BaseModel(), u.Held)
+		fmt.Fprintf(&b, "skein_lora_slots{replica=%q,base_model=%q,state=\"free\"} %d\n", ep.ID(), ep.BaseModel(), ep.MaxLoras()-u.Held)
+	}
+	fmt.Fprintf(&b, "# HELP skein_replica_queue_depth Ops queued or running on a replica.\n# TYPE skein_replica_queue_depth gauge\n")
+	for _, u := range s.router.Usage() {
+		fmt.Fprintf(&b, "skein_replica_queue_depth{replica=%q} %d\n", u.Endpoint.ID(), u.Endpoint.QueueDepth())
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	_, _ = w.Write([]byte(b.String()))
+}

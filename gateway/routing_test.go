@@ -195,7 +195,7 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 	}
 	mb, _ := io.ReadAll(mresp.Body)
 	mresp.Body.Close()
-	for _, want := range []string{"skein_evictions_total 1\n", `skein_futures_total{kind="OptimStep",outcome="ok"} 3`,
+	for _, want := range []string{"skein_evictions_total 2\n", `skein_futures_total{kind="OptimStep",outcome="ok"} 4`,
 		`skein_lora_slots{replica="r0",base_model="tiny-qwen3",state="used"} 1`, `skein_http_requests_total{endpoint="/api/v1/optim_step",code="2xx"} 4`} {
 		if !strings.Contains(string(mb), want) {
 			t.Fatalf("metrics lack %q:\n%s", want, mb)

@@ -132,9 +132,13 @@ func serve(args []string, gatewayOnly bool) error {
 	sessionTimeout := fs.Duration("session-timeout", 5*time.Minute, "sessions without a heartbeat for this long expire")
 	maxPerTenant := fs.Int("tenant-max-loras", 30, "live adapters per tenant")
 	weights := fs.String("router-weights", "", "router scorer weights, e.g. capacity=4,queue=1,held=2")
+	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
 	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
+	if err := applyConfigFile(fs, args); err != nil {
+		return err
+	}
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}

@@ -29,6 +29,10 @@ func runWorker(args []string) error {
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	token := fs.String("worker-token", envDefault("worker_token", ""), "shared secret with the gateway")
+	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
+	if err := applyConfigFile(fs, args); err != nil {
+		return err
+	}
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}

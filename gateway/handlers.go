@@ -852,12 +852,16 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err := e.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
+	if s.samplingBusy(rep) {
+		w.Header().Set("Retry-After", "1")
+		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), s.opts.MaxQueuedSamples)
+	}
 	f, _, err := s.futures.create(tenant, "Sample", "")
 	if err != nil {
 		return nil, err
 	}
 	if err := s.enqueueSample(rep, smp, sr, f); err != nil {
-		return nil, err
+		s.finishOn(f, rep.ID(), nil, err)
 	}
 	return futureResponse(f, ""), nil
 }

@@ -22,6 +22,10 @@ import (
 
 // newCluster serves the tiny model from n in-process replicas (one shared copy of the weights).
 func newCluster(t *testing.T, n, maxLoras int) (*httptest.Server, []*replica.Replica) {
+	return newClusterWith(t, n, maxLoras, gateway.Options{})
+}
+
+func newClusterWith(t *testing.T, n, maxLoras int, opts gateway.Options) (*httptest.Server, []*replica.Replica) {
 	t.Helper()
 	e, err := engine.Load(modelDir(), engine.Options{})
 	if err != nil {
@@ -35,7 +39,8 @@ func newCluster(t *testing.T, n, maxLoras int) (*httptest.Server, []*replica.Rep
 		}
 		reps = append(reps, replica.New(fmt.Sprint("r", i), base, eng, maxLoras))
 	}
-	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), MaxLoras: 1000}, reps...)
+	opts.DataDir, opts.MaxLoras = t.TempDir(), 1000
+	gw, err := gateway.New(opts, reps...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,5 +327,39 @@ func TestSamplerCopiesAreBounded(t *testing.T) {
 	}
 	if n := copies(); n != gateway.SamplerCopiesPerReplica {
 		t.Fatalf("%d sampler copies after reloading one, want %d", n, gateway.SamplerCopiesPerReplica)
+	}
+}
+
+// A replica's sampling queue is bounded: past it asample answers 429 (the SDK backs off and
+// retries); the queued requests are served once the replica frees.
+func TestSamplingBackPressure(t *testing.T) {
+	ts, reps := newClusterWith(t, 1, 2, gateway.Options{MaxQueuedSamples: 2})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-pressure")
+	block := make(chan struct{})
+	_ = reps[0].Run(func() { <-block }) // keep the replica busy
+	mt := 2
+	req := api.SampleRequest{BaseModel: base, Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &mt}}
+	var queued []*client.Future
+	for range 2 {
+		f, err := c.Sample(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, f)
+	}
+	if _, err := c.Sample(ctx, req); !isStatus(err, 429) {
+		t.Fatalf("third request on a full queue: %v", err)
+	}
+	close(block)
+	for _, f := range queued {
+		var res api.SampleResponse
+		if err := f.Result(ctx, &res); err != nil || len(res.Sequences) != 1 {
+			t.Fatalf("queued request: %v %+v", err, res)
+		}
+	}
+	if _, err := c.Sample(ctx, req); err != nil {
+		t.Fatalf("after the queue drained: %v", err)
 	}
 }

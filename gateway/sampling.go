@@ -26,8 +26,20 @@ type sampleQueue struct {
 }
 
 type samplers struct {
-	mu     sync.Mutex
-	queues map[string]*sampleQueue // replica id + "|" + engine adapter id
+	mu      sync.Mutex
+	queues  map[string]*sampleQueue // replica id + "|" + engine adapter id
+	waiting map[string]int          // replica id -> requests queued there
+}
+
+// DefaultMaxQueuedSamples is how many sampling requests may wait on one replica; past it asample
+// answers 429, the SDK's back-pressure signal (it backs off and sends the request again).
+const DefaultMaxQueuedSamples = 4096
+
+// samplingBusy reports whether a replica's sampling queue is full.
+func (s *Server) samplingBusy(rep *replica.Replica) bool {
+	s.sampling.mu.Lock()
+	defer s.sampling.mu.Unlock()
+	return s.sampling.waiting[rep.ID()] >= s.opts.MaxQueuedSamples
 }
 
 func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.SampleRequest, f *future) error {
@@ -36,6 +48,7 @@ func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.Sa
 	defer s.sampling.mu.Unlock()
 	if s.sampling.queues == nil {
 		s.sampling.queues = map[string]*sampleQueue{}
+		s.sampling.waiting = map[string]int{}
 	}
 	q := s.sampling.queues[key]
 	if q == nil {
@@ -43,6 +56,7 @@ func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.Sa
 		s.sampling.queues[key] = q
 	}
 	q.pending = append(q.pending, pendingSample{req: req, f: f})
+	s.sampling.waiting[rep.ID()]++
 	if q.scheduled {
 		return nil // the job already queued on the replica will take this one too
 	}
@@ -51,6 +65,7 @@ func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.Sa
 	if err != nil {
 		q.scheduled = false
 		q.pending = q.pending[:len(q.pending)-1]
+		s.sampling.waiting[rep.ID()]--
 	}
 	return err
 }
@@ -61,6 +76,7 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 	q := s.sampling.queues[key]
 	batch := q.pending
 	q.pending, q.scheduled = nil, false
+	s.sampling.waiting[rep.ID()] -= len(batch)
 	s.sampling.mu.Unlock()
 	if len(batch) == 0 {
 		return

@@ -46,6 +46,9 @@ type Options struct {
 	QueueTimeout time.Duration
 	// Weights of the router's scorers (zero: defaults).
 	Weights router.Weights
+	// MaxQueuedSamples bounds the sampling requests waiting on one replica (default 4096); past
+	// it asample answers 429.
+	MaxQueuedSamples int
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
@@ -141,6 +144,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.QueueTimeout == 0 {
 		opts.QueueTimeout = 10 * time.Minute
+	}
+	if opts.MaxQueuedSamples == 0 {
+		opts.MaxQueuedSamples = DefaultMaxQueuedSamples
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -36,6 +37,8 @@ type Options struct {
 	LoraAlpha float64
 	// MaxBatchTokens bounds B×T of one graph call; bigger batches run in chunks (default 8192).
 	MaxBatchTokens int
+	// Parallel is how many graph calls of one batch may run at once (default GOMAXPROCS).
+	Parallel int
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -140,6 +143,9 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 	if opts.MaxBatchTokens == 0 {
 		opts.MaxBatchTokens = 8192
 	}
+	if opts.Parallel == 0 {
+		opts.Parallel = runtime.GOMAXPROCS(0)
+	}
 	backend, err := sharedBackend()
 	if err != nil {
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
@@ -157,7 +163,12 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 		if isLinearWeight(name) {
 			t = transpose2D(t)
 		}
-		e.base = append(e.base, e.tensor(t.data, t.shape...))
+		bt := e.tensor(t.data, t.shape...)
+		// On the device now, once: later graph calls (several at a time) only read it.
+		if err := bt.MaterializeOnDevice(backend, backend.HasSharedBuffers(), 0); err != nil {
+			return nil, fmt.Errorf("engine: placing weight %s: %w", name, err)
+		}
+		e.base = append(e.base, bt)
 		delete(host, name) // let the float64 host copy go as soon as it is on the backend
 	}
 	return e, nil

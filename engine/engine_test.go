@@ -225,3 +225,62 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 		t.Fatalf("%d of %d ratios clipped: the test should exercise both sides of the clip", clipped, len(w))
 	}
 }
+
+// A big batch runs as pieces side by side; the outputs and the accumulated gradients are the
+// ones the batch gives in one piece.
+func TestParallelPiecesMatchOneCall(t *testing.T) {
+	dir := tinyModel(t, ArchQwen2)
+	ids := []int{}
+	for len(ids) < 301 {
+		ids = append(ids, len(ids)%400+3)
+	}
+	var data []Datum
+	for k := range 4 {
+		data = append(data, textDatum(ids[:301-k*17]))
+	}
+	results := map[int]*ForwardResult{}
+	grads := map[int][][]float64{}
+	for _, parallel := range []int{1, 2} {
+		e, err := Load(dir, Options{Float64: true, Parallel: parallel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(e.pieces([]int{300, 283, 266, 249})); got != parallel {
+			t.Fatalf("parallel %d: %d pieces", parallel, got)
+		}
+		a, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range a.params {
+			if i%2 == 1 {
+				for j := range p.w {
+					p.w[j] = 0.01 * math.Sin(float64(j+i))
+				}
+			}
+		}
+		if results[parallel], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range a.params {
+			grads[parallel] = append(grads[parallel], p.g)
+		}
+	}
+	if math.Abs(results[1].Loss-results[2].Loss) > 1e-9*math.Abs(results[1].Loss) {
+		t.Fatalf("loss %v in one call, %v in pieces", results[1].Loss, results[2].Loss)
+	}
+	for i := range data {
+		for j, v := range results[1].Logprobs[i] {
+			if math.Abs(v-results[2].Logprobs[i][j]) > 1e-9 {
+				t.Fatalf("datum %d token %d: %v vs %v", i, j, v, results[2].Logprobs[i][j])
+			}
+		}
+	}
+	for k := range grads[1] {
+		for j, v := range grads[1][k] {
+			if math.Abs(v-grads[2][k][j]) > 1e-9*(1+math.Abs(v)) {
+				t.Fatalf("gradient %d[%d]: %v vs %v", k, j, v, grads[2][k][j])
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 
 	"github.com/gomlx/gomlx/core/graph"
 	"github.com/gomlx/gomlx/core/tensors"
@@ -254,10 +255,47 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 		lengths[i] = len(t)
 		nTokens += len(t)
 	}
-	lora := e.loraTensors(a)
-	for _, c := range e.chunks(lengths) {
-		if err := e.runChunk(a, p, c[0], c[1], loss, lora, backward, res, grads); err != nil {
-			return nil, err
+	pieces := e.pieces(lengths)
+	type partial struct {
+		grads [][]float64
+		loss  float64
+		err   error
+	}
+	parts := make([]partial, len(pieces))
+	// Pieces run concurrently: the Go backend runs each element-wise op on one core, so two
+	// graphs in flight keep both cores busy where one would leave one idle. Results are summed
+	// in piece order, so the outcome does not depend on scheduling.
+	sem := make(chan struct{}, max(1, e.opts.Parallel))
+	var wg sync.WaitGroup
+	for i, c := range pieces {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var g [][]float64
+			if backward {
+				g = make([][]float64, len(a.params))
+				for k, q := range a.params {
+					g[k] = make([]float64, len(q.w))
+				}
+			}
+			// Each piece gets its own LoRA tensors: GoMLX tensors must not be handed to two
+			// computations at once before they are on the device.
+			l, err := e.runChunk(a, p, c[0], c[1], loss, e.loraTensors(a), backward, res, g)
+			parts[i] = partial{grads: g, loss: l, err: err}
+		}()
+	}
+	wg.Wait()
+	for _, part := range parts {
+		if part.err != nil {
+			return nil, part.err
+		}
+		res.Loss += part.loss
+		for k := range part.grads {
+			for j, v := range part.grads[k] {
+				grads[k][j] += v
+			}
 		}
 	}
 	if backward {
@@ -272,7 +310,33 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 	return res, nil
 }
 
-func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora []*tensors.Tensor, backward bool, res *ForwardResult, grads [][]float64) error {
+// pieces cuts a batch into the graph calls of chunks and, when there is more than one core to use,
+// halves big ones so that they can run side by side.
+func (e *Engine) pieces(lengths []int) [][2]int {
+	var out [][2]int
+	for _, c := range e.chunks(lengths) {
+		n := c[1] - c[0]
+		maxLen := 0
+		for _, l := range lengths[c[0]:c[1]] {
+			maxLen = max(maxLen, l)
+		}
+		if e.opts.Parallel > 1 && n >= 2 && bucket(n, 1)*bucket(maxLen, 16) >= parallelMinTokens {
+			mid := c[0] + n/2
+			out = append(out, [2]int{c[0], mid}, [2]int{mid, c[1]})
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// parallelMinTokens is the padded batch size from which splitting a batch pays for the extra
+// graph call.
+const parallelMinTokens = 1024
+
+// runChunk runs datums [lo,hi) through the graph, writes their outputs into res, adds their
+// gradients to grads and returns their summed loss.
+func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora []*tensors.Tensor, backward bool, res *ForwardResult, grads [][]float64) (float64, error) {
 	n := hi - lo
 	maxLen := 0
 	for i := lo; i < hi; i++ {
@@ -316,7 +380,7 @@ func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora
 	}
 	out, err := e.call(e.lossExec(kind, loss, specOf(a)), args)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	lp, el, total := values(out[0]), values(out[1]), values(out[2])
 	for b := range n {
@@ -325,7 +389,6 @@ func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora
 		res.Logprobs[i] = lp[b*T : b*T+L]
 		res.Losses[i] = el[b*T : b*T+L]
 	}
-	res.Loss += total[0]
 	if backward {
 		for j := range grads {
 			g := values(out[3+j])
@@ -334,7 +397,7 @@ func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora
 			}
 		}
 	}
-	return nil
+	return total[0], nil
 }
 
 // lossExec builds the forward (kind "forward") or forward+gradient (kind "train") graph.

@@ -25,6 +25,7 @@ import (
 	"github.com/gomlx/gomlx/core/tensors"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
+	"github.com/skein-ai/skein/safetensors"
 )
 
 // Options tune an engine. The zero value is the production default.
@@ -133,7 +134,7 @@ func Load(dir string, opts Options) (*Engine, error) {
 	return newEngine(dir, cfg, host, tok, opts)
 }
 
-func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokenizer.Tokenizer, opts Options) (*Engine, error) {
+func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok *tokenizer.Tokenizer, opts Options) (*Engine, error) {
 	if opts.MaxRank == 0 {
 		opts.MaxRank = 128
 	}
@@ -159,7 +160,11 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 	}
 	e.baseNames = cfg.weightNames()
 	for _, name := range e.baseNames {
-		t := host[name]
+		v, err := host[name].Float64()
+		if err != nil {
+			return nil, fmt.Errorf("engine: weight %s: %w", name, err)
+		}
+		t := hostTensor{shape: host[name].Shape, data: v}
 		if isLinearWeight(name) {
 			t = transpose2D(t)
 		}
@@ -169,7 +174,7 @@ func newEngine(dir string, cfg *Config, host map[string]hostTensor, tok *tokeniz
 			return nil, fmt.Errorf("engine: placing weight %s: %w", name, err)
 		}
 		e.base = append(e.base, bt)
-		delete(host, name) // let the float64 host copy go as soon as it is on the backend
+		delete(host, name)
 	}
 	return e, nil
 }

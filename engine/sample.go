@@ -327,11 +327,19 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	return results, nil
 }
 
+// hitsStopString reports whether the text of toks contains a stop string. It is asked after every
+// new token, so only an occurrence ending in the newest token can be new; such an occurrence lies
+// within the last len(stop) tokens (every token is at least one byte), so only that tail is
+// decoded instead of the whole sequence on every step.
 func (e *Engine) hitsStopString(toks []int, stops []string) bool {
 	if len(stops) == 0 {
 		return false
 	}
-	text := e.Tokenizer.Decode(toks)
+	longest := 0
+	for _, s := range stops {
+		longest = max(longest, len(s))
+	}
+	text := e.Tokenizer.Decode(toks[max(0, len(toks)-longest-1):])
 	for _, s := range stops {
 		if s != "" && strings.Contains(text, s) {
 			return true

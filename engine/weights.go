@@ -12,19 +12,11 @@ import (
 )
 
 // hostTensor is a tensor held in Go memory, row-major, in float64 so one code path serves
-// the f32 engine and the f64 engine used by gradient checks. Base weights are converted to the
-// engine's dtype once, at load; these host copies are dropped after that.
+// the f32 engine and the f64 engine used by gradient checks. At load each weight is widened to
+// one of these just long enough to be transposed and converted to the engine's dtype.
 type hostTensor struct {
 	shape []int
 	data  []float64
-}
-
-func (t hostTensor) size() int {
-	n := 1
-	for _, d := range t.shape {
-		n *= d
-	}
-	return n
 }
 
 // weightNames lists the HF tensor names the model needs, in graph-input order.
@@ -86,8 +78,10 @@ func (c *Config) expectedShape(name string) []int {
 	return nil
 }
 
-// loadWeights reads model.safetensors or the shards named in model.safetensors.index.json.
-func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
+// loadWeights reads model.safetensors or the shards named in model.safetensors.index.json and
+// checks every weight's shape. The tensors alias the file bytes: widening happens one weight at a
+// time in newEngine, so loading never holds a float64 copy of the whole model.
+func loadWeights(dir string, c *Config) (map[string]safetensors.Tensor, error) {
 	files := []string{"model.safetensors"}
 	if b, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
 		var idx struct {
@@ -110,7 +104,7 @@ func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
 	for _, n := range c.weightNames() {
 		want[n] = true
 	}
-	out := map[string]hostTensor{}
+	out := map[string]safetensors.Tensor{}
 	for _, f := range files {
 		st, err := safetensors.ReadFile(filepath.Join(dir, f))
 		if err != nil {
@@ -124,11 +118,7 @@ func loadWeights(dir string, c *Config) (map[string]hostTensor, error) {
 			if !slices.Equal(exp, t.Shape) {
 				return nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, exp)
 			}
-			v, err := t.Float64()
-			if err != nil {
-				return nil, fmt.Errorf("engine: weight %s: %w", name, err)
-			}
-			out[name] = hostTensor{shape: t.Shape, data: v}
+			out[name] = t
 		}
 	}
 	for n := range want {

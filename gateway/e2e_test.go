@@ -17,7 +17,6 @@ import (
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
-	"github.com/skein-ai/skein/replica"
 )
 
 const base = "tiny-qwen3"
@@ -39,23 +38,11 @@ type testServer struct {
 	eng *engine.Engine
 }
 
+// newServer serves the tiny model from one replica.
 func newServer(t testing.TB, opts gateway.Options) *testServer {
 	t.Helper()
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := replica.New("r0", base, e, 0)
-	if opts.DataDir == "" {
-		opts.DataDir = t.TempDir()
-	}
-	gw, err := gateway.New(opts, rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(gw)
-	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
-	return &testServer{Server: ts, gw: gw, eng: e}
+	ts, _ := newClusterWith(t, 1, 0, opts)
+	return ts
 }
 
 func datum(ids []int, weights bool) api.Datum {

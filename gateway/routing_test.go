@@ -21,11 +21,11 @@ import (
 )
 
 // newCluster serves the tiny model from n in-process replicas (one shared copy of the weights).
-func newCluster(t *testing.T, n, maxLoras int) (*httptest.Server, []*replica.Replica) {
+func newCluster(t testing.TB, n, maxLoras int) (*testServer, []*replica.Replica) {
 	return newClusterWith(t, n, maxLoras, gateway.Options{})
 }
 
-func newClusterWith(t *testing.T, n, maxLoras int, opts gateway.Options) (*httptest.Server, []*replica.Replica) {
+func newClusterWith(t testing.TB, n, maxLoras int, opts gateway.Options) (*testServer, []*replica.Replica) {
 	t.Helper()
 	e, err := engine.Load(modelDir(), engine.Options{})
 	if err != nil {
@@ -39,7 +39,9 @@ func newClusterWith(t *testing.T, n, maxLoras int, opts gateway.Options) (*httpt
 		}
 		reps = append(reps, replica.New(fmt.Sprint("r", i), base, eng, maxLoras))
 	}
-	opts.DataDir, opts.MaxLoras = t.TempDir(), 1000
+	if opts.DataDir == "" {
+		opts.DataDir = t.TempDir()
+	}
 	gw, err := gateway.New(opts, reps...)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +54,7 @@ func newClusterWith(t *testing.T, n, maxLoras int, opts gateway.Options) (*httpt
 			r.Close()
 		}
 	})
-	return ts, reps
+	return &testServer{Server: ts, gw: gw, eng: e}, reps
 }
 
 // trainingAdapters counts a replica's resident training adapters (not sampler snapshots).
@@ -221,19 +223,8 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 // A session that stops heartbeating expires within one sweep: its adapters are saved and released
 // (their slots free) and its samplers closed; and a tenant's live adapters are limited.
 func TestSessionExpiryAndTenantLimit(t *testing.T) {
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := replica.New("r0", base, e, 4)
-	defer rep.Close()
-	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), SessionTimeout: 300 * time.Millisecond, MaxLoras: 2}, rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
-	ts := httptest.NewServer(gw)
-	defer ts.Close()
+	ts, reps := newClusterWith(t, 1, 4, gateway.Options{SessionTimeout: 300 * time.Millisecond, MaxLoras: 2})
+	rep := reps[0]
 	ctx := context.Background()
 	c := client.New(ts.URL, "tml-expiry")
 	sess, _ := c.CreateSession(ctx)

@@ -10,7 +10,7 @@ import (
 	"github.com/skein-ai/skein/replica"
 )
 
-// Sampling requests for the same weights on the same replica are served together: requests that
+// sampleBatcher: sampling requests for the same weights on the same replica are served together: requests that
 // arrive while the replica is busy wait in a queue, and the next job takes them all and decodes
 // every sample of every request in shared loops (engine.SampleBatch). An RL step's hundred
 // concurrent sample calls become a few batched decodes instead of a hundred batch-of-one ones.
@@ -25,7 +25,7 @@ type sampleQueue struct {
 	scheduled bool
 }
 
-type samplers struct {
+type sampleBatcher struct {
 	mu      sync.Mutex
 	queues  map[string]*sampleQueue // replica id + "|" + engine adapter id
 	waiting map[string]int          // replica id -> requests queued there

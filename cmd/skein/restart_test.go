@@ -74,6 +74,30 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// trainStep runs forward_backward and optim_step (submitted together, as the cookbook does) and
+// returns the optimizer's step count.
+func trainStep(t *testing.T, ctx context.Context, tc *client.TrainingClient, batch []api.Datum) float64 {
+	t.Helper()
+	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Metrics map[string]float64 `json:"metrics"`
+	}
+	if err := op.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Metrics["step:max"]
+}
+
 func datum(ids []int) api.Datum {
 	n := len(ids) - 1
 	tg, w := make([]float64, n), make([]float64, n)
@@ -103,14 +127,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	}
 	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70, 80, 90})}
 	for range 3 {
-		fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
-		op, _ := tc.OptimStep(ctx, 1e-2)
-		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
-			t.Fatal(err)
-		}
-		if err := op.Result(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
+		trainStep(t, ctx, tc, batch)
 	}
 	sf, _ := tc.SaveState(ctx, "before-crash")
 	if err := sf.Result(ctx, nil); err != nil {
@@ -172,15 +189,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	if fmt.Sprint(after.LossFnOutputs[0]["logprobs"].Data) != fmt.Sprint(before.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("the adapter after the restart differs from the one before it")
 	}
-	fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
-	op, _ := tc.OptimStep(ctx, 1e-2)
-	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
-		t.Fatal(err)
-	}
-	var step struct {
-		Metrics map[string]float64 `json:"metrics"`
-	}
-	if err := op.Result(ctx, &step); err != nil || step.Metrics["step:max"] != 4 {
-		t.Fatalf("step after restart: %v %+v (want step 4)", err, step)
+	if s := trainStep(t, ctx, tc, batch); s != 4 {
+		t.Fatalf("step after restart: %v, want 4", s)
 	}
 }

@@ -67,23 +67,7 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70})}
-	step := func() float64 {
-		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		op, _ := tc.OptimStep(ctx, 1e-2)
-		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
-			t.Fatal(err)
-		}
-		var out struct {
-			Metrics map[string]float64 `json:"metrics"`
-		}
-		if err := op.Result(ctx, &out); err != nil {
-			t.Fatal(err)
-		}
-		return out.Metrics["step:max"]
-	}
+	step := func() float64 { return trainStep(t, ctx, tc, batch) }
 	step()
 	step()
 	// The worker's own heartbeat agrees with the router: one adapter held, three slots free.

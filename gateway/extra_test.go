@@ -164,8 +164,9 @@ func TestLongPollTimesOutWithTryAgain(t *testing.T) {
 	}
 }
 
-// Concurrent sampling requests on one sampler are decoded together; each future still gets its
-// own request's answer (the same as when the requests come one at a time).
+// Concurrent sampling requests on one sampler (which the gateway batches; see
+// TestSamplingBackPressure) each get their own request's answer, the same as when the requests
+// come one at a time.
 func TestConcurrentSamplesAreBatchedAndAnsweredEach(t *testing.T) {
 	ts := newServer(t, gateway.Options{})
 	ctx := context.Background()

@@ -321,8 +321,9 @@ func TestSamplerCopiesAreBounded(t *testing.T) {
 	}
 }
 
-// A replica's sampling queue is bounded: past it asample answers 429 (the SDK backs off and
-// retries); the queued requests are served once the replica frees.
+// Sampling requests that wait on a busy replica become one job (one batched decode); the queue is
+// bounded: past it asample answers 429 (the SDK backs off and retries); the queued requests are
+// served once the replica frees.
 func TestSamplingBackPressure(t *testing.T) {
 	ts, reps := newClusterWith(t, 1, 2, gateway.Options{MaxQueuedSamples: 2})
 	ctx := context.Background()
@@ -339,6 +340,10 @@ func TestSamplingBackPressure(t *testing.T) {
 			t.Fatal(err)
 		}
 		queued = append(queued, f)
+	}
+	// Both waiting requests are one job on the replica: they will decode as one batch.
+	if d := reps[0].QueueDepth(); d != 2 {
+		t.Fatalf("replica queue depth %d, want 2 (the blocker and one batched sampling job)", d)
 	}
 	if _, err := c.Sample(ctx, req); !isStatus(err, 429) {
 		t.Fatalf("third request on a full queue: %v", err)

@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -36,10 +35,8 @@ type Options struct {
 	MaxRank int
 	// LoraAlpha is PEFT's lora_alpha; the scale is alpha/rank (default 32).
 	LoraAlpha float64
-	// MaxBatchTokens bounds B×T of one graph call; bigger batches run in chunks (default 8192).
+	// MaxBatchTokens bounds B×T of one pass; bigger batches run in chunks (default 8192).
 	MaxBatchTokens int
-	// Parallel is how many graph calls of one batch may run at once (default GOMAXPROCS).
-	Parallel int
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -58,6 +55,7 @@ type Engine struct {
 	mu       sync.Mutex
 	adapters map[string]*Adapter
 	graphs   *graphCache // shared by forks
+	direct   *directBase // shared by forks
 }
 
 // graphCache holds the compiled graphs, shared by every fork of a base model: graphs depend on
@@ -74,7 +72,7 @@ type graphCache struct {
 func (e *Engine) Fork() *Engine {
 	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
 		dtype: e.dtype, baseNames: e.baseNames, base: e.base, invFreq: e.invFreq,
-		adapters: map[string]*Adapter{}, graphs: e.graphs}
+		adapters: map[string]*Adapter{}, graphs: e.graphs, direct: e.direct}
 }
 
 // AdapterIDs lists the loaded adapters.
@@ -144,9 +142,6 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.MaxBatchTokens == 0 {
 		opts.MaxBatchTokens = 8192
 	}
-	if opts.Parallel == 0 {
-		opts.Parallel = runtime.GOMAXPROCS(0)
-	}
 	backend, err := sharedBackend()
 	if err != nil {
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
@@ -175,6 +170,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 		}
 		e.base = append(e.base, bt)
 		delete(host, name)
+	}
+	if err := e.initDirect(); err != nil {
+		return nil, err
 	}
 	return e, nil
 }

@@ -226,9 +226,10 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	}
 }
 
-// A big batch runs as pieces side by side; the outputs and the accumulated gradients are the
-// ones the batch gives in one piece.
-func TestParallelPiecesMatchOneCall(t *testing.T) {
+// A batch bigger than MaxBatchTokens runs in chunks; the outputs and the accumulated gradients
+// are the ones the batch gives in one pass. Each engine first runs a forward pass, so that
+// forward_backward runs on reused (dirty) step buffers and must still give the same logprobs.
+func TestChunksMatchOneCall(t *testing.T) {
 	dir := tinyModel(t, ArchQwen2)
 	ids := []int{}
 	for len(ids) < 301 {
@@ -236,17 +237,17 @@ func TestParallelPiecesMatchOneCall(t *testing.T) {
 	}
 	var data []Datum
 	for k := range 4 {
-		data = append(data, textDatum(ids[:301-k*17]))
+		data = append(data, textDatum(ids[:301-k*90]))
 	}
 	results := map[int]*ForwardResult{}
 	grads := map[int][][]float64{}
-	for _, parallel := range []int{1, 2} {
-		e, err := Load(dir, Options{Float64: true, Parallel: parallel})
+	for _, maxTokens := range []int{3 * 512, 8192} {
+		e, err := Load(dir, Options{Float64: true, MaxBatchTokens: maxTokens})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := len(e.pieces([]int{300, 283, 266, 249})); got != parallel {
-			t.Fatalf("parallel %d: %d pieces", parallel, got)
+		if got, want := len(e.chunks([]int{301, 211, 121, 31})), map[int]int{1536: 2, 8192: 1}[maxTokens]; got != want {
+			t.Fatalf("max %d tokens: %d chunks, want %d", maxTokens, got, want)
 		}
 		a, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true})
 		if err != nil {
@@ -259,27 +260,42 @@ func TestParallelPiecesMatchOneCall(t *testing.T) {
 				}
 			}
 		}
-		if results[parallel], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
+		first, err := e.Forward("a", data, "cross_entropy", nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if results[maxTokens], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
+			t.Fatal(err)
+		}
+		for i := range data {
+			for j, v := range first.Logprobs[i] {
+				if v != results[maxTokens].Logprobs[i][j] {
+					t.Fatalf("max %d tokens, datum %d token %d: %v on fresh buffers, %v on reused ones", maxTokens, i, j, v, results[maxTokens].Logprobs[i][j])
+				}
+			}
+		}
 		for _, p := range a.params {
-			grads[parallel] = append(grads[parallel], p.g)
+			grads[maxTokens] = append(grads[maxTokens], p.g)
 		}
 	}
-	if math.Abs(results[1].Loss-results[2].Loss) > 1e-9*math.Abs(results[1].Loss) {
-		t.Fatalf("loss %v in one call, %v in pieces", results[1].Loss, results[2].Loss)
+	one, chunked := results[8192], results[1536]
+	if math.Abs(one.Loss-chunked.Loss) > 1e-9*math.Abs(one.Loss) {
+		t.Fatalf("loss %v in one pass, %v in chunks", one.Loss, chunked.Loss)
 	}
 	for i := range data {
-		for j, v := range results[1].Logprobs[i] {
-			if math.Abs(v-results[2].Logprobs[i][j]) > 1e-9 {
-				t.Fatalf("datum %d token %d: %v vs %v", i, j, v, results[2].Logprobs[i][j])
+		if len(one.Logprobs[i]) != len(data[i].Tokens) {
+			t.Fatalf("datum %d: %d logprobs for %d tokens", i, len(one.Logprobs[i]), len(data[i].Tokens))
+		}
+		for j, v := range one.Logprobs[i] {
+			if math.Abs(v-chunked.Logprobs[i][j]) > 1e-9 {
+				t.Fatalf("datum %d token %d: %v vs %v", i, j, v, chunked.Logprobs[i][j])
 			}
 		}
 	}
-	for k := range grads[1] {
-		for j, v := range grads[1][k] {
-			if math.Abs(v-grads[2][k][j]) > 1e-9*(1+math.Abs(v)) {
-				t.Fatalf("gradient %d[%d]: %v vs %v", k, j, v, grads[2][k][j])
+	for k := range grads[8192] {
+		for j, v := range grads[8192][k] {
+			if math.Abs(v-grads[1536][k][j]) > 1e-9*(1+math.Abs(v)) {
+				t.Fatalf("gradient %d[%d]: %v vs %v", k, j, v, grads[1536][k][j])
 			}
 		}
 	}

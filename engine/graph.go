@@ -56,16 +56,11 @@ type netInputs struct {
 	w     map[string]*Node    // base weights, by HF name (linear weights pre-transposed to [in,out])
 	lora  map[string][2]*Node // module path -> (A [r,in], B [out,r])
 	scale *Node               // alpha / r
-	// taps records, per LoRA module, its input x [N,in], x·Aᵀ [N,r] and (x·Aᵀ)·Bᵀ [N,out]:
-	// loraGradients builds dA and dB from the loss gradients at these points.
-	taps map[string]loraTap
 }
-
-type loraTap struct{ x, xa, z *Node }
 
 // takeNetInputs consumes the leading inputs in the order engine.inputTensors produces them.
 func takeNetInputs(cfg *Config, dtype dtypes.DType, names []string, spec loraSpec, in []*Node) (*netInputs, []*Node) {
-	n := &netInputs{cfg: cfg, dtype: dtype, w: map[string]*Node{}, lora: map[string][2]*Node{}, taps: map[string]loraTap{}}
+	n := &netInputs{cfg: cfg, dtype: dtype, w: map[string]*Node{}, lora: map[string][2]*Node{}}
 	for i, name := range names {
 		n.w[name] = in[i]
 	}
@@ -98,37 +93,11 @@ func (n *netInputs) linear(x *Node, path string) *Node {
 	return Reshape(y, B, T, y.Shape().Dimensions[1])
 }
 
-// loraDelta is scale·(x·Aᵀ)·Bᵀ for x [N,in], recording the points loraGradients needs.
+// loraDelta is scale·(x·Aᵀ)·Bᵀ for x [N,in].
 func (n *netInputs) loraDelta(path string, x *Node) *Node {
 	ab := n.lora[path]
 	xa := Einsum("ni,ri->nr", x, ab[0])
-	z := Einsum("nr,or->no", xa, ab[1])
-	n.taps[path] = loraTap{x: x, xa: xa, z: z}
-	return Mul(z, n.scale)
-}
-
-// loraGradients returns d loss/dA and d loss/dB for each module (A then B, in order).
-//
-// Autodiff of x·Aᵀ would contract over the token axis with that axis first in both operands,
-// which the Go backend serves by transposing the big activation x for every module. Instead we
-// take the gradients at x·Aᵀ and (x·Aᵀ)·Bᵀ and contract ourselves with the small [N,r] operand
-// transposed: dA = (∂L/∂xa)ᵀ·x and dBᵀ = xaᵀ·∂L/∂z, both in the backend's fast layout.
-func (n *netInputs) loraGradients(loss *Node, mods []loraModule) []*Node {
-	var points []*Node
-	for _, m := range mods {
-		t := n.taps[m.Path]
-		points = append(points, t.xa, t.z)
-	}
-	g := Gradient(loss, points...)
-	out := make([]*Node, 0, 2*len(mods))
-	for i, m := range mods {
-		t := n.taps[m.Path]
-		gxa, gz := g[2*i], g[2*i+1]
-		dA := MatMul(Transpose(gxa, 0, 1), t.x)                  // [r,in]
-		dB := Transpose(MatMul(Transpose(t.xa, 0, 1), gz), 0, 1) // [out,r]
-		out = append(out, dA, dB)
-	}
-	return out
+	return Mul(Einsum("nr,or->no", xa, ab[1]), n.scale)
 }
 
 func (n *netInputs) rmsNorm(x, w *Node) *Node {
@@ -227,77 +196,3 @@ func (n *netInputs) logits(tokens, cos, sin *Node, kvFn func(l int, k, v *Node) 
 	}
 	return out
 }
-
-// causalKV attends over the sequence itself: position t sees s ≤ t. k, v come in as [B,T,KVH,hd].
-func causalKV(k, v *Node, dtype dtypes.DType) attnKV {
-	T := k.Shape().Dimensions[1]
-	g := k.Graph()
-	row := Iota(g, shapeOf(dtypes.Int32, T, T), 0)
-	col := Iota(g, shapeOf(dtypes.Int32, T, T), 1)
-	bias := Reshape(maskBias(GreaterOrEqual(row, col), dtype), 1, 1, 1, T, T)
-	return attnKV{k: TransposeAllAxes(k, 0, 2, 1, 3), v: TransposeAllAxes(v, 0, 2, 1, 3), bias: bias}
-}
-
-// Loss kinds, as graph variants.
-const (
-	lossCrossEntropy = "cross_entropy"
-	lossImportance   = "importance_sampling"
-	lossPPO          = "ppo"
-	lossCISPO        = "cispo"
-	lossDRO          = "dro"
-)
-
-// lossInputs are the per-token tensors [B,T] and config scalars of the loss graph.
-type lossInputs struct {
-	targets, valid, weights, oldLP, adv *Node
-	lo, hi, beta                        *Node
-}
-
-func takeLossInputs(in []*Node) (lossInputs, []*Node) {
-	return lossInputs{targets: in[0], valid: in[1], weights: in[2], oldLP: in[3], adv: in[4],
-		lo: in[5], hi: in[6], beta: in[7]}, in[8:]
-}
-
-// targetLogprobs returns log p(target) [B,T] from logits [B,T,V] as logit[target] − logsumexp:
-// a gather instead of a full log-softmax times a one-hot, which would be several more passes
-// over the largest tensor of the step.
-func targetLogprobs(logits, targets *Node) *Node {
-	dims := logits.Shape().Dimensions
-	B, T := dims[0], dims[1]
-	m := StopGradient(ReduceMax(logits, -1)) // [B,T], for a stable exp
-	lse := Add(Log(ReduceSum(Exp(Sub(logits, InsertAxes(m, -1))), -1)), m)
-	V := dims[2]
-	row := Iota(logits.Graph(), targets.Shape(), 0)
-	col := Iota(logits.Graph(), targets.Shape(), 1)
-	flatIdx := Add(MulScalar(Add(MulScalar(row, T), col), V), targets) // (b·T + t)·V + target
-	picked := Gather(Reshape(logits, B*T*V, 1), InsertAxes(flatIdx, -1))
-	picked = Reshape(picked, B, T)
-	return Sub(picked, lse)
-}
-
-// tokenLoss is the per-token loss [B,T] of a loss kind; padding positions give 0.
-func tokenLoss(kind string, lp *Node, li lossInputs) *Node {
-	var l *Node
-	switch kind {
-	case lossCrossEntropy:
-		l = Neg(Mul(lp, li.weights))
-	case lossImportance:
-		l = Neg(Mul(Exp(Sub(lp, li.oldLP)), li.adv))
-	case lossPPO:
-		r := Exp(Sub(lp, li.oldLP))
-		clipped := clip(r, li.lo, li.hi)
-		l = Neg(Min(Mul(r, li.adv), Mul(clipped, li.adv)))
-	case lossCISPO:
-		r := StopGradient(clip(Exp(Sub(lp, li.oldLP)), li.lo, li.hi))
-		l = Neg(Mul(Mul(r, lp), li.adv))
-	case lossDRO:
-		d := Sub(lp, li.oldLP)
-		l = Neg(Sub(Mul(lp, li.adv), Mul(MulScalar(li.beta, 0.5), Square(d))))
-	default:
-		panic(fmt.Sprintf("unknown loss %q", kind))
-	}
-	return Where(li.valid, l, ZerosLike(l))
-}
-
-// clip is Clamp built from Min and Max, which have gradients (Clamp has none in GoMLX).
-func clip(x, lo, hi *Node) *Node { return Min(Max(x, lo), hi) }

@@ -1,13 +1,10 @@
 package engine
 
 import (
-	"fmt"
 	"math"
 	"sort"
-	"sync"
 
-	"github.com/gomlx/gomlx/core/graph"
-	"github.com/gomlx/gomlx/core/tensors"
+	"github.com/gomlx/compute/dtypes"
 )
 
 // TensorInput is one loss_fn_inputs entry: a flat array with its declared dtype and shape.
@@ -31,6 +28,15 @@ type ForwardResult struct {
 	Loss     float64     // sum of all per-token losses
 	Metrics  map[string]float64
 }
+
+// Loss functions.
+const (
+	lossCrossEntropy = "cross_entropy"
+	lossImportance   = "importance_sampling"
+	lossPPO          = "ppo"
+	lossCISPO        = "cispo"
+	lossDRO          = "dro"
+)
 
 // LossNames are the supported loss functions.
 var LossNames = []string{lossCrossEntropy, lossImportance, lossPPO, lossCISPO, lossDRO}
@@ -255,48 +261,20 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 		lengths[i] = len(t)
 		nTokens += len(t)
 	}
-	pieces := e.pieces(lengths)
-	type partial struct {
-		grads [][]float64
-		loss  float64
-		err   error
-	}
-	parts := make([]partial, len(pieces))
-	// Pieces run concurrently: the Go backend runs each element-wise op on one core, so two
-	// graphs in flight keep both cores busy where one would leave one idle. Results are summed
-	// in piece order, so the outcome does not depend on scheduling.
-	sem := make(chan struct{}, max(1, e.opts.Parallel))
-	var wg sync.WaitGroup
-	for i, c := range pieces {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			var g [][]float64
-			if backward {
-				g = make([][]float64, len(a.params))
-				for k, q := range a.params {
-					g[k] = make([]float64, len(q.w))
-				}
-			}
-			// Each piece gets its own LoRA tensors: GoMLX tensors must not be handed to two
-			// computations at once before they are on the device.
-			l, err := e.runChunk(a, p, c[0], c[1], loss, e.loraTensors(a), backward, res, g)
-			parts[i] = partial{grads: g, loss: l, err: err}
-		}()
-	}
-	wg.Wait()
-	for _, part := range parts {
-		if part.err != nil {
-			return nil, part.err
+	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
+	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
+	for _, c := range e.chunks(lengths) {
+		var l float64
+		var err error
+		if e.dtype == dtypes.Float64 {
+			l, err = runDirect[float64](e, a, p, c[0], c[1], loss, res, grads)
+		} else {
+			l, err = runDirect[float32](e, a, p, c[0], c[1], loss, res, grads)
 		}
-		res.Loss += part.loss
-		for k := range part.grads {
-			for j, v := range part.grads[k] {
-				grads[k][j] += v
-			}
+		if err != nil {
+			return nil, err
 		}
+		res.Loss += l
 	}
 	if backward {
 		for i, q := range a.params {
@@ -308,115 +286,4 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 	}
 	res.Metrics = map[string]float64{"loss:sum": res.Loss, "num_tokens:sum": float64(nTokens)}
 	return res, nil
-}
-
-// pieces cuts a batch into the graph calls of chunks and, when there is more than one core to use,
-// halves big ones so that they can run side by side.
-func (e *Engine) pieces(lengths []int) [][2]int {
-	var out [][2]int
-	for _, c := range e.chunks(lengths) {
-		n := c[1] - c[0]
-		maxLen := 0
-		for _, l := range lengths[c[0]:c[1]] {
-			maxLen = max(maxLen, l)
-		}
-		if e.opts.Parallel > 1 && n >= 2 && bucket(n, 1)*bucket(maxLen, 16) >= parallelMinTokens {
-			mid := c[0] + n/2
-			out = append(out, [2]int{c[0], mid}, [2]int{mid, c[1]})
-			continue
-		}
-		out = append(out, c)
-	}
-	return out
-}
-
-// parallelMinTokens is the padded batch size from which splitting a batch pays for the extra
-// graph call.
-const parallelMinTokens = 1024
-
-// runChunk runs datums [lo,hi) through the graph, writes their outputs into res, adds their
-// gradients to grads and returns their summed loss.
-func (e *Engine) runChunk(a *Adapter, p *prepared, lo, hi int, loss string, lora []*tensors.Tensor, backward bool, res *ForwardResult, grads [][]float64) (float64, error) {
-	n := hi - lo
-	maxLen := 0
-	for i := lo; i < hi; i++ {
-		maxLen = max(maxLen, len(p.tokens[i]))
-	}
-	B, T := bucket(n, 1), bucket(maxLen, 16)
-	tok := make([]int32, B*T)
-	tgt := make([]int32, B*T)
-	valid := make([]bool, B*T)
-	w := make([]float64, B*T)
-	q := make([]float64, B*T)
-	adv := make([]float64, B*T)
-	pos := make([][]int, B)
-	for b := range B {
-		pos[b] = make([]int, T)
-		for t := range T {
-			pos[b][t] = t
-		}
-		if b >= n {
-			continue
-		}
-		i := lo + b
-		for t := range p.tokens[i] {
-			k := b*T + t
-			tok[k] = int32(p.tokens[i][t])
-			tgt[k] = int32(p.targets[i][t])
-			valid[k] = true
-			w[k], q[k], adv[k] = p.weights[i][t], p.oldLP[i][t], p.adv[i][t]
-		}
-	}
-	cos, sin := e.ropeTables(pos)
-	args := append([]*tensors.Tensor{}, e.base...)
-	args = append(args, lora...)
-	args = append(args, tensors.FromFlatDataAndDimensions(tok, B, T), cos, sin,
-		tensors.FromFlatDataAndDimensions(tgt, B, T), tensors.FromFlatDataAndDimensions(valid, B, T),
-		e.tensor(w, B, T), e.tensor(q, B, T), e.tensor(adv, B, T),
-		e.scalar(p.lo), e.scalar(p.hi), e.scalar(p.beta))
-	kind := "forward"
-	if backward {
-		kind = "train"
-	}
-	out, err := e.call(e.lossExec(kind, loss, specOf(a)), args)
-	if err != nil {
-		return 0, err
-	}
-	lp, el, total := values(out[0]), values(out[1]), values(out[2])
-	for b := range n {
-		i := lo + b
-		L := len(p.tokens[i])
-		res.Logprobs[i] = lp[b*T : b*T+L]
-		res.Losses[i] = el[b*T : b*T+L]
-	}
-	if backward {
-		for j := range grads {
-			g := values(out[3+j])
-			for k, v := range g {
-				grads[j][k] += v
-			}
-		}
-	}
-	return total[0], nil
-}
-
-// lossExec builds the forward (kind "forward") or forward+gradient (kind "train") graph.
-// Inputs: base weights, LoRA pairs, scale, tokens, cos, sin, then the loss inputs.
-// Outputs: logprobs [B,T], per-token loss [B,T], total loss, then d loss/d param for each LoRA matrix.
-func (e *Engine) lossExec(kind, loss string, spec loraSpec) *graph.Exec {
-	key := fmt.Sprintf("%s/%s/%+v", kind, loss, spec)
-	return e.exec(key, func(in []*graph.Node) []*graph.Node {
-		net, rest := takeNetInputs(e.Config, e.dtype, e.baseNames, spec, in)
-		tokens, cos, sin := rest[0], rest[1], rest[2]
-		li, _ := takeLossInputs(rest[3:])
-		logits := net.logits(tokens, cos, sin, func(_ int, k, v *graph.Node) attnKV { return causalKV(k, v, e.dtype) })
-		lp := targetLogprobs(logits, li.targets)
-		tl := tokenLoss(loss, lp, li)
-		total := graph.ReduceAllSum(tl)
-		outs := []*graph.Node{lp, tl, total}
-		if kind == "train" {
-			outs = append(outs, net.loraGradients(total, e.Config.loraModules(spec))...)
-		}
-		return outs
-	})
 }

@@ -21,7 +21,6 @@ func benchEngine(args []string) error {
 	steps := fs.Int("steps", 3, "timed training steps")
 	decode := fs.Int("decode", 32, "tokens to decode per sequence")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	parallel := fs.Int("parallel", 0, "graph calls of one batch run at once (default: the number of cores)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
@@ -34,7 +33,7 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq, Parallel: *parallel})
+	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,592 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gomlx/compute"
+)
+
+// directBase is what the direct training path shares across an engine's forks: the compiled
+// matmuls and the base weights as backend buffers (the same memory as e.base, never copied).
+type directBase struct {
+	mm      *matmuls
+	weights map[string]weightRef
+}
+
+type weightRef struct {
+	buf  compute.Buffer
+	flat any // []float32 or []float64
+	dims []int
+}
+
+func (e *Engine) initDirect() error {
+	d := &directBase{mm: newMatmuls(e.backend), weights: map[string]weightRef{}}
+	for i, name := range e.baseNames {
+		t := e.base[i]
+		buf, err := t.Buffer(e.backend, 0)
+		if err != nil {
+			return fmt.Errorf("engine: weight %s: %w", name, err)
+		}
+		flat, err := buf.Data()
+		if err != nil {
+			return fmt.Errorf("engine: weight %s: %w", name, err)
+		}
+		d.weights[name] = weightRef{buf: buf, flat: flat, dims: t.Shape().Dimensions}
+	}
+	e.direct = d
+	return nil
+}
+
+// layerActs are the activations of one decoder layer that its backward pass needs.
+type layerActs[E float] struct {
+	h, x1, inv1      mat[E] // layer input, its norm, 1/rms per token
+	yq, yk           mat[E] // q, k projections before the Qwen3 head norms
+	qInv, kInv       []E    // 1/rms per token and head (Qwen3)
+	qh, qhT          mat[E] // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
+	kh, khT, vh, vhT mat[E] // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
+	p                mat[E] // attention probabilities [B·KVH, G·T, T]
+	o                mat[E] // attention output, token layout [N, H·hd]
+	h2, x2, inv2     mat[E] // residual after attention, its norm, 1/rms
+	gate, up, act    mat[E] // MLP
+	sig              mat[E] // σ(gate)
+	B, T, KVH, G, hd int
+}
+
+// loraMats are one module's A [r,in] and B [out,r] for this step, with the indices of their
+// gradient accumulators.
+type loraMats[E float] struct {
+	a, aT, b mat[E] // A [r, in], Aᵀ [in, r], B [out, r]
+	ai, bi   int
+}
+
+// directStep is one chunk's forward (and backward) pass.
+type directStep[E float] struct {
+	e       *Engine
+	c       *Config
+	ar      *arena[E]
+	lora    map[string]loraMats[E]
+	scale   E
+	taps    map[string]mat[E] // x·Aᵀ per module, for its gradients
+	tapIn   map[string]mat[E] // x per module
+	mergedW map[string]mat[E] // W + scale·Aᵀ·Bᵀ per module
+	grads   [][]float64       // per adapter param, added to
+	cos     []E               // [T, hd/2]
+	sin     []E
+	layers  []layerActs[E]
+}
+
+func (s *directStep[E]) w(name string) mat[E] {
+	r := s.e.direct.weights[name]
+	return mat[E]{buf: r.buf, v: r.flat.([]E), dims: r.dims}
+}
+
+// runDirect runs datums [lo,hi) of p: their logprobs and per-token losses go into res, their
+// gradients are added to grads (when not nil), and their summed loss is returned.
+func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (float64, error) {
+	c := e.Config
+	n := hi - lo
+	maxLen := 0
+	for i := lo; i < hi; i++ {
+		maxLen = max(maxLen, len(p.tokens[i]))
+	}
+	B, T := bucket(n, 1), bucket(maxLen, 16)
+	N := B * T
+	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{},
+		taps: map[string]mat[E]{}, tapIn: map[string]mat[E]{}, mergedW: map[string]mat[E]{}, grads: grads}
+	defer s.ar.free()
+	if a != nil {
+		for i, m := range a.mods {
+			pa, pb := a.params[2*i], a.params[2*i+1]
+			lm := loraMats[E]{a: s.ar.from(pa.w, pa.shape...), b: s.ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
+			lm.aT = s.ar.alloc(m.In, a.Config.Rank)
+			transpose(lm.a.v, lm.aT.v, a.Config.Rank, m.In, 1)
+			s.lora[m.Path] = lm
+		}
+		s.scale = E(a.Config.Alpha / float64(a.Config.Rank))
+	}
+	half := c.HeadDim / 2
+	s.cos, s.sin = make([]E, T*half), make([]E, T*half)
+	for t := range T {
+		for i, f := range e.invFreq {
+			s.cos[t*half+i], s.sin[t*half+i] = E(math.Cos(float64(t)*f)), E(math.Sin(float64(t)*f))
+		}
+	}
+
+	// Embedding lookup.
+	emb := s.w("model.embed_tokens.weight")
+	D := c.HiddenSize
+	h := s.ar.zeros(N, D)
+	for b := range n {
+		for t, tok := range p.tokens[lo+b] {
+			copy(h.v[(b*T+t)*D:(b*T+t+1)*D], emb.v[tok*D:(tok+1)*D])
+		}
+	}
+	s.layers = make([]layerActs[E], c.NumHiddenLayers)
+	for l := range c.NumHiddenLayers {
+		h = s.layer(l, h, B, T)
+	}
+	hf, invF := s.ar.alloc(N, D), make([]E, N)
+	rmsNorm(h.v, s.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF)
+	logits := s.headLinear(hf)
+	V := c.VocabSize
+
+	// Per token: log p(target) = logit[target] − logsumexp. The logits row is overwritten by
+	// exp(logit − max) on the way, which is all the backward pass needs of it.
+	lp := make([]float64, N)
+	sumExp := make([]float64, N)
+	target := make([]int, N)
+	for b := range n {
+		copy(target[b*T:], p.targets[lo+b])
+	}
+	parallelRows(N, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := logits.v[r*V : (r+1)*V]
+			m := row[0]
+			for _, v := range row[1:] {
+				m = max(m, v)
+			}
+			picked := row[target[r]]
+			se := expShift(row, 1, m)
+			sumExp[r] = se
+			lp[r] = float64(picked-m) - math.Log(se)
+		}
+	})
+	// Per-token loss and its derivative in lp.
+	dlp := make([]float64, N)
+	var total float64
+	for b := range n {
+		i := lo + b
+		L := len(p.tokens[i])
+		res.Logprobs[i] = append([]float64(nil), lp[b*T:b*T+L]...)
+		res.Losses[i] = make([]float64, L)
+		for t := range L {
+			l, g := tokenLossGrad(loss, lp[b*T+t], p.weights[i][t], p.oldLP[i][t], p.adv[i][t], p.lo, p.hi, p.beta)
+			res.Losses[i][t] = l
+			dlp[b*T+t] = g
+			total += l
+		}
+	}
+	if grads == nil || s.ar.err != nil {
+		return total, s.ar.err
+	}
+
+	// d loss/d logits = dlp·(onehot(target) − softmax), in place.
+	parallelRows(N, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := logits.v[r*V : (r+1)*V]
+			g := dlp[r]
+			if g == 0 {
+				clear(row)
+				continue
+			}
+			k := E(-g / sumExp[r])
+			for i := range row {
+				row[i] *= k
+			}
+			row[target[r]] += E(g)
+		}
+	})
+	dhf := s.headLinearBack(logits)
+	dh := s.ar.alloc(N, D)
+	rmsNormBack(dhf.v, h.v, invF, s.w("model.norm.weight").v, dh.v, false)
+	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
+		dh = s.layerBack(l, dh)
+	}
+	return total, s.ar.err
+}
+
+// tokenLossGrad is one token's loss and its derivative in the token's logprob lp
+// (w: CE weight, q: sampling logprob, adv: advantage).
+func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad float64) {
+	switch kind {
+	case lossCrossEntropy:
+		return -lp * w, -w
+	case lossImportance:
+		r := math.Exp(lp - q)
+		return -r * adv, -r * adv
+	case lossPPO:
+		r := math.Exp(lp - q)
+		clipped := min(max(r, lo), hi)
+		if r*adv <= clipped*adv {
+			return -r * adv, -r * adv
+		}
+		// The clipped branch is the minimum: its ratio is constant outside [lo, hi].
+		if r > lo && r < hi {
+			return -clipped * adv, -r * adv
+		}
+		return -clipped * adv, 0
+	case lossCISPO:
+		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
+		return -r * lp * adv, -r * adv
+	case lossDRO:
+		d := lp - q
+		return -(lp*adv - 0.5*beta*d*d), -(adv - beta*d)
+	}
+	return 0, 0
+}
+
+// linear is x·W (+ bias) for the module at path, W stored [in, out]. With a LoRA on the module
+// W is the merged W + scale·Aᵀ·Bᵀ, one matmul instead of three (the rank-r matmuls are slow in
+// the backend: little work per output element); x·Aᵀ is kept for the LoRA gradients.
+func (s *directStep[E]) linear(x mat[E], path string) mat[E] {
+	y := s.ar.matmul(x, s.merged(path), 0, false)
+	if b, ok := s.e.direct.weights[path+".bias"]; ok {
+		addBias(y.v, b.flat.([]E))
+	}
+	if lm, ok := s.lora[path]; ok {
+		s.taps[path] = s.ar.matmul(x, lm.aT, 0, false) // [N, r]
+		s.tapIn[path] = x
+	}
+	return y
+}
+
+// merged returns the module's weight [in, out] with its LoRA folded in, built once per step.
+func (s *directStep[E]) merged(path string) mat[E] {
+	w := s.w(path + ".weight")
+	lm, ok := s.lora[path]
+	if !ok {
+		return w
+	}
+	if m, ok := s.mergedW[path]; ok {
+		return m
+	}
+	m := s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+	parallelRows(len(m.v)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(m.v))
+		for i := lo; i < hi; i++ {
+			m.v[i] = w.v[i] + s.scale*m.v[i]
+		}
+	})
+	s.mergedW[path] = m
+	return m
+}
+
+// linearBack adds the module's LoRA gradients for output gradient dy at input x and returns
+// d loss/dx (nil when !needDX).
+func (s *directStep[E]) linearBack(dy, x mat[E], path string, needDX bool) *mat[E] {
+	s.loraBack(dy, path)
+	if !needDX {
+		return nil
+	}
+	d := s.ar.matmul(dy, s.merged(path), 0, true)
+	return &d
+}
+
+// loraBack adds dA = scale·(dy·B)ᵀ·x and dB = scale·dyᵀ·(x·Aᵀ) for the module at path. The
+// rank-sized operands are transposed here so that every matmul is in the backend's plain layout.
+func (s *directStep[E]) loraBack(dy mat[E], path string) {
+	lm, ok := s.lora[path]
+	if !ok {
+		return
+	}
+	x := s.tapIn[path]
+	r := lm.b.dims[1]
+	dxa := s.ar.matmul(dy, lm.b, 0, false) // [N, r]
+	dxaT := s.ar.alloc(r, dxa.dims[0])
+	transpose(dxa.v, dxaT.v, dxa.dims[0], r, s.scale)
+	dA := s.ar.matmul(dxaT, x, 0, false) // [r, in]
+	gA := s.grads[lm.ai]
+	for i, v := range dA.v {
+		gA[i] += float64(v)
+	}
+	xa := s.taps[path]
+	xaT := s.ar.alloc(r, xa.dims[0])
+	transpose(xa.v, xaT.v, xa.dims[0], r, s.scale)
+	dBt := s.ar.matmul(xaT, dy, 0, false) // [r, out]
+	out := dy.dims[1]
+	gB := s.grads[lm.bi]
+	for j := range r {
+		for o := range out {
+			gB[o*r+j] += float64(dBt.v[j*out+o])
+		}
+	}
+}
+
+// headLinear is the unembedding: hf·embᵀ (tied) or hf·W (W stored [D, V]), with its LoRA.
+func (s *directStep[E]) headLinear(hf mat[E]) mat[E] {
+	if !s.c.TieWordEmbeddings {
+		return s.linear(hf, "lm_head")
+	}
+	emb := s.w("model.embed_tokens.weight")
+	lm, ok := s.lora["lm_head"]
+	if !ok {
+		return s.ar.matmul(hf, emb, 0, true)
+	}
+	// Tied: emb [V, D] is the transposed layout, so the merged weight is emb + scale·B·A.
+	m := s.ar.matmul(lm.b, lm.a, 0, false)
+	parallelRows(len(m.v)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(m.v))
+		for i := lo; i < hi; i++ {
+			m.v[i] = emb.v[i] + s.scale*m.v[i]
+		}
+	})
+	s.mergedW["lm_head"] = m
+	s.taps["lm_head"] = s.ar.matmul(hf, lm.aT, 0, false)
+	s.tapIn["lm_head"] = hf
+	return s.ar.matmul(hf, m, 0, true)
+}
+
+func (s *directStep[E]) headLinearBack(dy mat[E]) mat[E] {
+	if !s.c.TieWordEmbeddings {
+		return *s.linearBack(dy, mat[E]{}, "lm_head", true)
+	}
+	s.loraBack(dy, "lm_head")
+	w, ok := s.mergedW["lm_head"]
+	if !ok {
+		w = s.w("model.embed_tokens.weight")
+	}
+	return s.ar.matmul(dy, w, 0, false)
+}
+
+// transpose writes dst [cols, rows] = scale·srcᵀ for src [rows, cols].
+func transpose[E float](src, dst []E, rows, cols int, scale E) {
+	for i := range rows {
+		for j := range cols {
+			dst[j*rows+i] = scale * src[i*cols+j]
+		}
+	}
+}
+
+// layer runs decoder layer l on h [N, D] and keeps what its backward pass needs.
+func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
+	c := s.c
+	p := fmt.Sprintf("model.layers.%d.", l)
+	N, D := B*T, c.HiddenSize
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G := H / KVH
+	la := &s.layers[l]
+	*la = layerActs[E]{h: h, B: B, T: T, KVH: KVH, G: G, hd: hd}
+
+	la.x1, la.inv1 = s.ar.alloc(N, D), s.ar.alloc(N)
+	rmsNorm(h.v, s.w(p+"input_layernorm.weight").v, c.RMSNormEps, la.x1.v, la.inv1.v)
+	la.yq = s.linear(la.x1, p+"self_attn.q_proj")
+	la.yk = s.linear(la.x1, p+"self_attn.k_proj")
+	yv := s.linear(la.x1, p+"self_attn.v_proj")
+
+	BK := B * KVH
+	la.qh, la.qhT = s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
+	la.kh, la.vh = s.ar.alloc(BK, T, hd), s.ar.alloc(BK, T, hd)
+	la.khT, la.vhT = s.ar.alloc(BK, hd, T), s.ar.alloc(BK, hd, T)
+	var qNorm, kNorm []E
+	if c.Arch == ArchQwen3 {
+		qNorm, kNorm = s.w(p+"self_attn.q_norm.weight").v, s.w(p+"self_attn.k_norm.weight").v
+		la.qInv, la.kInv = make([]E, N*H), make([]E, N*KVH)
+	}
+	// Heads into the attention layout, through the Qwen3 norm and RoPE on the way.
+	parallelRows(N, func(r0, r1 int) {
+		buf := make([]E, hd)
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				kv, g := h/G, h%G
+				src := la.yq.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				if qNorm != nil {
+					rmsNormRow(src, qNorm, c.RMSNormEps, buf, &la.qInv[n*H+h])
+					src = buf
+				}
+				row := (b*KVH+kv)*G*T + g*T + t
+				dst := la.qh.v[row*hd : (row+1)*hd]
+				s.rope(src, dst, t)
+				base := (b*KVH + kv) * hd * G * T
+				for d, v := range dst {
+					la.qhT.v[base+d*G*T+g*T+t] = v
+				}
+			}
+			for kv := range KVH {
+				src := la.yk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				if kNorm != nil {
+					rmsNormRow(src, kNorm, c.RMSNormEps, buf, &la.kInv[n*KVH+kv])
+					src = buf
+				}
+				row := (b*KVH+kv)*T + t
+				kr, vr := la.kh.v[row*hd:(row+1)*hd], la.vh.v[row*hd:(row+1)*hd]
+				s.rope(src, kr, t)
+				copy(vr, yv.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
+				base := (b*KVH + kv) * hd * T
+				for d := range hd {
+					la.khT.v[base+d*T+t] = kr[d]
+					la.vhT.v[base+d*T+t] = vr[d]
+				}
+			}
+		}
+	})
+	scale := E(1 / math.Sqrt(float64(hd)))
+	la.p = s.ar.matmul(la.qh, la.khT, BK, false) // [BK, G·T, T]
+	softmaxCausal(la.p.v, T, scale)
+	o := s.ar.matmul(la.p, la.vh, BK, false) // [BK, G·T, hd]
+	la.o = s.ar.alloc(N, H*hd)
+	s.headsToTokens(o, la.o, B, T, KVH, G, hd)
+
+	attn := s.linear(la.o, p+"self_attn.o_proj")
+	la.h2 = attn
+	addScaled(la.h2.v, h.v, 1)
+	la.x2, la.inv2 = s.ar.alloc(N, D), s.ar.alloc(N)
+	rmsNorm(la.h2.v, s.w(p+"post_attention_layernorm.weight").v, c.RMSNormEps, la.x2.v, la.inv2.v)
+	la.gate = s.linear(la.x2, p+"mlp.gate_proj")
+	la.up = s.linear(la.x2, p+"mlp.up_proj")
+	la.act = s.ar.alloc(N, c.IntermediateSize)
+	la.sig = s.ar.alloc(N, c.IntermediateSize)
+	siluGate(la.gate.v, la.up.v, la.sig.v, la.act.v)
+	out := s.linear(la.act, p+"mlp.down_proj")
+	addScaled(out.v, la.h2.v, 1)
+	return out
+}
+
+// headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].
+func (s *directStep[E]) headsToTokens(o, dst mat[E], B, T, KVH, G, hd int) {
+	H := KVH * G
+	parallelRows(B*T, func(r0, r1 int) {
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				row := (b*KVH+h/G)*G*T + (h%G)*T + t
+				copy(dst.v[(n*H+h)*hd:(n*H+h+1)*hd], o.v[row*hd:(row+1)*hd])
+			}
+		}
+	})
+}
+
+// rope rotates one head vector at position t (HF rotate_half convention).
+func (s *directStep[E]) rope(x, y []E, t int) {
+	half := len(x) / 2
+	c, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+	for i := range half {
+		x1, x2 := x[i], x[i+half]
+		y[i] = x1*c[i] - x2*sn[i]
+		y[i+half] = x2*c[i] + x1*sn[i]
+	}
+}
+
+// ropeBack is rope's transpose: rotation by −θ.
+func (s *directStep[E]) ropeBack(dy, dx []E, t int) {
+	half := len(dy) / 2
+	c, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+	for i := range half {
+		d1, d2 := dy[i], dy[i+half]
+		dx[i] = d1*c[i] + d2*sn[i]
+		dx[i+half] = d2*c[i] - d1*sn[i]
+	}
+}
+
+// rmsNormRow normalises one row (a Qwen3 head), storing 1/rms in inv.
+func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	iv := E(1 / math.Sqrt(ss/float64(len(x))+eps))
+	*inv = iv
+	for i, v := range x {
+		y[i] = v * iv * w[i]
+	}
+}
+
+// rmsNormRowBack writes rmsNormRow's input gradient into dx.
+func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
+	var dot float64
+	for i := range x {
+		dot += float64(dy[i]) * float64(w[i]) * float64(x[i])
+	}
+	iv := float64(inv)
+	c := E(iv * iv * iv * dot / float64(len(x)))
+	for i := range x {
+		dx[i] = inv*dy[i]*w[i] - x[i]*c
+	}
+}
+
+// layerBack takes d loss/d(layer l's output) and returns d loss/d(its input), adding LoRA
+// gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
+func (s *directStep[E]) layerBack(l int, dh mat[E]) mat[E] {
+	c := s.c
+	p := fmt.Sprintf("model.layers.%d.", l)
+	la := &s.layers[l]
+	B, T, KVH, G, hd := la.B, la.T, la.KVH, la.G, la.hd
+	H, N, BK := KVH*G, B*T, B*KVH
+
+	// MLP.
+	da := s.linearBack(dh, la.act, p+"mlp.down_proj", true)
+	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
+	siluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
+	dx2 := s.linearBack(dg, la.x2, p+"mlp.gate_proj", true)
+	addScaled(dx2.v, s.linearBack(du, la.x2, p+"mlp.up_proj", true).v, 1)
+	dh2 := dh // the residual passes dh through; the norm's gradient is added to it
+	rmsNormBack(dx2.v, la.h2.v, la.inv2.v, s.w(p+"post_attention_layernorm.weight").v, dh2.v, true)
+
+	// Attention.
+	do := s.linearBack(dh2, la.o, p+"self_attn.o_proj", true)
+	dO, dOT := s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
+	parallelRows(N, func(r0, r1 int) {
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				kv, g := h/G, h%G
+				row := (b*KVH+kv)*G*T + g*T + t
+				src := do.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				copy(dO.v[row*hd:(row+1)*hd], src)
+				base := (b*KVH + kv) * hd * G * T
+				for d, v := range src {
+					dOT.v[base+d*G*T+g*T+t] = v
+				}
+			}
+		}
+	})
+	scale := E(1 / math.Sqrt(float64(hd)))
+	dP := s.ar.matmul(dO, la.vhT, BK, false) // [BK, G·T, T]
+	dVT := s.ar.matmul(dOT, la.p, BK, false) // [BK, hd, T]
+	softmaxBack(la.p.v, dP.v, T, scale)
+	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
+	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
+
+	// Back to token layout through RoPE and the Qwen3 norms.
+	dq, dk, dv := s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
+	var qNorm, kNorm []E
+	if c.Arch == ArchQwen3 {
+		qNorm, kNorm = s.w(p+"self_attn.q_norm.weight").v, s.w(p+"self_attn.k_norm.weight").v
+	}
+	parallelRows(N, func(r0, r1 int) {
+		buf, col := make([]E, hd), make([]E, hd)
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				kv, g := h/G, h%G
+				row := (b*KVH+kv)*G*T + g*T + t
+				dst := dq.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				if qNorm == nil {
+					s.ropeBack(dQ.v[row*hd:(row+1)*hd], dst, t)
+					continue
+				}
+				s.ropeBack(dQ.v[row*hd:(row+1)*hd], buf, t)
+				rmsNormRowBack(buf, la.yq.v[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
+			}
+			for kv := range KVH {
+				base := (b*KVH + kv) * hd * T
+				for d := range hd {
+					col[d] = dKT.v[base+d*T+t]
+				}
+				dst := dk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				if kNorm == nil {
+					s.ropeBack(col, dst, t)
+				} else {
+					s.ropeBack(col, buf, t)
+					rmsNormRowBack(buf, la.yk.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
+				}
+				dvr := dv.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				for d := range hd {
+					dvr[d] = dVT.v[base+d*T+t]
+				}
+			}
+		}
+	})
+	needDX := l > 0
+	dx1 := s.linearBack(dq, la.x1, p+"self_attn.q_proj", needDX)
+	dxk := s.linearBack(dk, la.x1, p+"self_attn.k_proj", needDX)
+	dxv := s.linearBack(dv, la.x1, p+"self_attn.v_proj", needDX)
+	if !needDX {
+		return mat[E]{}
+	}
+	addScaled(dx1.v, dxk.v, 1)
+	addScaled(dx1.v, dxv.v, 1)
+	rmsNormBack(dx1.v, la.h.v, la.inv1.v, s.w(p+"input_layernorm.weight").v, dh2.v, true)
+	return dh2
+}

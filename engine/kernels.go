@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"math"
+	"runtime"
+	"sync"
+)
+
+// Element-wise kernels of the direct training path. Each is one pass over its rows, split
+// across the cores; reductions accumulate in float64 so float32 steps stay close to float64 ones.
+
+// parallelRows runs fn over [0,n) split into one range per core.
+func parallelRows(n int, fn func(lo, hi int)) {
+	k := min(runtime.GOMAXPROCS(0), n)
+	if k <= 1 {
+		fn(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range k {
+		lo, hi := n*i/k, n*(i+1)/k
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+// rmsNorm writes y = x·inv·w row by row (rows of len(w)) and inv = 1/√(mean(x²)+eps) per row.
+func rmsNorm[T float](x, w []T, eps float64, y, inv []T) {
+	width := len(w)
+	parallelRows(len(x)/width, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, yr := x[r*width:(r+1)*width], y[r*width:(r+1)*width]
+			var ss float64
+			for _, v := range xr {
+				ss += float64(v) * float64(v)
+			}
+			iv := T(1 / math.Sqrt(ss/float64(width)+eps))
+			inv[r] = iv
+			for i, v := range xr {
+				yr[i] = v * iv * w[i]
+			}
+		}
+	})
+}
+
+// rmsNormBack writes (or, with accumulate, adds) into dx the gradient of rmsNorm at x:
+// with u = dy·w, dx = inv·u − x·inv³·(Σ u·x)/width.
+func rmsNormBack[T float](dy, x, inv, w []T, dx []T, accumulate bool) {
+	width := len(w)
+	parallelRows(len(x)/width, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			o := r * width
+			var dot float64
+			for i := range width {
+				dot += float64(dy[o+i]) * float64(w[i]) * float64(x[o+i])
+			}
+			iv := float64(inv[r])
+			c := T(iv * iv * iv * dot / float64(width))
+			ivT := T(iv)
+			if accumulate {
+				for i := range width {
+					dx[o+i] += ivT*dy[o+i]*w[i] - x[o+i]*c
+				}
+			} else {
+				for i := range width {
+					dx[o+i] = ivT*dy[o+i]*w[i] - x[o+i]*c
+				}
+			}
+		}
+	})
+}
+
+// addScaled does dst += alpha·src.
+func addScaled[T float](dst, src []T, alpha T) {
+	parallelRows(len(dst)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(dst))
+		d, s := dst[lo:hi], src[lo:hi]
+		if alpha == 1 {
+			for i := range d {
+				d[i] += s[i]
+			}
+			return
+		}
+		for i := range d {
+			d[i] += alpha * s[i]
+		}
+	})
+}
+
+// addTo writes dst = a + b.
+func addTo[T float](dst, a, b []T) {
+	parallelRows(len(dst)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(dst))
+		for i := lo; i < hi; i++ {
+			dst[i] = a[i] + b[i]
+		}
+	})
+}
+
+// addBias adds bias to every row of y.
+func addBias[T float](y, bias []T) {
+	width := len(bias)
+	parallelRows(len(y)/width, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			yr := y[r*width : (r+1)*width]
+			for i, b := range bias {
+				yr[i] += b
+			}
+		}
+	})
+}
+
+// siluGate writes sig = σ(g) and out = g·σ(g)·u.
+func siluGate[T float](g, u, sig, out []T) {
+	sigmoids(sig, g)
+	parallelRows(len(g)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(g))
+		for i := lo; i < hi; i++ {
+			out[i] = g[i] * sig[i] * u[i]
+		}
+	})
+}
+
+// siluGateBack writes the gradients of siluGate: dg = da·u·σ·(1 + g·(1−σ)), du = da·g·σ.
+func siluGateBack[T float](da, g, u, sig, dg, du []T) {
+	parallelRows(len(g)/256+1, func(lo, hi int) {
+		lo, hi = lo*256, min(hi*256, len(g))
+		for i := lo; i < hi; i++ {
+			s := sig[i]
+			dg[i] = da[i] * u[i] * s * (1 + g[i]*(1-s))
+			du[i] = da[i] * g[i] * s
+		}
+	})
+}
+
+// exp32 is e^x in float32: x = k·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
+// (relative error < 2e-7), times 2^k built in the exponent bits.
+func exp32(x float32) float32 {
+	const (
+		log2e = 1.44269504088896341
+		ln2hi = 0.693145751953125
+		ln2lo = 1.42860682030941723212e-6
+	)
+	switch {
+	case x != x: //nolint:gocritic // NaN
+		return x
+	case x > 88.72:
+		return float32(math.Inf(1))
+	case x < -87.33:
+		return 0
+	}
+	kf := x * log2e
+	var k int32
+	if kf >= 0 {
+		k = int32(kf + 0.5)
+	} else {
+		k = int32(kf - 0.5)
+	}
+	r := x - float32(k)*ln2hi - float32(k)*ln2lo
+	p := 1 + r*(1+r*(0.5+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720))))))
+	return p * math.Float32frombits(uint32(k+127)<<23)
+}
+
+func expScaledShiftScalar(v []float32, scale, shift float32) float64 {
+	var sum float64
+	for i, x := range v {
+		e := exp32(x*scale - shift)
+		v[i] = e
+		sum += float64(e)
+	}
+	return sum
+}
+
+func sigmoidScalar(dst, src []float32) {
+	for i, x := range src {
+		dst[i] = 1 / (1 + exp32(-x))
+	}
+}
+
+// expShift sets v[i] = e^(v[i]·scale − shift) and returns their sum (16 lanes at a time in float32).
+func expShift[T float](v []T, scale, shift T) float64 {
+	if f, ok := any(v).([]float32); ok {
+		return expScaledShift32(f, float32(scale), float32(shift))
+	}
+	var sum float64
+	for i, x := range v {
+		e := T(math.Exp(float64(x*scale - shift)))
+		v[i] = e
+		sum += float64(e)
+	}
+	return sum
+}
+
+// sigmoids sets dst = σ(src).
+func sigmoids[T float](dst, src []T) {
+	parallelRows(len(src)/1024+1, func(lo, hi int) {
+		lo, hi = lo*1024, min(hi*1024, len(src))
+		if f, ok := any(src).([]float32); ok {
+			sigmoid32(any(dst).([]float32)[lo:hi], f[lo:hi])
+			return
+		}
+		for i := lo; i < hi; i++ {
+			dst[i] = T(1 / (1 + math.Exp(-float64(src[i]))))
+		}
+	})
+}
+
+// softmaxCausal turns scores [rows, S] into attention probabilities in place: row r is query
+// position r mod S (rows are G groups of S positions), which sees keys 0..pos; later keys get 0.
+func softmaxCausal[T float](scores []T, S int, scale T) {
+	parallelRows(len(scores)/S, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			row := scores[r*S : (r+1)*S]
+			pos := r % S
+			m := row[0] * scale
+			for _, v := range row[1 : pos+1] {
+				m = max(m, v*scale)
+			}
+			sum := expShift(row[:pos+1], scale, m)
+			inv := T(1 / sum)
+			for s := 0; s <= pos; s++ {
+				row[s] *= inv
+			}
+			clear(row[pos+1:])
+		}
+	})
+}
+
+// softmaxBack turns dP into the score gradient in place: dS = P·(dP − Σ P·dP)·scale.
+func softmaxBack[T float](p, dp []T, S int, scale T) {
+	parallelRows(len(p)/S, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			n := r%S + 1 // later keys have P = 0
+			pr, dr := p[r*S:r*S+n], dp[r*S:(r+1)*S]
+			var dot float64
+			for s, v := range pr {
+				dot += float64(v) * float64(dr[s])
+			}
+			d := T(dot)
+			for s, v := range pr {
+				dr[s] = v * (dr[s] - d) * scale
+			}
+			clear(dr[n:])
+		}
+	})
+}

@@ -282,11 +282,18 @@ func (e *Engine) call(x *graph.Exec, args []*tensors.Tensor) (out []*tensors.Ten
 	return out, nil
 }
 
-// CompileStats reports graph compilations so far.
+// CompileStats reports compilations so far: the sampler's graphs and the training pass's
+// matmuls (one per distinct shape).
 func (e *Engine) CompileStats() CompileStats {
 	e.graphs.mu.Lock()
-	defer e.graphs.mu.Unlock()
-	return e.graphs.compiles
+	s := e.graphs.compiles
+	e.graphs.mu.Unlock()
+	if e.direct != nil {
+		m := e.direct.mm.stats()
+		s.Count += m.Count
+		s.Total += m.Total
+	}
+	return s
 }
 
 // ropeTables returns cos and sin [B,T,hd] for the given absolute positions [B][T].

@@ -49,6 +49,7 @@ type matmuls struct {
 	execs    map[mmKey]compute.Executable
 	compiles CompileStats
 	free     map[bufKey][]sharedBuf
+	gen      int // steps given back so far
 	// putBuffer hands a matmul's output back to the backend's own pool (nil if this backend has
 	// no such method), where the next matmul of that size takes it.
 	putBuffer func(compute.Buffer)
@@ -64,6 +65,7 @@ type sharedBuf struct {
 	buf  compute.Buffer
 	flat any
 	key  bufKey
+	gen  int // the step count when it was last given back
 }
 
 func newMatmuls(b compute.Backend) *matmuls {
@@ -96,14 +98,33 @@ func (mm *matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error)
 	}
 	mm.mu.Unlock()
 	buf, flat, err := mm.backend.NewSharedBuffer(0, shapes.Make(dtype, dims...))
-	return sharedBuf{buf, flat, key}, err
+	return sharedBuf{buf: buf, flat: flat, key: key}, err
 }
 
 // giveBack returns a step's buffers: shared ones to our free lists, matmul outputs to the backend.
+// Free buffers not taken again within two steps are dropped, so the lists hold about one step's
+// worth of memory per shape in use, not every shape ever seen.
 func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer) {
 	mm.mu.Lock()
+	mm.gen++
 	for _, b := range shared {
+		b.gen = mm.gen
 		mm.free[b.key] = append(mm.free[b.key], b)
+	}
+	for k, l := range mm.free {
+		kept := l[:0]
+		for _, b := range l {
+			if b.gen+2 > mm.gen {
+				kept = append(kept, b)
+			} else {
+				_ = b.buf.Finalize()
+			}
+		}
+		if len(kept) == 0 {
+			delete(mm.free, k)
+		} else {
+			mm.free[k] = kept
+		}
 	}
 	mm.mu.Unlock()
 	for _, b := range outputs {

@@ -134,6 +134,36 @@ func TestLogitsMatchReference(t *testing.T) {
 		if worst > 1e-4 {
 			t.Fatalf("%s adapter=%v: max |logit - reference| = %.3g", c.Arch, c.Adapter, worst)
 		}
-		t.Logf("%s adapter=%v: max abs diff %.2g", c.Arch, c.Adapter, worst)
+		// The training pass is separate code: its logprobs of each next token must equal the
+		// reference log-softmax too.
+		V := e.Config.VocabSize
+		n := len(c.Tokens) - 1
+		targets := make([]float64, n)
+		for i := range targets {
+			targets[i] = float64(c.Tokens[i+1])
+		}
+		d := Datum{Tokens: c.Tokens[:n], Inputs: map[string]TensorInput{"target_tokens": {DType: "int64", Data: targets}}}
+		fwd, err := e.Forward(id, []Datum{d}, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var worstLP float64
+		for i := range n {
+			row := c.Logits[i*V : (i+1)*V]
+			m := row[0]
+			for _, v := range row {
+				m = math.Max(m, v)
+			}
+			var se float64
+			for _, v := range row {
+				se += math.Exp(v - m)
+			}
+			want := row[c.Tokens[i+1]] - m - math.Log(se)
+			worstLP = math.Max(worstLP, math.Abs(fwd.Logprobs[0][i]-want))
+		}
+		if worstLP > 1e-4 {
+			t.Fatalf("%s adapter=%v: max |logprob - reference| = %.3g", c.Arch, c.Adapter, worstLP)
+		}
+		t.Logf("%s adapter=%v: max abs diff %.2g (logits), %.2g (training-pass logprobs)", c.Arch, c.Adapter, worst, worstLP)
 	}
 }

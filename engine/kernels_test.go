@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// The float32 exponentials (scalar and 16-lane) stay within a few float32 ulps of math.Exp
+// over the range softmax and sigmoid feed them, including the lanes left over after the last
+// full vector.
+func TestFastExpMatchesMathExp(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	xs := []float32{0, -0, 1, -1, 0.5, 80, -80, 88, -87}
+	for range 10_000 {
+		xs = append(xs, float32(rng.Float64()*170-85))
+	}
+	xs = append(xs, 3, -2, 7) // 10,012 values: not a multiple of 16
+	const tol = 4e-7
+	for _, x := range xs {
+		want := math.Exp(float64(x))
+		if got := float64(exp32(x)); math.Abs(got-want) > tol*want {
+			t.Fatalf("exp32(%v) = %v, want %v", x, got, want)
+		}
+	}
+	v := append([]float32(nil), xs...)
+	sum := expShift(v, 1, 0)
+	var wantSum float64
+	for i, x := range xs {
+		want := math.Exp(float64(x))
+		wantSum += want
+		if math.Abs(float64(v[i])-want) > tol*want {
+			t.Fatalf("expShift lane %d: e^%v = %v, want %v", i, x, v[i], want)
+		}
+	}
+	if math.Abs(sum-wantSum) > 1e-6*wantSum {
+		t.Fatalf("expShift sum %v, want %v", sum, wantSum)
+	}
+	// Scaled and shifted, as softmax calls it.
+	w := []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}
+	expShift(w, 0.5, 8.5)
+	for i, x := range w {
+		want := math.Exp(float64(i+1)*0.5 - 8.5)
+		if math.Abs(float64(x)-want) > tol*want {
+			t.Fatalf("expShift scaled lane %d: %v, want %v", i, x, want)
+		}
+	}
+	sig := make([]float32, len(xs))
+	sigmoids(sig, xs)
+	for i, x := range xs {
+		want := 1 / (1 + math.Exp(-float64(x)))
+		if math.Abs(float64(sig[i])-want) > 1e-6*want+1e-38 {
+			t.Fatalf("sigmoid(%v) = %v, want %v", x, sig[i], want)
+		}
+	}
+}
+
+// Each token's loss derivative matches a central difference of its loss in lp, on both sides
+// of the ppo and cispo clips (cispo's ratio is not differentiated: its derivative is −clip(r)·A).
+func TestTokenLossGradients(t *testing.T) {
+	for _, kind := range []string{lossCrossEntropy, lossImportance, lossPPO, lossDRO} {
+		for _, q := range []float64{-2.5, -2, -1.5} {
+			for _, adv := range []float64{-0.7, 0.9} {
+				lp := -2.0
+				_, g := tokenLossGrad(kind, lp, 0.8, q, adv, 0.8, 1.2, 0.3)
+				const h = 1e-6
+				up, _ := tokenLossGrad(kind, lp+h, 0.8, q, adv, 0.8, 1.2, 0.3)
+				down, _ := tokenLossGrad(kind, lp-h, 0.8, q, adv, 0.8, 1.2, 0.3)
+				if fd := (up - down) / (2 * h); math.Abs(fd-g) > 1e-6 {
+					t.Fatalf("%s q=%v adv=%v: derivative %v, finite difference %v", kind, q, adv, g, fd)
+				}
+			}
+		}
+	}
+	for _, q := range []float64{-2.5, -2, -1} {
+		r := min(max(math.Exp(-2-q), 0.8), 1.2)
+		if _, g := tokenLossGrad(lossCISPO, -2, 1, q, 0.9, 0.8, 1.2, 0); math.Abs(g+r*0.9) > 1e-12 {
+			t.Fatalf("cispo q=%v: derivative %v, want %v", q, g, -r*0.9)
+		}
+	}
+}

@@ -90,7 +90,10 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	for i := lo; i < hi; i++ {
 		maxLen = max(maxLen, len(p.tokens[i]))
 	}
-	B, T := bucket(n, 1), bucket(maxLen, 16)
+	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
+	// one-node matmul compiles (about 50 µs each), not a graph, so there is no need for the
+	// power-of-two buckets the sampler's graphs use.
+	B, T := n, (maxLen+15)/16*16
 	N := B * T
 	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{},
 		taps: map[string]mat[E]{}, tapIn: map[string]mat[E]{}, mergedW: map[string]mat[E]{}, grads: grads}

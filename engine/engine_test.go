@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"path/filepath"
 	"sync"
@@ -307,6 +308,59 @@ func TestChunksMatchOneCall(t *testing.T) {
 			if math.Abs(v-grads[1536][k][j]) > 1e-9*(1+math.Abs(v)) {
 				t.Fatalf("gradient %d[%d]: %v vs %v", k, j, v, grads[1536][k][j])
 			}
+		}
+	}
+}
+
+// Forks of one engine (replicas sharing the base weights, the compiled matmuls and the pool of
+// step buffers) train at the same time and get exactly what each gets alone.
+func TestForksTrainConcurrently(t *testing.T) {
+	base := loadTiny(t, ArchQwen3, Options{})
+	ids := base.Tokenizer.Encode("Two replicas train side by side without sharing a thing.")
+	data := [][]Datum{{textDatum(ids)}, {textDatum(ids[:9]), textDatum(ids[3:])}}
+	run := func(e *Engine, k int) []float64 {
+		id := fmt.Sprint("a", k)
+		if _, err := e.CreateAdapter(id, LoraConfig{Rank: 4, Seed: int64(k), TrainAttn: true, TrainMLP: true}); err != nil {
+			t.Error(err)
+			return nil
+		}
+		var losses []float64
+		for range 5 {
+			r, err := e.ForwardBackward(id, data[k], "cross_entropy", nil)
+			if err != nil {
+				t.Error(err)
+				return nil
+			}
+			if _, err := e.OptimStep(id, AdamParams{LearningRate: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+				t.Error(err)
+				return nil
+			}
+			losses = append(losses, r.Loss)
+		}
+		return losses
+	}
+	alone := [][]float64{run(base.Fork(), 0), run(base.Fork(), 1)}
+	together := make([][]float64, 2)
+	var wg sync.WaitGroup
+	for k := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			together[k] = run(base.Fork(), k)
+		}()
+	}
+	wg.Wait()
+	for k := range 2 {
+		if len(alone[k]) != 5 || len(together[k]) != 5 {
+			t.Fatalf("fork %d: %d and %d losses", k, len(alone[k]), len(together[k]))
+		}
+		for i := range alone[k] {
+			if alone[k][i] != together[k][i] {
+				t.Fatalf("fork %d step %d: loss %v alone, %v beside another fork", k, i, alone[k][i], together[k][i])
+			}
+		}
+		if together[k][4] >= together[k][0] {
+			t.Fatalf("fork %d did not train: %v", k, together[k])
 		}
 	}
 }

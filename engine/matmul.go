@@ -142,6 +142,12 @@ func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	if x, ok := mm.execs[key]; ok {
 		return x, nil
 	}
+	if len(mm.execs) >= maxMatmuls {
+		// Many shapes over a long run: start over rather than grow without bound. The dropped
+		// executables are not finalized: a step on another replica may be running one; the
+		// garbage collector frees them after.
+		clear(mm.execs)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("engine: compiling matmul %+v: %v\n%s", key, r, debug.Stack())
@@ -186,6 +192,9 @@ func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	mm.compiles.Total += time.Since(start)
 	return x, nil
 }
+
+// maxMatmuls bounds the compiled matmuls kept; a training shape needs about twenty.
+const maxMatmuls = 4096
 
 func (mm *matmuls) stats() CompileStats {
 	mm.mu.Lock()

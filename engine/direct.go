@@ -93,7 +93,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), not a graph, so there is no need for the
 	// power-of-two buckets the sampler's graphs use.
-	B, T := n, (maxLen+15)/16*16
+	B, T := n, padLen(maxLen)
 	N := B * T
 	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{},
 		taps: map[string]mat[E]{}, tapIn: map[string]mat[E]{}, mergedW: map[string]mat[E]{}, grads: grads}
@@ -125,10 +125,19 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 			copy(h.v[(b*T+t)*D:(b*T+t+1)*D], emb.v[tok*D:(tok+1)*D])
 		}
 	}
+	// Memory: each layer's activations are released once nothing needs them (after its backward
+	// pass, or after the next layer when there is none), so a step holds the forward activations,
+	// one layer's backward temporaries and the logits, not everything it ever allocated.
 	s.layers = make([]layerActs[E], c.NumHiddenLayers)
+	marks := make([]arenaMark, c.NumHiddenLayers+1)
 	for l := range c.NumHiddenLayers {
+		marks[l] = s.ar.mark()
 		h = s.layer(l, h, B, T)
+		if grads == nil && l > 0 {
+			s.ar.release(marks[l-1], marks[l])
+		}
 	}
+	marks[c.NumHiddenLayers] = s.ar.mark()
 	hf, invF := s.ar.alloc(N, D), make([]E, N)
 	rmsNorm(h.v, s.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF)
 	logits := s.headLinear(hf)
@@ -194,7 +203,11 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	dh := s.ar.alloc(N, D)
 	rmsNormBack(dhf.v, h.v, invF, s.w("model.norm.weight").v, dh.v, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
+		m := s.ar.mark()
 		dh = s.layerBack(l, dh)
+		s.ar.release(m, s.ar.mark())
+		s.ar.release(marks[l], marks[l+1])
+		clear(s.mergedW) // this layer's merged weights were in the range just released
 	}
 	return total, s.ar.err
 }
@@ -433,7 +446,17 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	siluGate(la.gate.v, la.up.v, la.sig.v, la.act.v)
 	out := s.linear(la.act, p+"mlp.down_proj")
 	addScaled(out.v, la.h2.v, 1)
+	s.dropMerged()
 	return out
+}
+
+// dropMerged gives back the merged weights built so far: a step holds one layer's worth, and the
+// backward pass merges again (a rank-r matmul and one pass over the weight).
+func (s *directStep[E]) dropMerged() {
+	for path, m := range s.mergedW {
+		s.ar.releaseOne(m)
+		delete(s.mergedW, path)
+	}
 }
 
 // headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].

@@ -37,6 +37,9 @@ type Options struct {
 	LoraAlpha float64
 	// MaxBatchTokens bounds B×T of one pass; bigger batches run in chunks (default 8192).
 	MaxBatchTokens int
+	// MaxStepBytes bounds the activations one pass holds, estimated from the model's shape;
+	// batches that would need more run in smaller chunks (default 4 GiB).
+	MaxStepBytes int
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -141,6 +144,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	}
 	if opts.MaxBatchTokens == 0 {
 		opts.MaxBatchTokens = 8192
+	}
+	if opts.MaxStepBytes == 0 {
+		opts.MaxStepBytes = 4 << 30
 	}
 	backend, err := sharedBackend()
 	if err != nil {
@@ -280,6 +286,14 @@ func (e *Engine) call(x *graph.Exec, args []*tensors.Tensor) (out []*tensors.Ten
 	}
 	c.mu.Unlock()
 	return out, nil
+}
+
+// PeakStepBytes is the most activation memory one training or forward pass has held so far
+// (base weights excluded), to compare with Options.MaxStepBytes.
+func (e *Engine) PeakStepBytes() int {
+	e.direct.mm.mu.Lock()
+	defer e.direct.mm.mu.Unlock()
+	return e.direct.mm.peakBytes
 }
 
 // CompileStats reports compilations so far: the sampler's graphs and the training pass's

@@ -237,9 +237,10 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	}
 }
 
-// A batch bigger than MaxBatchTokens runs in chunks; the outputs and the accumulated gradients
-// are the ones the batch gives in one pass. Each engine first runs a forward pass, so that
-// forward_backward runs on reused (dirty) step buffers and must still give the same logprobs.
+// A batch bigger than MaxBatchTokens, or than MaxStepBytes allows, runs in chunks; the outputs
+// and the accumulated gradients are the ones the batch gives in one pass. Each engine first runs
+// a forward pass, so that forward_backward runs on reused (dirty) step buffers and must still
+// give the same logprobs.
 func TestChunksMatchOneCall(t *testing.T) {
 	dir := tinyModel(t, ArchQwen2)
 	ids := []int{}
@@ -247,18 +248,33 @@ func TestChunksMatchOneCall(t *testing.T) {
 		ids = append(ids, len(ids)%400+3)
 	}
 	var data []Datum
+	lengths := []int{}
 	for k := range 4 {
 		data = append(data, textDatum(ids[:301-k*90]))
+		lengths = append(lengths, 301-k*90)
 	}
-	results := map[int]*ForwardResult{}
-	grads := map[int][][]float64{}
-	for _, maxTokens := range []int{3 * 512, 8192} {
-		e, err := Load(dir, Options{Float64: true, MaxBatchTokens: maxTokens})
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		opts   Options
+		chunks int
+	}{
+		{"one pass", Options{Float64: true}, 1},
+		{"token limit", Options{Float64: true, MaxBatchTokens: 700}, 2},                                 // 2×304, then 2×128
+		{"memory limit", Options{Float64: true, MaxStepBytes: 8 * 400 * cfg.stepElemsPerToken(304)}, 3}, // 304, 304, 2×128
+	}
+	results := map[string]*ForwardResult{}
+	grads := map[string][][]float64{}
+	for _, c := range cases {
+		e, err := Load(dir, c.opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := len(e.chunks([]int{301, 211, 121, 31})), map[int]int{1536: 2, 8192: 1}[maxTokens]; got != want {
-			t.Fatalf("max %d tokens: %d chunks, want %d", maxTokens, got, want)
+		if got := len(e.chunks(lengths)); got != c.chunks {
+			t.Fatalf("%s: %d chunks, want %d", c.name, got, c.chunks)
 		}
 		a, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true})
 		if err != nil {
@@ -275,38 +291,44 @@ func TestChunksMatchOneCall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if results[maxTokens], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
+		if results[c.name], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
 			t.Fatal(err)
 		}
 		for i := range data {
 			for j, v := range first.Logprobs[i] {
-				if v != results[maxTokens].Logprobs[i][j] {
-					t.Fatalf("max %d tokens, datum %d token %d: %v on fresh buffers, %v on reused ones", maxTokens, i, j, v, results[maxTokens].Logprobs[i][j])
+				if v != results[c.name].Logprobs[i][j] {
+					t.Fatalf("%s, datum %d token %d: %v on fresh buffers, %v on reused ones", c.name, i, j, v, results[c.name].Logprobs[i][j])
 				}
 			}
 		}
 		for _, p := range a.params {
-			grads[maxTokens] = append(grads[maxTokens], p.g)
+			grads[c.name] = append(grads[c.name], p.g)
+		}
+		if c.opts.MaxStepBytes > 0 && e.PeakStepBytes() > c.opts.MaxStepBytes {
+			t.Fatalf("%s: a pass held %d bytes, over the %d allowed", c.name, e.PeakStepBytes(), c.opts.MaxStepBytes)
 		}
 	}
-	one, chunked := results[8192], results[1536]
-	if math.Abs(one.Loss-chunked.Loss) > 1e-9*math.Abs(one.Loss) {
-		t.Fatalf("loss %v in one pass, %v in chunks", one.Loss, chunked.Loss)
-	}
-	for i := range data {
-		if len(one.Logprobs[i]) != len(data[i].Tokens) {
-			t.Fatalf("datum %d: %d logprobs for %d tokens", i, len(one.Logprobs[i]), len(data[i].Tokens))
+	one := results["one pass"]
+	for _, c := range cases[1:] {
+		chunked := results[c.name]
+		if math.Abs(one.Loss-chunked.Loss) > 1e-9*math.Abs(one.Loss) {
+			t.Fatalf("%s: loss %v in one pass, %v in chunks", c.name, one.Loss, chunked.Loss)
 		}
-		for j, v := range one.Logprobs[i] {
-			if math.Abs(v-chunked.Logprobs[i][j]) > 1e-9 {
-				t.Fatalf("datum %d token %d: %v vs %v", i, j, v, chunked.Logprobs[i][j])
+		for i := range data {
+			if len(chunked.Logprobs[i]) != len(data[i].Tokens) {
+				t.Fatalf("%s: datum %d: %d logprobs for %d tokens", c.name, i, len(chunked.Logprobs[i]), len(data[i].Tokens))
+			}
+			for j, v := range one.Logprobs[i] {
+				if math.Abs(v-chunked.Logprobs[i][j]) > 1e-9 {
+					t.Fatalf("%s: datum %d token %d: %v vs %v", c.name, i, j, v, chunked.Logprobs[i][j])
+				}
 			}
 		}
-	}
-	for k := range grads[8192] {
-		for j, v := range grads[8192][k] {
-			if math.Abs(v-grads[1536][k][j]) > 1e-9*(1+math.Abs(v)) {
-				t.Fatalf("gradient %d[%d]: %v vs %v", k, j, v, grads[1536][k][j])
+		for k := range grads["one pass"] {
+			for j, v := range grads["one pass"][k] {
+				if math.Abs(v-grads[c.name][k][j]) > 1e-9*(1+math.Abs(v)) {
+					t.Fatalf("%s: gradient %d[%d]: %v vs %v", c.name, k, j, v, grads[c.name][k][j])
+				}
 			}
 		}
 	}

@@ -50,6 +50,8 @@ type matmuls struct {
 	compiles CompileStats
 	free     map[bufKey][]sharedBuf
 	gen      int // steps given back so far
+	// peakBytes is the most memory one step has held.
+	peakBytes int
 	// putBuffer hands a matmul's output back to the backend's own pool (nil if this backend has
 	// no such method), where the next matmul of that size takes it.
 	putBuffer func(compute.Buffer)
@@ -101,36 +103,45 @@ func (mm *matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error)
 	return sharedBuf{buf: buf, flat: flat, key: key}, err
 }
 
-// giveBack returns a step's buffers: shared ones to our free lists, matmul outputs to the backend.
-// Free buffers not taken again within two steps are dropped, so the lists hold about one step's
-// worth of memory per shape in use, not every shape ever seen.
-func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer) {
+// giveBack returns buffers: shared ones to our free lists, matmul outputs to the backend.
+// At the end of a step, free buffers not taken again within two steps are dropped, so the lists
+// hold about one step's worth of memory per shape in use, not every shape ever seen.
+func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
 	mm.mu.Lock()
-	mm.gen++
+	if endOfStep {
+		mm.gen++
+	}
 	for _, b := range shared {
+		if b.buf == nil {
+			continue
+		}
 		b.gen = mm.gen
 		mm.free[b.key] = append(mm.free[b.key], b)
 	}
-	for k, l := range mm.free {
-		kept := l[:0]
-		for _, b := range l {
-			if b.gen+2 > mm.gen {
-				kept = append(kept, b)
-			} else {
-				_ = b.buf.Finalize()
+	if endOfStep {
+		for k, l := range mm.free {
+			kept := l[:0]
+			for _, b := range l {
+				if b.gen+2 > mm.gen {
+					kept = append(kept, b)
+				} else {
+					_ = b.buf.Finalize()
+				}
 			}
-		}
-		if len(kept) == 0 {
-			delete(mm.free, k)
-		} else {
-			mm.free[k] = kept
+			if len(kept) == 0 {
+				delete(mm.free, k)
+			} else {
+				mm.free[k] = kept
+			}
 		}
 	}
 	mm.mu.Unlock()
 	for _, b := range outputs {
-		if mm.putBuffer != nil {
+		switch {
+		case b == nil:
+		case mm.putBuffer != nil:
 			mm.putBuffer(b)
-		} else {
+		default:
 			_ = b.Finalize()
 		}
 	}
@@ -193,6 +204,12 @@ func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	return x, nil
 }
 
+func (mm *matmuls) notePeak(bytes int) {
+	mm.mu.Lock()
+	mm.peakBytes = max(mm.peakBytes, bytes)
+	mm.mu.Unlock()
+}
+
 // maxMatmuls bounds the compiled matmuls kept; a training shape needs about twenty.
 const maxMatmuls = 4096
 
@@ -208,7 +225,9 @@ type arena[T float] struct {
 	dtype  dtypes.DType
 	owned  []compute.Buffer // matmul outputs
 	shared []sharedBuf      // from alloc
-	err    error            // first failure; later calls are no-ops and the step returns it
+	err    error
+	// live and peak count the bytes the step holds (weights excluded).
+	live, peak int            // first failure; later calls are no-ops and the step returns it
 }
 
 func newArena[T float](mm *matmuls) *arena[T] {
@@ -237,6 +256,7 @@ func (a *arena[T]) alloc(dims ...int) mat[T] {
 		return mat[T]{v: make([]T, prod(dims)), dims: dims}
 	}
 	a.shared = append(a.shared, sb)
+	a.count(prod(dims))
 	return mat[T]{buf: sb.buf, v: sb.flat.([]T), dims: dims}
 }
 
@@ -257,8 +277,61 @@ func (a *arena[T]) from(v []float64, dims ...int) mat[T] {
 
 // free returns every buffer of the step; no tensor of the arena may be used afterwards.
 func (a *arena[T]) free() {
-	a.mm.giveBack(a.shared, a.owned)
+	a.mm.notePeak(a.peak)
+	a.mm.giveBack(a.shared, a.owned, true)
 	a.owned, a.shared = nil, nil
+}
+
+func (a *arena[T]) count(elems int) {
+	a.live += elems * a.dtype.Size()
+	a.peak = max(a.peak, a.live)
+}
+
+func bufBytes(b compute.Buffer) int {
+	sh, err := b.Shape()
+	if err != nil {
+		return 0
+	}
+	return int(sh.Memory())
+}
+
+// arenaMark is a point in an arena's allocations.
+type arenaMark struct{ owned, shared int }
+
+func (a *arena[T]) mark() arenaMark { return arenaMark{len(a.owned), len(a.shared)} }
+
+// release gives back, in the middle of a step, everything allocated between two marks: later
+// allocations of the step reuse it. Nothing allocated there may be used afterwards.
+func (a *arena[T]) release(from, to arenaMark) {
+	var shared []sharedBuf
+	for i := from.shared; i < to.shared; i++ {
+		if a.shared[i].buf != nil {
+			a.live -= bufBytes(a.shared[i].buf)
+			shared = append(shared, a.shared[i])
+			a.shared[i] = sharedBuf{}
+		}
+	}
+	var outputs []compute.Buffer
+	for i := from.owned; i < to.owned; i++ {
+		if a.owned[i] != nil {
+			a.live -= bufBytes(a.owned[i])
+			outputs = append(outputs, a.owned[i])
+			a.owned[i] = nil
+		}
+	}
+	a.mm.giveBack(shared, outputs, false)
+}
+
+// releaseOne gives back one matmul output in the middle of a step.
+func (a *arena[T]) releaseOne(m mat[T]) {
+	for i := len(a.owned) - 1; i >= 0; i-- {
+		if a.owned[i] != nil && a.owned[i] == m.buf {
+			a.live -= bufBytes(m.buf)
+			a.owned[i] = nil
+			a.mm.giveBack(nil, []compute.Buffer{m.buf}, false)
+			return
+		}
+	}
 }
 
 // matmul returns x·y (y given as [k,n]) or x·yᵀ (transB: y given as [n,k]); with batch > 0 both
@@ -293,6 +366,7 @@ func (a *arena[T]) matmul(x, y mat[T], batch int, transB bool) mat[T] {
 		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
 	}
 	a.owned = append(a.owned, outs[0])
+	a.count(prod(outDims))
 	return mat[T]{buf: outs[0], v: flat.([]T), dims: outDims}
 }
 

@@ -89,6 +89,7 @@ func benchEngine(args []string) error {
 		"train_tokens_per_s": float64(tokens) / stepTime.Seconds(),
 		"train_gflops":       e.Config.TrainFLOPs(tokens, *seq) / stepTime.Seconds() / 1e9,
 		"peak_gflops":        peak,
+		"step_peak_mb":       float64(e.PeakStepBytes()) / (1 << 20),
 	}
 	for _, b := range []int{1, 8} {
 		prompt := data[0].Tokens[:16]

@@ -227,7 +227,7 @@ type arena[T float] struct {
 	shared []sharedBuf      // from alloc
 	err    error
 	// live and peak count the bytes the step holds (weights excluded).
-	live, peak int            // first failure; later calls are no-ops and the step returns it
+	live, peak int // first failure; later calls are no-ops and the step returns it
 }
 
 func newArena[T float](mm *matmuls) *arena[T] {

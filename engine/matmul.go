@@ -225,9 +225,9 @@ type arena[T float] struct {
 	dtype  dtypes.DType
 	owned  []compute.Buffer // matmul outputs
 	shared []sharedBuf      // from alloc
-	err    error
+	err    error            // first failure; later calls are no-ops and the step returns it
 	// live and peak count the bytes the step holds (weights excluded).
-	live, peak int // first failure; later calls are no-ops and the step returns it
+	live, peak int
 }
 
 func newArena[T float](mm *matmuls) *arena[T] {

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-
-	"github.com/gomlx/gomlx/core/tensors"
 )
 
 // LoraConfig is Tinker's LoraConfig.
@@ -124,18 +122,6 @@ func (e *Engine) adapter(id string) (*Adapter, error) {
 	return a, nil
 }
 
-// loraTensors returns the graph inputs for an adapter (nil: base model): its A/B pairs and scale.
-func (e *Engine) loraTensors(a *Adapter) []*tensors.Tensor {
-	if a == nil {
-		return []*tensors.Tensor{e.scalar(0)}
-	}
-	out := make([]*tensors.Tensor, 0, len(a.params)+1)
-	for _, p := range a.params {
-		out = append(out, e.tensor(p.w, p.shape...))
-	}
-	return append(out, e.scalar(a.Config.Alpha/float64(a.Config.Rank)))
-}
-
 func specOf(a *Adapter) loraSpec {
 	if a == nil {
 		return loraSpec{}
@@ -232,4 +218,44 @@ func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) 
 		"learning_rate:mean": p.LearningRate,
 		"step:max":           t,
 	}, nil
+}
+
+// loraSpec says which linear layers carry LoRA.
+type loraSpec struct {
+	Attn, MLP, Unembed bool
+}
+
+func (s loraSpec) any() bool { return s.Attn || s.MLP || s.Unembed }
+
+// loraModule is one adapted linear layer: HF module path and its dimensions.
+type loraModule struct {
+	Path    string // e.g. "model.layers.0.self_attn.q_proj", or "lm_head"
+	In, Out int
+}
+
+// loraModules lists the adapted layers of a spec, in parameter order.
+func (c *Config) loraModules(s loraSpec) []loraModule {
+	D, F, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
+	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
+	var mods []loraModule
+	for l := range c.NumHiddenLayers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		if s.Attn {
+			mods = append(mods,
+				loraModule{p + "self_attn.q_proj", D, qd},
+				loraModule{p + "self_attn.k_proj", D, kvd},
+				loraModule{p + "self_attn.v_proj", D, kvd},
+				loraModule{p + "self_attn.o_proj", qd, D})
+		}
+		if s.MLP {
+			mods = append(mods,
+				loraModule{p + "mlp.gate_proj", D, F},
+				loraModule{p + "mlp.up_proj", D, F},
+				loraModule{p + "mlp.down_proj", F, D})
+		}
+	}
+	if s.Unembed {
+		mods = append(mods, loraModule{"lm_head", D, c.VocabSize})
+	}
+	return mods
 }

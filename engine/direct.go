@@ -7,8 +7,8 @@ import (
 	"github.com/gomlx/compute"
 )
 
-// directBase is what the direct training path shares across an engine's forks: the compiled
-// matmuls and the base weights as backend buffers (the same memory as e.base, never copied).
+// directBase is what an engine's forks share: the base weights as backend shared buffers and
+// the compiled matmuls with their pool of step buffers.
 type directBase struct {
 	mm      *matmuls
 	weights map[string]weightRef
@@ -18,24 +18,6 @@ type weightRef struct {
 	buf  compute.Buffer
 	flat any // []float32 or []float64
 	dims []int
-}
-
-func (e *Engine) initDirect() error {
-	d := &directBase{mm: newMatmuls(e.backend), weights: map[string]weightRef{}}
-	for i, name := range e.baseNames {
-		t := e.base[i]
-		buf, err := t.Buffer(e.backend, 0)
-		if err != nil {
-			return fmt.Errorf("engine: weight %s: %w", name, err)
-		}
-		flat, err := buf.Data()
-		if err != nil {
-			return fmt.Errorf("engine: weight %s: %w", name, err)
-		}
-		d.weights[name] = weightRef{buf: buf, flat: flat, dims: t.Shape().Dimensions}
-	}
-	e.direct = d
-	return nil
 }
 
 // layerActs are the activations of one decoder layer that its backward pass needs.
@@ -57,6 +39,7 @@ type layerActs[E float] struct {
 // gradient accumulators.
 type loraMats[E float] struct {
 	a, aT, b mat[E] // A [r, in], Aᵀ [in, r], B [out, r]
+	bT       mat[E] // Bᵀ [r, out], for unmerged decoding
 	ai, bi   int
 }
 
@@ -140,7 +123,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	marks[c.NumHiddenLayers] = s.ar.mark()
 	hf, invF := s.ar.alloc(N, D), make([]E, N)
 	rmsNorm(h.v, s.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF)
-	logits := s.headLinear(hf)
+	logits := s.linear(hf, "lm_head")
 	V := c.VocabSize
 
 	// Per token: log p(target) = logit[target] − logsumexp. The logits row is overwritten by
@@ -199,7 +182,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 			row[target[r]] += E(g)
 		}
 	})
-	dhf := s.headLinearBack(logits)
+	dhf := *s.linearBack(logits, "lm_head", true)
 	dh := s.ar.alloc(N, D)
 	rmsNormBack(dhf.v, h.v, invF, s.w("model.norm.weight").v, dh.v, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
@@ -242,24 +225,37 @@ func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad
 	return 0, 0
 }
 
-// linear is x·W (+ bias) for the module at path, W stored [in, out]. With a LoRA on the module
-// W is the merged W + scale·Aᵀ·Bᵀ, one matmul instead of three (the rank-r matmuls are slow in
-// the backend: little work per output element); x·Aᵀ is kept for the LoRA gradients.
+// weightName is the base weight a LoRA module path adapts: a tied lm_head is the embedding.
+func (c *Config) weightName(path string) string {
+	if path == "lm_head" && c.TieWordEmbeddings {
+		return "model.embed_tokens.weight"
+	}
+	return path + ".weight"
+}
+
+// weightIsOutIn reports a module whose weight is stored [out, in] (a tied head: the embedding)
+// rather than [in, out].
+func (c *Config) weightIsOutIn(path string) bool { return path == "lm_head" && c.TieWordEmbeddings }
+
+// linear is x·W (+ bias) for the module at path. With a LoRA on the module W is the merged
+// W + scale·(B·A)ᵀ, one matmul instead of three (the rank-r matmuls are slow in the backend:
+// little work per output element); x·Aᵀ is kept for the LoRA gradients.
 func (s *directStep[E]) linear(x mat[E], path string) mat[E] {
-	y := s.ar.matmul(x, s.merged(path), 0, false)
+	y := s.ar.matmul(x, s.merged(path), 0, s.c.weightIsOutIn(path))
 	if b, ok := s.e.direct.weights[path+".bias"]; ok {
 		addBias(y.v, b.flat.([]E))
 	}
 	if lm, ok := s.lora[path]; ok {
-		s.taps[path] = s.ar.matmul(x, lm.aT, 0, false) // [N, r]
+		s.taps[path] = s.ar.matmul(x, lm.a, 0, true) // [N, r]
 		s.tapIn[path] = x
 	}
 	return y
 }
 
-// merged returns the module's weight [in, out] with its LoRA folded in, built once per step.
+// merged returns the module's weight, in its stored layout, with its LoRA folded in; built once
+// per layer and pass.
 func (s *directStep[E]) merged(path string) mat[E] {
-	w := s.w(path + ".weight")
+	w := s.w(s.c.weightName(path))
 	lm, ok := s.lora[path]
 	if !ok {
 		return w
@@ -267,7 +263,12 @@ func (s *directStep[E]) merged(path string) mat[E] {
 	if m, ok := s.mergedW[path]; ok {
 		return m
 	}
-	m := s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+	var m mat[E]
+	if s.c.weightIsOutIn(path) {
+		m = s.ar.matmul(lm.b, lm.a, 0, false) // B·A [out, in]
+	} else {
+		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+	}
 	parallelRows(len(m.v)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(m.v))
 		for i := lo; i < hi; i++ {
@@ -278,14 +279,14 @@ func (s *directStep[E]) merged(path string) mat[E] {
 	return m
 }
 
-// linearBack adds the module's LoRA gradients for output gradient dy at input x and returns
-// d loss/dx (nil when !needDX).
-func (s *directStep[E]) linearBack(dy, x mat[E], path string, needDX bool) *mat[E] {
+// linearBack adds the module's LoRA gradients for output gradient dy and returns d loss/dx
+// (nil when !needDX).
+func (s *directStep[E]) linearBack(dy mat[E], path string, needDX bool) *mat[E] {
 	s.loraBack(dy, path)
 	if !needDX {
 		return nil
 	}
-	d := s.ar.matmul(dy, s.merged(path), 0, true)
+	d := s.ar.matmul(dy, s.merged(path), 0, !s.c.weightIsOutIn(path))
 	return &d
 }
 
@@ -319,42 +320,6 @@ func (s *directStep[E]) loraBack(dy mat[E], path string) {
 	}
 }
 
-// headLinear is the unembedding: hf·embᵀ (tied) or hf·W (W stored [D, V]), with its LoRA.
-func (s *directStep[E]) headLinear(hf mat[E]) mat[E] {
-	if !s.c.TieWordEmbeddings {
-		return s.linear(hf, "lm_head")
-	}
-	emb := s.w("model.embed_tokens.weight")
-	lm, ok := s.lora["lm_head"]
-	if !ok {
-		return s.ar.matmul(hf, emb, 0, true)
-	}
-	// Tied: emb [V, D] is the transposed layout, so the merged weight is emb + scale·B·A.
-	m := s.ar.matmul(lm.b, lm.a, 0, false)
-	parallelRows(len(m.v)/256+1, func(lo, hi int) {
-		lo, hi = lo*256, min(hi*256, len(m.v))
-		for i := lo; i < hi; i++ {
-			m.v[i] = emb.v[i] + s.scale*m.v[i]
-		}
-	})
-	s.mergedW["lm_head"] = m
-	s.taps["lm_head"] = s.ar.matmul(hf, lm.aT, 0, false)
-	s.tapIn["lm_head"] = hf
-	return s.ar.matmul(hf, m, 0, true)
-}
-
-func (s *directStep[E]) headLinearBack(dy mat[E]) mat[E] {
-	if !s.c.TieWordEmbeddings {
-		return *s.linearBack(dy, mat[E]{}, "lm_head", true)
-	}
-	s.loraBack(dy, "lm_head")
-	w, ok := s.mergedW["lm_head"]
-	if !ok {
-		w = s.w("model.embed_tokens.weight")
-	}
-	return s.ar.matmul(dy, w, 0, false)
-}
-
 // transpose writes dst [cols, rows] = scale·srcᵀ for src [rows, cols].
 func transpose[E float](src, dst []E, rows, cols int, scale E) {
 	for i := range rows {
@@ -367,7 +332,7 @@ func transpose[E float](src, dst []E, rows, cols int, scale E) {
 // layer runs decoder layer l on h [N, D] and keeps what its backward pass needs.
 func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	c := s.c
-	p := fmt.Sprintf("model.layers.%d.", l)
+	p := layerPrefix(l)
 	N, D := B*T, c.HiddenSize
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G := H / KVH
@@ -432,7 +397,7 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	softmaxCausal(la.p.v, T, scale)
 	o := s.ar.matmul(la.p, la.vh, BK, false) // [BK, G·T, hd]
 	la.o = s.ar.alloc(N, H*hd)
-	s.headsToTokens(o, la.o, B, T, KVH, G, hd)
+	headsToTokens(o.v, la.o.v, B, T, KVH, G, hd)
 
 	attn := s.linear(la.o, p+"self_attn.o_proj")
 	la.h2 = attn
@@ -460,14 +425,14 @@ func (s *directStep[E]) dropMerged() {
 }
 
 // headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].
-func (s *directStep[E]) headsToTokens(o, dst mat[E], B, T, KVH, G, hd int) {
+func headsToTokens[E float](o, dst []E, B, T, KVH, G, hd int) {
 	H := KVH * G
 	parallelRows(B*T, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
 			for h := range H {
 				row := (b*KVH+h/G)*G*T + (h%G)*T + t
-				copy(dst.v[(n*H+h)*hd:(n*H+h+1)*hd], o.v[row*hd:(row+1)*hd])
+				copy(dst[(n*H+h)*hd:(n*H+h+1)*hd], o[row*hd:(row+1)*hd])
 			}
 		}
 	})
@@ -476,13 +441,21 @@ func (s *directStep[E]) headsToTokens(o, dst mat[E], B, T, KVH, G, hd int) {
 // rope rotates one head vector at position t (HF rotate_half convention).
 func (s *directStep[E]) rope(x, y []E, t int) {
 	half := len(x) / 2
-	c, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+	ropeRow(x, y, s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
+}
+
+// ropeRow rotates x into y by the angles whose cosines and sines are c and sn.
+func ropeRow[E float](x, y, c, sn []E) {
+	half := len(x) / 2
 	for i := range half {
 		x1, x2 := x[i], x[i+half]
 		y[i] = x1*c[i] - x2*sn[i]
 		y[i+half] = x2*c[i] + x1*sn[i]
 	}
 }
+
+// layerPrefix is the HF name prefix of layer l's weights.
+func layerPrefix(l int) string { return fmt.Sprintf("model.layers.%d.", l) }
 
 // ropeBack is rope's transpose: rotation by −θ.
 func (s *directStep[E]) ropeBack(dy, dx []E, t int) {
@@ -525,22 +498,22 @@ func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
 // gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
 func (s *directStep[E]) layerBack(l int, dh mat[E]) mat[E] {
 	c := s.c
-	p := fmt.Sprintf("model.layers.%d.", l)
+	p := layerPrefix(l)
 	la := &s.layers[l]
 	B, T, KVH, G, hd := la.B, la.T, la.KVH, la.G, la.hd
 	H, N, BK := KVH*G, B*T, B*KVH
 
 	// MLP.
-	da := s.linearBack(dh, la.act, p+"mlp.down_proj", true)
+	da := s.linearBack(dh, p+"mlp.down_proj", true)
 	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
 	siluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
-	dx2 := s.linearBack(dg, la.x2, p+"mlp.gate_proj", true)
-	addScaled(dx2.v, s.linearBack(du, la.x2, p+"mlp.up_proj", true).v, 1)
+	dx2 := s.linearBack(dg, p+"mlp.gate_proj", true)
+	addScaled(dx2.v, s.linearBack(du, p+"mlp.up_proj", true).v, 1)
 	dh2 := dh // the residual passes dh through; the norm's gradient is added to it
 	rmsNormBack(dx2.v, la.h2.v, la.inv2.v, s.w(p+"post_attention_layernorm.weight").v, dh2.v, true)
 
 	// Attention.
-	do := s.linearBack(dh2, la.o, p+"self_attn.o_proj", true)
+	do := s.linearBack(dh2, p+"self_attn.o_proj", true)
 	dO, dOT := s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
 	parallelRows(N, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
@@ -605,9 +578,9 @@ func (s *directStep[E]) layerBack(l int, dh mat[E]) mat[E] {
 		}
 	})
 	needDX := l > 0
-	dx1 := s.linearBack(dq, la.x1, p+"self_attn.q_proj", needDX)
-	dxk := s.linearBack(dk, la.x1, p+"self_attn.k_proj", needDX)
-	dxv := s.linearBack(dv, la.x1, p+"self_attn.v_proj", needDX)
+	dx1 := s.linearBack(dq, p+"self_attn.q_proj", needDX)
+	dxk := s.linearBack(dk, p+"self_attn.k_proj", needDX)
+	dxv := s.linearBack(dv, p+"self_attn.v_proj", needDX)
 	if !needDX {
 		return mat[E]{}
 	}

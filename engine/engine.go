@@ -8,10 +8,8 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -20,8 +18,6 @@ import (
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/gobackend"
 	"github.com/gomlx/compute/shapes"
-	"github.com/gomlx/gomlx/core/graph"
-	"github.com/gomlx/gomlx/core/tensors"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -48,34 +44,21 @@ type Engine struct {
 	Tokenizer *tokenizer.Tokenizer // nil if the directory has no tokenizer.json
 	Dir       string
 
-	opts      Options
-	backend   compute.Backend
-	dtype     dtypes.DType
-	baseNames []string
-	base      []*tensors.Tensor
-	invFreq   []float64
+	opts    Options
+	backend compute.Backend
+	dtype   dtypes.DType
+	invFreq []float64
 
 	mu       sync.Mutex
 	adapters map[string]*Adapter
-	graphs   *graphCache // shared by forks
-	direct   *directBase // shared by forks
-}
-
-// graphCache holds the compiled graphs, shared by every fork of a base model: graphs depend on
-// the model and the LoRA spec, not on which replica runs them.
-type graphCache struct {
-	mu         sync.Mutex
-	execs      map[string]*graph.Exec
-	compiles   CompileStats
-	seenGraphs map[*graph.Graph]bool
+	direct   *directBase // base weights, compiled matmuls, step buffers: shared by forks
 }
 
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the
-// same compiled graphs, with its own adapters: one per replica of a base model.
+// same compiled matmuls, with its own adapters: one per replica of a base model.
 func (e *Engine) Fork() *Engine {
 	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
-		dtype: e.dtype, baseNames: e.baseNames, base: e.base, invFreq: e.invFreq,
-		adapters: map[string]*Adapter{}, graphs: e.graphs, direct: e.direct}
+		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, direct: e.direct}
 }
 
 // AdapterIDs lists the loaded adapters.
@@ -89,7 +72,7 @@ func (e *Engine) AdapterIDs() []string {
 	return ids
 }
 
-// CompileStats counts graph compilations, which happen once per (graph kind, bucketed shape).
+// CompileStats counts compilations: one one-node matmul per distinct shape.
 type CompileStats struct {
 	Count int
 	Total time.Duration
@@ -153,37 +136,45 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
 	}
 	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, backend: backend,
-		dtype: dtypes.Float32, adapters: map[string]*Adapter{},
-		graphs:  &graphCache{execs: map[string]*graph.Exec{}, seenGraphs: map[*graph.Graph]bool{}},
-		invFreq: cfg.invFreq()}
+		dtype: dtypes.Float32, adapters: map[string]*Adapter{}, invFreq: cfg.invFreq()}
 	if opts.Float64 {
 		e.dtype = dtypes.Float64
 	}
-	e.baseNames = cfg.weightNames()
-	for _, name := range e.baseNames {
+	// Weights go once into backend shared buffers in the engine's dtype: matmuls read them in
+	// place, Go code reads the same memory. Linear weights are stored transposed, [in, out]: with
+	// few rows (decoding) the backend multiplies x·W twice as fast as x·Wᵀ, and for training the
+	// two are even. The embedding stays [V, D] for the lookup, so a tied head multiplies by it
+	// transposed.
+	e.direct = &directBase{mm: newMatmuls(backend), weights: map[string]weightRef{}}
+	for _, name := range cfg.weightNames() {
 		v, err := host[name].Float64()
 		if err != nil {
 			return nil, fmt.Errorf("engine: weight %s: %w", name, err)
 		}
-		t := hostTensor{shape: host[name].Shape, data: v}
+		shape := host[name].Shape
 		if isLinearWeight(name) {
-			t = transpose2D(t)
+			t := transpose2D(hostTensor{shape: shape, data: v})
+			v, shape = t.data, t.shape
 		}
-		bt := e.tensor(t.data, t.shape...)
-		// On the device now, once: later graph calls (several at a time) only read it.
-		if err := bt.MaterializeOnDevice(backend, backend.HasSharedBuffers(), 0); err != nil {
+		buf, flat, err := backend.NewSharedBuffer(0, shapes.Make(e.dtype, shape...))
+		if err != nil {
 			return nil, fmt.Errorf("engine: placing weight %s: %w", name, err)
 		}
-		e.base = append(e.base, bt)
+		switch f := flat.(type) {
+		case []float32:
+			for i, x := range v {
+				f[i] = float32(x)
+			}
+		case []float64:
+			copy(f, v)
+		}
+		e.direct.weights[name] = weightRef{buf: buf, flat: flat, dims: shape}
 		delete(host, name)
-	}
-	if err := e.initDirect(); err != nil {
-		return nil, err
 	}
 	return e, nil
 }
 
-// isLinearWeight reports the weights stored pre-transposed to [in,out] (all projections and an untied lm_head).
+// isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
 func isLinearWeight(name string) bool {
 	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight"
 }
@@ -199,44 +190,6 @@ func transpose2D(t hostTensor) hostTensor {
 	return hostTensor{shape: []int{c, r}, data: out}
 }
 
-// tensor makes a backend tensor of the engine dtype from float64 values.
-func (e *Engine) tensor(v []float64, dims ...int) *tensors.Tensor {
-	if e.dtype == dtypes.Float64 {
-		return tensors.FromFlatDataAndDimensions(append([]float64(nil), v...), dims...)
-	}
-	f := make([]float32, len(v))
-	for i, x := range v {
-		f[i] = float32(x)
-	}
-	return tensors.FromFlatDataAndDimensions(f, dims...)
-}
-
-func (e *Engine) scalar(v float64) *tensors.Tensor {
-	if e.dtype == dtypes.Float64 {
-		return tensors.FromScalar(v)
-	}
-	return tensors.FromScalar(float32(v))
-}
-
-// values copies a tensor's contents out as float64 and frees it.
-func values(t *tensors.Tensor) []float64 {
-	defer t.FinalizeAll()
-	var out []float64
-	switch t.DType() {
-	case dtypes.Float64:
-		out = tensors.MustCopyFlatData[float64](t)
-	case dtypes.Float32:
-		f := tensors.MustCopyFlatData[float32](t)
-		out = make([]float64, len(f))
-		for i, x := range f {
-			out[i] = float64(x)
-		}
-	}
-	return out
-}
-
-func shapeOf(dt dtypes.DType, dims ...int) shapes.Shape { return shapes.Make(dt, dims...) }
-
 // roundToDType rounds v to what the engine's dtype can hold, so stored weights equal what the
 // graph sees and a float32 save/load round-trips exactly.
 func (e *Engine) roundToDType(v float64) float64 {
@@ -244,48 +197,6 @@ func (e *Engine) roundToDType(v float64) float64 {
 		return float64(float32(v))
 	}
 	return v
-}
-
-// exec returns (building on first use) the executable for a graph kind.
-func (e *Engine) exec(key string, build func(in []*graph.Node) []*graph.Node) *graph.Exec {
-	c := e.graphs
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if x, ok := c.execs[key]; ok {
-		return x
-	}
-	x := graph.MustNewExec(e.backend, build).WithName(key)
-	x.SetMaxCache(256)
-	c.execs[key] = x
-	return x
-}
-
-// call runs an executable, turning GoMLX panics into errors and counting compilations.
-func (e *Engine) call(x *graph.Exec, args []*tensors.Tensor) (out []*tensors.Tensor, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("engine: compute failed: %v\n%s", r, debug.Stack())
-		}
-	}()
-	anyArgs := make([]any, len(args))
-	for i, a := range args {
-		anyArgs[i] = a
-	}
-	start := time.Now()
-	out, g, err := x.CallWithGraph(anyArgs...)
-	if err != nil {
-		return nil, fmt.Errorf("engine: compute failed: %w", err)
-	}
-	c := e.graphs
-	c.mu.Lock()
-	if !c.seenGraphs[g] {
-		// A graph seen for the first time was just built and compiled; the time includes one run.
-		c.seenGraphs[g] = true
-		c.compiles.Count++
-		c.compiles.Total += time.Since(start)
-	}
-	c.mu.Unlock()
-	return out, nil
 }
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
@@ -296,39 +207,8 @@ func (e *Engine) PeakStepBytes() int {
 	return e.direct.mm.peakBytes
 }
 
-// CompileStats reports compilations so far: the sampler's graphs and the training pass's
-// matmuls (one per distinct shape).
-func (e *Engine) CompileStats() CompileStats {
-	e.graphs.mu.Lock()
-	s := e.graphs.compiles
-	e.graphs.mu.Unlock()
-	if e.direct != nil {
-		m := e.direct.mm.stats()
-		s.Count += m.Count
-		s.Total += m.Total
-	}
-	return s
-}
-
-// ropeTables returns cos and sin [B,T,hd] for the given absolute positions [B][T].
-func (e *Engine) ropeTables(pos [][]int) (*tensors.Tensor, *tensors.Tensor) {
-	hd := e.Config.HeadDim
-	B, T := len(pos), len(pos[0])
-	cos := make([]float64, B*T*hd)
-	sin := make([]float64, B*T*hd)
-	for b := range B {
-		for t := range T {
-			base := (b*T + t) * hd
-			for i, f := range e.invFreq {
-				a := float64(pos[b][t]) * f
-				c, s := math.Cos(a), math.Sin(a)
-				cos[base+i], cos[base+i+hd/2] = c, c
-				sin[base+i], sin[base+i+hd/2] = s, s
-			}
-		}
-	}
-	return e.tensor(cos, B, T, hd), e.tensor(sin, B, T, hd)
-}
+// CompileStats reports matmul compilations so far (one per distinct shape).
+func (e *Engine) CompileStats() CompileStats { return e.direct.mm.stats() }
 
 // Errors for callers to map to user faults.
 var (

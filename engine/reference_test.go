@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/gomlx/gomlx/core/tensors"
 )
 
 // referenceCase is one entry of testdata/reference_logits.json.
@@ -37,7 +35,7 @@ func referenceAdapter(t testing.TB, e *Engine) {
 	}
 }
 
-// logitsOf runs the sampler's cached-attention graph over tokens and returns logits [T×V].
+// logitsOf runs the sampler's prefill over tokens and returns logits [T×V].
 func logitsOf(t testing.TB, e *Engine, id string, tokens []int) []float64 {
 	var a *Adapter
 	if id != "" {
@@ -45,28 +43,21 @@ func logitsOf(t testing.TB, e *Engine, id string, tokens []int) []float64 {
 	}
 	T := len(tokens)
 	S := bucket(T, 16)
-	L, KVH, hd := e.Config.NumHiddenLayers, e.Config.NumKeyValueHeads, e.Config.HeadDim
-	tok := make([]int32, S)
-	pos := make([]int32, S)
-	posI := make([]int, S)
+	pos := make([]int, S)
+	tok := make([]int, S)
 	for i := range S {
-		pos[i], posI[i] = int32(i), i
+		pos[i] = i
 		if i < T {
-			tok[i] = int32(tokens[i])
+			tok[i] = tokens[i]
 		}
 	}
-	cos, sin := e.ropeTables([][]int{posI})
-	args := append([]*tensors.Tensor{}, e.base...)
-	args = append(args, e.loraTensors(a)...)
-	args = append(args, tensors.FromFlatDataAndDimensions(tok, 1, S), cos, sin, tensors.FromFlatDataAndDimensions(pos, 1, S))
-	for range 2 * L {
-		args = append(args, e.tensor(make([]float64, KVH*S*hd), 1, KVH, S, hd))
-	}
-	out, err := e.call(e.stepExec(specOf(a)), args)
+	step, done := e.newDecodeStep(a, 1, S)
+	defer done()
+	logits, err := step([][]int{tok}, [][]int{pos})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return values(out[0])[:T*e.Config.VocabSize]
+	return logits[:T*e.Config.VocabSize]
 }
 
 // Writes the inputs for scripts/reference_logits.py (development time only).

@@ -1,14 +1,10 @@
 package engine
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
-
-	"github.com/gomlx/gomlx/core/graph"
-	"github.com/gomlx/gomlx/core/tensors"
 )
 
 // SampleParams are Tinker's SamplingParams.
@@ -197,42 +193,9 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	n := len(rows)
 	B := bucket(n, 1)
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
-	L, KVH, hd, V := e.Config.NumHiddenLayers, e.Config.NumKeyValueHeads, e.Config.HeadDim, e.Config.VocabSize
-	lora := e.loraTensors(a)
-	caches := make([]*tensors.Tensor, 2*L)
-	zeros := make([]float64, B*KVH*S*hd)
-	for i := range caches {
-		caches[i] = e.tensor(zeros, B, KVH, S, hd)
-	}
-	x := e.stepExec(specOf(a))
-
-	// step feeds tokens [B][T] at positions [B][T] and returns logits [B][T][V] as flat rows.
-	step := func(tok [][]int, pos [][]int) ([]float64, error) {
-		T := len(tok[0])
-		flatTok := make([]int32, B*T)
-		flatPos := make([]int32, B*T)
-		for b := range B {
-			for t := range T {
-				flatTok[b*T+t] = int32(tok[b][t])
-				flatPos[b*T+t] = int32(pos[b][t])
-			}
-		}
-		cos, sin := e.ropeTables(pos)
-		args := append([]*tensors.Tensor{}, e.base...)
-		args = append(args, lora...)
-		args = append(args, tensors.FromFlatDataAndDimensions(flatTok, B, T), cos, sin,
-			tensors.FromFlatDataAndDimensions(flatPos, B, T))
-		args = append(args, caches...)
-		out, err := e.call(x, args)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range caches {
-			c.FinalizeAll()
-		}
-		copy(caches, out[1:])
-		return values(out[0]), nil
-	}
+	V := e.Config.VocabSize
+	step, done := e.newDecodeStep(a, B, S)
+	defer done()
 
 	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes
 	// garbage into cache slots at or after the row's prompt end; decode overwrites each slot
@@ -444,39 +407,4 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 	}
 	last := idx[keep-1]
 	return last, lsm[last]
-}
-
-// stepExec builds the cached-attention graph used for prefill (T > 1) and decode (T = 1).
-// Inputs: base weights, LoRA, scale, tokens [B,T], cos, sin, positions [B,T], then K and V caches
-// [B,KVH,S,hd] per layer. Outputs: logits [B,T,V], then the updated caches.
-// The cache is written with a one-hot position matrix (the Go backend has no DynamicUpdateSlice).
-func (e *Engine) stepExec(spec loraSpec) *graph.Exec {
-	key := fmt.Sprintf("step/%+v", spec)
-	L := e.Config.NumHiddenLayers
-	return e.exec(key, func(in []*graph.Node) []*graph.Node {
-		net, rest := takeNetInputs(e.Config, e.dtype, e.baseNames, spec, in)
-		tokens, cos, sin, pos := rest[0], rest[1], rest[2], rest[3]
-		caches := rest[4 : 4+2*L]
-		newCaches := make([]*graph.Node, 2*L)
-		S := caches[0].Shape().Dimensions[2]
-		B, T := pos.Shape().Dimensions[0], pos.Shape().Dimensions[1]
-		g := pos.Graph()
-		write := graph.OneHot(pos, S, e.dtype)                   // [B,T,S]
-		keep := graph.OneMinus(graph.ReduceSum(write, 1))        // [B,S]: 1 where no new token lands
-		keep = graph.Reshape(keep, B, 1, S, 1)                   // broadcast over heads and hd
-		sIota := graph.Iota(g, shapeOf(pos.DType(), B, T, S), 2) // key position s
-		mask := graph.LessOrEqual(sIota, graph.BroadcastToDims(graph.InsertAxes(pos, -1), B, T, S))
-		bias := graph.Reshape(maskBias(mask, e.dtype), B, 1, 1, T, S)
-		logits := net.logits(tokens, cos, sin, func(l int, k, v *graph.Node) attnKV {
-			KVH, hd := k.Shape().Dimensions[2], k.Shape().Dimensions[3]
-			upd := func(cache, x *graph.Node) *graph.Node { // x: [B,T,KVH,hd]
-				scattered := graph.Einsum("bts,btkd->bksd", write, x)
-				return graph.Add(graph.Mul(cache, graph.BroadcastToDims(keep, B, KVH, S, hd)), scattered)
-			}
-			nk, nv := upd(caches[2*l], k), upd(caches[2*l+1], v)
-			newCaches[2*l], newCaches[2*l+1] = nk, nv
-			return attnKV{k: nk, v: nv, bias: bias}
-		})
-		return append([]*graph.Node{logits}, newCaches...)
-	})
 }

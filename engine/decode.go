@@ -1,0 +1,209 @@
+package engine
+
+import (
+	"math"
+
+	"github.com/gomlx/compute/dtypes"
+)
+
+// The sampler's forward passes (prefill and each decode step) run op by op like training: backend
+// matmuls on shared buffers, Go kernels between them. The KV cache is a pair of shared buffers per
+// layer, [B·KVH, S, hd], written in place at each row's positions and multiplied directly (it is
+// already in the layout of an attention operand). LoRA is applied unmerged: decode steps have a
+// few rows, so the rank-r matmuls are tiny, and merging would copy the weights for every call.
+// Keys are cached transposed, [B·KVH, hd, S], so that scores are a plain product (for a few
+// query rows the backend multiplies q·Kᵀ with K untransposed at a third of the speed).
+
+// stepFunc feeds tokens [B][T] at positions [B][T] and returns their logits as flat float64 rows
+// [B·T·V].
+type stepFunc func(tok, pos [][]int) ([]float64, error)
+
+// newDecodeStep returns the step function of one sampling loop over B rows and S cache slots, and
+// a function that frees its cache.
+func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
+	if e.dtype == dtypes.Float64 {
+		d := newKVDecoder[float64](e, a, B, S)
+		return d.step, d.long.free
+	}
+	d := newKVDecoder[float32](e, a, B, S)
+	return d.step, d.long.free
+}
+
+type kvDecoder[E float] struct {
+	e          *Engine
+	B, S       int
+	long       *arena[E] // cache and LoRA matrices: live for the whole loop
+	kc, vc     []mat[E]  // per layer: keys [B·KVH, hd, S], values [B·KVH, S, hd]
+	lora       map[string]loraMats[E]
+	scale      E
+	cos, sin   []E // [S, hd/2]
+	hasAdapter bool
+}
+
+func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
+	c := e.Config
+	d := &kvDecoder[E]{e: e, B: B, S: S, long: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{}}
+	BK := B * c.NumKeyValueHeads
+	for range c.NumHiddenLayers {
+		// Slots are written before any query may attend to them; zeroing keeps stale values of a
+		// reused buffer out of the masked-off products (0 × NaN would still be NaN).
+		d.kc = append(d.kc, d.long.zeros(BK, c.HeadDim, S))
+		d.vc = append(d.vc, d.long.zeros(BK, S, c.HeadDim))
+	}
+	if a != nil {
+		for i, m := range a.mods {
+			pa, pb := a.params[2*i], a.params[2*i+1]
+			lm := loraMats[E]{a: d.long.from(pa.w, pa.shape...), b: d.long.from(pb.w, pb.shape...)}
+			lm.bT = d.long.alloc(a.Config.Rank, m.Out)
+			transpose(lm.b.v, lm.bT.v, m.Out, a.Config.Rank, 1)
+			d.lora[m.Path] = lm
+		}
+		d.scale = E(a.Config.Alpha / float64(a.Config.Rank))
+	}
+	half := c.HeadDim / 2
+	d.cos, d.sin = make([]E, S*half), make([]E, S*half)
+	for p := range S {
+		for i, f := range e.invFreq {
+			d.cos[p*half+i], d.sin[p*half+i] = E(math.Cos(float64(p)*f)), E(math.Sin(float64(p)*f))
+		}
+	}
+	return d
+}
+
+func (d *kvDecoder[E]) w(name string) mat[E] {
+	r := d.e.direct.weights[name]
+	return mat[E]{buf: r.buf, v: r.flat.([]E), dims: r.dims}
+}
+
+// linear is x·W (+ bias) + scale·(x·Aᵀ)·Bᵀ.
+func (d *kvDecoder[E]) linear(ar *arena[E], x mat[E], path string) mat[E] {
+	c := d.e.Config
+	y := ar.matmul(x, d.w(c.weightName(path)), 0, c.weightIsOutIn(path))
+	if b, ok := d.e.direct.weights[path+".bias"]; ok {
+		addBias(y.v, b.flat.([]E))
+	}
+	d.addLora(ar, x, y, path)
+	return y
+}
+
+func (d *kvDecoder[E]) addLora(ar *arena[E], x, y mat[E], path string) {
+	if lm, ok := d.lora[path]; ok {
+		xa := ar.matmul(x, lm.a, 0, true)
+		addScaled(y.v, ar.matmul(xa, lm.bT, 0, false).v, d.scale)
+	}
+}
+
+func (d *kvDecoder[E]) step(tok, pos [][]int) ([]float64, error) {
+	e, c := d.e, d.e.Config
+	ar := newArena[E](e.direct.mm)
+	defer ar.free()
+	B, T := d.B, len(tok[0])
+	N, D, V := B*T, c.HiddenSize, c.VocabSize
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK, S, half := H/KVH, B*KVH, d.S, hd/2
+	for b := range B {
+		for t := range T {
+			if pos[b][t] < 0 || pos[b][t] >= S {
+				return nil, inputErr(-1, "prompt", "position %d outside the cache of %d", pos[b][t], S)
+			}
+		}
+	}
+	emb := d.w("model.embed_tokens.weight")
+	h := ar.alloc(N, D)
+	for b := range B {
+		for t, id := range tok[b] {
+			copy(h.v[(b*T+t)*D:(b*T+t+1)*D], emb.v[id*D:(id+1)*D])
+		}
+	}
+	scale := E(1 / math.Sqrt(float64(hd)))
+	for l := range c.NumHiddenLayers {
+		p := layerPrefix(l)
+		x, inv := ar.alloc(N, D), ar.alloc(N)
+		rmsNorm(h.v, d.w(p+"input_layernorm.weight").v, c.RMSNormEps, x.v, inv.v)
+		yq := d.linear(ar, x, p+"self_attn.q_proj")
+		yk := d.linear(ar, x, p+"self_attn.k_proj")
+		yv := d.linear(ar, x, p+"self_attn.v_proj")
+		var qNorm, kNorm []E
+		if c.Arch == ArchQwen3 {
+			qNorm, kNorm = d.w(p+"self_attn.q_norm.weight").v, d.w(p+"self_attn.k_norm.weight").v
+		}
+		qh := ar.alloc(BK, G*T, hd)
+		kc, vc := d.kc[l], d.vc[l]
+		parallelRows(N, func(r0, r1 int) {
+			buf, kr := make([]E, hd), make([]E, hd)
+			var scratch E
+			for n := r0; n < r1; n++ {
+				b, t := n/T, n%T
+				ps := pos[b][t]
+				cs, sn := d.cos[ps*half:(ps+1)*half], d.sin[ps*half:(ps+1)*half]
+				for hh := range H {
+					kv, g := hh/G, hh%G
+					src := yq.v[(n*H+hh)*hd : (n*H+hh+1)*hd]
+					if qNorm != nil {
+						rmsNormRow(src, qNorm, c.RMSNormEps, buf, &scratch)
+						src = buf
+					}
+					row := (b*KVH+kv)*G*T + g*T + t
+					ropeRow(src, qh.v[row*hd:(row+1)*hd], cs, sn)
+				}
+				for kv := range KVH {
+					src := yk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+					if kNorm != nil {
+						rmsNormRow(src, kNorm, c.RMSNormEps, buf, &scratch)
+						src = buf
+					}
+					ropeRow(src, kr, cs, sn)
+					base := (b*KVH*hd + kv*hd) * S
+					for dd, v := range kr {
+						kc.v[base+dd*S+ps] = v
+					}
+					slot := ((b*KVH+kv)*S + ps) * hd
+					copy(vc.v[slot:slot+hd], yv.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
+				}
+			}
+		})
+		probs := ar.matmul(qh, kc, BK, false) // [BK, G·T, S]
+		parallelRows(BK*G*T, func(r0, r1 int) {
+			for r := r0; r < r1; r++ {
+				b, t := r/(KVH*G*T), r%T
+				row := probs.v[r*S : (r+1)*S]
+				last := pos[b][t] // attends to slots 0…last
+				m := row[0] * scale
+				for _, v := range row[1 : last+1] {
+					m = max(m, v*scale)
+				}
+				inv := E(1 / expShift(row[:last+1], scale, m))
+				for s := range row[:last+1] {
+					row[s] *= inv
+				}
+				clear(row[last+1:])
+			}
+		})
+		o := ar.matmul(probs, vc, BK, false) // [BK, G·T, hd]
+		ot := ar.alloc(N, H*hd)
+		headsToTokens(o.v, ot.v, B, T, KVH, G, hd)
+		h2 := d.linear(ar, ot, p+"self_attn.o_proj")
+		addScaled(h2.v, h.v, 1)
+		x2, inv2 := ar.alloc(N, D), ar.alloc(N)
+		rmsNorm(h2.v, d.w(p+"post_attention_layernorm.weight").v, c.RMSNormEps, x2.v, inv2.v)
+		gate := d.linear(ar, x2, p+"mlp.gate_proj")
+		up := d.linear(ar, x2, p+"mlp.up_proj")
+		act, sig := ar.alloc(N, c.IntermediateSize), ar.alloc(N, c.IntermediateSize)
+		siluGate(gate.v, up.v, sig.v, act.v)
+		h = d.linear(ar, act, p+"mlp.down_proj")
+		addScaled(h.v, h2.v, 1)
+	}
+	hf, invF := ar.alloc(N, D), ar.alloc(N)
+	rmsNorm(h.v, d.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF.v)
+	logits := d.linear(ar, hf, "lm_head")
+	if ar.err != nil {
+		return nil, ar.err
+	}
+	out := make([]float64, N*V)
+	parallelRows(N, func(r0, r1 int) {
+		for i := r0 * V; i < r1*V; i++ {
+			out[i] = float64(logits.v[i])
+		}
+	})
+	return out, nil
+}

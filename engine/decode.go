@@ -93,7 +93,8 @@ func (d *kvDecoder[E]) addLora(ar *arena[E], x, y mat[E], path string) {
 	}
 }
 
-func (d *kvDecoder[E]) step(tok, pos [][]int) ([]float64, error) {
+func (d *kvDecoder[E]) step(tok, pos [][]int) (_ []float64, err error) {
+	defer recoverCompute(&err)
 	e, c := d.e, d.e.Config
 	ar := newArena[E](e.direct.mm)
 	defer ar.free()

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"runtime/debug"
 
 	"github.com/gomlx/compute"
 )
@@ -66,7 +67,8 @@ func (s *directStep[E]) w(name string) mat[E] {
 
 // runDirect runs datums [lo,hi) of p: their logprobs and per-token losses go into res, their
 // gradients are added to grads (when not nil), and their summed loss is returned.
-func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (float64, error) {
+func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (total float64, err error) {
+	defer recoverCompute(&err)
 	c := e.Config
 	n := hi - lo
 	maxLen := 0
@@ -149,7 +151,6 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	})
 	// Per-token loss and its derivative in lp.
 	dlp := make([]float64, N)
-	var total float64
 	for b := range n {
 		i := lo + b
 		L := len(p.tokens[i])
@@ -193,6 +194,15 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 		clear(s.mergedW) // this layer's merged weights were in the range just released
 	}
 	return total, s.ar.err
+}
+
+// recoverCompute turns a panic in the backend (a bug, not bad input: inputs are checked first)
+// into an error, so one failed request does not take the server down. The caller's accumulators
+// are only updated after a pass succeeds.
+func recoverCompute(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("engine: compute failed: %v\n%s", r, debug.Stack())
+	}
 }
 
 // tokenLossGrad is one token's loss and its derivative in the token's logprob lp

@@ -18,7 +18,7 @@ func benchEngine(args []string) error {
 	batch := fs.Int("batch", 8, "sequences per forward_backward")
 	seq := fs.Int("seq", 256, "tokens per sequence")
 	rank := fs.Int("rank", 16, "LoRA rank")
-	steps := fs.Int("steps", 3, "timed training steps")
+	steps := fs.Int("steps", 5, "timed training steps (the best is reported, and the mean)")
 	decode := fs.Int("decode", 32, "tokens to decode per sequence")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
@@ -75,17 +75,27 @@ func benchEngine(args []string) error {
 		}
 		defer f.Close()
 	}
+	// Each step is timed alone and the best one reported, as the peak is the best of its runs:
+	// on a shared machine both see the same kind of noise. The mean is reported too.
 	start := time.Now()
+	stepTime := time.Duration(1 << 62)
 	for range *steps {
+		t0 := time.Now()
 		if err := step(); err != nil {
 			return err
 		}
+		stepTime = min(stepTime, time.Since(t0))
 	}
-	stepTime := time.Since(start) / time.Duration(*steps)
+	meanStep := time.Since(start) / time.Duration(*steps)
 	pprof.StopCPUProfile()
+	// The peak again after training; the higher of the two is the reference.
+	if again, err := engine.MatmulGFLOPS(1024, 10); err == nil {
+		peak = max(peak, again)
+	}
 	tokens := *batch * *seq
 	res := map[string]float64{
 		"step_ms":            float64(stepTime.Microseconds()) / 1000,
+		"step_ms_mean":       float64(meanStep.Microseconds()) / 1000,
 		"train_tokens_per_s": float64(tokens) / stepTime.Seconds(),
 		"train_gflops":       e.Config.TrainFLOPs(tokens, *seq) / stepTime.Seconds() / 1e9,
 		"peak_gflops":        peak,
@@ -118,9 +128,9 @@ func benchEngine(args []string) error {
 	}
 	fmt.Printf("model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", *model, e.Config.Arch,
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
-	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step, %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%)\n",
-		res["train_tokens_per_s"], res["step_ms"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"])
+	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
+		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
 	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f tokens/s at batch 8\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"])
-	fmt.Printf("graph compiles: %d, %.2f s in all (each time includes one run)\n", cs.Count, cs.Total.Seconds())
+	fmt.Printf("matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
 	return nil
 }

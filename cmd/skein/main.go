@@ -127,6 +127,7 @@ func serve(args []string, gatewayOnly bool) error {
 	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
 	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
+	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
 	futureTTL := fs.Duration("future-ttl", 24*time.Hour, "how long request results are kept")
 	sessionTimeout := fs.Duration("session-timeout", 5*time.Minute, "sessions without a heartbeat for this long expire")
@@ -160,6 +161,9 @@ func serve(args []string, gatewayOnly bool) error {
 	if *nReplicas < 1 || *maxLoras < 1 {
 		return errors.New("--replicas and --max-loras must be at least 1")
 	}
+	if *stepMemory < 1 {
+		return errors.New("--step-memory-mb must be at least 1")
+	}
 	var reps []*replica.Replica
 	names2 := map[string]bool{}
 	for i, dir := range models {
@@ -168,7 +172,7 @@ func serve(args []string, gatewayOnly bool) error {
 			name = names[i]
 		}
 		start := time.Now()
-		e, err := engine.Load(dir, engine.Options{})
+		e, err := engine.Load(dir, engine.Options{MaxStepBytes: *stepMemory << 20})
 		if err != nil {
 			return err
 		}

@@ -27,6 +27,7 @@ func runWorker(args []string) error {
 	model := fs.String("model", "", "Hugging Face model directory")
 	name := fs.String("name", "", "base-model name (default: the directory name)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
+	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	token := fs.String("worker-token", envDefault("worker_token", ""), "shared secret with the gateway")
 	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
@@ -43,7 +44,10 @@ func runWorker(args []string) error {
 		*name = filepath.Base(filepath.Clean(*model))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	e, err := engine.Load(*model, engine.Options{})
+	if *stepMemory < 1 {
+		return errors.New("--step-memory-mb must be at least 1")
+	}
+	e, err := engine.Load(*model, engine.Options{MaxStepBytes: *stepMemory << 20})
 	if err != nil {
 		return err
 	}

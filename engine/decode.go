@@ -14,9 +14,10 @@ import (
 // Keys are cached transposed, [B·KVH, hd, S], so that scores are a plain product (for a few
 // query rows the backend multiplies q·Kᵀ with K untransposed at a third of the speed).
 
-// stepFunc feeds tokens [B][T] at positions [B][T] and returns their logits as flat float64 rows
-// [B·T·V].
-type stepFunc func(tok, pos [][]int) ([]float64, error)
+// stepFunc feeds tokens [B][T] at positions [B][T] and returns the logits of the positions want
+// accepts, indexed b·T+t (nil elsewhere). Only those rows go through the unembedding: a prefill
+// needs one row per sequence unless prompt logprobs were asked for.
+type stepFunc func(tok, pos [][]int, want func(b, t int) bool) ([][]float64, error)
 
 // newDecodeStep returns the step function of one sampling loop over B rows and S cache slots, and
 // a function that frees its cache.
@@ -93,7 +94,7 @@ func (d *kvDecoder[E]) addLora(ar *arena[E], x, y mat[E], path string) {
 	}
 }
 
-func (d *kvDecoder[E]) step(tok, pos [][]int) (_ []float64, err error) {
+func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
 	e, c := d.e, d.e.Config
 	ar := newArena[E](e.direct.mm)
@@ -194,16 +195,34 @@ func (d *kvDecoder[E]) step(tok, pos [][]int) (_ []float64, err error) {
 		h = d.linear(ar, act, p+"mlp.down_proj")
 		addScaled(h.v, h2.v, 1)
 	}
-	hf, invF := ar.alloc(N, D), ar.alloc(N)
-	rmsNorm(h.v, d.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF.v)
+	var picked []int
+	for n := range N {
+		if want(n/T, n%T) {
+			picked = append(picked, n)
+		}
+	}
+	out := make([][]float64, N)
+	if len(picked) == 0 {
+		return out, ar.err
+	}
+	M := len(picked)
+	hm := ar.alloc(M, D)
+	for i, n := range picked {
+		copy(hm.v[i*D:(i+1)*D], h.v[n*D:(n+1)*D])
+	}
+	hf, invF := ar.alloc(M, D), ar.alloc(M)
+	rmsNorm(hm.v, d.w("model.norm.weight").v, c.RMSNormEps, hf.v, invF.v)
 	logits := d.linear(ar, hf, "lm_head")
 	if ar.err != nil {
 		return nil, ar.err
 	}
-	out := make([]float64, N*V)
-	parallelRows(N, func(r0, r1 int) {
-		for i := r0 * V; i < r1*V; i++ {
-			out[i] = float64(logits.v[i])
+	parallelRows(M, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			row := make([]float64, V)
+			for j, v := range logits.v[i*V : (i+1)*V] {
+				row[j] = float64(v)
+			}
+			out[picked[i]] = row
 		}
 	})
 	return out, nil

@@ -53,11 +53,15 @@ func logitsOf(t testing.TB, e *Engine, id string, tokens []int) []float64 {
 	}
 	step, done := e.newDecodeStep(a, 1, S)
 	defer done()
-	logits, err := step([][]int{tok}, [][]int{pos})
+	rows, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return logits[:T*e.Config.VocabSize]
+	var logits []float64
+	for _, r := range rows[:T] {
+		logits = append(logits, r...)
+	}
+	return logits
 }
 
 // Writes the inputs for scripts/reference_logits.py (development time only).

@@ -191,9 +191,8 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
 	}
 	n := len(rows)
-	B := bucket(n, 1)
+	B := n // no padding rows: a new row count costs a few matmul compiles, not a graph
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
-	V := e.Config.VocabSize
 	step, done := e.newDecodeStep(a, B, S)
 	defer done()
 
@@ -213,15 +212,24 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 			pos[b][t] = t
 		}
 	}
-	logits, err := step(tok, pos)
-	if err != nil {
-		return nil, err
-	}
-	results := make([]*SampleResult, len(reqs))
 	first := map[int]int{} // request -> its first row
 	for b := n - 1; b >= 0; b-- {
 		first[rows[b].req] = b
 	}
+	// Logits are needed where each row's prompt ends, and at every prompt position of the first
+	// row of a request that asked for prompt logprobs.
+	logits, err := step(tok, pos, func(b, t int) bool {
+		r := rows[b]
+		if t == len(r.prompt)-1 {
+			return true
+		}
+		req := reqs[r.req]
+		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
+	})
+	if err != nil {
+		return nil, err
+	}
+	results := make([]*SampleResult, len(reqs))
 	for ri, r := range reqs {
 		res := &SampleResult{}
 		results[ri] = res
@@ -235,8 +243,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 			res.TopKPrompt = make([][]TokenLogprob, P)
 		}
 		for t := 1; t < P; t++ {
-			off := (b*T + t - 1) * V
-			lsm := logSoftmax(logits[off : off+V])
+			lsm := logSoftmax(logits[b*T+t-1])
 			res.PromptLogprobs[t] = lsm[r.Prompt[t]]
 			if r.TopKPromptLogprobs > 0 {
 				res.TopKPrompt[t] = topK(lsm, r.TopKPromptLogprobs)
@@ -247,8 +254,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	// next[b] holds the logits that predict row b's next token.
 	next := make([][]float64, B)
 	for b := range n {
-		off := (b*T + len(rows[b].prompt) - 1) * V
-		next[b] = logits[off : off+V]
+		next[b] = logits[b*T+len(rows[b].prompt)-1]
 	}
 	for {
 		feed := make([][]int, B)
@@ -277,11 +283,11 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 		if !active {
 			break
 		}
-		if logits, err = step(feed, fpos); err != nil {
+		if logits, err = step(feed, fpos, func(b, _ int) bool { return !rows[b].done }); err != nil {
 			return nil, err
 		}
 		for b := range n {
-			next[b] = logits[b*V : (b+1)*V]
+			next[b] = logits[b]
 		}
 	}
 	for _, r := range rows {

@@ -259,26 +259,31 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	for {
 		feed := make([][]int, B)
 		fpos := make([][]int, B)
+		// Rows draw in parallel: each has its own random stream and state, so the outcome does
+		// not depend on scheduling.
+		parallelRows(B, func(b0, b1 int) {
+			for b := b0; b < b1; b++ {
+				feed[b], fpos[b] = []int{0}, []int{0}
+				if b >= n || rows[b].done {
+					continue
+				}
+				r := rows[b]
+				t, lp := sampleToken(next[b], r.params, r.rng)
+				r.seq.Tokens = append(r.seq.Tokens, t)
+				r.seq.Logprobs = append(r.seq.Logprobs, lp)
+				switch {
+				case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
+					r.seq.StopReason, r.done = "stop", true
+				case len(r.seq.Tokens) == r.params.MaxTokens:
+					r.seq.StopReason, r.done = "length", true
+				}
+				feed[b][0] = t
+				fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
+			}
+		})
 		active := false
-		for b := range B {
-			feed[b], fpos[b] = []int{0}, []int{0}
-			if b >= n || rows[b].done {
-				continue
-			}
-			r := rows[b]
-			t, lp := sampleToken(next[b], r.params, r.rng)
-			r.seq.Tokens = append(r.seq.Tokens, t)
-			r.seq.Logprobs = append(r.seq.Logprobs, lp)
-			switch {
-			case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
-				r.seq.StopReason, r.done = "stop", true
-			case len(r.seq.Tokens) == r.params.MaxTokens:
-				r.seq.StopReason, r.done = "length", true
-			default:
-				active = true
-			}
-			feed[b][0] = t
-			fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
+		for _, r := range rows {
+			active = active || !r.done
 		}
 		if !active {
 			break

@@ -406,6 +406,12 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	la.p = s.ar.matmul(la.qh, la.khT, BK, false) // [BK, G·T, T]
 	softmaxCausal(la.p.v, T, scale)
 	o := s.ar.matmul(la.p, la.vh, BK, false) // [BK, G·T, hd]
+	if s.e.recomputeProbs(T) {
+		// Long sequences: the probabilities outweigh everything else a layer keeps, so the
+		// backward pass computes them again (one more matmul) instead of holding them.
+		s.ar.releaseOne(la.p)
+		la.p = mat[E]{}
+	}
 	la.o = s.ar.alloc(N, H*hd)
 	headsToTokens(o.v, la.o.v, B, T, KVH, G, hd)
 
@@ -541,9 +547,14 @@ func (s *directStep[E]) layerBack(l int, dh mat[E]) mat[E] {
 		}
 	})
 	scale := E(1 / math.Sqrt(float64(hd)))
+	probs := la.p
+	if probs.buf == nil {
+		probs = s.ar.matmul(la.qh, la.khT, BK, false)
+		softmaxCausal(probs.v, T, scale)
+	}
 	dP := s.ar.matmul(dO, la.vhT, BK, false) // [BK, G·T, T]
-	dVT := s.ar.matmul(dOT, la.p, BK, false) // [BK, hd, T]
-	softmaxBack(la.p.v, dP.v, T, scale)
+	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
+	softmaxBack(probs.v, dP.v, T, scale)
 	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
 	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
 

@@ -52,13 +52,17 @@ type Engine struct {
 	mu       sync.Mutex
 	adapters map[string]*Adapter
 	direct   *directBase // base weights, compiled matmuls, step buffers: shared by forks
+	// recomputeProbs decides per sequence length whether the backward pass recomputes attention
+	// probabilities (Config.recomputesProbs; tests force either way).
+	recomputeProbs func(T int) bool
 }
 
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the
 // same compiled matmuls, with its own adapters: one per replica of a base model.
 func (e *Engine) Fork() *Engine {
 	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
-		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, direct: e.direct}
+		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, direct: e.direct,
+		recomputeProbs: e.recomputeProbs}
 }
 
 // AdapterIDs lists the loaded adapters.
@@ -136,7 +140,8 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
 	}
 	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, backend: backend,
-		dtype: dtypes.Float32, adapters: map[string]*Adapter{}, invFreq: cfg.invFreq()}
+		dtype: dtypes.Float32, adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
+		recomputeProbs: cfg.recomputesProbs}
 	if opts.Float64 {
 		e.dtype = dtypes.Float64
 	}

@@ -1,34 +1,91 @@
 package engine
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 // A pass holds what stepElemsPerToken predicts, not more: the estimate that sizes chunks
 // (with its margin) bounds the measured peak, and is not loose by more than a third. The peak
 // includes reused buffers, so a pass that kept every layer's backward temporaries, or that
 // freed nothing before the end, would exceed it.
 func TestStepMemoryMatchesEstimate(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+	for _, c := range []struct {
+		arch Arch
+		n    int // tokens of the longest sequence
+	}{{ArchLlama, 300}, {ArchQwen3, 300}, {ArchQwen3, 1000}} {
+		arch := c.arch
 		e := loadTiny(t, arch, Options{})
 		if _, err := e.CreateAdapter("m", LoraConfig{Rank: 4, TrainAttn: true, TrainMLP: true, TrainUnembed: true}); err != nil {
 			t.Fatal(err)
 		}
-		ids := make([]int, 300)
+		ids := make([]int, c.n)
 		for i := range ids {
 			ids[i] = (i*37)%400 + 3
 		}
-		data := []Datum{textDatum(ids), textDatum(ids[:290]), textDatum(ids[:250])}
+		data := []Datum{textDatum(ids), textDatum(ids[:c.n-10]), textDatum(ids[:c.n-50])}
 		if _, err := e.ForwardBackward("m", data, "cross_entropy", nil); err != nil {
 			t.Fatal(err)
 		}
-		c := e.Config
-		T := padLen(300)
-		perToken := c.stepElemsPerToken(T)
-		fixed := c.HiddenSize * (2*c.NumAttentionHeads*c.HeadDim + 2*c.NumKeyValueHeads*c.HeadDim + 3*c.IntermediateSize)
+		cfg := e.Config
+		T := padLen(c.n)
+		perToken := cfg.stepElemsPerToken(T)
+		fixed := cfg.HiddenSize * (2*cfg.NumAttentionHeads*cfg.HeadDim + 2*cfg.NumKeyValueHeads*cfg.HeadDim + 3*cfg.IntermediateSize)
 		estimate := 4 * (fixed + 3*T*(perToken+perToken/10))
 		got := e.PeakStepBytes()
-		t.Logf("%s: peak %d bytes, estimate %d", arch, got, estimate)
+		t.Logf("%s, 3×%d tokens (probabilities recomputed: %v): peak %d bytes, estimate %d", arch, T, cfg.recomputesProbs(T), got, estimate)
 		if got > estimate || got < estimate*2/3 {
 			t.Fatalf("%s: a pass of 3×%d tokens held %d bytes; the estimate is %d", arch, T, got, estimate)
 		}
 	}
+}
+
+// Recomputing attention probabilities in the backward pass gives the gradients that keeping
+// them gives, and holds less memory.
+func TestRecomputedAttentionMatchesKept(t *testing.T) {
+	ids := make([]int, 200)
+	for i := range ids {
+		ids[i] = (i*53)%400 + 3
+	}
+	data := []Datum{textDatum(ids), textDatum(ids[:150])}
+	var grads [2][][]float64
+	var peaks [2]int
+	var loss [2]float64
+	for k, recompute := range []bool{false, true} {
+		e := loadTiny(t, ArchQwen3, Options{Float64: true})
+		e.recomputeProbs = func(int) bool { return recompute }
+		a, err := e.CreateAdapter("r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range a.params {
+			if i%2 == 1 {
+				for j := range p.w {
+					p.w[j] = 0.02 * math.Cos(float64(j+i))
+				}
+			}
+		}
+		r, err := e.ForwardBackward("r", data, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loss[k], peaks[k] = r.Loss, e.PeakStepBytes()
+		for _, p := range a.params {
+			grads[k] = append(grads[k], p.g)
+		}
+	}
+	if loss[0] != loss[1] {
+		t.Fatalf("loss %v kept, %v recomputed", loss[0], loss[1])
+	}
+	for i := range grads[0] {
+		for j, v := range grads[0][i] {
+			if math.Abs(v-grads[1][i][j]) > 1e-12*(1+math.Abs(v)) {
+				t.Fatalf("gradient %d[%d]: %v kept, %v recomputed", i, j, v, grads[1][i][j])
+			}
+		}
+	}
+	if peaks[1] >= peaks[0] {
+		t.Fatalf("recomputing held %d bytes, keeping %d", peaks[1], peaks[0])
+	}
+	t.Logf("peak %d bytes keeping probabilities, %d recomputing", peaks[0], peaks[1])
 }

@@ -239,15 +239,35 @@ func (e *Engine) chunkTokens(T int) int {
 }
 
 // stepElemsPerToken estimates the tensor elements a training pass holds per token at its peak,
-// for sequences of length T: every layer's saved activations (attention probabilities grow
-// with T), one layer's backward temporaries, and the token's logits.
+// for sequences of length T: every layer's saved activations, one layer's backward temporaries,
+// and the token's logits. Attention probabilities grow with T; they are kept for the backward
+// pass only while they are not the bulk of a layer (see recomputesProbs).
 func (c *Config) stepElemsPerToken(T int) int {
 	D, F := c.HiddenSize, c.IntermediateSize
 	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	probs := c.NumAttentionHeads * T
-	layer := 4*D + 5*q + 6*kv + probs + 4*F + 4
+	layer := c.layerElemsPerToken()
 	backward := 5*D + 6*q + 4*kv + probs + 3*F
+	if c.recomputesProbs(T) {
+		backward += probs // recomputed while the layer's backward runs
+	} else {
+		layer += probs
+	}
 	return c.NumHiddenLayers*layer + backward + c.VocabSize + 2*D
+}
+
+// layerElemsPerToken is what a layer keeps per token for its backward pass, besides attention
+// probabilities.
+func (c *Config) layerElemsPerToken() int {
+	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	return 4*c.HiddenSize + 5*q + 6*kv + 4*c.IntermediateSize + 4
+}
+
+// recomputesProbs reports whether attention probabilities of sequences of length T are computed
+// again in the backward pass rather than kept: when they would be more than the rest of what a
+// layer keeps (T above ~1500 on 0.6B-class Qwen3, ~1600 on the small preset).
+func (c *Config) recomputesProbs(T int) bool {
+	return c.NumAttentionHeads*T > c.layerElemsPerToken()
 }
 
 // ForwardBackward computes the loss and adds its gradients to the adapter's accumulator.

@@ -552,7 +552,7 @@ func (s *directStep[E]) layerBack(l int, dh mat[E]) mat[E] {
 		probs = s.ar.matmul(la.qh, la.khT, BK, false)
 		softmaxCausal(probs.v, T, scale)
 	}
-	dP := s.ar.matmul(dO, la.vhT, BK, false) // [BK, G·T, T]
+	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
 	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
 	softmaxBack(probs.v, dP.v, T, scale)
 	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]

@@ -31,19 +31,18 @@ func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
 }
 
 type kvDecoder[E float] struct {
-	e          *Engine
-	B, S       int
-	long       *arena[E] // cache and LoRA matrices: live for the whole loop
-	kc, vc     []mat[E]  // per layer: keys [B·KVH, hd, S], values [B·KVH, S, hd]
-	lora       map[string]loraMats[E]
-	scale      E
-	cos, sin   []E // [S, hd/2]
-	hasAdapter bool
+	e        *Engine
+	B, S     int
+	long     *arena[E] // cache and LoRA matrices: live for the whole loop
+	kc, vc   []mat[E]  // per layer: keys [B·KVH, hd, S], values [B·KVH, S, hd]
+	lora     map[string]loraMats[E]
+	scale    E
+	cos, sin []E // [S, hd/2]
 }
 
 func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
-	d := &kvDecoder[E]{e: e, B: B, S: S, long: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{}}
+	d := &kvDecoder[E]{e: e, B: B, S: S, long: newArena[E](e.direct.mm)}
 	BK := B * c.NumKeyValueHeads
 	for range c.NumHiddenLayers {
 		// Slots are written before any query may attend to them; zeroing keeps stale values of a
@@ -51,23 +50,8 @@ func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 		d.kc = append(d.kc, d.long.zeros(BK, c.HeadDim, S))
 		d.vc = append(d.vc, d.long.zeros(BK, S, c.HeadDim))
 	}
-	if a != nil {
-		for i, m := range a.mods {
-			pa, pb := a.params[2*i], a.params[2*i+1]
-			lm := loraMats[E]{a: d.long.from(pa.w, pa.shape...), b: d.long.from(pb.w, pb.shape...)}
-			lm.bT = d.long.alloc(a.Config.Rank, m.Out)
-			transpose(lm.b.v, lm.bT.v, m.Out, a.Config.Rank, 1)
-			d.lora[m.Path] = lm
-		}
-		d.scale = E(a.Config.Alpha / float64(a.Config.Rank))
-	}
-	half := c.HeadDim / 2
-	d.cos, d.sin = make([]E, S*half), make([]E, S*half)
-	for p := range S {
-		for i, f := range e.invFreq {
-			d.cos[p*half+i], d.sin[p*half+i] = E(math.Cos(float64(p)*f)), E(math.Sin(float64(p)*f))
-		}
-	}
+	d.lora, d.scale = loraOf(d.long, a)
+	d.cos, d.sin = ropeTable[E](e.invFreq, S)
 	return d
 }
 

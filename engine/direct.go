@@ -36,8 +36,8 @@ type layerActs[E float] struct {
 	B, T, KVH, G, hd int
 }
 
-// loraMats are one module's A [r,in] and B [out,r] for this step, with the indices of their
-// gradient accumulators.
+// loraMats are one module's A and B for a pass (with the transposes its matmuls need), and the
+// indices of their gradient accumulators.
 type loraMats[E float] struct {
 	a, aT, b mat[E] // A [r, in], Aᵀ [in, r], B [out, r]
 	bT       mat[E] // Bᵀ [r, out], for unmerged decoding
@@ -80,26 +80,11 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	// power-of-two buckets the sampler's graphs use.
 	B, T := n, padLen(maxLen)
 	N := B * T
-	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm), lora: map[string]loraMats[E]{},
+	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm),
 		taps: map[string]mat[E]{}, tapIn: map[string]mat[E]{}, mergedW: map[string]mat[E]{}, grads: grads}
 	defer s.ar.free()
-	if a != nil {
-		for i, m := range a.mods {
-			pa, pb := a.params[2*i], a.params[2*i+1]
-			lm := loraMats[E]{a: s.ar.from(pa.w, pa.shape...), b: s.ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
-			lm.aT = s.ar.alloc(m.In, a.Config.Rank)
-			transpose(lm.a.v, lm.aT.v, a.Config.Rank, m.In, 1)
-			s.lora[m.Path] = lm
-		}
-		s.scale = E(a.Config.Alpha / float64(a.Config.Rank))
-	}
-	half := c.HeadDim / 2
-	s.cos, s.sin = make([]E, T*half), make([]E, T*half)
-	for t := range T {
-		for i, f := range e.invFreq {
-			s.cos[t*half+i], s.sin[t*half+i] = E(math.Cos(float64(t)*f)), E(math.Sin(float64(t)*f))
-		}
-	}
+	s.lora, s.scale = loraOf(s.ar, a)
+	s.cos, s.sin = ropeTable[E](e.invFreq, T)
 
 	// Embedding lookup.
 	emb := s.w("model.embed_tokens.weight")
@@ -194,6 +179,36 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 		clear(s.mergedW) // this layer's merged weights were in the range just released
 	}
 	return total, s.ar.err
+}
+
+// loraOf copies an adapter's matrices into the arena (nil adapter: none) and returns its scale.
+func loraOf[E float](ar *arena[E], a *Adapter) (map[string]loraMats[E], E) {
+	out := map[string]loraMats[E]{}
+	if a == nil {
+		return out, 0
+	}
+	r := a.Config.Rank
+	for i, m := range a.mods {
+		pa, pb := a.params[2*i], a.params[2*i+1]
+		lm := loraMats[E]{a: ar.from(pa.w, pa.shape...), b: ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		lm.aT, lm.bT = ar.alloc(m.In, r), ar.alloc(r, m.Out)
+		transpose(lm.a.v, lm.aT.v, r, m.In, 1)
+		transpose(lm.b.v, lm.bT.v, m.Out, r, 1)
+		out[m.Path] = lm
+	}
+	return out, E(a.Config.Alpha / float64(r))
+}
+
+// ropeTable returns cos and sin [n, hd/2] of positions 0…n-1.
+func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
+	half := len(invFreq)
+	cos, sin = make([]E, n*half), make([]E, n*half)
+	for p := range n {
+		for i, f := range invFreq {
+			cos[p*half+i], sin[p*half+i] = E(math.Cos(float64(p)*f)), E(math.Sin(float64(p)*f))
+		}
+	}
+	return cos, sin
 }
 
 // recoverCompute turns a panic in the backend (a bug, not bad input: inputs are checked first)

@@ -35,7 +35,7 @@ type Adapter struct {
 	Config LoraConfig
 	Step   int
 	mods   []loraModule
-	params []*param // A then B for each module, in graph-input order
+	params []*param // A then B for each module, in loraModules order
 	// pendingGrads is true between a forward_backward and the optim_step that consumes it.
 	pendingGrads bool
 }

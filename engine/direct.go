@@ -76,8 +76,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 		maxLen = max(maxLen, len(p.tokens[i]))
 	}
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
-	// one-node matmul compiles (about 50 µs each), not a graph, so there is no need for the
-	// power-of-two buckets the sampler's graphs use.
+	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
 	B, T := n, padLen(maxLen)
 	N := B * T
 	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm),

@@ -83,11 +83,10 @@ type CompileStats struct {
 }
 
 // sharedBackend is GoMLX's Go backend with unlimited worker parallelism. With the default (a pool of
-// 2×GOMAXPROCS workers) graph nodes running in parallel deadlock GoMLX v0.28.2 when several large
-// matmuls each wait in Saturate for workers the others hold (seen at batch 8 × 256 on the small
-// preset); "ops_sequential" avoids that but leaves every element-wise op on one core (2× slower).
-// Unlimited parallelism has no pool to exhaust: each matmul still splits into GOMAXPROCS workers.
-// SKEIN_GOBACKEND_CONFIG overrides the setting for experiments.
+// 2×GOMAXPROCS workers) several large matmuls running at once deadlock when each waits in Saturate
+// for workers the others hold (seen with GoMLX graphs at batch 8 × 256 on the small preset; replicas
+// training side by side also run matmuls at once). Unlimited parallelism has no pool to exhaust:
+// each matmul still splits into GOMAXPROCS workers. SKEIN_GOBACKEND_CONFIG overrides the setting.
 var sharedBackend = sync.OnceValues(func() (compute.Backend, error) {
 	cfg := os.Getenv("SKEIN_GOBACKEND_CONFIG")
 	if cfg == "" {
@@ -196,7 +195,7 @@ func transpose2D(t hostTensor) hostTensor {
 }
 
 // roundToDType rounds v to what the engine's dtype can hold, so stored weights equal what the
-// graph sees and a float32 save/load round-trips exactly.
+// matmuls see and a float32 save/load round-trips exactly.
 func (e *Engine) roundToDType(v float64) float64 {
 	if e.dtype == dtypes.Float32 {
 		return float64(float32(v))

@@ -191,7 +191,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
 	}
 	n := len(rows)
-	B := n // no padding rows: a new row count costs a few matmul compiles, not a graph
+	B := n // no padding rows: a new row count costs only a few matmul compiles
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
 	step, done := e.newDecodeStep(a, B, S)
 	defer done()

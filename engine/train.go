@@ -55,7 +55,7 @@ var lossDefs = map[string]lossDef{
 	lossDRO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"beta": 0.05}},
 }
 
-// prepared is a validated batch, ready to be cut into graph calls.
+// prepared is a validated batch, ready to be cut into passes.
 type prepared struct {
 	data         []Datum
 	tokens       [][]int

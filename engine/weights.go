@@ -19,7 +19,7 @@ type hostTensor struct {
 	data  []float64
 }
 
-// weightNames lists the HF tensor names the model needs, in graph-input order.
+// weightNames lists the HF tensor names the model needs, in a fixed order.
 func (c *Config) weightNames() []string {
 	names := []string{"model.embed_tokens.weight"}
 	for l := range c.NumHiddenLayers {

@@ -101,7 +101,7 @@ func benchEngine(args []string) error {
 		"peak_gflops":        peak,
 		"step_peak_mb":       float64(e.PeakStepBytes()) / (1 << 20),
 	}
-	for _, b := range []int{1, 8} {
+	for _, b := range []int{1, 8, 64} {
 		prompt := data[0].Tokens[:16]
 		req := engine.SampleRequest{Prompt: prompt, NumSamples: b, Params: engine.SampleParams{MaxTokens: *decode, Temperature: 1, TopK: -1, TopP: 1}}
 		if _, err := e.Sample("bench", req); err != nil { // compile
@@ -130,7 +130,7 @@ func benchEngine(args []string) error {
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
 	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
-	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f tokens/s at batch 8\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"])
+	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
 	fmt.Printf("matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
 	return nil
 }

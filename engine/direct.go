@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"strings"
 
 	"github.com/gomlx/compute"
 )
@@ -175,7 +176,11 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 		dh = s.layerBack(l, dh)
 		s.ar.release(m, s.ar.mark())
 		s.ar.release(marks[l], marks[l+1])
-		clear(s.mergedW) // this layer's merged weights were in the range just released
+		for path := range s.mergedW { // this layer's merged weights were in the ranges just released
+			if strings.HasPrefix(path, layerPrefix(l)) {
+				delete(s.mergedW, path)
+			}
+		}
 	}
 	return total, s.ar.err
 }
@@ -441,12 +446,15 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	siluGate(la.gate.v, la.up.v, la.sig.v, la.act.v)
 	out := s.linear(la.act, p+"mlp.down_proj")
 	addScaled(out.v, la.h2.v, 1)
-	s.dropMerged()
+	if s.grads == nil || !s.e.keepsMerged() {
+		s.dropMerged()
+	}
 	return out
 }
 
-// dropMerged gives back the merged weights built so far: a step holds one layer's worth, and the
-// backward pass merges again (a rank-r matmul and one pass over the weight).
+// dropMerged gives back the merged weights built so far: the pass holds one layer's worth, and
+// the backward pass merges again (a rank-r matmul and one pass over the weight). Models whose
+// merged weights are small next to the step budget keep them instead (keepsMerged).
 func (s *directStep[E]) dropMerged() {
 	for path, m := range s.mergedW {
 		s.ar.releaseOne(m)

@@ -55,6 +55,7 @@ type Engine struct {
 	// recomputeProbs decides per sequence length whether the backward pass recomputes attention
 	// probabilities (Config.recomputesProbs; tests force either way).
 	recomputeProbs func(T int) bool
+	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
 }
 
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the

@@ -30,7 +30,10 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 		cfg := e.Config
 		T := padLen(c.n)
 		perToken := cfg.stepElemsPerToken(T)
-		fixed := cfg.HiddenSize * (2*cfg.NumAttentionHeads*cfg.HeadDim + 2*cfg.NumKeyValueHeads*cfg.HeadDim + 3*cfg.IntermediateSize)
+		fixed := cfg.layerWeightElems()
+		if e.keepsMerged() {
+			fixed *= cfg.NumHiddenLayers
+		}
 		estimate := 4 * (fixed + 3*T*(perToken+perToken/10))
 		got := e.PeakStepBytes()
 		t.Logf("%s, 3×%d tokens (probabilities recomputed: %v): peak %d bytes, estimate %d", arch, T, cfg.recomputesProbs(T), got, estimate)
@@ -41,7 +44,8 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 }
 
 // Recomputing attention probabilities in the backward pass gives the gradients that keeping
-// them gives, and holds less memory.
+// them gives, and holds less memory; so does merging LoRA weights again rather than keeping the
+// forward pass's.
 func TestRecomputedAttentionMatchesKept(t *testing.T) {
 	ids := make([]int, 200)
 	for i := range ids {
@@ -54,7 +58,9 @@ func TestRecomputedAttentionMatchesKept(t *testing.T) {
 	for k, recompute := range []bool{false, true} {
 		e := loadTiny(t, ArchQwen3, Options{Float64: true})
 		e.recomputeProbs = func(int) bool { return recompute }
-		a, err := e.CreateAdapter("r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true})
+		keep := !recompute
+		e.keepMerged = &keep
+		a, err := e.CreateAdapter("r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true})
 		if err != nil {
 			t.Fatal(err)
 		}

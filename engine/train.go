@@ -231,11 +231,34 @@ func (e *Engine) chunkTokens(T int) int {
 		size = 8
 	}
 	c := e.Config
-	// Besides per-token tensors a pass holds one layer's merged LoRA weights.
-	fixed := c.HiddenSize * (2*c.NumAttentionHeads*c.HeadDim + 2*c.NumKeyValueHeads*c.HeadDim + 3*c.IntermediateSize)
+	// Besides per-token tensors a pass holds merged LoRA weights: one layer's, or all of them.
+	fixed := c.layerWeightElems()
+	if e.keepsMerged() {
+		fixed *= c.NumHiddenLayers
+	}
 	perToken := c.stepElemsPerToken(T)
 	perToken += perToken / 10 // margin: small tensors the estimate leaves out (measured within 4% on the small preset)
 	return max(T, min(e.opts.MaxBatchTokens, (e.opts.MaxStepBytes/size-fixed)/perToken))
+}
+
+// layerWeightElems is the size of one decoder layer's linear weights.
+func (c *Config) layerWeightElems() int {
+	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	return c.HiddenSize * (2*q + 2*kv + 3*c.IntermediateSize)
+}
+
+// keepsMerged reports whether a training pass keeps every layer's merged LoRA weights from the
+// forward to the backward pass (saving a merge per module) rather than merging again: when all
+// of them take at most an eighth of MaxStepBytes (tests force either way).
+func (e *Engine) keepsMerged() bool {
+	if e.keepMerged != nil {
+		return *e.keepMerged
+	}
+	size := 4
+	if e.opts.Float64 {
+		size = 8
+	}
+	return e.Config.NumHiddenLayers*e.Config.layerWeightElems()*size <= e.opts.MaxStepBytes/8
 }
 
 // stepElemsPerToken estimates the tensor elements a training pass holds per token at its peak,

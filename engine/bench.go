@@ -14,7 +14,7 @@ func MatmulGFLOPS(n, reps int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	ar := newArena[float32](newMatmuls(backend))
+	ar := newArena[float32](newMatmuls(backend, 0))
 	defer ar.free()
 	a, b := ar.alloc(n, n), ar.alloc(n, n)
 	for i := range a.v {

@@ -150,7 +150,8 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	// few rows (decoding) the backend multiplies x·W twice as fast as x·Wᵀ, and for training the
 	// two are even. The embedding stays [V, D] for the lookup, so a tied head multiplies by it
 	// transposed.
-	e.direct = &directBase{mm: newMatmuls(backend), weights: map[string]weightRef{}}
+	// Free step buffers are kept up to one step budget (MaxStepBytes).
+	e.direct = &directBase{mm: newMatmuls(backend, opts.MaxStepBytes), weights: map[string]weightRef{}}
 	for _, name := range cfg.weightNames() {
 		v, err := host[name].Float64()
 		if err != nil {

@@ -49,7 +49,9 @@ type matmuls struct {
 	execs    map[mmKey]compute.Executable
 	compiles CompileStats
 	free     map[bufKey][]sharedBuf
-	gen      int // steps given back so far
+	// freeBytes is what the free lists hold; at most maxFree, and nothing idle for maxIdle.
+	freeBytes int
+	maxFree   int
 	// peakBytes is the most memory one step has held.
 	peakBytes int
 	// putBuffer hands a matmul's output back to the backend's own pool (nil if this backend has
@@ -64,14 +66,20 @@ type bufKey struct {
 }
 
 type sharedBuf struct {
-	buf  compute.Buffer
-	flat any
-	key  bufKey
-	gen  int // the step count when it was last given back
+	buf      compute.Buffer
+	flat     any
+	key      bufKey
+	bytes    int
+	returned time.Time // when it was last given back
 }
 
-func newMatmuls(b compute.Backend) *matmuls {
-	mm := &matmuls{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}}
+// maxIdle is how long a free buffer is kept unused: long enough for an RL loop's sampling
+// between two training steps, short enough that memory of old shapes goes back.
+const maxIdle = 2 * time.Minute
+
+// newMatmuls keeps at most maxFree bytes of free step buffers.
+func newMatmuls(b compute.Backend, maxFree int) *matmuls {
+	mm := &matmuls{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}, maxFree: maxFree}
 	// The Go backend's PutBuffer is an exported method of an internal type, reachable only by
 	// reflection; without it outputs are finalized and their memory left to the garbage collector.
 	if m := reflect.ValueOf(b).MethodByName("PutBuffer"); m.IsValid() && m.Type().NumIn() == 1 {
@@ -95,45 +103,31 @@ func (mm *matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error)
 	if l := mm.free[key]; len(l) > 0 {
 		b := l[len(l)-1]
 		mm.free[key] = l[:len(l)-1]
+		mm.freeBytes -= b.bytes
 		mm.mu.Unlock()
 		return b, nil
 	}
 	mm.mu.Unlock()
 	buf, flat, err := mm.backend.NewSharedBuffer(0, shapes.Make(dtype, dims...))
-	return sharedBuf{buf: buf, flat: flat, key: key}, err
+	return sharedBuf{buf: buf, flat: flat, key: key, bytes: int(shapes.Make(dtype, dims...).Memory())}, err
 }
 
-// giveBack returns buffers: shared ones to our free lists, matmul outputs to the backend.
-// At the end of a step, free buffers not taken again within two steps are dropped, so the lists
-// hold about one step's worth of memory per shape in use, not every shape ever seen.
+// giveBack returns buffers: shared ones to our free lists, matmul outputs to the backend. At the
+// end of a pass, free buffers idle for maxIdle are dropped, and then the least recently returned
+// ones while the lists hold more than maxFree bytes.
 func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
+	now := time.Now()
 	mm.mu.Lock()
-	if endOfStep {
-		mm.gen++
-	}
 	for _, b := range shared {
 		if b.buf == nil {
 			continue
 		}
-		b.gen = mm.gen
+		b.returned = now
 		mm.free[b.key] = append(mm.free[b.key], b)
+		mm.freeBytes += b.bytes
 	}
 	if endOfStep {
-		for k, l := range mm.free {
-			kept := l[:0]
-			for _, b := range l {
-				if b.gen+2 > mm.gen {
-					kept = append(kept, b)
-				} else {
-					_ = b.buf.Finalize()
-				}
-			}
-			if len(kept) == 0 {
-				delete(mm.free, k)
-			} else {
-				mm.free[k] = kept
-			}
-		}
+		mm.trimFree(now)
 	}
 	mm.mu.Unlock()
 	for _, b := range outputs {
@@ -145,6 +139,43 @@ func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfS
 			_ = b.Finalize()
 		}
 	}
+}
+
+// trimFree drops idle free buffers, then the oldest while over maxFree. Each list is in return
+// order, oldest first. Called with mm.mu held.
+func (mm *matmuls) trimFree(now time.Time) {
+	for k, l := range mm.free {
+		i := 0
+		for i < len(l) && now.Sub(l[i].returned) > maxIdle {
+			mm.dropFree(l[i])
+			i++
+		}
+		mm.free[k] = l[i:]
+	}
+	for mm.freeBytes > mm.maxFree {
+		var oldest bufKey
+		found := false
+		for k, l := range mm.free {
+			if len(l) > 0 && (!found || l[0].returned.Before(mm.free[oldest][0].returned)) {
+				oldest, found = k, true
+			}
+		}
+		if !found {
+			break
+		}
+		mm.dropFree(mm.free[oldest][0])
+		mm.free[oldest] = mm.free[oldest][1:]
+	}
+	for k, l := range mm.free {
+		if len(l) == 0 {
+			delete(mm.free, k)
+		}
+	}
+}
+
+func (mm *matmuls) dropFree(b sharedBuf) {
+	mm.freeBytes -= b.bytes
+	_ = b.buf.Finalize()
 }
 
 func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {

@@ -153,11 +153,8 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 			for r := r0; r < r1; r++ {
 				b, t := r/(KVH*G*T), r%T
 				row := probs.v[r*S : (r+1)*S]
-				last := pos[b][t] // attends to slots 0…last
-				m := row[0] * scale
-				for _, v := range row[1 : last+1] {
-					m = max(m, v*scale)
-				}
+				last := pos[b][t]                 // attends to slots 0…last
+				m := rowMax(row[:last+1]) * scale // scale > 0
 				inv := E(1 / expShift(row[:last+1], scale, m))
 				for s := range row[:last+1] {
 					row[s] *= inv

@@ -124,10 +124,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	parallelRows(N, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			row := logits.v[r*V : (r+1)*V]
-			m := row[0]
-			for _, v := range row[1:] {
-				m = max(m, v)
-			}
+			m := rowMax(row)
 			picked := row[target[r]]
 			se := expShift(row, 1, m)
 			sumExp[r] = se
@@ -298,12 +295,7 @@ func (s *directStep[E]) merged(path string) mat[E] {
 	} else {
 		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
-	parallelRows(len(m.v)/256+1, func(lo, hi int) {
-		lo, hi = lo*256, min(hi*256, len(m.v))
-		for i := lo; i < hi; i++ {
-			m.v[i] = w.v[i] + s.scale*m.v[i]
-		}
-	})
+	scaleAdd(m.v, w.v, s.scale)
 	s.mergedW[path] = m
 	return m
 }

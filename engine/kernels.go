@@ -33,16 +33,10 @@ func rmsNorm[T float](x, w []T, eps float64, y, inv []T) {
 	width := len(w)
 	parallelRows(len(x)/width, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			xr, yr := x[r*width:(r+1)*width], y[r*width:(r+1)*width]
-			var ss float64
-			for _, v := range xr {
-				ss += float64(v) * float64(v)
-			}
-			iv := T(1 / math.Sqrt(ss/float64(width)+eps))
+			xr := x[r*width : (r+1)*width]
+			iv := T(1 / math.Sqrt(rowDot(xr, xr)/float64(width)+eps))
 			inv[r] = iv
-			for i, v := range xr {
-				yr[i] = v * iv * w[i]
-			}
+			rowMulScaled(y[r*width:(r+1)*width], xr, w, iv)
 		}
 	})
 }
@@ -54,22 +48,9 @@ func rmsNormBack[T float](dy, x, inv, w []T, dx []T, accumulate bool) {
 	parallelRows(len(x)/width, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			o := r * width
-			var dot float64
-			for i := range width {
-				dot += float64(dy[o+i]) * float64(w[i]) * float64(x[o+i])
-			}
 			iv := float64(inv[r])
-			c := T(iv * iv * iv * dot / float64(width))
-			ivT := T(iv)
-			if accumulate {
-				for i := range width {
-					dx[o+i] += ivT*dy[o+i]*w[i] - x[o+i]*c
-				}
-			} else {
-				for i := range width {
-					dx[o+i] = ivT*dy[o+i]*w[i] - x[o+i]*c
-				}
-			}
+			c := T(iv * iv * iv * rowDot3(dy[o:o+width], w, x[o:o+width]) / float64(width))
+			rowRMSBack(dx[o:o+width], dy[o:o+width], w, x[o:o+width], inv[r], c, accumulate)
 		}
 	})
 }
@@ -78,26 +59,15 @@ func rmsNormBack[T float](dy, x, inv, w []T, dx []T, accumulate bool) {
 func addScaled[T float](dst, src []T, alpha T) {
 	parallelRows(len(dst)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(dst))
-		d, s := dst[lo:hi], src[lo:hi]
-		if alpha == 1 {
-			for i := range d {
-				d[i] += s[i]
-			}
-			return
-		}
-		for i := range d {
-			d[i] += alpha * s[i]
-		}
+		rowAxpy(dst[lo:hi], src[lo:hi], alpha)
 	})
 }
 
-// addTo writes dst = a + b.
-func addTo[T float](dst, a, b []T) {
+// scaleAdd does dst = x + alpha·dst.
+func scaleAdd[T float](dst, x []T, alpha T) {
 	parallelRows(len(dst)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(dst))
-		for i := lo; i < hi; i++ {
-			dst[i] = a[i] + b[i]
-		}
+		rowAxpby(dst[lo:hi], x[lo:hi], alpha)
 	})
 }
 
@@ -119,9 +89,7 @@ func siluGate[T float](g, u, sig, out []T) {
 	sigmoids(sig, g)
 	parallelRows(len(g)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(g))
-		for i := lo; i < hi; i++ {
-			out[i] = g[i] * sig[i] * u[i]
-		}
+		rowSiluGate(g[lo:hi], u[lo:hi], sig[lo:hi], out[lo:hi])
 	})
 }
 
@@ -129,11 +97,7 @@ func siluGate[T float](g, u, sig, out []T) {
 func siluGateBack[T float](da, g, u, sig, dg, du []T) {
 	parallelRows(len(g)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(g))
-		for i := lo; i < hi; i++ {
-			s := sig[i]
-			dg[i] = da[i] * u[i] * s * (1 + g[i]*(1-s))
-			du[i] = da[i] * g[i] * s
-		}
+		rowSiluGateBack(da[lo:hi], g[lo:hi], u[lo:hi], sig[lo:hi], dg[lo:hi], du[lo:hi])
 	})
 }
 
@@ -216,10 +180,7 @@ func softmaxCausal[T float](scores []T, S int, scale T) {
 		for r := lo; r < hi; r++ {
 			row := scores[r*S : (r+1)*S]
 			pos := r % S
-			m := row[0] * scale
-			for _, v := range row[1 : pos+1] {
-				m = max(m, v*scale)
-			}
+			m := rowMax(row[:pos+1]) * scale // scale > 0
 			sum := expShift(row[:pos+1], scale, m)
 			inv := T(1 / sum)
 			for s := 0; s <= pos; s++ {
@@ -236,14 +197,7 @@ func softmaxBack[T float](p, dp []T, S int, scale T) {
 		for r := lo; r < hi; r++ {
 			n := r%S + 1 // later keys have P = 0
 			pr, dr := p[r*S:r*S+n], dp[r*S:(r+1)*S]
-			var dot float64
-			for s, v := range pr {
-				dot += float64(v) * float64(dr[s])
-			}
-			d := T(dot)
-			for s, v := range pr {
-				dr[s] = v * (dr[s] - d) * scale
-			}
+			rowSoftmaxBack(pr, dr[:n], T(rowDot(pr, dr[:n])), scale)
 			clear(dr[n:])
 		}
 	})

@@ -79,3 +79,64 @@ func TestTokenLossGradients(t *testing.T) {
 		}
 	}
 }
+
+// The 16-lane row kernels give what the scalar ones give (to float32 rounding), for lengths
+// with and without a tail.
+func TestRowKernelsMatchScalar(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	near := func(what string, n int, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-5*(1+math.Abs(want)) {
+			t.Fatalf("%s, n=%d: %v, scalar %v", what, n, got, want)
+		}
+	}
+	nearAll := func(what string, got, want []float32) {
+		t.Helper()
+		for i := range got {
+			near(what, len(got), float64(got[i]), float64(want[i]))
+		}
+	}
+	for _, n := range []int{1, 15, 16, 17, 100, 513} {
+		a, b, c := vec(n), vec(n), vec(n)
+		near("max", n, float64(max32(a)), float64(maxScalar(a)))
+		near("dot", n, dot32(a, b), dotScalar(a, b))
+		near("dot3", n, dot3_32(a, b, c), dot3Scalar(a, b, c))
+		two := func(f32, scalar func(dst []float32)) ([]float32, []float32) {
+			x, y := append([]float32(nil), c...), append([]float32(nil), c...)
+			f32(x)
+			scalar(y)
+			return x, y
+		}
+		x, y := two(func(d []float32) { axpby32(d, a, 0.7) }, func(d []float32) { axpbyScalar(d, a, 0.7) })
+		nearAll("axpby", x, y)
+		x, y = two(func(d []float32) { axpy32(d, a, -1.3) }, func(d []float32) { axpyScalar(d, a, -1.3) })
+		nearAll("axpy", x, y)
+		x, y = two(func(d []float32) { mulScaled32(d, a, b, 0.4) }, func(d []float32) { mulScaledScalar(d, a, b, 0.4) })
+		nearAll("mulScaled", x, y)
+		for _, acc := range []bool{false, true} {
+			x, y = two(func(d []float32) { rmsBack32(d, a, b, c, 1.5, 0.25, acc) }, func(d []float32) { rmsBackScalar(d, a, b, c, 1.5, 0.25, acc) })
+			nearAll("rmsBack", x, y)
+		}
+		p := vec(n)
+		x, y = two(func(d []float32) { softmaxBackRow32(p, d, 0.3, 0.125) }, func(d []float32) { softmaxBackRowScalar(p, d, 0.3, 0.125) })
+		nearAll("softmaxBack", x, y)
+		sig := make([]float32, n)
+		sigmoidScalar(sig, a)
+		out32, outS := make([]float32, n), make([]float32, n)
+		siluGate32(a, b, sig, out32)
+		siluGateScalar(a, b, sig, outS)
+		nearAll("siluGate", out32, outS)
+		dg32, du32, dgS, duS := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+		siluGateBack32(c, a, b, sig, dg32, du32)
+		siluGateBackScalar(c, a, b, sig, dgS, duS)
+		nearAll("siluGateBack dg", dg32, dgS)
+		nearAll("siluGateBack du", du32, duS)
+	}
+}

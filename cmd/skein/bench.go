@@ -28,8 +28,8 @@ func benchEngine(args []string) error {
 	if *model == "" {
 		return fmt.Errorf("--model is required")
 	}
-	// The matmul peak first, in a quiet process: best of 10 runs of a 1024³ float32 matmul.
-	peak, err := engine.MatmulGFLOPS(1024, 10)
+	// The matmul peak first, in a quiet process: best of 30 runs of a 1024³ float32 matmul.
+	peak, err := engine.MatmulGFLOPS(1024, 30)
 	if err != nil {
 		return err
 	}
@@ -89,7 +89,7 @@ func benchEngine(args []string) error {
 	meanStep := time.Since(start) / time.Duration(*steps)
 	pprof.StopCPUProfile()
 	// The peak again after training; the higher of the two is the reference.
-	if again, err := engine.MatmulGFLOPS(1024, 10); err == nil {
+	if again, err := engine.MatmulGFLOPS(1024, 30); err == nil {
 		peak = max(peak, again)
 	}
 	tokens := *batch * *seq

@@ -9,7 +9,8 @@ import (
 // Element-wise kernels of the direct training path. Each is one pass over its rows, split
 // across the cores; reductions accumulate in float64 so float32 steps stay close to float64 ones.
 
-// parallelRows runs fn over [0,n) split into one range per core.
+// parallelRows runs fn over [0,n) split into one range per core. A panic in any range is raised
+// again in the caller's goroutine, where the pass's recover turns it into an error.
 func parallelRows(n int, fn func(lo, hi int)) {
 	k := min(runtime.GOMAXPROCS(0), n)
 	if k <= 1 {
@@ -17,15 +18,25 @@ func parallelRows(n int, fn func(lo, hi int)) {
 		return
 	}
 	var wg sync.WaitGroup
+	var once sync.Once
+	var panicked any
 	for i := range k {
 		lo, hi := n*i/k, n*(i+1)/k
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					once.Do(func() { panicked = r })
+				}
+			}()
 			fn(lo, hi)
 		}()
 	}
 	wg.Wait()
+	if panicked != nil {
+		panic(panicked)
+	}
 }
 
 // rmsNorm writes y = x·inv·w row by row (rows of len(w)) and inv = 1/√(mean(x²)+eps) per row.

@@ -3,6 +3,7 @@ package engine
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -138,5 +139,21 @@ func TestRowKernelsMatchScalar(t *testing.T) {
 		siluGateBackScalar(c, a, b, sig, dgS, duS)
 		nearAll("siluGateBack dg", dg32, dgS)
 		nearAll("siluGateBack du", du32, duS)
+	}
+}
+
+// A panic inside a parallel kernel reaches the caller's goroutine, so a pass's recover sees it.
+func TestParallelRowsPanicReachesCaller(t *testing.T) {
+	err := func() (err error) {
+		defer recoverCompute(&err)
+		parallelRows(100, func(lo, hi int) {
+			if hi == 100 {
+				panic("kernel bug")
+			}
+		})
+		return nil
+	}()
+	if err == nil || !strings.Contains(err.Error(), "kernel bug") {
+		t.Fatalf("error %v, want the kernel's panic", err)
 	}
 }

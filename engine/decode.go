@@ -8,11 +8,11 @@ import (
 
 // The sampler's forward passes (prefill and each decode step) run op by op like training: backend
 // matmuls on shared buffers, Go kernels between them. The KV cache is a pair of shared buffers per
-// layer, [B·KVH, S, hd], written in place at each row's positions and multiplied directly (it is
-// already in the layout of an attention operand). LoRA is applied unmerged: decode steps have a
-// few rows, so the rank-r matmuls are tiny, and merging would copy the weights for every call.
-// Keys are cached transposed, [B·KVH, hd, S], so that scores are a plain product (for a few
-// query rows the backend multiplies q·Kᵀ with K untransposed at a third of the speed).
+// layer, written in place at each row's positions and multiplied directly, being already in the
+// layout of an attention operand: values [B·KVH, S, hd], keys transposed [B·KVH, hd, S] so that
+// scores are a plain product (for a few query rows the backend multiplies q·Kᵀ with K untransposed
+// at a third of the speed). LoRA is applied unmerged: decode steps have a few rows, so the rank-r
+// matmuls are tiny, and merging would copy the weights for every call.
 
 // stepFunc feeds tokens [B][T] at positions [B][T] and returns the logits of the positions want
 // accepts, indexed b·T+t (nil elsewhere). Only those rows go through the unembedding: a prefill
@@ -80,6 +80,9 @@ func (d *kvDecoder[E]) addLora(ar *arena[E], x, y mat[E], path string) {
 
 func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
+	if d.long.err != nil {
+		return nil, d.long.err
+	}
 	e, c := d.e, d.e.Config
 	ar := newArena[E](e.direct.mm)
 	defer ar.free()

@@ -122,13 +122,6 @@ func (e *Engine) adapter(id string) (*Adapter, error) {
 	return a, nil
 }
 
-func specOf(a *Adapter) loraSpec {
-	if a == nil {
-		return loraSpec{}
-	}
-	return a.Config.spec()
-}
-
 // AdamParams is Tinker's AdamParams.
 type AdamParams struct {
 	LearningRate float64 `json:"learning_rate"`
@@ -225,7 +218,6 @@ type loraSpec struct {
 	Attn, MLP, Unembed bool
 }
 
-func (s loraSpec) any() bool { return s.Attn || s.MLP || s.Unembed }
 
 // loraModule is one adapted linear layer: HF module path and its dimensions.
 type loraModule struct {

@@ -218,6 +218,7 @@ type loraSpec struct {
 	Attn, MLP, Unembed bool
 }
 
+func (s loraSpec) any() bool { return s.Attn || s.MLP || s.Unembed }
 
 // loraModule is one adapted linear layer: HF module path and its dimensions.
 type loraModule struct {

@@ -367,9 +367,12 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 	yv := s.linear(la.x1, p+"self_attn.v_proj")
 
 	BK := B * KVH
-	la.qh, la.qhT = s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
-	la.kh, la.vh = s.ar.alloc(BK, T, hd), s.ar.alloc(BK, T, hd)
-	la.khT, la.vhT = s.ar.alloc(BK, hd, T), s.ar.alloc(BK, hd, T)
+	backward := s.grads != nil // Qᵀ and Vᵀ only serve the backward pass
+	la.qh, la.kh, la.vh = s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, T, hd), s.ar.alloc(BK, T, hd)
+	la.khT = s.ar.alloc(BK, hd, T)
+	if backward {
+		la.qhT, la.vhT = s.ar.alloc(BK, hd, G*T), s.ar.alloc(BK, hd, T)
+	}
 	var qNorm, kNorm []E
 	if c.Arch == ArchQwen3 {
 		qNorm, kNorm = s.w(p+"self_attn.q_norm.weight").v, s.w(p+"self_attn.k_norm.weight").v
@@ -390,6 +393,9 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 				row := (b*KVH+kv)*G*T + g*T + t
 				dst := la.qh.v[row*hd : (row+1)*hd]
 				s.rope(src, dst, t)
+				if !backward {
+					continue
+				}
 				base := (b*KVH + kv) * hd * G * T
 				for d, v := range dst {
 					la.qhT.v[base+d*G*T+g*T+t] = v
@@ -408,7 +414,11 @@ func (s *directStep[E]) layer(l int, h mat[E], B, T int) mat[E] {
 				base := (b*KVH + kv) * hd * T
 				for d := range hd {
 					la.khT.v[base+d*T+t] = kr[d]
-					la.vhT.v[base+d*T+t] = vr[d]
+				}
+				if backward {
+					for d := range hd {
+						la.vhT.v[base+d*T+t] = vr[d]
+					}
 				}
 			}
 		}

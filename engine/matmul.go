@@ -12,15 +12,14 @@ import (
 	"github.com/gomlx/compute/shapes"
 )
 
-// The training step runs op by op: the backend multiplies matrices (its tuned, multi-threaded
+// Training and sampling run op by op: the backend multiplies matrices (its tuned, multi-threaded
 // kernels are the fastest we have in Go), and everything between the matmuls is skein's own
 // fused Go code (kernels.go). Inside one big GoMLX graph those element-wise ops ran one op at a
 // time on one core, each a full pass over memory: more than half of a training step on the small
 // preset. Here each matmul is a one-node executable compiled once per shape, and every tensor is a
 // backend "shared buffer", so Go code and matmuls read and write the same memory without copies.
 
-// float is the element type of a direct-path step: float32 in production, float64 for gradient
-// checks.
+// float is the element type of a pass: float32 in production, float64 for gradient checks.
 type float interface{ float32 | float64 }
 
 // mat is a tensor in a backend shared buffer: buf goes to matmuls, v is the same memory in Go.

@@ -322,6 +322,34 @@ func (e *Engine) hitsStopString(toks []int, stops []string) bool {
 	return false
 }
 
+// candidates returns the tokens a top-k / top-p draw can pick from, most probable first (ties in
+// token order): a prefix of the whole vocabulary sorted that way, long enough to hold the first
+// topK tokens or a top-p nucleus. Sorting 150k tokens per sampled token would cost more than the
+// model's decode step, so only the tokens above a log-probability threshold are sorted, the
+// threshold lowered until they are enough. Every token left out is less probable than every
+// token kept, so the prefix is the same as the full sort's.
+func candidates(logprobs []float64, topK int, topP float64) []int {
+	var idx []int
+	for t := math.Log(1e-3); ; t -= math.Log(64) {
+		idx = idx[:0]
+		var mass float64
+		for i, lp := range logprobs {
+			if lp >= t {
+				idx = append(idx, i)
+				mass += math.Exp(lp)
+			}
+		}
+		enough := len(idx) == len(logprobs) ||
+			(topK > 0 && len(idx) >= topK) ||
+			(topP < 1 && mass >= topP)
+		if enough {
+			break
+		}
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return logprobs[idx[a]] > logprobs[idx[b]] })
+	return idx
+}
+
 func logSoftmax(x []float64) []float64 {
 	m := math.Inf(-1)
 	for _, v := range x {
@@ -366,11 +394,14 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 		}
 		return best, lsm[best]
 	}
-	scaled := make([]float64, len(logits))
-	for i, v := range logits {
-		scaled[i] = v / p.Temperature
+	probs := lsm
+	if p.Temperature != 1 {
+		scaled := make([]float64, len(logits))
+		for i, v := range logits {
+			scaled[i] = v / p.Temperature
+		}
+		probs = logSoftmax(scaled)
 	}
-	probs := logSoftmax(scaled)
 	if (p.TopK <= 0 || p.TopK >= len(probs)) && p.TopP >= 1 {
 		// No truncation: draw from the full distribution without sorting the vocabulary.
 		u := rng.Float64()
@@ -386,11 +417,7 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 		}
 		return last, lsm[last]
 	}
-	idx := make([]int, len(probs))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return probs[idx[a]] > probs[idx[b]] })
+	idx := candidates(probs, p.TopK, p.TopP)
 	keep := len(idx)
 	if p.TopK > 0 && p.TopK < keep {
 		keep = p.TopK

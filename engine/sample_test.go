@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -485,5 +486,53 @@ func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
 	}
 	if _, err := e.SampleBatch("", []SampleRequest{reqs[0], {Prompt: []int{e.Config.VocabSize}}}); !errors.Is(err, ErrInvalidInput) {
 		t.Fatalf("a bad request in a batch: %v", err)
+	}
+}
+
+// The candidates of a top-k / top-p draw are the prefix a full stable sort of the vocabulary
+// gives, for peaked and flat distributions and every kind of truncation.
+func TestCandidatesArePrefixOfFullSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := range 200 {
+		V := 1 + rng.IntN(3000)
+		logits := make([]float64, V)
+		spread := []float64{0.1, 1, 5, 20}[trial%4]
+		for i := range logits {
+			logits[i] = rng.NormFloat64() * spread
+			if rng.IntN(10) == 0 && i > 0 {
+				logits[i] = logits[i-1] // ties
+			}
+		}
+		lp := logSoftmax(logits)
+		full := make([]int, V)
+		for i := range full {
+			full[i] = i
+		}
+		sort.SliceStable(full, func(a, b int) bool { return lp[full[a]] > lp[full[b]] })
+		topK := []int{-1, 1, 5, 50, V + 3}[rng.IntN(5)]
+		topP := []float64{1, 0.5, 0.9, 0.99}[rng.IntN(4)]
+		got := candidates(lp, topK, topP)
+		if len(got) == 0 || len(got) > V {
+			t.Fatalf("trial %d: %d candidates of %d", trial, len(got), V)
+		}
+		for i, c := range got {
+			if full[i] != c {
+				t.Fatalf("trial %d (V %d, k %d, p %v): candidate %d is %d, full sort has %d", trial, V, topK, topP, i, c, full[i])
+			}
+		}
+		if topK > 0 && topK <= V && topP >= 1 && len(got) < topK {
+			t.Fatalf("trial %d: %d candidates for top-k %d", trial, len(got), topK)
+		}
+		var mass float64
+		for _, c := range got {
+			mass += math.Exp(lp[c])
+		}
+		kEff := V
+		if topK > 0 && topK < V {
+			kEff = topK
+		}
+		if topP < 1 && len(got) < kEff && mass < topP {
+			t.Fatalf("trial %d: candidates hold %v of the mass, top-p %v", trial, mass, topP)
+		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"sync"
 )
 
-// Element-wise kernels of the direct training path. Each is one pass over its rows, split
+// Element-wise kernels of the training and sampling passes. Each is one pass over its rows, split
 // across the cores; reductions accumulate in float64 so float32 steps stay close to float64 ones.
 
 // parallelRows runs fn over [0,n) split into one range per core. A panic in any range is raised

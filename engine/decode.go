@@ -50,22 +50,19 @@ func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 		d.kc = append(d.kc, d.long.zeros(BK, c.HeadDim, S))
 		d.vc = append(d.vc, d.long.zeros(BK, S, c.HeadDim))
 	}
-	d.lora, d.scale = loraOf(d.long, a)
+	d.lora, d.scale = loraOf(d.long, a, false)
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)
 	return d
 }
 
-func (d *kvDecoder[E]) w(name string) mat[E] {
-	r := d.e.direct.weights[name]
-	return mat[E]{buf: r.buf, v: r.flat.([]E), dims: r.dims}
-}
+func (d *kvDecoder[E]) w(name string) mat[E] { return weightOf[E](d.e.direct, name) }
 
 // linear is x·W (+ bias) + scale·(x·Aᵀ)·Bᵀ.
 func (d *kvDecoder[E]) linear(ar *arena[E], x mat[E], path string) mat[E] {
 	c := d.e.Config
 	y := ar.matmul(x, d.w(c.weightName(path)), 0, c.weightIsOutIn(path))
-	if b, ok := d.e.direct.weights[path+".bias"]; ok {
-		addBias(y.v, b.flat.([]E))
+	if b, ok := biasOf[E](d.e.direct, path); ok {
+		addBias(y.v, b)
 	}
 	d.addLora(ar, x, y, path)
 	return y
@@ -155,14 +152,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 		parallelRows(BK*G*T, func(r0, r1 int) {
 			for r := r0; r < r1; r++ {
 				b, t := r/(KVH*G*T), r%T
-				row := probs.v[r*S : (r+1)*S]
-				last := pos[b][t]                 // attends to slots 0…last
-				m := rowMax(row[:last+1]) * scale // scale > 0
-				inv := E(1 / expShift(row[:last+1], scale, m))
-				for s := range row[:last+1] {
-					row[s] *= inv
-				}
-				clear(row[last+1:])
+				softmaxRow(probs.v[r*S:(r+1)*S], pos[b][t], scale) // a row sees slots 0…its position
 			}
 		})
 		o := ar.matmul(probs, vc, BK, false) // [BK, G·T, hd]

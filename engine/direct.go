@@ -40,9 +40,9 @@ type layerActs[E float] struct {
 // loraMats are one module's A and B for a pass (with the transposes its matmuls need), and the
 // indices of their gradient accumulators.
 type loraMats[E float] struct {
-	a, aT, b mat[E] // A [r, in], Aᵀ [in, r], B [out, r]
-	bT       mat[E] // Bᵀ [r, out], for unmerged decoding
-	ai, bi   int
+	a, b   mat[E] // A [r, in], B [out, r]
+	aT, bT mat[E] // Aᵀ [in, r] for training's merge, Bᵀ [r, out] for decoding
+	ai, bi int
 }
 
 // directStep is one chunk's forward (and backward) pass.
@@ -61,9 +61,21 @@ type directStep[E float] struct {
 	layers  []layerActs[E]
 }
 
-func (s *directStep[E]) w(name string) mat[E] {
-	r := s.e.direct.weights[name]
+func (s *directStep[E]) w(name string) mat[E] { return weightOf[E](s.e.direct, name) }
+
+// weightOf is a base weight as a tensor of the pass's element type.
+func weightOf[E float](d *directBase, name string) mat[E] {
+	r := d.weights[name]
 	return mat[E]{buf: r.buf, v: r.flat.([]E), dims: r.dims}
+}
+
+// biasOf is the bias of the linear module at path, if it has one (Qwen2's q/k/v).
+func biasOf[E float](d *directBase, path string) ([]E, bool) {
+	r, ok := d.weights[path+".bias"]
+	if !ok {
+		return nil, false
+	}
+	return r.flat.([]E), true
 }
 
 // runDirect runs datums [lo,hi) of p: their logprobs and per-token losses go into res, their
@@ -83,7 +95,7 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 	s := &directStep[E]{e: e, c: c, ar: newArena[E](e.direct.mm),
 		taps: map[string]mat[E]{}, tapIn: map[string]mat[E]{}, mergedW: map[string]mat[E]{}, grads: grads}
 	defer s.ar.free()
-	s.lora, s.scale = loraOf(s.ar, a)
+	s.lora, s.scale = loraOf(s.ar, a, true)
 	s.cos, s.sin = ropeTable[E](e.invFreq, T)
 
 	// Embedding lookup.
@@ -183,7 +195,8 @@ func runDirect[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss str
 }
 
 // loraOf copies an adapter's matrices into the arena (nil adapter: none) and returns its scale.
-func loraOf[E float](ar *arena[E], a *Adapter) (map[string]loraMats[E], E) {
+// Training merges with Aᵀ; decoding applies B unmerged, as Bᵀ.
+func loraOf[E float](ar *arena[E], a *Adapter, training bool) (map[string]loraMats[E], E) {
 	out := map[string]loraMats[E]{}
 	if a == nil {
 		return out, 0
@@ -192,9 +205,13 @@ func loraOf[E float](ar *arena[E], a *Adapter) (map[string]loraMats[E], E) {
 	for i, m := range a.mods {
 		pa, pb := a.params[2*i], a.params[2*i+1]
 		lm := loraMats[E]{a: ar.from(pa.w, pa.shape...), b: ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
-		lm.aT, lm.bT = ar.alloc(m.In, r), ar.alloc(r, m.Out)
-		transpose(lm.a.v, lm.aT.v, r, m.In, 1)
-		transpose(lm.b.v, lm.bT.v, m.Out, r, 1)
+		if training {
+			lm.aT = ar.alloc(m.In, r)
+			transpose(lm.a.v, lm.aT.v, r, m.In, 1)
+		} else {
+			lm.bT = ar.alloc(r, m.Out)
+			transpose(lm.b.v, lm.bT.v, m.Out, r, 1)
+		}
 		out[m.Path] = lm
 	}
 	return out, E(a.Config.Alpha / float64(r))
@@ -268,10 +285,10 @@ func (c *Config) weightIsOutIn(path string) bool { return path == "lm_head" && c
 // little work per output element); x·Aᵀ is kept for the LoRA gradients.
 func (s *directStep[E]) linear(x mat[E], path string) mat[E] {
 	y := s.ar.matmul(x, s.merged(path), 0, s.c.weightIsOutIn(path))
-	if b, ok := s.e.direct.weights[path+".bias"]; ok {
-		addBias(y.v, b.flat.([]E))
+	if b, ok := biasOf[E](s.e.direct, path); ok {
+		addBias(y.v, b)
 	}
-	if lm, ok := s.lora[path]; ok {
+	if lm, ok := s.lora[path]; ok && s.grads != nil { // only the LoRA gradients need x·Aᵀ
 		s.taps[path] = s.ar.matmul(x, lm.a, 0, true) // [N, r]
 		s.tapIn[path] = x
 	}

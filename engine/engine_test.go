@@ -133,18 +133,7 @@ func checkGradients(t *testing.T, arch Arch) {
 	for ci, c := range cases {
 		t.Run(c.loss, func(t *testing.T) {
 			id := c.loss
-			a, err := e.CreateAdapter(id, LoraConfig{Rank: 2, Seed: int64(ci), TrainAttn: true, TrainMLP: true, TrainUnembed: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// B starts at zero, which makes dA zero; give it values so both matrices are tested.
-			for i, p := range a.params {
-				if i%2 == 1 {
-					for j := range p.w {
-						p.w[j] = 0.05 * math.Sin(float64(7*j+i))
-					}
-				}
-			}
+			a := adapterWithB(t, e, id, LoraConfig{Rank: 2, Seed: int64(ci), TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(7*j+i)) })
 			if _, err := e.ForwardBackward(id, c.data, c.loss, c.cfg); err != nil {
 				t.Fatal(err)
 			}
@@ -187,17 +176,7 @@ func checkGradients(t *testing.T, arch Arch) {
 func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	e := loadTiny(t, ArchLlama, Options{Float64: true})
 	ids := e.Tokenizer.Encode("The river flows past the mill.")
-	a, err := e.CreateAdapter("x", LoraConfig{Rank: 2, Seed: 9, TrainAttn: true, TrainMLP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range a.params {
-		if i%2 == 1 {
-			for j := range p.w {
-				p.w[j] = 0.05 * math.Cos(float64(3*j+i))
-			}
-		}
-	}
+	a := adapterWithB(t, e, "x", LoraConfig{Rank: 2, Seed: 9, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.05 * math.Cos(float64(3*j+i)) })
 	d := rlDatum(ids, -7.5, 0.8)
 	fwd, err := e.Forward("x", []Datum{d}, "cispo", nil)
 	if err != nil {
@@ -276,17 +255,7 @@ func TestChunksMatchOneCall(t *testing.T) {
 		if got := len(e.chunks(lengths)); got != c.chunks {
 			t.Fatalf("%s: %d chunks, want %d", c.name, got, c.chunks)
 		}
-		a, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range a.params {
-			if i%2 == 1 {
-				for j := range p.w {
-					p.w[j] = 0.01 * math.Sin(float64(j+i))
-				}
-			}
-		}
+		a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * math.Sin(float64(j+i)) })
 		first, err := e.Forward("a", data, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)

@@ -1,5 +1,26 @@
 package engine
 
-import "os"
+import (
+	"os"
+	"testing"
+)
 
 func mkdirTemp() (string, error) { return os.MkdirTemp("", "skein-engine-test-") }
+
+// adapterWithB creates an adapter and sets its B matrices, zero at PEFT init (which makes every
+// gradient of A zero), to f(parameter index, element), rounded to the engine's dtype.
+func adapterWithB(t testing.TB, e *Engine, id string, cfg LoraConfig, f func(i, j int) float64) *Adapter {
+	t.Helper()
+	a, err := e.CreateAdapter(id, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range a.params {
+		if i%2 == 1 {
+			for j := range p.w {
+				p.w[j] = e.roundToDType(f(i, j))
+			}
+		}
+	}
+	return a
+}

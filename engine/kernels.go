@@ -190,17 +190,20 @@ func sigmoids[T float](dst, src []T) {
 func softmaxCausal[T float](scores []T, S int, scale T) {
 	parallelRows(len(scores)/S, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			row := scores[r*S : (r+1)*S]
-			pos := r % S
-			m := rowMax(row[:pos+1]) * scale // scale > 0
-			sum := expShift(row[:pos+1], scale, m)
-			inv := T(1 / sum)
-			for s := 0; s <= pos; s++ {
-				row[s] *= inv
-			}
-			clear(row[pos+1:])
+			softmaxRow(scores[r*S:(r+1)*S], r%S, scale)
 		}
 	})
+}
+
+// softmaxRow turns one row of scores into probabilities over keys 0..last (scaled by scale > 0);
+// later keys get 0.
+func softmaxRow[T float](row []T, last int, scale T) {
+	m := rowMax(row[:last+1]) * scale
+	inv := T(1 / expShift(row[:last+1], scale, m))
+	for s := range row[:last+1] {
+		row[s] *= inv
+	}
+	clear(row[last+1:])
 }
 
 // softmaxBack turns dP into the score gradient in place: dS = P·(dP − Σ P·dP)·scale.

@@ -168,17 +168,7 @@ func TestFloat32GradientsMatchFloat64(t *testing.T) {
 		for k, f64 := range []bool{false, true} {
 			e := loadTiny(t, arch, Options{Float64: f64})
 			ids := e.Tokenizer.Encode("Sixteen lanes or one, the gradient is the same.")
-			a, err := e.CreateAdapter("g", LoraConfig{Rank: 20, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i, p := range a.params {
-				if i%2 == 1 {
-					for j := range p.w {
-						p.w[j] = e.roundToDType(0.03 * math.Sin(float64(5*j+i)))
-					}
-				}
-			}
+			a := adapterWithB(t, e, "g", LoraConfig{Rank: 20, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.03 * math.Sin(float64(5*j+i)) })
 			r, err := e.ForwardBackward("g", []Datum{textDatum(ids), textDatum(ids[2:])}, "cross_entropy", nil)
 			if err != nil {
 				t.Fatal(err)

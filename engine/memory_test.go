@@ -63,17 +63,7 @@ func TestRecomputedAttentionMatchesKept(t *testing.T) {
 		e.recomputeProbs = func(int) bool { return recompute }
 		keep := !recompute
 		e.keepMerged = &keep
-		a, err := e.CreateAdapter("r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range a.params {
-			if i%2 == 1 {
-				for j := range p.w {
-					p.w[j] = 0.02 * math.Cos(float64(j+i))
-				}
-			}
-		}
+		a := adapterWithB(t, e, "r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.02 * math.Cos(float64(j+i)) })
 		r, err := e.ForwardBackward("r", data, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)

@@ -22,17 +22,7 @@ var referenceTokens = []int{5, 17, 300, 42, 7, 99, 256, 3, 64, 128, 11, 500}
 // referenceAdapter makes the deterministic adapter the fixture was computed with: PEFT init
 // from seed 11, then B set to a fixed pattern so the LoRA path contributes.
 func referenceAdapter(t testing.TB, e *Engine) {
-	a, err := e.CreateAdapter("ref", LoraConfig{Rank: 4, Seed: 11, TrainAttn: true, TrainMLP: true, TrainUnembed: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range a.params {
-		if i%2 == 1 {
-			for j := range p.w {
-				p.w[j] = e.roundToDType(0.05 * math.Sin(float64(j+3*i)))
-			}
-		}
-	}
+	adapterWithB(t, e, "ref", LoraConfig{Rank: 4, Seed: 11, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(j+3*i)) })
 }
 
 // logitsOf runs the sampler's prefill over tokens and returns logits [T×V].

@@ -113,12 +113,7 @@ func TestSupervisedLoopJSON(t *testing.T)     { supervised(t, newServer(t, gatew
 func TestRLLoopWithEphemeralSampler(t *testing.T) {
 	ts := newServer(t, gateway.Options{})
 	ctx := context.Background()
-	c := client.New(ts.URL, "tml-bob")
-	sess, _ := c.CreateSession(ctx)
-	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, tc := newRun(t, ts.URL, "tml-bob", 4)
 	prompt := ts.eng.Tokenizer.Encode("Questions and answers:")
 	for step, loss := range []string{"importance_sampling", "ppo"} {
 		f, err := tc.SaveWeightsForSampler(ctx, "")
@@ -325,12 +320,7 @@ func isStatus(err error, code int) bool {
 func TestOutOfOrderAndRetry(t *testing.T) {
 	ts := newServer(t, gateway.Options{})
 	ctx := context.Background()
-	c := client.New(ts.URL, "tml-carol")
-	sess, _ := c.CreateSession(ctx)
-	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, tc := newRun(t, ts.URL, "tml-carol", 4)
 	ids := ts.eng.Tokenizer.Encode("The river flows past the mill.")
 	data := []api.Datum{datum(ids, true)}
 	// seq 2 (a forward) arrives before seq 1 (forward_backward) and must wait for it... and

@@ -24,13 +24,19 @@ import (
 )
 
 func trainedModel(t *testing.T, ts *testServer, key string) (*client.Client, *client.TrainingClient) {
+	return newRun(t, ts.URL, key, 4)
+}
+
+// newRun opens a session for key at url and creates a LoRA training run of the given rank on it.
+func newRun(t *testing.T, url, key string, rank int) (*client.Client, *client.TrainingClient) {
+	t.Helper()
 	ctx := context.Background()
-	c := client.New(ts.URL, key)
+	c := client.New(url, key)
 	sess, err := c.CreateSession(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, rank)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -277,12 +277,7 @@ func TestSessionExpiryAndTenantLimit(t *testing.T) {
 func TestSamplerCopiesAreBounded(t *testing.T) {
 	ts, reps := newCluster(t, 1, 4)
 	ctx := context.Background()
-	c := client.New(ts.URL, "tml-copies")
-	sess, _ := c.CreateSession(ctx)
-	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, tc := newRun(t, ts.URL, "tml-copies", 2)
 	var ids []string
 	for range gateway.SamplerCopiesPerReplica + 3 {
 		f, _ := tc.SaveWeightsForSampler(ctx, "")

@@ -16,9 +16,6 @@ import (
 //go:embed corpus.txt
 var corpus string
 
-// Corpus is the short text the tiny tokenizers are trained on; tests train models on it too.
-func Corpus() string { return corpus }
-
 // Preset is a size for generated models.
 type Preset struct {
 	Hidden, Layers, Heads, KVHeads, FFN, Vocab, Context int
@@ -34,7 +31,7 @@ var Presets = map[string]Preset{
 var SpecialTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
-// config.json, model.safetensors (f32) and a byte-level BPE tokenizer.json trained on Corpus().
+// config.json, model.safetensors (f32) and a byte-level BPE tokenizer.json trained on corpus.txt.
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	p, ok := Presets[presetName]
 	if !ok {

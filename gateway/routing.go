@@ -77,13 +77,6 @@ func (q *runQueue) drain() {
 	}
 }
 
-// waiting reports buffered ops (arrived before an earlier seq_id).
-func (q *runQueue) waiting() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.pending)
-}
-
 func (s *Server) queueOf(run *trainingRun) *runQueue {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -207,11 +207,7 @@ func (e *Engine) roundToDType(v float64) float64 {
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
-func (e *Engine) PeakStepBytes() int {
-	e.direct.mm.mu.Lock()
-	defer e.direct.mm.mu.Unlock()
-	return e.direct.mm.peakBytes
-}
+func (e *Engine) PeakStepBytes() int { return e.direct.mm.peak() }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
 func (e *Engine) CompileStats() CompileStats { return e.direct.mm.stats() }

@@ -240,6 +240,12 @@ func (mm *matmuls) notePeak(bytes int) {
 	mm.mu.Unlock()
 }
 
+func (mm *matmuls) peak() int {
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
+	return mm.peakBytes
+}
+
 // maxMatmuls bounds the compiled matmuls kept; a training shape needs about twenty.
 const maxMatmuls = 4096
 

@@ -24,6 +24,9 @@ func TestWorkerRunsInOrderAndCountsDepth(t *testing.T) {
 	if err := r.Do(context.Background(), func() {}); err != nil {
 		t.Fatal(err)
 	}
+	// Do returns when its function has run, just before the loop counts it finished; Close
+	// waits for the loop itself, so the depth is settled after it.
+	r.Close()
 	mu.Lock()
 	defer mu.Unlock()
 	for i, v := range got {
@@ -37,7 +40,6 @@ func TestWorkerRunsInOrderAndCountsDepth(t *testing.T) {
 	if r.MaxLoras() != DefaultMaxLoras || !r.Healthy() || r.ID() != "r" || r.BaseModel() != "m" {
 		t.Fatal("endpoint fields")
 	}
-	r.Close()
 	if err := r.Run(func() {}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("run after close: %v", err)
 	}

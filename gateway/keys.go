@@ -99,6 +99,24 @@ func checkAuthMode(opts *Options) error {
 	return nil
 }
 
+// warnWithoutAdminKey tells the operator of a keys-mode server that nobody can manage it yet.
+func (s *Server) warnWithoutAdminKey() {
+	if s.opts.Auth != AuthKeys {
+		return
+	}
+	keys, err := s.st.Keys(context.Background())
+	if err != nil {
+		s.log.Warn("listing API keys", "err", err)
+		return
+	}
+	for _, k := range keys {
+		if k.Admin && k.Revoked == nil {
+			return
+		}
+	}
+	s.log.Warn("--auth keys with no admin key: create one with `skein keys create --name NAME --admin` on this server's --data or --state")
+}
+
 // writeAuthError answers a failed authentication (always an httpError; 401 otherwise).
 func writeAuthError(w http.ResponseWriter, err error) {
 	var he *httpError

@@ -187,6 +187,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		return nil, fmt.Errorf("gateway: restoring state: %w", err)
 	}
 	s.routes()
+	s.warnWithoutAdminKey()
 	go s.sweeper()
 	if l, ok := st.(store.FutureListener); ok {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -247,5 +249,30 @@ func TestOpenModeKeepsAnyKeyAndRefusesKeyManagement(t *testing.T) {
 	}
 	if code, _ := call(t, "POST", ts.URL+"/api/v1/skein/keys", anyKey, `{"name":"x","admin":true}`); code != http.StatusForbidden {
 		t.Errorf("open mode create key: %d, want 403", code)
+	}
+}
+
+// `skein serve --record` never writes an issued key to its recording.
+func TestRecorderKeepsNewKeysOut(t *testing.T) {
+	ts, st := newKeysServer(t)
+	adminKey, _ := issue(t, st, "ops", true)
+	path := filepath.Join(t.TempDir(), "rec.jsonl")
+	rec, err := gateway.Recorder(ts.gw, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := httptest.NewServer(rec)
+	defer recorded.Close()
+	code, created := call(t, "POST", recorded.URL+"/api/v1/skein/keys", map[string]string{"X-API-Key": adminKey}, `{"name":"carol"}`)
+	newKey, _ := created["key"].(string)
+	if code != http.StatusOK || newKey == "" {
+		t.Fatalf("create key: %d %v", code, created)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), newKey[len(newKey)-32:]) || !strings.Contains(string(b), "skein/keys") {
+		t.Fatalf("recording holds the new key (or not the exchange): %s", b)
 	}
 }

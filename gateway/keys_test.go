@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -275,4 +277,13 @@ func TestRecorderKeepsNewKeysOut(t *testing.T) {
 	if strings.Contains(string(b), newKey[len(newKey)-32:]) || !strings.Contains(string(b), "skein/keys") {
 		t.Fatalf("recording holds the new key (or not the exchange): %s", b)
 	}
+}
+
+// The real SDK's recorded traffic runs unchanged in keys mode with an issued key.
+func TestKeysModeReplaysRecordedSDKTraffic(t *testing.T) {
+	ts, st := newKeysServer(t)
+	key, row := issue(t, st, "sdk", false)
+	// The recording's tenant is open mode's for the key it was made with, tml-sdk-smoke.
+	sum := sha256.Sum256([]byte("tml-sdk-smoke"))
+	replayWith(t, "testdata/sdk-0.25.0.jsonl", ts, key, idMap{"t-" + hex.EncodeToString(sum[:8]): gateway.KeyTenant(row.ID)})
 }

@@ -50,6 +50,10 @@ func keysCommand(args []string, out, msgs io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(keysUsage)
 	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintln(out, keysUsage)
+		return nil
+	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	fs.SetOutput(msgs)
 	data := fs.String("data", envDefault("data", "./skein-data"), "data directory of the server (SQLite state)")

@@ -22,7 +22,7 @@ const v1 = "/api/v1/"
 
 func (s *Server) routes() {
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
+	s.mux.HandleFunc("GET /metrics", s.adminHTTP(s.serveMetrics))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -66,10 +66,11 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"checkpoints", true, s.listAllCheckpoints)
 	s.handle("GET "+v1+"sessions", true, s.listSessions)
 	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
-	s.handle("GET "+v1+"skein/replicas", true, s.listReplicas)
-	s.handle("GET "+v1+"skein/capacity", true, s.capacity)
+	s.handle("GET "+v1+"skein/replicas", true, s.adminOnly(s.listReplicas))
+	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)
 	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
 	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
+	s.keyRoutes()
 }
 
 func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {

@@ -57,6 +57,9 @@ func Recorder(next http.Handler, path string) (http.Handler, error) {
 		} else {
 			ex.ResponseBinary = rec.buf.Bytes()
 		}
+		if strings.HasPrefix(r.URL.Path, v1+"skein/keys") {
+			ex.ResponseJSON, ex.ResponseBinary = nil, nil // a new key is shown once, never written down
+		}
 		line, _ := json.Marshal(ex)
 		mu.Lock()
 		_, _ = f.Write(append(line, '\n'))

@@ -153,8 +153,12 @@ func keysOf(m map[string]any) []string {
 }
 
 func replay(t *testing.T, file string) {
-	ts := newServer(t, gateway.Options{})
-	ids := idMap{}
+	replayWith(t, file, newServer(t, gateway.Options{}), "tml-sdk-smoke", idMap{})
+}
+
+// replayWith replays a recording against ts, sending apiKey as the SDK does; ids starts with the
+// renames known beforehand (the tenant of another key).
+func replayWith(t *testing.T, file string, ts *testServer, apiKey string, ids idMap) {
 	exchanges := readExchanges(t, file)
 	if len(exchanges) < 40 {
 		t.Fatalf("only %d exchanges in %s", len(exchanges), file)
@@ -184,7 +188,7 @@ func replay(t *testing.T, file string) {
 		for k, v := range ex.Headers {
 			req.Header.Set(k, v)
 		}
-		req.Header.Set("X-API-Key", "tml-sdk-smoke")
+		req.Header.Set("X-API-Key", apiKey)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -49,6 +49,9 @@ type Options struct {
 	// MaxQueuedSamples bounds the sampling requests waiting on one replica (default 4096); past
 	// it asample answers 429.
 	MaxQueuedSamples int
+	// Auth is AuthOpen (any key is a tenant; the default) or AuthKeys (issued keys only; fleet
+	// endpoints need an admin key).
+	Auth string
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
@@ -151,6 +154,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second
 	}
+	if err := checkAuthMode(&opts); err != nil {
+		return nil, err
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -181,6 +187,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		return nil, fmt.Errorf("gateway: restoring state: %w", err)
 	}
 	s.routes()
+	s.warnWithoutAdminKey()
 	go s.sweeper()
 	if l, ok := st.(store.FutureListener); ok {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -291,11 +298,13 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 		defer func() { s.metrics.request(endpoint, w.status) }()
 		tenant := ""
 		if authed {
+			var c caller
 			var err error
-			if tenant, err = tenantOf(r); err != nil {
-				writeError(w, http.StatusUnauthorized, err.Error())
+			if r, c, err = s.withCaller(r); err != nil {
+				writeAuthError(w, err)
 				return
 			}
+			tenant = c.tenant
 		}
 		v, err := fn(w, r, tenant)
 		if err != nil {
@@ -315,18 +324,23 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 
 // tenantOf derives the tenant from the API key; only a hash of the key is ever kept.
 func tenantOf(r *http.Request) (string, error) {
+	key := apiKeyOf(r)
+	if key == "" {
+		return "", errors.New("missing API key: send X-API-Key (or Authorization: Bearer)")
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "t-" + hex.EncodeToString(sum[:8]), nil
+}
+
+// apiKeyOf is the key a request carries: X-API-Key (the tinker SDK), else a bearer token.
+func apiKeyOf(r *http.Request) string {
 	key := r.Header.Get("X-API-Key")
 	if key == "" {
 		if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
 			key = strings.TrimPrefix(a, "Bearer ")
 		}
 	}
-	key = strings.TrimSpace(key)
-	if key == "" {
-		return "", errors.New("missing API key: send X-API-Key (or Authorization: Bearer)")
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "t-" + hex.EncodeToString(sum[:8]), nil
+	return strings.TrimSpace(key)
 }
 
 // readBody reads a request body within the size limit, undoing zstd if declared.

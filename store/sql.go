@@ -37,6 +37,9 @@ var migrations = []string{
 	// 2: tenants (API keys are kept only as hashes) and the router's placements.
 	`CREATE TABLE tenants (id TEXT PRIMARY KEY, first_seen {{INT}} NOT NULL, last_seen {{INT}} NOT NULL);
 	CREATE TABLE placements (adapter TEXT PRIMARY KEY, replica TEXT NOT NULL, updated {{INT}} NOT NULL);`,
+	// 3: issued API keys (`--auth keys`), found by id; only the key's SHA-256 is kept.
+	`CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL, hash {{BLOB}} NOT NULL,
+		admin {{BOOL}} NOT NULL, created {{INT}} NOT NULL, revoked {{INT}});`,
 }
 
 func (s *SQL) ddl(q string) string {

@@ -12,6 +12,9 @@ import (
 // ErrNotFound is returned for a missing row.
 var ErrNotFound = errors.New("not found")
 
+// ErrExists is returned when creating a row whose key is taken.
+var ErrExists = errors.New("already exists")
+
 // Session is a client session.
 type Session struct {
 	ID, Tenant string
@@ -42,6 +45,16 @@ type Checkpoint struct {
 	ExpiresAt            *time.Time
 	Public               bool
 	Data                 []byte // JSON: the gateway's metadata
+}
+
+// APIKey is an issued API key. The key itself is never stored, only its SHA-256.
+type APIKey struct {
+	ID      string // the key's public part; the tenant derives from it
+	Name    string // the operator's label
+	Hash    []byte // SHA-256 of the whole key
+	Admin   bool   // may use the fleet and key-management endpoints
+	Created time.Time
+	Revoked *time.Time // nil while the key is valid
 }
 
 // Future states.
@@ -95,6 +108,15 @@ type Store interface {
 	// TouchTenant records a tenant (the hash of an API key; raw keys are never stored).
 	TouchTenant(ctx context.Context, id string) error
 	Tenants(ctx context.Context) ([]string, error)
+
+	// CreateKey stores a new API key; an ID already taken is ErrExists.
+	CreateKey(ctx context.Context, k APIKey) error
+	// GetKey finds a key by ID (ErrNotFound if none), revoked or not.
+	GetKey(ctx context.Context, id string) (APIKey, error)
+	// Keys lists every key, revoked ones too, oldest first.
+	Keys(ctx context.Context) ([]APIKey, error)
+	// RevokeKey marks a key revoked (ErrNotFound if none); revoking again keeps the first time.
+	RevokeKey(ctx context.Context, id string, at time.Time) error
 
 	// PutPlacement records which replica holds an adapter; DeletePlacement forgets it.
 	PutPlacement(ctx context.Context, adapter, replica string) error

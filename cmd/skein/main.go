@@ -30,6 +30,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein worker --gateway URL --model DIR [--name NAME] [--max-loras K] [--addr 127.0.0.1:0] [--worker-token T]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small] [--seed N]
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
+  skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
 `
 
 func main() {
@@ -61,6 +62,8 @@ func run(args []string) error {
 			return errors.New("usage: skein bench engine --model DIR")
 		}
 		return benchEngine(args[2:])
+	case "keys":
+		return keysCommand(args[1:], os.Stdout, os.Stderr)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil
@@ -136,6 +139,7 @@ func serve(args []string, gatewayOnly bool) error {
 	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
 	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
+	auth := fs.String("auth", envDefault("auth", ""), "open (any key is a tenant; loopback only, the default there) or keys (keys from `skein keys create`)")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
@@ -143,8 +147,11 @@ func serve(args []string, gatewayOnly bool) error {
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
+	mode, err := authMode(*auth, *addr)
+	if err != nil {
+		return err
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	var err error
 	if err = os.MkdirAll(*data, 0o755); err != nil {
 		return err
 	}
@@ -208,7 +215,7 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
 		QueueTimeout: *queueTimeout, WorkerToken: *workerToken, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
-		MaxLoras: *maxPerTenant, Weights: w}, reps...)
+		MaxLoras: *maxPerTenant, Weights: w, Auth: mode}, reps...)
 	if err != nil {
 		return err
 	}
@@ -224,7 +231,7 @@ func serve(args []string, gatewayOnly bool) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.ListenAndServe() }()
-	log.Info("skein serving the Tinker API", "addr", "http://"+*addr, "data", *data)
+	log.Info("skein serving the Tinker API", "addr", "http://"+*addr, "data", *data, "auth", mode)
 	select {
 	case err := <-errc:
 		return err

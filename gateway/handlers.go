@@ -225,6 +225,10 @@ func categorize(err error) string {
 	if errors.Is(err, engine.ErrInvalidInput) || errors.Is(err, engine.ErrUnknownAdapter) || errors.Is(err, engine.ErrNoOptimizerState) {
 		return "user"
 	}
+	// Non-finite logits come from the tenant's own adapter weights (their training choices).
+	if errors.Is(err, engine.ErrNonFinite) {
+		return "user"
+	}
 	return "server"
 }
 

@@ -154,3 +154,154 @@ func TestValidateSampleBoundsLists(t *testing.T) {
 		t.Fatalf("limits themselves are allowed: %v", err)
 	}
 }
+
+// adapterBits is every number an adapter holds, as bits: weights, accumulated gradients, Adam
+// moments, and the step count.
+func adapterBits(a *Adapter) []uint64 {
+	out := []uint64{uint64(a.Step)}
+	if a.pendingGrads {
+		out = append(out, 1)
+	}
+	for _, p := range a.params {
+		for _, s := range [][]float64{p.w, p.g, p.m, p.v} {
+			for _, v := range s {
+				out = append(out, math.Float64bits(v))
+			}
+		}
+	}
+	return out
+}
+
+func sameBits(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// numbersEngine is a tiny engine with an adapter that has trained one step and holds
+// accumulated gradients, so every part of its state is non-trivial.
+func numbersEngine(t *testing.T) (*Engine, *Adapter, []int) {
+	t.Helper()
+	e := loadTiny(t, ArchQwen3, Options{})
+	a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * float64((i+j)%7-3) })
+	ids := []int{5, 9, 2, 7, 3, 8}
+	trainSteps(t, e, "a", ids, 1)
+	if _, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	return e, a, ids
+}
+
+// Optimizer parameters that would make the weights NaN or infinite are refused as the user's
+// fault, and the adapter (weights, gradients, moments, step) is exactly as before, bit for bit.
+func TestOptimStepRefusesNonFiniteUpdates(t *testing.T) {
+	e, a, _ := numbersEngine(t)
+	good := DefaultAdamParams()
+	with := func(f func(p *AdamParams)) AdamParams { p := good; f(&p); return p }
+	cases := []struct {
+		name string
+		p    AdamParams
+	}{
+		{"eps 0", with(func(p *AdamParams) { p.Eps = 0 })},
+		{"negative eps", with(func(p *AdamParams) { p.Eps = -1e-8 })},
+		{"beta2 1", with(func(p *AdamParams) { p.Beta2 = 1 })},
+		{"decay past the weights", with(func(p *AdamParams) { p.LearningRate, p.WeightDecay = 0.5, 3 })},
+		{"update overflows", with(func(p *AdamParams) { p.LearningRate = 1e300 })},
+		{"Inf clip", with(func(p *AdamParams) { p.GradClipNorm = math.Inf(1) })},
+	}
+	before := adapterBits(a)
+	for _, c := range cases {
+		_, err := e.OptimStep("a", c.p)
+		if !errors.Is(err, ErrInvalidInput) {
+			t.Fatalf("%s: want a user error, got %v", c.name, err)
+		}
+		if !sameBits(before, adapterBits(a)) {
+			t.Fatalf("%s: the refused step changed the adapter", c.name)
+		}
+	}
+	if _, err := e.OptimStep("a", good); err != nil {
+		t.Fatalf("a good step after refused ones: %v", err)
+	}
+	for _, p := range a.params {
+		for _, v := range p.w {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatal("non-finite weight after a good step")
+			}
+		}
+	}
+}
+
+// A batch whose loss or gradients are not finite is refused as the user's fault and adds
+// nothing to the accumulated gradients; forward refuses it too rather than answer NaN.
+func TestNonFiniteLossIsRefused(t *testing.T) {
+	e, a, ids := numbersEngine(t)
+	huge := func(d Datum, name string, v float64) Datum {
+		in := d.Inputs[name]
+		in.Data = append([]float64(nil), in.Data...)
+		for i := range in.Data {
+			in.Data[i] = v
+		}
+		d.Inputs[name] = in
+		return d
+	}
+	cases := []struct {
+		name, loss string
+		d          Datum
+	}{
+		// exp(lp − q) overflows for a sampling logprob of -1e30.
+		{"ratio overflows", "importance_sampling", huge(rlDatum(ids, -1, 1), "logprobs", -1e30)},
+		// PPO clips an overflowing ratio when the advantage is positive; not when it is negative.
+		{"ppo ratio overflows", "ppo", huge(huge(rlDatum(ids, -1, 1), "logprobs", -1e30), "advantages", -1)},
+		// float32 gradients overflow for weights near float32's largest.
+		{"loss overflows float32", "cross_entropy", huge(textDatum(ids), "weights", 3e38)},
+		{"weight beyond float32", "cross_entropy", huge(textDatum(ids), "weights", 1e300)},
+	}
+	before := adapterBits(a)
+	for _, c := range cases {
+		ok := textDatum(ids)
+		if c.loss != "cross_entropy" {
+			ok = rlDatum(ids, -1, 1)
+		}
+		for _, backward := range []bool{true, false} {
+			var err error
+			if backward {
+				_, err = e.ForwardBackward("a", []Datum{ok, c.d}, c.loss, nil)
+			} else {
+				_, err = e.Forward("a", []Datum{ok, c.d}, c.loss, nil)
+			}
+			if !errors.Is(err, ErrInvalidInput) {
+				t.Fatalf("%s (backward %v): want a user error, got %v", c.name, backward, err)
+			}
+			if !sameBits(before, adapterBits(a)) {
+				t.Fatalf("%s (backward %v): the refused batch changed the adapter", c.name, backward)
+			}
+		}
+	}
+}
+
+// Loss parameters outside their meaning are refused: negative ratio clips, a negative DRO beta.
+func TestLossConfigRanges(t *testing.T) {
+	c := &Config{VocabSize: 100, MaxPositionEmbeddings: 64}
+	d := []Datum{rlDatum([]int{1, 2, 3, 4}, -1, 1)}
+	for _, tc := range []struct {
+		loss string
+		cfg  map[string]float64
+	}{
+		{"ppo", map[string]float64{"clip_low_threshold": -0.5}},
+		{"cispo", map[string]float64{"clip_low_threshold": -1, "clip_high_threshold": -0.5}},
+		{"dro", map[string]float64{"beta": -0.1}},
+	} {
+		if _, err := prepareFor(c, d, tc.loss, tc.cfg); !errors.Is(err, ErrInvalidInput) {
+			t.Fatalf("%s %v: want a user error, got %v", tc.loss, tc.cfg, err)
+		}
+	}
+	if _, err := prepareFor(c, d, "dro", map[string]float64{"beta": 0}); err != nil {
+		t.Fatalf("beta 0: %v", err)
+	}
+}

@@ -58,9 +58,9 @@ const DefaultMaxTokens = 16
 // Bounds on the lists a sampling request may carry: every stop sequence is checked after every
 // generated token, and top-k prompt logprobs are a row per prompt token.
 const (
-	MaxStopSequences      = 256  // stop strings and stop tokens together
-	MaxStopStringBytes    = 1024 // the longest stop string
-	MaxTopKPromptLogprobs = 20   // as OpenAI's top_logprobs and vLLM's default max_logprobs
+	MaxStopSequences      = 64  // stop strings and stop tokens together
+	MaxStopStringBytes    = 256 // the longest stop string
+	MaxTopKPromptLogprobs = 20  // as OpenAI's top_logprobs and vLLM's default max_logprobs
 )
 
 func (e *Engine) validateSample(r *SampleRequest) error { return e.Info().ValidateSample(r) }

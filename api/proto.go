@@ -509,8 +509,11 @@ func DecodeForwardBackwardOutput(b []byte) (*ForwardBackwardOutput, error) {
 			}
 			// The record count sizes the answer: it must be what the fields carry.
 			maxRecords := 1 << 16 // records with no fields at all
-			for _, per := range fields {
-				maxRecords = len(per)
+			if len(fields) > 0 {
+				maxRecords = 0
+				for _, per := range fields {
+					maxRecords = max(maxRecords, len(per))
+				}
 			}
 			if n < 0 || n > maxRecords {
 				return protoErr("%d records, but the fields carry %d", n, maxRecords)

@@ -132,6 +132,9 @@ func DecodeForwardBackwardRequest(b []byte) (*ForwardBackwardRequest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := DensifyAll(r.Input.Data); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -266,22 +269,36 @@ func decodeTensor(b []byte) (TensorData, error) {
 		if t.Data, err = decodeNumbers(vals, dtype); err != nil {
 			return t, err
 		}
-		ci, err := decodeNumbers(crow, DTypeInt64)
-		if err != nil {
+		if t.SparseCrowIndices, err = decodeIndices(crow); err != nil {
 			return t, err
 		}
-		co, err := decodeNumbers(col, DTypeInt64)
-		if err != nil {
+		if t.SparseColIndices, err = decodeIndices(col); err != nil {
 			return t, err
 		}
-		t.SparseCrowIndices, t.SparseColIndices = toInts(ci), toInts(co)
-		return t.Dense()
+		return t, nil // expanded by DensifyAll, within the request's budget
 	}
 	if !haveDense && len(t.Shape) == 0 {
 		return t, nil
 	}
 	t.Data, err = decodeNumbers(dense, dtype)
 	return t, err
+}
+
+// decodeIndices reads int64 indices exactly (through float64, values past 2^53 would round) and
+// always returns a non-nil slice, so an empty index list still marks a tensor as sparse.
+func decodeIndices(b []byte) ([]int, error) {
+	if len(b)%8 != 0 {
+		return nil, protoErr("sparse indices of %d bytes are not a whole number of int64s", len(b))
+	}
+	out := make([]int, len(b)/8)
+	for i := range out {
+		x := int64(binary.LittleEndian.Uint64(b[8*i:]))
+		if int64(int(x)) != x {
+			return nil, badTensor("sparse index %d does not fit an int", x)
+		}
+		out[i] = int(x)
+	}
+	return out, nil
 }
 
 func toInts(v []float64) []int {
@@ -489,6 +506,17 @@ func DecodeForwardBackwardOutput(b []byte) (*ForwardBackwardOutput, error) {
 				return nil
 			}); err != nil {
 				return err
+			}
+			// The record count sizes the answer: it must be what the fields carry.
+			maxRecords := 1 << 16 // records with no fields at all
+			if len(fields) > 0 {
+				maxRecords = 0
+				for _, per := range fields {
+					maxRecords = max(maxRecords, len(per))
+				}
+			}
+			if n < 0 || n > maxRecords {
+				return protoErr("%d records, but the fields carry %d", n, maxRecords)
 			}
 			for i := range n {
 				rec := LossOutput{}

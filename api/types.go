@@ -4,6 +4,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 )
 
@@ -53,36 +54,95 @@ func (t *TensorData) UnmarshalJSON(b []byte) error {
 	return json.Unmarshal(b, (*plain)(t))
 }
 
+// ErrBadTensor marks a tensor whose shape, indices or size do not fit: the sender's fault.
+var ErrBadTensor = errors.New("bad tensor")
+
+func badTensor(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadTensor, fmt.Sprintf(format, args...))
+}
+
+// Bounds on what sparse tensors may expand to, checked before anything is allocated: a few
+// bytes of CSR can describe gigabytes of zeros.
+const (
+	// MaxTensorElements bounds one dense expansion. Loss inputs hold one value per token, and
+	// no model's context comes near it.
+	MaxTensorElements = 1 << 20
+	// MaxRequestElements bounds the expansions of one request's sparse tensors together.
+	MaxRequestElements = 1 << 23
+)
+
+func (t TensorData) sparse() bool { return t.SparseCrowIndices != nil || t.SparseColIndices != nil }
+
+// denseSize checks a sparse tensor's shape: 2-D, dimensions ≥ 0, their product within
+// MaxTensorElements, computed without overflow.
+func (t TensorData) denseSize() (rows, cols int, err error) {
+	if len(t.Shape) != 2 {
+		return 0, 0, badTensor("sparse tensor needs a 2-D shape, got %v", t.Shape)
+	}
+	rows, cols = t.Shape[0], t.Shape[1]
+	if rows < 0 || cols < 0 {
+		return 0, 0, badTensor("sparse tensor shape %v has a negative dimension", t.Shape)
+	}
+	if rows > MaxTensorElements || (cols > 0 && rows > MaxTensorElements/cols) {
+		return 0, 0, badTensor("sparse tensor shape %v is over %d elements", t.Shape, MaxTensorElements)
+	}
+	return rows, cols, nil
+}
+
 // Dense expands a sparse CSR tensor (2-D) to dense; dense tensors are returned as they are.
+// Every shape, offset and index is checked before it sizes or indexes anything (ErrBadTensor).
 func (t TensorData) Dense() (TensorData, error) {
-	if t.SparseCrowIndices == nil && t.SparseColIndices == nil {
+	if !t.sparse() {
 		return t, nil
 	}
-	if len(t.Shape) != 2 {
-		return t, fmt.Errorf("sparse tensor needs a 2-D shape, got %v", t.Shape)
+	rows, cols, err := t.denseSize()
+	if err != nil {
+		return t, err
 	}
-	rows, cols := t.Shape[0], t.Shape[1]
 	if len(t.SparseCrowIndices) != rows+1 || len(t.SparseColIndices) != len(t.Data) {
-		return t, fmt.Errorf("sparse tensor: crow_indices must have %d entries and col_indices %d", rows+1, len(t.Data))
-	}
-	if rows < 0 || cols < 0 || rows*cols > 1<<26 {
-		return t, fmt.Errorf("sparse tensor shape %v too large", t.Shape)
+		return t, badTensor("sparse tensor: crow_indices must have %d entries and col_indices %d", rows+1, len(t.Data))
 	}
 	out := make([]float64, rows*cols)
 	for r := range rows {
 		lo, hi := t.SparseCrowIndices[r], t.SparseCrowIndices[r+1]
 		if lo < 0 || hi < lo || hi > len(t.Data) {
-			return t, fmt.Errorf("sparse tensor: bad crow_indices at row %d", r)
+			return t, badTensor("sparse tensor: bad crow_indices at row %d", r)
 		}
 		for k := lo; k < hi; k++ {
 			c := t.SparseColIndices[k]
 			if c < 0 || c >= cols {
-				return t, fmt.Errorf("sparse tensor: column %d out of range", c)
+				return t, badTensor("sparse tensor: column %d out of range", c)
 			}
 			out[r*cols+c] = t.Data[k]
 		}
 	}
 	return TensorData{Data: out, DType: t.DType, Shape: t.Shape}, nil
+}
+
+// DensifyAll expands, in place, every sparse loss input of data, within MaxRequestElements
+// for all of them together (ErrBadTensor past it).
+func DensifyAll(data []Datum) error {
+	left := MaxRequestElements
+	for i, d := range data {
+		for _, k := range sortedKeys(d.LossFnInputs) {
+			t := d.LossFnInputs[k]
+			if !t.sparse() {
+				continue
+			}
+			rows, cols, err := t.denseSize()
+			if err != nil {
+				return fmt.Errorf("datum %d: loss_fn_inputs.%s: %w", i, k, err)
+			}
+			if rows*cols > left {
+				return badTensor("datum %d: loss_fn_inputs.%s: the request's sparse tensors expand to over %d elements", i, k, MaxRequestElements)
+			}
+			left -= rows * cols
+			if d.LossFnInputs[k], err = t.Dense(); err != nil {
+				return fmt.Errorf("datum %d: loss_fn_inputs.%s: %w", i, k, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Datum is one training example.

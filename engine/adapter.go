@@ -148,10 +148,14 @@ func (p AdamParams) validate() error {
 		return inputErr(-1, "adam_params.beta1", "must be in [0, 1), got %v", p.Beta1)
 	case bad("beta", p.Beta2):
 		return inputErr(-1, "adam_params.beta2", "must be in [0, 1), got %v", p.Beta2)
-	case bad("", p.Eps):
-		return inputErr(-1, "adam_params.eps", "must be a finite number ≥ 0, got %v", p.Eps)
+	case bad("", p.Eps) || p.Eps == 0:
+		// eps = 0 divides 0 by 0 for every weight whose gradients have all been zero.
+		return inputErr(-1, "adam_params.eps", "must be a finite number > 0, got %v", p.Eps)
 	case bad("", p.WeightDecay):
 		return inputErr(-1, "adam_params.weight_decay", "must be a finite number ≥ 0, got %v", p.WeightDecay)
+	case p.LearningRate*p.WeightDecay > 1:
+		// Decoupled decay multiplies every weight by 1 − lr·wd: past 1 it flips their signs.
+		return inputErr(-1, "adam_params.weight_decay", "learning_rate × weight_decay is %v, at most 1", p.LearningRate*p.WeightDecay)
 	case bad("", p.GradClipNorm):
 		return inputErr(-1, "adam_params.grad_clip_norm", "must be a finite number ≥ 0, got %v", p.GradClipNorm)
 	}
@@ -168,39 +172,47 @@ func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) 
 	if err != nil {
 		return nil, err
 	}
-	var sq float64
-	for _, q := range a.params {
-		for _, g := range q.g {
-			sq += g * g
-		}
-	}
-	norm := math.Sqrt(sq)
-	if math.IsNaN(norm) || math.IsInf(norm, 0) {
-		for _, q := range a.params {
-			clear(q.g)
-		}
-		return nil, fmt.Errorf("engine: gradient norm is %v; step skipped and gradients cleared", norm)
+	norm := gradNorm(a.params)
+	if !isFinite(norm) {
+		// Unreachable through the API (forward_backward refuses non-finite gradients); refused
+		// all the same, changing nothing.
+		return nil, inputErr(-1, "adam_params", "%v: the accumulated gradient norm is %v; step refused, nothing changed", ErrNonFinite, norm)
 	}
 	clip := 1.0
 	if p.GradClipNorm > 0 && norm > p.GradClipNorm {
 		clip = p.GradClipNorm / norm
 	}
-	a.Step++
-	t := float64(a.Step)
+	t := float64(a.Step + 1)
 	bc1 := 1 - math.Pow(p.Beta1, t)
 	bc2 := 1 - math.Pow(p.Beta2, t)
+	// adamUpdate is one element's step; it runs twice per element, first only to check that
+	// every new weight and moment is finite (a huge learning rate, or an eps tiny against a
+	// vanishing second moment, can overflow), then to apply the step. A refused step changes
+	// nothing, and the arithmetic is the same both times, so what is checked is what is stored.
+	adamUpdate := func(q *param, j int) (w, m, v float64) {
+		g := q.g[j] * clip
+		m = p.Beta1*q.m[j] + (1-p.Beta1)*g
+		v = p.Beta2*q.v[j] + (1-p.Beta2)*g*g
+		w = q.w[j] * (1 - p.LearningRate*p.WeightDecay)
+		upd := p.LearningRate * (m / bc1) / (math.Sqrt(v/bc2) + p.Eps)
+		return e.roundToDType(w - upd), m, v
+	}
+	for _, q := range a.params {
+		for j := range q.w {
+			if w, m, v := adamUpdate(q, j); !isFinite32(w) || !isFinite(m) || !isFinite(v) {
+				return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",
+					ErrNonFinite, q.name, w, m, v, p.LearningRate)
+			}
+		}
+	}
+	a.Step++
 	var updSq float64
 	for _, q := range a.params {
 		for j := range q.w {
-			g := q.g[j] * clip
-			q.m[j] = p.Beta1*q.m[j] + (1-p.Beta1)*g
-			q.v[j] = p.Beta2*q.v[j] + (1-p.Beta2)*g*g
-			w := q.w[j] * (1 - p.LearningRate*p.WeightDecay)
-			upd := p.LearningRate * (q.m[j] / bc1) / (math.Sqrt(q.v[j]/bc2) + p.Eps)
-			nw := e.roundToDType(w - upd)
+			nw, m, v := adamUpdate(q, j)
 			d := nw - q.w[j]
 			updSq += d * d
-			q.w[j] = nw
+			q.w[j], q.m[j], q.v[j] = nw, m, v
 		}
 		clear(q.g)
 	}
@@ -211,6 +223,33 @@ func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) 
 		"learning_rate:mean": p.LearningRate,
 		"step:max":           t,
 	}, nil
+}
+
+// gradNorm is the global L2 norm of the accumulated gradients. A sum of squares that
+// overflows (gradients near 1e154) is summed again scaled by the largest gradient.
+func gradNorm(params []*param) float64 {
+	var sq float64
+	for _, q := range params {
+		for _, g := range q.g {
+			sq += g * g
+		}
+	}
+	if !math.IsInf(sq, 1) {
+		return math.Sqrt(sq)
+	}
+	var scale float64
+	for _, q := range params {
+		for _, g := range q.g {
+			scale = max(scale, math.Abs(g))
+		}
+	}
+	sq = 0
+	for _, q := range params {
+		for _, g := range q.g {
+			sq += (g / scale) * (g / scale)
+		}
+	}
+	return scale * math.Sqrt(sq)
 }
 
 // loraSpec says which linear layers carry LoRA.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -46,10 +47,21 @@ type SampleResult struct {
 	Sequences      []SampledSequence
 	PromptLogprobs []float64        // NaN for the first token; nil unless asked
 	TopKPrompt     [][]TokenLogprob // nil row for the first token; nil unless asked
+	// Err is set, and nothing else, when this request failed on its own (non-finite logits,
+	// ErrNonFinite) while the other requests of its batch were served.
+	Err error
 }
 
 // DefaultMaxTokens is used when a request sets no max_tokens.
 const DefaultMaxTokens = 16
+
+// Bounds on the lists a sampling request may carry: every stop sequence is checked after every
+// generated token, and top-k prompt logprobs are a row per prompt token.
+const (
+	MaxStopSequences      = 64  // stop strings and stop tokens together
+	MaxStopStringBytes    = 256 // the longest stop string
+	MaxTopKPromptLogprobs = 20  // as OpenAI's top_logprobs and vLLM's default max_logprobs
+)
 
 func (e *Engine) validateSample(r *SampleRequest) error { return e.Info().ValidateSample(r) }
 
@@ -93,6 +105,14 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 	if p.TopK < -1 {
 		return inputErr(-1, "sampling_params.top_k", "must be -1 (off) or positive, got %d", p.TopK)
 	}
+	if n := len(p.StopStrings) + len(p.StopTokens); n > MaxStopSequences {
+		return inputErr(-1, "sampling_params.stop", "%d stop sequences, at most %d", n, MaxStopSequences)
+	}
+	for _, s := range p.StopStrings {
+		if len(s) > MaxStopStringBytes {
+			return inputErr(-1, "sampling_params.stop", "a stop string of %d bytes, at most %d", len(s), MaxStopStringBytes)
+		}
+	}
 	for _, s := range p.StopTokens {
 		if s < 0 || s >= V {
 			return inputErr(-1, "sampling_params.stop", "stop token %d outside the vocabulary", s)
@@ -101,8 +121,8 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 	if len(p.StopStrings) > 0 && !m.HasTokenizer {
 		return inputErr(-1, "sampling_params.stop", "stop strings need a tokenizer and this model has none")
 	}
-	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > V {
-		return inputErr(-1, "topk_prompt_logprobs", "out of range")
+	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > min(V, MaxTopKPromptLogprobs) {
+		return inputErr(-1, "topk_prompt_logprobs", "%d out of range [0, %d]", r.TopKPromptLogprobs, min(V, MaxTopKPromptLogprobs))
 	}
 	return nil
 }
@@ -114,6 +134,9 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if res[0].Err != nil {
+		return nil, res[0].Err
+	}
 	return res[0], nil
 }
 
@@ -123,7 +146,8 @@ const MaxSampleRows = 64
 // SampleBatch serves several sampling requests on one adapter (id "" = base model) with shared
 // decode loops: every sample of every request is a row of one batch, each at its own position
 // with its own sampling parameters and random stream. Requests are validated first; one bad
-// request fails the whole call and nothing runs.
+// request fails the whole call and nothing runs. A request whose logits turn out non-finite
+// fails alone, in its result's Err; the others are served.
 func (e *Engine) SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, error) {
 	var a *Adapter
 	if id != "" {
@@ -164,6 +188,7 @@ type sampleRow struct {
 	seq     SampledSequence
 	done    bool
 	stopTok map[int]bool
+	err     error // the draw failed (non-finite logits): the row's request fails
 }
 
 // decode runs one batched prefill + decode loop over the rows of some requests.
@@ -243,6 +268,10 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 			res.TopKPrompt = make([][]TokenLogprob, P)
 		}
 		for t := 1; t < P; t++ {
+			if err := finiteLogits(logits[b*T+t-1]); err != nil {
+				rows[b].err = fmt.Errorf("prompt logprobs at position %d: %w", t, err)
+				break
+			}
 			lsm := logSoftmax(logits[b*T+t-1])
 			res.PromptLogprobs[t] = lsm[r.Prompt[t]]
 			if r.TopKPromptLogprobs > 0 {
@@ -250,6 +279,8 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 			}
 		}
 	}
+
+	stopFailed(rows)
 
 	// next[b] holds the logits that predict row b's next token.
 	next := make([][]float64, B)
@@ -268,7 +299,12 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 					continue
 				}
 				r := rows[b]
-				t, lp := sampleToken(next[b], r.params, r.rng)
+				t, lp, err := sampleToken(next[b], r.params, r.rng)
+				if err != nil {
+					r.err = fmt.Errorf("sampling token %d: %w", len(r.seq.Tokens), err)
+					r.done = true
+					continue
+				}
 				r.seq.Tokens = append(r.seq.Tokens, t)
 				r.seq.Logprobs = append(r.seq.Logprobs, lp)
 				switch {
@@ -281,6 +317,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 				fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
 			}
 		})
+		stopFailed(rows)
 		active := false
 		for _, r := range rows {
 			active = active || !r.done
@@ -298,7 +335,39 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	for _, r := range rows {
 		results[r.req].Sequences = append(results[r.req].Sequences, r.seq)
 	}
+	for _, r := range rows {
+		if r.err != nil && results[r.req].Err == nil {
+			results[r.req] = &SampleResult{Err: r.err}
+		}
+	}
 	return results, nil
+}
+
+// stopFailed ends every row of a request one of whose rows failed: the request's answer is its
+// error, so decoding the others would be wasted.
+func stopFailed(rows []*sampleRow) {
+	failed := map[int]error{}
+	for _, r := range rows {
+		if r.err != nil {
+			failed[r.req] = r.err
+		}
+	}
+	for _, r := range rows {
+		if _, ok := failed[r.req]; ok {
+			r.done = true
+		}
+	}
+}
+
+// finiteLogits reports ErrNonFinite for a row of logits holding NaN or ±Inf: no probability
+// can be computed from it, and the threshold search below would never find enough candidates.
+func finiteLogits(logits []float64) error {
+	for i, v := range logits {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%w: the model's logit for token %d is %v", ErrNonFinite, i, v)
+		}
+	}
+	return nil
 }
 
 // hitsStopString reports whether the text of toks contains a stop string. It is asked after every
@@ -327,10 +396,14 @@ func (e *Engine) hitsStopString(toks []int, stops []string) bool {
 // topK tokens or a top-p nucleus. Sorting 150k tokens per sampled token would cost more than the
 // model's decode step, so only the tokens above a log-probability threshold are sorted, the
 // threshold lowered until they are enough. Every token left out is less probable than every
-// token kept, so the prefix is the same as the full sort's.
+// token kept, so the prefix is the same as the full sort's. The threshold is lowered at most
+// candidateRounds times; past that the whole vocabulary is sorted, so the search ends whatever
+// the input (-Inf log-probabilities below any threshold, a top-k beyond the finite tokens, a
+// top-p that float sums never reach, even NaN).
 func candidates(logprobs []float64, topK int, topP float64) []int {
 	var idx []int
-	for t := math.Log(1e-3); ; t -= math.Log(64) {
+	t := math.Log(1e-3)
+	for range candidateRounds {
 		idx = idx[:0]
 		var mass float64
 		for i, lp := range logprobs {
@@ -343,12 +416,22 @@ func candidates(logprobs []float64, topK int, topP float64) []int {
 			(topK > 0 && len(idx) >= topK) ||
 			(topP < 1 && mass >= topP)
 		if enough {
-			break
+			sort.SliceStable(idx, func(a, b int) bool { return logprobs[idx[a]] > logprobs[idx[b]] })
+			return idx
 		}
+		t -= math.Log(64)
+	}
+	idx = idx[:0]
+	for i := range logprobs {
+		idx = append(idx, i)
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return logprobs[idx[a]] > logprobs[idx[b]] })
 	return idx
 }
+
+// candidateRounds bounds the threshold search: the eighth threshold is e^-36 ≈ 2e-16, below
+// which a token's probability no longer changes a float64 sum of the nucleus.
+const candidateRounds = 8
 
 func logSoftmax(x []float64) []float64 {
 	m := math.Inf(-1)
@@ -367,12 +450,10 @@ func logSoftmax(x []float64) []float64 {
 	return out
 }
 
+// topK lists the k most probable tokens, ties in token order; the candidate search sorts only
+// the head of the vocabulary, not all of it once per prompt position.
 func topK(lsm []float64, k int) []TokenLogprob {
-	idx := make([]int, len(lsm))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return lsm[idx[a]] > lsm[idx[b]] })
+	idx := candidates(lsm, k, 1)
 	k = min(k, len(idx))
 	out := make([]TokenLogprob, k)
 	for i := range k {
@@ -382,8 +463,11 @@ func topK(lsm []float64, k int) []TokenLogprob {
 }
 
 // sampleToken draws one token from logits with temperature, top-k and top-p, and returns it
-// with its logprob under the untempered distribution.
-func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64) {
+// with its logprob under the untempered distribution. Non-finite logits are ErrNonFinite.
+func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64, error) {
+	if err := finiteLogits(logits); err != nil {
+		return 0, 0, err
+	}
 	lsm := logSoftmax(logits)
 	if p.Temperature == 0 {
 		best := 0
@@ -392,13 +476,20 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 				best = i
 			}
 		}
-		return best, lsm[best]
+		return best, lsm[best], nil
 	}
 	probs := lsm
 	if p.Temperature != 1 {
+		// (v − max)/T rather than v/T: the largest logit becomes 0 and the others ≤ 0, so no
+		// temperature, however small, overflows into Inf − Inf = NaN; a vanishing one leaves
+		// every token but the most probable at -Inf, a greedy draw.
+		m := math.Inf(-1)
+		for _, v := range logits {
+			m = max(m, v)
+		}
 		scaled := make([]float64, len(logits))
 		for i, v := range logits {
-			scaled[i] = v / p.Temperature
+			scaled[i] = (v - m) / p.Temperature
 		}
 		probs = logSoftmax(scaled)
 	}
@@ -409,13 +500,13 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 		for i, lp := range probs {
 			u -= math.Exp(lp)
 			if u <= 0 {
-				return i, lsm[i]
+				return i, lsm[i], nil
 			}
 			if !math.IsInf(lp, -1) {
 				last = i
 			}
 		}
-		return last, lsm[last]
+		return last, lsm[last], nil
 	}
 	idx := candidates(probs, p.TopK, p.TopP)
 	keep := len(idx)
@@ -440,9 +531,9 @@ func sampleToken(logits []float64, p SampleParams, rng *rand.Rand) (int, float64
 	for _, i := range idx[:keep] {
 		u -= math.Exp(probs[i])
 		if u <= 0 {
-			return i, lsm[i]
+			return i, lsm[i], nil
 		}
 	}
 	last := idx[keep-1]
-	return last, lsm[last]
+	return last, lsm[last], nil
 }

@@ -99,6 +99,13 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 		conf[k] = cfg[k]
 	}
 	p := &prepared{data: data, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
+	// Clips bound a probability ratio, which is ≥ 0; a negative DRO beta rewards moving away
+	// from the sampling policy without bound.
+	for _, k := range []string{"clip_low_threshold", "clip_high_threshold", "beta"} {
+		if v, ok := conf[k]; ok && v < 0 {
+			return nil, inputErr(-1, "loss_fn_config."+k, "must be ≥ 0, got %v", v)
+		}
+	}
 	if p.lo > p.hi {
 		return nil, inputErr(-1, "loss_fn_config", "clip_low_threshold %v > clip_high_threshold %v", p.lo, p.hi)
 	}
@@ -201,8 +208,34 @@ func vectorInput(datum int, d Datum, name string, integer bool, n int) ([]float6
 		if integer && v != math.Trunc(v) {
 			return nil, inputErr(datum, field, "non-integer value %v at position %d", v, j)
 		}
+		if !integer && math.Abs(v) > math.MaxFloat32 {
+			return nil, inputErr(datum, field, "value %v at position %d is beyond float32's range", v, j)
+		}
 	}
 	return t.Data, nil
+}
+
+func isFinite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// isFinite32 reports whether v is finite as a float32 too.
+func isFinite32(v float64) bool { return isFinite(v) && math.Abs(v) <= math.MaxFloat32 }
+
+// finiteResult refuses a pass whose logprobs or losses are not finite float32s (the dtype they
+// are answered in): extreme loss inputs (a sampling logprob of -1e30 makes exp(lp − q)
+// overflow) are the user's to fix, and NaN cannot be answered in JSON anyway.
+func finiteResult(res *ForwardResult) error {
+	for i := range res.Losses {
+		for t := range res.Losses[i] {
+			if !isFinite32(res.Losses[i][t]) || !isFinite32(res.Logprobs[i][t]) {
+				return inputErr(i, "loss_fn_inputs", "%v: the loss at position %d is %v (logprob %v); nothing was changed (check the magnitudes of weights, logprobs and advantages)",
+					ErrNonFinite, t, res.Losses[i][t], res.Logprobs[i][t])
+			}
+		}
+	}
+	if !isFinite(res.Loss) {
+		return inputErr(-1, "loss_fn_inputs", "%v: the summed loss is %v; nothing was changed", ErrNonFinite, res.Loss)
+	}
+	return nil
 }
 
 // chunks cuts a batch into passes of at most MaxBatchTokens padded tokens whose activations fit
@@ -349,7 +382,18 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 		}
 		res.Loss += l
 	}
+	if err := finiteResult(res); err != nil {
+		return nil, err
+	}
 	if backward {
+		// Check every sum before changing any: a refused batch leaves the accumulator as it was.
+		for i, q := range a.params {
+			for j, g := range grads[i] {
+				if !isFinite(q.g[j] + g) {
+					return nil, inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
+				}
+			}
+		}
 		for i, q := range a.params {
 			for j, g := range grads[i] {
 				q.g[j] += g

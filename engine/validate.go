@@ -1,6 +1,13 @@
 package engine
 
-import "math"
+import (
+	"errors"
+	"math"
+)
+
+// ErrNonFinite marks a computation that produced NaN or ±Inf (logits, a loss, gradients, an
+// optimizer update): the request fails and nothing it would have changed is changed.
+var ErrNonFinite = errors.New("non-finite values")
 
 // ModelInfo is what callers need to validate requests for a model without holding its weights
 // (a gateway in front of remote workers).

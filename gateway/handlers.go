@@ -226,6 +226,10 @@ func categorize(err error) string {
 	if errors.Is(err, engine.ErrInvalidInput) || errors.Is(err, engine.ErrUnknownAdapter) || errors.Is(err, engine.ErrNoOptimizerState) {
 		return "user"
 	}
+	// Non-finite logits come from the tenant's own adapter weights (their training choices).
+	if errors.Is(err, engine.ErrNonFinite) {
+		return "user"
+	}
 	return "server"
 }
 
@@ -403,6 +407,9 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 }
 
 func toEngineData(data []api.Datum) ([]engine.Datum, error) {
+	if err := api.DensifyAll(data); err != nil { // sparse inputs, within the request's budget
+		return nil, err
+	}
 	out := make([]engine.Datum, len(data))
 	for i, d := range data {
 		toks, err := d.ModelInput.Tokens()
@@ -564,8 +571,8 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 	if err := checkpoint.ValidName(p.Name); err != nil {
 		return err
 	}
-	if ttl != nil && *ttl <= 0 {
-		return fmt.Errorf("ttl_seconds must be positive")
+	if err := checkTTL(ttl); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	_, exists := s.ckpts[p.String()]
@@ -1093,8 +1100,8 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	if req.TTLSeconds != nil && *req.TTLSeconds <= 0 {
-		return nil, errf(http.StatusBadRequest, "ttl_seconds must be positive or null")
+	if err := checkTTL(req.TTLSeconds); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	s.mu.Lock()
 	if req.TTLSeconds == nil {

@@ -106,6 +106,10 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 		return
 	}
 	for i, p := range batch {
+		if results[i].Err != nil { // this request failed alone; the others of the batch were served
+			s.finishOn(p.f, rep.ID(), nil, results[i].Err)
+			continue
+		}
 		s.finishOn(p.f, rep.ID(), sampleResponse(results[i]), nil)
 	}
 }

@@ -48,6 +48,7 @@ type wireSample struct {
 	Sequences      []engine.SampledSequence `json:"sequences"`
 	PromptLogprobs []*float64               `json:"prompt_logprobs,omitempty"` // NaN (no value) as null
 	TopKPrompt     [][]engine.TokenLogprob  `json:"topk_prompt,omitempty"`
+	Failure        *callResponse            `json:"failure,omitempty"` // this request failed alone (SampleResult.Err)
 }
 
 type callResponse struct {
@@ -77,6 +78,8 @@ func encodeErr(err error) callResponse {
 		r.Kind = "unknown_adapter"
 	case errors.Is(err, engine.ErrNoOptimizerState):
 		r.Kind = "no_optimizer"
+	case errors.Is(err, engine.ErrNonFinite):
+		r.Kind = "non_finite"
 	}
 	return r
 }
@@ -90,11 +93,17 @@ func decodeErr(r callResponse) error {
 		return fmt.Errorf("%w (worker: %s)", engine.ErrUnknownAdapter, r.Error)
 	case "no_optimizer":
 		return fmt.Errorf("%w (worker: %s)", engine.ErrNoOptimizerState, r.Error)
+	case "non_finite":
+		return fmt.Errorf("%w (worker: %s)", engine.ErrNonFinite, r.Error)
 	}
 	return fmt.Errorf("worker: %s", r.Error)
 }
 
 func toWireSample(s *engine.SampleResult) *wireSample {
+	if s.Err != nil {
+		f := encodeErr(s.Err)
+		return &wireSample{Failure: &f}
+	}
 	w := &wireSample{Sequences: s.Sequences, TopKPrompt: s.TopKPrompt}
 	if s.PromptLogprobs != nil {
 		w.PromptLogprobs = make([]*float64, len(s.PromptLogprobs))
@@ -109,6 +118,9 @@ func toWireSample(s *engine.SampleResult) *wireSample {
 }
 
 func fromWireSample(w *wireSample) *engine.SampleResult {
+	if w.Failure != nil {
+		return &engine.SampleResult{Err: decodeErr(*w.Failure)}
+	}
 	s := &engine.SampleResult{Sequences: w.Sequences, TopKPrompt: w.TopKPrompt}
 	if w.PromptLogprobs != nil {
 		s.PromptLogprobs = make([]float64, len(w.PromptLogprobs))

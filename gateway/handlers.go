@@ -517,10 +517,14 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		}
 	}
 	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(rep *replica.Replica) (any, error) {
+		if err := s.lostGradients(context.Background(), run); err != nil {
+			return nil, err
+		}
 		m, err := rep.Engine.OptimStep(run.id, p)
 		if err != nil {
 			return nil, err
 		}
+		s.resetGradients(run)
 		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
@@ -700,6 +704,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		cfg, step, _ := rep.Engine.AdapterInfo(run.id)
 		s.mu.Lock()
 		run.lora, run.step = cfg, step
+		run.grads = gradientLedger{} // the adapter was replaced
 		s.saveRun(run)
 		s.mu.Unlock()
 		if err := s.persistAdapter(run, rep); err != nil {

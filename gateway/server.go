@@ -103,6 +103,7 @@ type trainingRun struct {
 	queue                          *runQueue // seq_id order of its ops
 	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
+	grads                          gradientLedger // forward_backwards since the last optim_step
 }
 
 type sampler struct {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -261,4 +262,41 @@ func modTime(path string) time.Time {
 		return time.Time{}
 	}
 	return info.ModTime()
+}
+
+// errStoreForgot is returned at start when the data directory holds saved adapters or
+// checkpoints that the state store has no record of.
+var errStoreForgot = errors.New("the state store does not know the saved state in the data directory")
+
+// checkStoreKnowsDisk refuses to start over a data directory whose state store lost its records
+// (state.db deleted, emptied, or a new database): starting anyway would silently forget every
+// run and checkpoint on disk.
+func (s *Server) checkStoreKnowsDisk(ctx context.Context) error {
+	runs, err := s.st.Runs(ctx)
+	if err != nil {
+		return err
+	}
+	ckpts, err := s.st.Checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if len(runs) > 0 || len(ckpts) > 0 {
+		return nil
+	}
+	var found []string
+	for _, dir := range []string{s.stateRoot(), filepath.Join(s.opts.DataDir, "checkpoints")} {
+		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+			found = append(found, fmt.Sprintf("%s (%d entries)", dir, len(entries)))
+		}
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	where := "the state store"
+	if s.ownsSt {
+		where = filepath.Join(s.opts.DataDir, "state.db") + " (missing or empty)"
+	}
+	return fmt.Errorf("%w: %s has no runs or checkpoints, but %s hold saved adapters or checkpoints. "+
+		"Restore the state store from a backup to keep them, or move those directories out of the data directory "+
+		"to start fresh without them", errStoreForgot, where, strings.Join(found, " and "))
 }

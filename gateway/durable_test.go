@@ -227,3 +227,36 @@ func TestCorruptSavedStateFailsOnlyItsRun(t *testing.T) {
 		t.Fatalf("another run's step: %v", s)
 	}
 }
+
+// A data directory holding saved states and checkpoints whose state.db is missing or empty is
+// refused with a message saying what to do (it used to start fresh, forgetting them all).
+func TestMissingStateDBIsRefused(t *testing.T) {
+	data := t.TempDir()
+	ts := newServer(t, gateway.Options{DataDir: data})
+	_, tc := trainedModel(t, ts, "tml-nodb")
+	trainOne(t, tc)
+	sf, _ := tc.SaveState(context.Background(), "kept")
+	if err := sf.Result(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	ts.Close()
+	ts.gw.Close()
+	for _, f := range []string{"state.db", "state.db-wal", "state.db-shm"} {
+		os.Remove(filepath.Join(data, f))
+	}
+	for _, empty := range []bool{false, true} {
+		if empty {
+			if err := os.WriteFile(filepath.Join(data, "state.db"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gw, err := gateway.New(gateway.Options{DataDir: data})
+		if err == nil {
+			gw.Close()
+			t.Fatalf("started over saved runs with no state.db (empty file: %v)", empty)
+		}
+		if !strings.Contains(err.Error(), "state.db") || !strings.Contains(err.Error(), "move") {
+			t.Fatalf("refusal does not say what to do: %v", err)
+		}
+	}
+}

@@ -83,6 +83,9 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 // their last saved state on their next request (see ensureAdapter).
 func (s *Server) restore() error {
 	ctx := context.Background()
+	if err := s.checkStoreKnowsDisk(ctx); err != nil {
+		return err
+	}
 	if err := s.st.GatewayHeartbeat(ctx, s.futures.prefix); err != nil {
 		return err
 	}

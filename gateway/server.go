@@ -122,7 +122,9 @@ type ckptMeta struct {
 	Public    bool              `json:"public"`
 	Size      int64             `json:"size_bytes"`
 	Lora      engine.LoraConfig `json:"lora"`
-	parsed    checkpoint.Path
+	// Generation is new at every write of the checkpoint (see versions.go).
+	Generation string `json:"generation,omitempty"`
+	parsed     checkpoint.Path
 }
 
 // New builds a server over replicas (several may serve one base model), restoring the state in

@@ -1130,11 +1130,11 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 		return nil, err
 	}
 	expires := time.Now().Add(15 * time.Minute).UTC()
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
+	public, err := s.publicBase(r)
+	if err != nil {
+		return nil, err
 	}
-	url := fmt.Sprintf("%s://%s%sarchives/%s", scheme, r.Host, v1, s.signArchive(m.Path, m.Generation, expires))
+	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(m.Path, m.Generation, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return map[string]any{"url": url, "expires": expires.Format(time.RFC3339)}, nil
 	}

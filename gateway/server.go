@@ -51,6 +51,9 @@ type Options struct {
 	MaxQueuedSamples int
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
+	// PublicURL is the base URL clients reach this server at (scheme and host, optionally a path
+	// prefix), used in archive download links; empty: the loopback address a request came in on.
+	PublicURL string
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -156,6 +159,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := checkPublicURL(opts.PublicURL); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	st, owns := opts.Store, false
 	if st == nil {

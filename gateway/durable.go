@@ -215,9 +215,13 @@ func (s *Server) tidySavedStates() {
 	for name, r := range runs {
 		current := ""
 		if r.pointer != "" {
-			if _, err := os.Stat(filepath.Join(root, r.pointer)); err == nil {
-				current = r.pointer
+			if _, err := os.Stat(filepath.Join(root, r.pointer)); err != nil {
+				// Someone removed what the pointer names: keep everything for the operator to
+				// look at (the run's requests fail saying so; see savedState).
+				s.log.Error("an adapter's state pointer names a missing directory", "run", name, "pointer", r.pointer)
+				continue
 			}
+			current = r.pointer
 		}
 		if current == "" && !r.legacy && len(r.olds) > 0 {
 			// The older save died between its two renames: the last acknowledged state is the

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -85,7 +86,7 @@ func (s *Server) lostGradients(ctx context.Context, run *trainingRun) error {
 	var lost []string
 	for _, id := range missing {
 		f, err := s.st.GetFuture(ctx, id)
-		if err != nil && err != store.ErrNotFound {
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("checking the gradients of forward_backward %s: %w", id, err)
 		}
 		// A future swept from the store is counted as acknowledged: it cannot be told apart.

@@ -153,46 +153,37 @@ func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
 	if cfg.Rank < 1 || cfg.Rank > e.opts.MaxRank {
 		return inputErr(-1, "path", "saved adapter has rank %d, outside [1, %d]", cfg.Rank, e.opts.MaxRank)
 	}
-	st, err := safetensors.ReadFile(filepath.Join(dir, AdapterWeightsFile))
-	if err != nil {
-		return fmt.Errorf("engine: loading adapter: %w", err)
-	}
 	a := e.newAdapter(id, cfg)
+	want := map[string][]int{}
 	for _, p := range a.params {
-		t, ok := st.Tensors[p.name]
-		if !ok {
-			return fmt.Errorf("engine: adapter %s lacks %s (saved for another model?)", dir, p.name)
-		}
-		if !slices.Equal(t.Shape, p.shape) {
-			return fmt.Errorf("engine: adapter tensor %s has shape %v, this model needs %v", p.name, t.Shape, p.shape)
-		}
-		if p.w, err = t.Float64(); err != nil {
-			return err
-		}
+		want[p.name] = p.shape
+	}
+	weights, err := readTensors(filepath.Join(dir, AdapterWeightsFile), want, nil)
+	if err != nil {
+		return fmt.Errorf("engine: loading adapter %s: %w", dir, err)
+	}
+	for _, p := range a.params {
+		p.w = weights[p.name]
 	}
 	if withOptimizer {
-		ost, err := safetensors.ReadFile(filepath.Join(dir, OptimizerFile))
+		want := map[string][]int{}
+		optional := map[string]bool{}
+		for _, p := range a.params {
+			want[p.name+".exp_avg"], want[p.name+".exp_avg_sq"] = p.shape, p.shape
+			want[p.name+".grad_accum"] = p.shape
+			optional[p.name+".grad_accum"] = true // saved with an empty accumulator
+		}
+		opt, err := readTensors(filepath.Join(dir, OptimizerFile), want, optional)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("engine: %s: %w", dir, ErrNoOptimizerState)
 			}
-			return err
+			return fmt.Errorf("engine: loading optimizer state %s: %w", dir, err)
 		}
 		for _, p := range a.params {
-			if _, ok := ost.Tensors[p.name+".grad_accum"]; ok {
-				a.pendingGrads = true
-			}
-			for suffix, dst := range map[string]*[]float64{".exp_avg": &p.m, ".exp_avg_sq": &p.v, ".grad_accum": &p.g} {
-				t, ok := ost.Tensors[p.name+suffix]
-				if !ok && suffix == ".grad_accum" {
-					continue // saved with an empty accumulator
-				}
-				if !ok {
-					return fmt.Errorf("engine: optimizer state lacks %s%s", p.name, suffix)
-				}
-				if *dst, err = t.Float64(); err != nil {
-					return err
-				}
+			p.m, p.v = opt[p.name+".exp_avg"], opt[p.name+".exp_avg_sq"]
+			if g, ok := opt[p.name+".grad_accum"]; ok {
+				p.g, a.pendingGrads = g, true
 			}
 		}
 		sb, err := os.ReadFile(filepath.Join(dir, TrainerStateFile))
@@ -209,4 +200,54 @@ func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
 	e.adapters[id] = a
 	e.mu.Unlock()
 	return nil
+}
+
+// ErrTensorMismatch is returned for a checkpoint file whose tensors do not fit the adapter.
+var ErrTensorMismatch = errors.New("checkpoint tensors do not match this adapter")
+
+// readTensors reads a safetensors file that must hold exactly the tensors in want (those in
+// optional may be absent), each of a float dtype and its expected shape. The file's size is
+// checked against what those tensors can take before it is read, so a corrupt or hostile
+// checkpoint is an error of this load: never a panic later, never an unbounded allocation.
+func readTensors(path string, want map[string][]int, optional map[string]bool) (map[string][]float64, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	limit := int64(1 << 20) // header headroom
+	for name, shape := range want {
+		n := int64(1)
+		for _, d := range shape {
+			n *= int64(d)
+		}
+		limit += 8*n + int64(len(name)+128)
+	}
+	if info.Size() > limit {
+		return nil, fmt.Errorf("%w: %s is %d bytes, more than its tensors can take (%d)", ErrTensorMismatch, path, info.Size(), limit)
+	}
+	f, err := safetensors.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]float64, len(want))
+	for name, t := range f.Tensors {
+		shape, ok := want[name]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: unexpected tensor %s (saved for another model or config?)", ErrTensorMismatch, name)
+		case !slices.Equal(t.Shape, shape):
+			return nil, fmt.Errorf("%w: tensor %s has shape %v, this adapter needs %v", ErrTensorMismatch, name, t.Shape, shape)
+		case t.DType != "F32" && t.DType != "F64" && t.DType != "BF16" && t.DType != "F16":
+			return nil, fmt.Errorf("%w: tensor %s has dtype %s, want a float type", ErrTensorMismatch, name, t.DType)
+		}
+		if out[name], err = t.Float64(); err != nil {
+			return nil, fmt.Errorf("tensor %s: %w", name, err)
+		}
+	}
+	for name := range want {
+		if _, ok := out[name]; !ok && !optional[name] {
+			return nil, fmt.Errorf("%w: %s lacks %s (saved for another model or config?)", ErrTensorMismatch, path, name)
+		}
+	}
+	return out, nil
 }

@@ -525,10 +525,14 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		}
 	}
 	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(rep *replica.Replica) (any, error) {
+		if err := s.lostGradients(context.Background(), run); err != nil {
+			return nil, err
+		}
 		m, err := rep.Engine.OptimStep(run.id, p)
 		if err != nil {
 			return nil, err
 		}
+		s.resetGradients(run)
 		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
@@ -596,7 +600,7 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 		return err
 	}
 	meta := &ckptMeta{Path: p.String(), Owner: run.tenant, BaseModel: run.baseModel, Created: time.Now().UTC(),
-		Size: fileSize(dir), Lora: run.lora, parsed: p}
+		Size: fileSize(dir), Lora: run.lora, Generation: randomHex(8), parsed: p}
 	if ttl != nil {
 		t := meta.Created.Add(time.Duration(*ttl) * time.Second)
 		meta.ExpiresAt = &t
@@ -613,6 +617,7 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	}
 	s.saveRun(run)
 	s.mu.Unlock()
+	s.dropSamplerCopies(meta.Path) // an overwrite: copies of the old weights are stale
 	return nil
 }
 
@@ -708,6 +713,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		cfg, step, _ := rep.Engine.AdapterInfo(run.id)
 		s.mu.Lock()
 		run.lora, run.step = cfg, step
+		run.grads = gradientLedger{} // the adapter was replaced
 		s.saveRun(run)
 		s.mu.Unlock()
 		if err := s.persistAdapter(run, rep); err != nil {
@@ -743,7 +749,7 @@ func (s *Server) newSampler(tenant, sessionID, base, modelPath, key string) (*sa
 		}
 		smp.baseModel = m.BaseModel
 		smp.dir = m.parsed.Dir(s.opts.DataDir)
-		smp.engineID = "ckpt:" + m.Path
+		smp.engineID = checkpointEngineID(m)
 	} else {
 		if base == "" {
 			return nil, errf(http.StatusBadRequest, "give base_model or model_path")
@@ -814,6 +820,11 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath, routingKey(r)); err != nil {
 			return nil, err
 		}
+	}
+	// A checkpoint may have been overwritten, unpublished or deleted since the sampler was made.
+	smp, err := s.currentWeights(tenant, smp)
+	if err != nil {
+		return nil, err
 	}
 	prompt, err := req.Prompt.Tokens()
 	if err != nil {
@@ -1071,6 +1082,7 @@ func (s *Server) removeCheckpoint(m *ckptMeta) {
 	s.mu.Unlock()
 	s.logErr("checkpoint", s.st.DeleteCheckpoint(context.Background(), m.Path))
 	os.RemoveAll(m.parsed.Dir(s.opts.DataDir))
+	s.dropSamplerCopies(m.Path)
 }
 
 func (s *Server) publish(public bool) handlerFunc {
@@ -1126,11 +1138,11 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 		return nil, err
 	}
 	expires := time.Now().Add(15 * time.Minute).UTC()
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
+	public, err := s.publicBase(r)
+	if err != nil {
+		return nil, err
 	}
-	url := fmt.Sprintf("%s://%s%sarchives/%s", scheme, r.Host, v1, s.signArchive(m.Path, expires))
+	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(m.Path, m.Generation, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return map[string]any{"url": url, "expires": expires.Format(time.RFC3339)}, nil
 	}
@@ -1142,12 +1154,15 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 
 // downloadArchive streams a checkpoint as .tar.gz for a valid signed token.
 func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	path, err := s.verifyArchive(r.PathValue("token"), time.Now())
+	path, generation, err := s.verifyArchive(r.PathValue("token"), time.Now())
 	if err != nil {
 		return nil, errf(http.StatusForbidden, "%v", err)
 	}
 	s.mu.Lock()
 	m := s.ckpts[path]
+	if m != nil && m.Generation != generation {
+		m = nil // deleted or overwritten since the link was made: the link was for the old one
+	}
 	s.mu.Unlock()
 	if m == nil {
 		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)

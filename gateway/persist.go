@@ -86,39 +86,40 @@ func (s *Server) archiveSecret() []byte {
 }
 
 type archiveClaim struct {
-	Path    string `json:"p"`
-	Expires int64  `json:"e"`
+	Path       string `json:"p"`
+	Generation string `json:"g,omitempty"` // the checkpoint's generation when the link was made
+	Expires    int64  `json:"e"`
 }
 
-func (s *Server) signArchive(path string, expires time.Time) string {
-	body, _ := json.Marshal(archiveClaim{Path: path, Expires: expires.Unix()})
+func (s *Server) signArchive(path, generation string, expires time.Time) string {
+	body, _ := json.Marshal(archiveClaim{Path: path, Generation: generation, Expires: expires.Unix()})
 	enc := base64.RawURLEncoding.EncodeToString(body)
 	mac := hmac.New(sha256.New, s.archiveSecret())
 	mac.Write([]byte(enc))
 	return enc + "." + hex.EncodeToString(mac.Sum(nil))
 }
 
-func (s *Server) verifyArchive(token string, now time.Time) (string, error) {
+func (s *Server) verifyArchive(token string, now time.Time) (path, generation string, err error) {
 	enc, sig, ok := strings.Cut(token, ".")
 	if !ok {
-		return "", errors.New("malformed download token")
+		return "", "", errors.New("malformed download token")
 	}
 	mac := hmac.New(sha256.New, s.archiveSecret())
 	mac.Write([]byte(enc))
 	want := hex.EncodeToString(mac.Sum(nil))
 	if !hmac.Equal([]byte(sig), []byte(want)) {
-		return "", errors.New("invalid download token")
+		return "", "", errors.New("invalid download token")
 	}
 	body, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil {
-		return "", errors.New("malformed download token")
+		return "", "", errors.New("malformed download token")
 	}
 	var c archiveClaim
 	if err := json.Unmarshal(body, &c); err != nil {
-		return "", errors.New("malformed download token")
+		return "", "", errors.New("malformed download token")
 	}
 	if now.Unix() > c.Expires {
-		return "", errors.New("download link expired: ask for a new one")
+		return "", "", errors.New("download link expired: ask for a new one")
 	}
-	return c.Path, nil
+	return c.Path, c.Generation, nil
 }

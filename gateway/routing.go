@@ -168,6 +168,9 @@ func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Rep
 			return
 		}
 		res, opErr = fn(rep)
+		if opErr == nil && f.kind == "ForwardBackward" {
+			s.noteGradients(run, f.id) // before the result is stored: see gradientLedger
+		}
 	})
 	if err != nil {
 		return nil, rep.ID(), err

@@ -54,6 +54,9 @@ type Options struct {
 	Auth string
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
+	// PublicURL is the base URL clients reach this server at (scheme and host, optionally a path
+	// prefix), used in archive download links; empty: the loopback address a request came in on.
+	PublicURL string
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -106,6 +109,7 @@ type trainingRun struct {
 	queue                          *runQueue // seq_id order of its ops
 	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
+	grads                          gradientLedger // forward_backwards since the last optim_step
 }
 
 type sampler struct {
@@ -124,7 +128,9 @@ type ckptMeta struct {
 	Public    bool              `json:"public"`
 	Size      int64             `json:"size_bytes"`
 	Lora      engine.LoraConfig `json:"lora"`
-	parsed    checkpoint.Path
+	// Generation is new at every write of the checkpoint (see versions.go).
+	Generation string `json:"generation,omitempty"`
+	parsed     checkpoint.Path
 }
 
 // New builds a server over replicas (several may serve one base model), restoring the state in
@@ -159,6 +165,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := checkPublicURL(opts.PublicURL); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	st, owns := opts.Store, false
 	if st == nil {

@@ -3,9 +3,8 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
-	"strings"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/skein-ai/skein/checkpoint"
@@ -30,6 +29,10 @@ type runData struct {
 	Metadata        map[string]string `json:"metadata"`
 	LastCkpt        string            `json:"last_checkpoint"`
 	LastSamplerCkpt string            `json:"last_sampler_checkpoint"`
+	// PendingForwardBackwards are the forward_backward requests run since the last optim_step
+	// (recorded before their results are stored; see gradientLedger).
+	PendingForwardBackwards []string `json:"pending_forward_backwards,omitempty"`
+	UntrackedGradients      bool     `json:"untracked_gradients,omitempty"`
 }
 
 type samplerData struct {
@@ -54,7 +57,8 @@ func (s *Server) saveSession(x *session, closed bool) {
 
 // saveRun persists a training run; call with s.mu held.
 func (s *Server) saveRun(r *trainingRun) {
-	b, _ := json.Marshal(runData{Lora: r.lora, Step: r.step, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt})
+	b, _ := json.Marshal(runData{Lora: r.lora, Step: r.step, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt,
+		PendingForwardBackwards: r.grads.pending, UntrackedGradients: r.grads.untracked})
 	s.logErr("run", s.st.PutRun(context.Background(), store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
 		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}))
 }
@@ -79,6 +83,9 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 // their last saved state on their next request (see ensureAdapter).
 func (s *Server) restore() error {
 	ctx := context.Background()
+	if err := s.checkStoreKnowsDisk(ctx); err != nil {
+		return err
+	}
 	if err := s.st.GatewayHeartbeat(ctx, s.futures.prefix); err != nil {
 		return err
 	}
@@ -94,6 +101,7 @@ func (s *Server) restore() error {
 		for a := range placed {
 			s.logErr("placement", s.st.DeletePlacement(ctx, a))
 		}
+		s.tidySavedStates() // no other gateway can be saving now
 	}
 	sessions, err := s.st.Sessions(ctx)
 	if err != nil {
@@ -121,6 +129,7 @@ func (s *Server) restore() error {
 		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
 			lora: d.Lora, step: d.Step, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
 			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt,
+			grads: gradientLedger{pending: d.PendingForwardBackwards, untracked: d.UntrackedGradients},
 			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
 	}
 	samplers, err := s.st.Samplers(ctx)
@@ -156,43 +165,49 @@ func (s *Server) restore() error {
 	return nil
 }
 
-// stateDir is where an adapter's latest full state (weights, optimizer, step) is kept: written
-// after every optim_step and load, so an adapter that leaves memory (restart, eviction) comes
-// back exactly as its last acknowledged step left it.
-func (s *Server) stateDir(runID string) string {
-	return filepath.Join(s.opts.DataDir, "state", strings.ReplaceAll(runID, ":", "_"))
-}
-
-// persistAdapter writes the adapter's state atomically (new directory, then rename).
+// persistAdapter saves the adapter's full state (weights, optimizer, step, pending gradients and
+// which forward_backwards they hold) as its new current state, atomically (see durable.go):
+// written after every optim_step and load, and before an adapter leaves memory, so an adapter
+// that leaves memory (restart, eviction) comes back exactly as its last acknowledged step left it.
 func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
 	start := time.Now()
 	defer func() { s.metrics.persisted(time.Since(start)) }()
-	dir := s.stateDir(run.id)
-	tmp := dir + ".partial-" + randomHex(4)
-	if err := rep.Engine.SaveAdapter(run.id, tmp, true); err != nil {
-		os.RemoveAll(tmp)
-		return err
-	}
-	old := dir + ".old-" + randomHex(4)
-	_ = os.Rename(dir, old)
-	if err := os.Rename(tmp, dir); err != nil {
-		return err
-	}
-	os.RemoveAll(old)
-	return nil
+	s.mu.Lock()
+	held := slices.Clone(run.grads.held)
+	s.mu.Unlock()
+	return s.writeSavedState(run.id, held, func(dir string) error { return rep.Engine.SaveAdapter(run.id, dir, true) })
 }
 
-// ensureAdapter makes sure a run's adapter is in the engine, reloading its persisted state or, if
-// it never stepped, re-creating it from its seed (PEFT init is deterministic). Runs on the replica.
+// ensureAdapter makes sure a run's adapter is in the engine, reloading its saved state or, if
+// it never stepped, re-creating it from its seed (PEFT init is deterministic). A run that has
+// stepped but whose state is missing is an error: it never silently starts over. Runs on the replica.
 func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 	e := rep.Engine
 	if e.HasAdapter(run.id) {
 		return nil
 	}
-	dir := s.stateDir(run.id)
-	if _, err := os.Stat(filepath.Join(dir, engine.AdapterWeightsFile)); err == nil {
-		s.log.Info("reloading adapter from its saved state", "run", run.id)
-		return e.LoadAdapter(run.id, dir, true)
+	dir, err := s.savedState(run.id)
+	if err != nil {
+		return err
+	}
+	if dir != "" {
+		s.log.Info("reloading adapter from its saved state", "run", run.id, "dir", dir)
+		if err := e.LoadAdapter(run.id, dir, true); err != nil {
+			return err
+		}
+		held := readGradientsRecord(dir)
+		s.mu.Lock()
+		run.grads.held = held
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Lock()
+	step := run.step
+	run.grads.held = nil
+	s.mu.Unlock()
+	if step > 0 {
+		return fmt.Errorf("%w: model %s has taken %d steps but %s holds no saved state for it; it is not restarted "+
+			"from its seed: create a new model and load_weights from its last checkpoint", errStateLost, run.id, step, s.stateRoot())
 	}
 	return e.CreateLora(run.id, run.lora)
 }

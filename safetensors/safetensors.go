@@ -26,6 +26,19 @@ type Tensor struct {
 // ErrFormat is returned for a file that is not valid safetensors.
 var ErrFormat = errors.New("safetensors: invalid file")
 
+// Bounds on what a file may declare, checked before anything is allocated from it: a hostile or
+// corrupt header must be an error, never a panic or an allocation the file does not back.
+const (
+	// MaxHeaderBytes is the largest JSON header accepted (the reference implementation's limit).
+	MaxHeaderBytes = 100 << 20
+	// MaxTensors is the most tensors one file may hold (real checkpoints have a few thousand).
+	MaxTensors = 1 << 20
+	// MaxDims is the most dimensions a tensor may have.
+	MaxDims = 16
+	// maxElements bounds a shape's element count, zero dimensions aside, so counts never overflow.
+	maxElements = 1 << 50
+)
+
 type headerEntry struct {
 	DType       string   `json:"dtype"`
 	Shape       []int    `json:"shape"`
@@ -60,9 +73,15 @@ func Parse(b []byte) (*File, error) {
 	if n > uint64(len(b)-8) {
 		return nil, fmt.Errorf("%w: header length %d beyond file", ErrFormat, n)
 	}
+	if n > MaxHeaderBytes {
+		return nil, fmt.Errorf("%w: header of %d bytes is over the %d-byte limit", ErrFormat, n, MaxHeaderBytes)
+	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
 		return nil, fmt.Errorf("%w: header: %v", ErrFormat, err)
+	}
+	if len(raw) > MaxTensors+1 { // +1: __metadata__
+		return nil, fmt.Errorf("%w: %d tensors, over the limit of %d", ErrFormat, len(raw), MaxTensors)
 	}
 	data := b[8+n:]
 	f := &File{Tensors: map[string]Tensor{}}
@@ -79,12 +98,9 @@ func Parse(b []byte) (*File, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: tensor %q: unsupported dtype %s", ErrFormat, name, e.DType)
 		}
-		count := 1
-		for _, d := range e.Shape {
-			if d < 0 {
-				return nil, fmt.Errorf("%w: tensor %q: negative dimension", ErrFormat, name)
-			}
-			count *= d
+		count, err := elements(e.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tensor %q: %v", ErrFormat, name, err)
 		}
 		lo, hi := e.DataOffsets[0], e.DataOffsets[1]
 		if lo < 0 || hi < lo || hi > int64(len(data)) || hi-lo != int64(count*size) {
@@ -93,6 +109,30 @@ func Parse(b []byte) (*File, error) {
 		f.Tensors[name] = Tensor{DType: e.DType, Shape: e.Shape, Data: data[lo:hi]}
 	}
 	return f, nil
+}
+
+// elements is a shape's element count, refusing shapes whose count (zero dimensions aside)
+// would overflow.
+func elements(shape []int) (int, error) {
+	if len(shape) > MaxDims {
+		return 0, fmt.Errorf("%d dimensions, over the limit of %d", len(shape), MaxDims)
+	}
+	count, nonZero := 1, 1
+	for _, d := range shape {
+		if d < 0 {
+			return 0, errors.New("negative dimension")
+		}
+		if d == 0 {
+			count = 0
+			continue
+		}
+		if d > maxElements/nonZero {
+			return 0, fmt.Errorf("shape %v is too large", shape)
+		}
+		nonZero *= d
+		count *= d
+	}
+	return count, nil
 }
 
 func dtypeSize(dt string) (int, bool) {

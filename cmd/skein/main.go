@@ -140,6 +140,7 @@ func serve(args []string, gatewayOnly bool) error {
 	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	auth := fs.String("auth", envDefault("auth", ""), "open (any key is a tenant; loopback only, the default there) or keys (keys from `skein keys create`)")
+	publicURL := fs.String("public-url", envDefault("public_url", ""), "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
@@ -215,7 +216,7 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
 		QueueTimeout: *queueTimeout, WorkerToken: *workerToken, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
-		MaxLoras: *maxPerTenant, Weights: w, Auth: mode}, reps...)
+		MaxLoras: *maxPerTenant, Weights: w, Auth: mode, PublicURL: *publicURL}, reps...)
 	if err != nil {
 		return err
 	}

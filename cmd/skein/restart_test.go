@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -191,5 +192,47 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	}
 	if s := trainStep(t, ctx, tc, batch); s != 4 {
 		t.Fatalf("step after restart: %v, want 4", s)
+	}
+}
+
+// A forward_backward acknowledged before a SIGKILL has lost its gradients: the next optim_step
+// fails saying so instead of stepping with grad_norm 0; once the client runs it again, training
+// goes on from the last step.
+func TestLostGradientsAfterSIGKILL(t *testing.T) {
+	data := t.TempDir()
+	addr := freeAddr(t)
+	srv := startServe(t, data, addr)
+	ctx := context.Background()
+	c := client.New("http://"+addr, "tml-restart-grads")
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, "tiny-qwen3", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70, 80, 90})}
+	trainStep(t, ctx, tc, batch)
+	fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = srv.Process.Wait()
+	startServe(t, data, addr)
+
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rf *client.RequestFailed
+	if err := op.Result(ctx, nil); !errors.As(err, &rf) || !strings.Contains(rf.Message, "lost") {
+		t.Fatalf("optim_step over lost gradients: %v", err)
+	}
+	if s := trainStep(t, ctx, tc, batch); s != 2 {
+		t.Fatalf("step after running forward_backward again: %v, want 2", s)
 	}
 }

@@ -20,6 +20,10 @@ const QwenPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
 // gpt2Pattern is ByteLevel's built-in split (use_regex: true).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
+// MaxVocab bounds the ids a tokenizer.json may use (the largest real vocabularies have ~256k):
+// the inverse table is sized by the largest id, so a hostile file must not choose it freely.
+const MaxVocab = 1 << 24
+
 // AddedToken is a token matched verbatim before BPE (special tokens such as <|im_start|>).
 type AddedToken struct {
 	ID      int    `json:"id"`
@@ -114,10 +118,19 @@ func Parse(b []byte) (*Tokenizer, error) {
 		}
 	}
 	maxID := -1
-	for _, id := range t.vocab {
+	for s, id := range t.vocab {
+		if id < 0 || id >= MaxVocab {
+			return nil, fmt.Errorf("vocab entry %q has id %d, outside [0, %d)", s, id, MaxVocab)
+		}
 		maxID = max(maxID, id)
 	}
 	for _, a := range f.AddedTokens {
+		if a.ID < 0 || a.ID >= MaxVocab {
+			return nil, fmt.Errorf("added token %q has id %d, outside [0, %d)", a.Content, a.ID, MaxVocab)
+		}
+		if a.Content == "" { // would match everywhere and never consume text
+			return nil, fmt.Errorf("added token %d has empty content", a.ID)
+		}
 		maxID = max(maxID, a.ID)
 		t.added = append(t.added, AddedToken{ID: a.ID, Content: a.Content, Special: a.Special})
 		t.addedID[a.ID] = a.Content

@@ -1,0 +1,306 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// An adapter's saved state lives in versioned directories under DATA/state, with a pointer file
+// naming the current one:
+//
+//	state/<run>.current     the name of the current version directory (replaced atomically)
+//	state/<run>@<version>/  one complete save (PEFT files, optimizer, trainer state, gradients.json)
+//
+// A save writes and syncs a new version directory, then replaces the pointer (write, sync,
+// rename), then removes the previous version. A crash at any point leaves the pointer naming a
+// complete version; what is left over is removed at start. Directories of the older layout
+// (state/<run> itself, and the .old-*/.partial-* of its two-rename save) are still read, and a
+// crash inside that save (state/<run> gone, its previous state in .old-*) is recovered at start.
+
+const (
+	pointerSuffix = ".current"
+	versionSep    = "@"
+	// gradientsFile lists the forward_backward requests whose gradients a saved state holds.
+	gradientsFile = "gradients.json"
+)
+
+// errStateLost is returned when a run that has trained has no saved state to reload: it is never
+// silently re-created from its seed.
+var errStateLost = errors.New("the saved training state of this model is missing")
+
+func (s *Server) stateRoot() string { return filepath.Join(s.opts.DataDir, "state") }
+
+func stateName(runID string) string { return strings.ReplaceAll(runID, ":", "_") }
+
+// savedState finds where a run's latest state is: the version the pointer names, else a
+// directory of the older layout; "" when it has none. A pointer naming a missing directory is
+// an error, not a reason to start over.
+func (s *Server) savedState(runID string) (string, error) {
+	base := filepath.Join(s.stateRoot(), stateName(runID))
+	if b, err := os.ReadFile(base + pointerSuffix); err == nil {
+		name := strings.TrimSpace(string(b))
+		dir := filepath.Join(s.stateRoot(), name)
+		if !strings.HasPrefix(name, stateName(runID)+versionSep) || strings.ContainsAny(name, `/\`) {
+			return "", fmt.Errorf("%w: %s names %q", errStateLost, base+pointerSuffix, name)
+		}
+		if _, err := os.Stat(dir); err != nil {
+			return "", fmt.Errorf("%w: %s names %s: %v", errStateLost, base+pointerSuffix, dir, err)
+		}
+		return dir, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading %s: %w", base+pointerSuffix, err)
+	}
+	if _, err := os.Stat(base); err == nil {
+		return base, nil
+	}
+	return "", nil
+}
+
+// writeSavedState saves a run's state as a new version (write into dir by save, then the
+// gradients list, sync) and makes it current; the previous version is removed afterwards.
+func (s *Server) writeSavedState(runID string, held []string, save func(dir string) error) error {
+	prev, _ := s.savedState(runID)
+	if err := os.MkdirAll(s.stateRoot(), 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(s.stateRoot(), stateName(runID))
+	dir := fmt.Sprintf("%s%s%016x-%s", base, versionSep, time.Now().UnixNano(), randomHex(2))
+	if err := save(dir); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	b, _ := json.Marshal(gradientsRecord{ForwardBackwards: held})
+	if err := os.WriteFile(filepath.Join(dir, gradientsFile), b, 0o644); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	if err := syncTree(dir); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	if err := replaceFile(base+pointerSuffix, []byte(filepath.Base(dir)+"\n")); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	if prev != "" && prev != dir {
+		os.RemoveAll(prev)
+	}
+	return nil
+}
+
+// gradientsRecord is gradients.json: which forward_backward requests (future ids) the saved
+// gradient accumulator holds, so an optim_step after a reload can tell whether any
+// acknowledged one is missing.
+type gradientsRecord struct {
+	ForwardBackwards []string `json:"forward_backwards"`
+}
+
+func readGradientsRecord(dir string) []string {
+	b, err := os.ReadFile(filepath.Join(dir, gradientsFile))
+	if err != nil {
+		return nil
+	}
+	var r gradientsRecord
+	_ = json.Unmarshal(b, &r)
+	return r.ForwardBackwards
+}
+
+// replaceFile writes path atomically and durably: a temporary file, synced, renamed over path,
+// then the directory synced.
+func replaceFile(path string, b []byte) error {
+	tmp := path + ".tmp-" + randomHex(4)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncTree syncs the files of dir and dir itself, so a pointer never names data still in flight.
+func syncTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// tidySavedStates removes what interrupted saves left in DATA/state and recovers a state left
+// in an .old-* directory by the older layout's save. Runs at start, before any save; only when
+// this process is the only gateway (another one may be saving right now).
+func (s *Server) tidySavedStates() {
+	entries, err := os.ReadDir(s.stateRoot())
+	if err != nil {
+		return
+	}
+	type run struct {
+		pointer  string   // the version the pointer names
+		versions []string // version directories
+		olds     []string // .old-* directories of the older layout
+		legacy   bool     // state/<run> of the older layout
+	}
+	runs := map[string]*run{}
+	get := func(name string) *run {
+		if runs[name] == nil {
+			runs[name] = &run{}
+		}
+		return runs[name]
+	}
+	root := s.stateRoot()
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case strings.Contains(n, pointerSuffix+".tmp-"), strings.Contains(n, ".partial-"):
+			s.removeLeftover(filepath.Join(root, n))
+		case strings.HasSuffix(n, pointerSuffix):
+			b, _ := os.ReadFile(filepath.Join(root, n))
+			get(strings.TrimSuffix(n, pointerSuffix)).pointer = strings.TrimSpace(string(b))
+		case strings.Contains(n, versionSep) && e.IsDir():
+			name, _, _ := strings.Cut(n, versionSep)
+			get(name).versions = append(get(name).versions, n)
+		case strings.Contains(n, ".old-") && e.IsDir():
+			name, _, _ := strings.Cut(n, ".old-")
+			get(name).olds = append(get(name).olds, n)
+		case e.IsDir():
+			get(n).legacy = true
+		}
+	}
+	for name, r := range runs {
+		current := ""
+		if r.pointer != "" {
+			if _, err := os.Stat(filepath.Join(root, r.pointer)); err != nil {
+				// Someone removed what the pointer names: keep everything for the operator to
+				// look at (the run's requests fail saying so; see savedState).
+				s.log.Error("an adapter's state pointer names a missing directory", "run", name, "pointer", r.pointer)
+				continue
+			}
+			current = r.pointer
+		}
+		if current == "" && !r.legacy && len(r.olds) > 0 {
+			// The older save died between its two renames: the last acknowledged state is the
+			// newest .old-* directory (a .partial-* one was never acknowledged).
+			sort.Strings(r.olds)
+			newest := r.olds[0]
+			for _, o := range r.olds {
+				if modTime(filepath.Join(root, o)).After(modTime(filepath.Join(root, newest))) {
+					newest = o
+				}
+			}
+			if err := os.Rename(filepath.Join(root, newest), filepath.Join(root, name)); err == nil {
+				s.log.Warn("recovered an adapter state left by an interrupted save", "dir", filepath.Join(root, name))
+				r.legacy = true
+			}
+		}
+		for _, v := range r.versions {
+			if v != current { // not yet current when its save was interrupted, or already replaced
+				s.removeLeftover(filepath.Join(root, v))
+			}
+		}
+		for _, o := range r.olds {
+			s.removeLeftover(filepath.Join(root, o))
+		}
+		if current != "" && r.legacy {
+			s.removeLeftover(filepath.Join(root, name))
+		}
+	}
+}
+
+func (s *Server) removeLeftover(path string) {
+	if _, err := os.Stat(path); err != nil {
+		return
+	}
+	s.log.Info("removing what an interrupted save left", "path", path)
+	s.logErr("removing leftover", os.RemoveAll(path))
+}
+
+func modTime(path string) time.Time {
+	info, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return info.ModTime()
+}
+
+// errStoreForgot is returned at start when the data directory holds saved adapters or
+// checkpoints that the state store has no record of.
+var errStoreForgot = errors.New("the state store does not know the saved state in the data directory")
+
+// checkStoreKnowsDisk refuses to start over a data directory whose state store lost its records
+// (state.db deleted, emptied, or a new database): starting anyway would silently forget every
+// run and checkpoint on disk.
+func (s *Server) checkStoreKnowsDisk(ctx context.Context) error {
+	runs, err := s.st.Runs(ctx)
+	if err != nil {
+		return err
+	}
+	ckpts, err := s.st.Checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if len(runs) > 0 || len(ckpts) > 0 {
+		return nil
+	}
+	var found []string
+	for _, dir := range []string{s.stateRoot(), filepath.Join(s.opts.DataDir, "checkpoints")} {
+		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+			found = append(found, fmt.Sprintf("%s (%d entries)", dir, len(entries)))
+		}
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	where := "the state store"
+	if s.ownsSt {
+		where = filepath.Join(s.opts.DataDir, "state.db") + " (missing or empty)"
+	}
+	return fmt.Errorf("%w: %s has no runs or checkpoints, but %s hold saved adapters or checkpoints. "+
+		"Restore the state store from a backup to keep them, or move those directories out of the data directory "+
+		"to start fresh without them", errStoreForgot, where, strings.Join(found, " and "))
+}

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"strings"
+
+	"github.com/skein-ai/skein/replica"
+)
+
+// Every write of a checkpoint gets a new generation (random, so a checkpoint deleted and made
+// again under the same name never reuses one). Sampler copies in replicas' memory are keyed by
+// path and generation, so an overwritten checkpoint is loaded afresh instead of serving its old
+// weights, and archive URLs name the generation they were made for.
+
+// checkpointEngineID is the id of a checkpoint's read-only copy in a replica's engine.
+func checkpointEngineID(m *ckptMeta) string { return "ckpt:" + m.Path + "#" + m.Generation }
+
+// currentWeights resolves the weights a sampler over a checkpoint samples now: the current
+// generation of its path, if the tenant may still read it (its own, or still published, not
+// deleted nor expired). Other samplers are returned as they are.
+func (s *Server) currentWeights(tenant string, smp *sampler) (*sampler, error) {
+	if smp.modelPath == "" {
+		return smp, nil
+	}
+	m, err := s.checkpointFor(tenant, smp.modelPath)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	id := checkpointEngineID(m)
+	s.mu.Unlock()
+	cur := *smp
+	cur.engineID, cur.dir = id, m.parsed.Dir(s.opts.DataDir)
+	return &cur, nil
+}
+
+// dropSamplerCopies unloads the in-memory copies of every generation of a checkpoint path
+// (deleted or overwritten), each on its replica's worker so no sample of it is cut short.
+func (s *Server) dropSamplerCopies(path string) {
+	prefix := "ckpt:" + path + "#"
+	c := &s.copies
+	drop := map[string][]string{} // replica id -> engine ids
+	c.mu.Lock()
+	for repID, ids := range c.lru {
+		kept := ids[:0:0]
+		for _, id := range ids {
+			if strings.HasPrefix(id, prefix) {
+				drop[repID] = append(drop[repID], id)
+			} else {
+				kept = append(kept, id)
+			}
+		}
+		c.lru[repID] = kept
+	}
+	c.mu.Unlock()
+	if len(drop) == 0 {
+		return
+	}
+	s.modelsMu.RLock()
+	var reps []*replica.Replica
+	for _, rs := range s.models {
+		reps = append(reps, rs...)
+	}
+	s.modelsMu.RUnlock()
+	for _, rep := range reps {
+		if ids := drop[rep.ID()]; len(ids) > 0 {
+			_ = rep.Run(func() { // a closed replica holds nothing to free
+				for _, id := range ids {
+					rep.Engine.DeleteAdapter(id)
+				}
+			})
+		}
+	}
+}

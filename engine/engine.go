@@ -34,6 +34,10 @@ type Options struct {
 	// MaxStepBytes bounds the activations one pass holds, estimated from the model's shape;
 	// batches that would need more run in smaller chunks (default 4 GiB).
 	MaxStepBytes int
+	// Precision of the base weights in memory: "f32" (the default; "" too) or "bf16", which
+	// keeps the projections and the embedding in bfloat16 (half the memory), widened per
+	// product. Computation is in float32 (float64 with Float64) either way.
+	Precision string
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -133,6 +137,13 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.MaxStepBytes == 0 {
 		opts.MaxStepBytes = 4 << 30
 	}
+	switch opts.Precision {
+	case "":
+		opts.Precision = PrecisionF32
+	case PrecisionF32, PrecisionBF16:
+	default:
+		return nil, fmt.Errorf("engine: unknown precision %q (f32, bf16)", opts.Precision)
+	}
 	backend, err := sharedBackend()
 	if err != nil {
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
@@ -146,9 +157,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
 	e.base = &baseModel{mm: newMatmuls(backend, opts.MaxStepBytes)}
 	if e.dtype == dtypes.Float64 {
-		e.base.weights, err = loadModel[float64](backend, e.dtype, cfg, host)
+		e.base.weights, e.base.bytes, err = loadModel[float64](backend, e.dtype, opts.Precision, cfg, host)
 	} else {
-		e.base.weights, err = loadModel[float32](backend, e.dtype, cfg, host)
+		e.base.weights, e.base.bytes, err = loadModel[float32](backend, e.dtype, opts.Precision, cfg, host)
 	}
 	if err != nil {
 		return nil, err
@@ -168,6 +179,9 @@ func (e *Engine) roundToDType(v float64) float64 {
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
 func (e *Engine) PeakStepBytes() int { return e.base.mm.peak() }
+
+// WeightBytes is the memory the base weights take (shared by forks).
+func (e *Engine) WeightBytes() int { return e.base.bytes }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
 func (e *Engine) CompileStats() CompileStats { return e.base.mm.stats() }

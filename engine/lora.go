@@ -88,7 +88,9 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 	} else {
 		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
-	scaleAdd(m.v, lin.w.v, s.scale)
+	w, done := s.weight(lin)
+	scaleAdd(m.v, w.v, s.scale)
+	done()
 	s.merged[lin.id] = m
 	return m
 }
@@ -98,7 +100,9 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 type addedLoRA[E float] struct{}
 
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	y := s.ar.matmul(x, lin.w, 0, lin.outIn)
+	w, done := s.weight(lin)
+	y := s.ar.matmul(x, w, 0, lin.outIn)
+	done()
 	xa := s.ar.matmul(x, lm.a, 0, true) // [N, r]
 	addScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
 	if s.train != nil {
@@ -108,7 +112,9 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 }
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	dx := s.ar.matmul(dy, lin.w, 0, !lin.outIn)
+	w, done := s.weight(lin)
+	dx := s.ar.matmul(dy, w, 0, !lin.outIn)
+	done()
 	addScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
 	return dx
 }
@@ -128,7 +134,9 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 	if lm != nil {
 		d = s.loraWay(lin, dy.dims[0]).inputGrad(s, dy, dyB, lin, lm)
 	} else {
-		d = s.ar.matmul(dy, lin.w, 0, !lin.outIn)
+		w, done := s.weight(lin)
+		d = s.ar.matmul(dy, w, 0, !lin.outIn)
+		done()
 	}
 	return &d
 }

@@ -365,8 +365,19 @@ func (a *arena[T]) releaseRange(from, to arenaMark, keep compute.Buffer) {
 	a.mm.giveBack(shared, outputs, false)
 }
 
-// releaseOne gives back one matmul output in the middle of a step.
+// releaseOne gives back one tensor (a matmul output or an allocation) in the middle of a step.
 func (a *arena[T]) releaseOne(m mat[T]) {
+	if m.buf == nil {
+		return
+	}
+	for i := len(a.shared) - 1; i >= 0; i-- {
+		if a.shared[i].buf == m.buf {
+			a.live -= a.shared[i].bytes
+			a.mm.giveBack([]sharedBuf{a.shared[i]}, nil, false)
+			a.shared[i] = sharedBuf{}
+			return
+		}
+	}
 	for i := len(a.owned) - 1; i >= 0; i-- {
 		if a.owned[i] != nil && a.owned[i] == m.buf {
 			a.live -= bufBytes(m.buf)

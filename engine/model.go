@@ -16,6 +16,7 @@ import (
 type baseModel struct {
 	mm      *matmuls
 	weights any // *model[float32] or *model[float64], the engine's dtype
+	bytes   int // resident size of the weights
 }
 
 // modelOf is the base model's weights in the pass's element type.
@@ -24,7 +25,8 @@ func modelOf[E float](b *baseModel) *model[E] { return b.weights.(*model[E]) }
 // model is a base model's weights, resolved at load into typed per-layer structs: passes index
 // them, nothing looks a weight up by name while computing.
 type model[E float] struct {
-	embed   mat[E] // [V, D]
+	embed   mat[E]   // [V, D]; only its dims when kept in bf16
+	embed16 []uint16 // the embedding's bf16 bits (nil unless the engine keeps weights in bf16)
 	layers  []decoderLayer[E]
 	norm    []E // final RMSNorm
 	head    *linear[E]
@@ -41,11 +43,12 @@ type decoderLayer[E float] struct {
 
 // linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
 type linear[E float] struct {
-	id      int    // index into model.linears and a pass's per-module slices
-	path    string // HF module path, e.g. "model.layers.3.self_attn.q_proj"
-	w       mat[E] // [in, out]; [out, in] when outIn
-	outIn   bool   // a tied head: the embedding [V, D], multiplied transposed
-	bias    []E    // nil when the module has none
+	id      int      // index into model.linears and a pass's per-module slices
+	path    string   // HF module path, e.g. "model.layers.3.self_attn.q_proj"
+	w       mat[E]   // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
+	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16)
+	outIn   bool     // a tied head: the embedding [V, D], multiplied transposed
+	bias    []E      // nil when the module has none
 	in, out int
 }
 
@@ -53,52 +56,70 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 	return []*linear[E]{L.q, L.k, L.v, L.o, L.gate, L.up, L.down}
 }
 
-// loadModel places every weight once into a backend shared buffer of the engine's dtype, one
-// weight at a time (the host tensors alias the file), and resolves them. Matmuls read the
-// buffers in place and Go code reads the same memory. Linear weights are stored transposed,
-// [in, out]: with few rows (decoding) the backend multiplies x·W twice as fast as x·Wᵀ, and for
-// training the two are even. The embedding stays [V, D] for the lookup, so a tied head
-// multiplies by it transposed.
-func loadModel[E float](backend compute.Backend, dtype dtypes.DType, c *Config, host map[string]safetensors.Tensor) (*model[E], error) {
+// loadModel places every weight once in memory, one weight at a time (the host tensors alias
+// the file), and resolves them. Weights go into backend shared buffers of the engine's dtype:
+// matmuls read them in place and Go code reads the same memory. With bf16 precision the
+// projections and the embedding are kept as bf16 bits in Go memory instead, widened per
+// product (bf16.go). Linear weights are stored transposed, [in, out]: with few rows (decoding)
+// the backend multiplies x·W twice as fast as x·Wᵀ, and for training the two are even. The
+// embedding stays [V, D] for the lookup, so a tied head multiplies by it transposed.
+func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
 	w := map[string]mat[E]{}
+	w16 := map[string][]uint16{}
+	bytes := 0
 	for _, name := range c.weightNames() {
+		shape := host[name].Shape
+		if precision == PrecisionBF16 && keepsBF16(name) {
+			v, err := bf16Weight(host[name])
+			if err != nil {
+				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
+			}
+			if isLinearWeight(name) {
+				v, shape = transposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
+			}
+			w[name], w16[name] = mat[E]{dims: shape}, v
+			bytes += 2 * len(v)
+			delete(host, name)
+			continue
+		}
 		v, err := host[name].Float64()
 		if err != nil {
-			return nil, fmt.Errorf("engine: weight %s: %w", name, err)
+			return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
 		}
-		shape := host[name].Shape
 		if isLinearWeight(name) {
 			t := transpose2D(hostTensor{shape: shape, data: v})
 			v, shape = t.data, t.shape
 		}
 		buf, flat, err := backend.NewSharedBuffer(0, shapes.Make(dtype, shape...))
 		if err != nil {
-			return nil, fmt.Errorf("engine: placing weight %s: %w", name, err)
+			return nil, 0, fmt.Errorf("engine: placing weight %s: %w", name, err)
 		}
 		f, ok := flat.([]E)
 		if !ok {
-			return nil, fmt.Errorf("engine: weight %s: backend gave %T for %v", name, flat, dtype)
+			return nil, 0, fmt.Errorf("engine: weight %s: backend gave %T for %v", name, flat, dtype)
 		}
 		for i, x := range v {
 			f[i] = E(x)
 		}
 		w[name] = mat[E]{buf: buf, v: f, dims: shape}
+		bytes += len(f) * dtype.Size()
 		delete(host, name)
 	}
-	return resolveModel(c, w), nil
+	return resolveModel(c, w, w16), bytes, nil
 }
 
-// resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights) into the
-// model's structs.
-func resolveModel[E float](c *Config, w map[string]mat[E]) *model[E] {
-	m := &model[E]{embed: w["model.embed_tokens.weight"], norm: w["model.norm.weight"].v, byPath: map[string]*linear[E]{}}
+// resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept
+// in bf16 also in w16) into the model's structs.
+func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16) *model[E] {
+	m := &model[E]{embed: w["model.embed_tokens.weight"], embed16: w16["model.embed_tokens.weight"],
+		norm: w["model.norm.weight"].v, byPath: map[string]*linear[E]{}}
 	lin := func(path string) *linear[E] {
 		l := &linear[E]{id: len(m.linears), path: path}
 		if path == "lm_head" && c.TieWordEmbeddings {
-			l.w, l.outIn = m.embed, true
+			l.w, l.w16, l.outIn = m.embed, m.embed16, true
 			l.in, l.out = c.HiddenSize, c.VocabSize
 		} else {
-			l.w = w[path+".weight"]
+			l.w, l.w16 = w[path+".weight"], w16[path+".weight"]
 			l.in, l.out = l.w.dims[0], l.w.dims[1]
 		}
 		if b, ok := w[path+".bias"]; ok {

@@ -67,7 +67,11 @@ func (s *pass[E]) embed(tok [][]int) mat[E] {
 	for b, row := range tok {
 		for t, id := range row {
 			n := b*s.T + t
-			copy(h.v[n*D:(n+1)*D], s.m.embed.v[id*D:(id+1)*D])
+			if s.m.embed16 != nil {
+				widenBF16(h.v[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
+			} else {
+				copy(h.v[n*D:(n+1)*D], s.m.embed.v[id*D:(id+1)*D])
+			}
 		}
 	}
 	return h
@@ -228,7 +232,9 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 	if lm := s.lora[lin.id]; lm != nil {
 		y = s.loraWay(lin, x.dims[0]).forward(s, x, lin, lm)
 	} else {
-		y = s.ar.matmul(x, lin.w, 0, lin.outIn)
+		w, done := s.weight(lin)
+		y = s.ar.matmul(x, w, 0, lin.outIn)
+		done()
 	}
 	if lin.bias != nil {
 		addBias(y.v, lin.bias)

@@ -78,7 +78,7 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
 	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
 
-	// Back to token layout through RoPE and the Qwen3 norms.
+	// Back to token layout through RoPE and the head norms.
 	dq, dk, dv := s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
 	qNorm, kNorm := L.qNorm, L.kNorm
 	parallelRows(N, func(r0, r1 int) {

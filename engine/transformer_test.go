@@ -8,8 +8,8 @@ import (
 // There is one layer implementation: the sampler's prefill reports prompt logprobs equal, bit
 // for bit in float32, to the logprobs of the training pass (forward_backward) and of a
 // forward-only pass over the same tokens, on every architecture, with a LoRA whose B is not
-// zero: at 16 tokens every module adds its LoRA after the base product, at 64 the head and the
-// attention projections merge it into the weight.
+// zero: at 16 tokens every module of the tiny model adds its LoRA after the base product, at 64
+// every module merges it into the weight.
 func TestSamplingAndTrainingRunOneLayer(t *testing.T) {
 	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
 		e := loadTiny(t, arch, Options{})
@@ -55,7 +55,10 @@ func TestLoraWayDependsOnRows(t *testing.T) {
 		lin    *linear[float32]
 		rows   int
 		merged bool
-	}{{m.layers[0].q, 16, false}, {m.head, 16, false}, {m.layers[0].q, 64, true}, {m.head, 64, true}} {
+	}{
+		{m.layers[0].q, 16, false}, {m.layers[0].up, 16, false}, {m.head, 16, false},
+		{m.layers[0].q, 64, true}, {m.layers[0].up, 64, true}, {m.head, 64, true},
+	} {
 		_, merged := s.loraWay(c.lin, c.rows).(mergedLoRA[float32])
 		if merged != c.merged {
 			t.Fatalf("%s over %d rows: merged %v, want %v", c.lin.path, c.rows, merged, c.merged)

@@ -92,3 +92,26 @@ func TestForwardOnlyPassesHoldOneLayer(t *testing.T) {
 		}
 	}
 }
+
+// An adapter whose module does not fit the model (a path it lacks, or other dimensions) fails
+// the pass with an error instead of being silently ignored or panicking.
+func TestAdapterModuleMustFitTheModel(t *testing.T) {
+	e := loadTiny(t, ArchQwen2, Options{})
+	for i, break_ := range []func(m *loraModule){
+		func(m *loraModule) { m.Path = "model.layers.9.self_attn.q_proj" },
+		func(m *loraModule) { m.Out++ },
+	} {
+		id := fmt.Sprintf("bad%d", i)
+		a, err := e.CreateAdapter(id, LoraConfig{Rank: 2, TrainAttn: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		break_(&a.mods[0])
+		if _, err := e.Forward(id, []Datum{textDatum([]int{5, 6, 7, 8})}, "cross_entropy", nil); err == nil {
+			t.Fatalf("case %d: a pass with a module that does not fit the model succeeded", i)
+		}
+		if _, err := e.Sample(id, SampleRequest{Prompt: []int{5, 6, 7}}); err == nil {
+			t.Fatalf("case %d: sampling with a module that does not fit the model succeeded", i)
+		}
+	}
+}

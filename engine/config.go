@@ -8,14 +8,8 @@ import (
 	"path/filepath"
 )
 
-// Arch is the model family, which decides the small differences in the block.
+// Arch names a model family (arch_*.go), which decides the small differences in the block.
 type Arch string
-
-const (
-	ArchLlama Arch = "llama" // LlamaForCausalLM
-	ArchQwen2 Arch = "qwen2" // Qwen2ForCausalLM: bias on q, k, v
-	ArchQwen3 Arch = "qwen3" // Qwen3ForCausalLM: RMSNorm on q and k per head, explicit head_dim
-)
 
 // RopeScaling is the subset of HF rope_scaling that we honour.
 type RopeScaling struct {
@@ -73,16 +67,11 @@ func (c *Config) finish() error {
 	if len(c.Architectures) > 0 {
 		arch = c.Architectures[0]
 	}
-	switch {
-	case arch == "LlamaForCausalLM" || c.ModelType == "llama":
-		c.Arch = ArchLlama
-	case arch == "Qwen2ForCausalLM" || c.ModelType == "qwen2":
-		c.Arch = ArchQwen2
-	case arch == "Qwen3ForCausalLM" || c.ModelType == "qwen3":
-		c.Arch = ArchQwen3
-	default:
-		return fmt.Errorf("unsupported architecture %q (model_type %q)", arch, c.ModelType)
+	f, err := familyOf(arch, c.ModelType)
+	if err != nil {
+		return err
 	}
+	c.Arch = f.arch
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return fmt.Errorf("unsupported hidden_act %q (only silu)", c.HiddenAct)
 	}
@@ -113,8 +102,8 @@ func (c *Config) finish() error {
 	if c.MaxPositionEmbeddings == 0 {
 		c.MaxPositionEmbeddings = 2048
 	}
-	if c.Arch == ArchQwen2 {
-		c.AttentionBias = true
+	if f.finish != nil {
+		f.finish(c)
 	}
 	return nil
 }

@@ -10,14 +10,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/compute/gobackend"
-	"github.com/gomlx/compute/shapes"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -36,6 +34,10 @@ type Options struct {
 	// MaxStepBytes bounds the activations one pass holds, estimated from the model's shape;
 	// batches that would need more run in smaller chunks (default 4 GiB).
 	MaxStepBytes int
+	// Precision of the base weights in memory: "f32" (the default; "" too) or "bf16", which
+	// keeps the projections and the embedding in bfloat16 (half the memory), widened per
+	// product. Computation is in float32 (float64 with Float64) either way.
+	Precision string
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -51,7 +53,7 @@ type Engine struct {
 
 	mu       sync.Mutex
 	adapters map[string]*Adapter
-	direct   *directBase // base weights, compiled matmuls, step buffers: shared by forks
+	base     *baseModel // base weights, compiled matmuls, step buffers: shared by forks
 	// recomputeProbs decides per sequence length whether the backward pass recomputes attention
 	// probabilities (Config.recomputesProbs; tests force either way).
 	recomputeProbs func(T int) bool
@@ -62,7 +64,7 @@ type Engine struct {
 // same compiled matmuls, with its own adapters: one per replica of a base model.
 func (e *Engine) Fork() *Engine {
 	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
-		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, direct: e.direct,
+		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, base: e.base,
 		recomputeProbs: e.recomputeProbs}
 }
 
@@ -135,6 +137,13 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.MaxStepBytes == 0 {
 		opts.MaxStepBytes = 4 << 30
 	}
+	switch opts.Precision {
+	case "":
+		opts.Precision = PrecisionF32
+	case PrecisionF32, PrecisionBF16:
+	default:
+		return nil, fmt.Errorf("engine: unknown precision %q (f32, bf16)", opts.Precision)
+	}
 	backend, err := sharedBackend()
 	if err != nil {
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
@@ -145,55 +154,17 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.Float64 {
 		e.dtype = dtypes.Float64
 	}
-	// Weights go once into backend shared buffers in the engine's dtype: matmuls read them in
-	// place, Go code reads the same memory. Linear weights are stored transposed, [in, out]: with
-	// few rows (decoding) the backend multiplies x·W twice as fast as x·Wᵀ, and for training the
-	// two are even. The embedding stays [V, D] for the lookup, so a tied head multiplies by it
-	// transposed.
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
-	e.direct = &directBase{mm: newMatmuls(backend, opts.MaxStepBytes), weights: map[string]weightRef{}}
-	for _, name := range cfg.weightNames() {
-		v, err := host[name].Float64()
-		if err != nil {
-			return nil, fmt.Errorf("engine: weight %s: %w", name, err)
-		}
-		shape := host[name].Shape
-		if isLinearWeight(name) {
-			t := transpose2D(hostTensor{shape: shape, data: v})
-			v, shape = t.data, t.shape
-		}
-		buf, flat, err := backend.NewSharedBuffer(0, shapes.Make(e.dtype, shape...))
-		if err != nil {
-			return nil, fmt.Errorf("engine: placing weight %s: %w", name, err)
-		}
-		switch f := flat.(type) {
-		case []float32:
-			for i, x := range v {
-				f[i] = float32(x)
-			}
-		case []float64:
-			copy(f, v)
-		}
-		e.direct.weights[name] = weightRef{buf: buf, flat: flat, dims: shape}
-		delete(host, name)
+	e.base = &baseModel{mm: newMatmuls(backend, opts.MaxStepBytes)}
+	if e.dtype == dtypes.Float64 {
+		e.base.weights, e.base.bytes, err = loadModel[float64](backend, e.dtype, opts.Precision, cfg, host)
+	} else {
+		e.base.weights, e.base.bytes, err = loadModel[float32](backend, e.dtype, opts.Precision, cfg, host)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return e, nil
-}
-
-// isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
-func isLinearWeight(name string) bool {
-	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight"
-}
-
-func transpose2D(t hostTensor) hostTensor {
-	r, c := t.shape[0], t.shape[1]
-	out := make([]float64, len(t.data))
-	for i := range r {
-		for j := range c {
-			out[j*r+i] = t.data[i*c+j]
-		}
-	}
-	return hostTensor{shape: []int{c, r}, data: out}
 }
 
 // roundToDType rounds v to what the engine's dtype can hold, so stored weights equal what the
@@ -207,10 +178,13 @@ func (e *Engine) roundToDType(v float64) float64 {
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
-func (e *Engine) PeakStepBytes() int { return e.direct.mm.peak() }
+func (e *Engine) PeakStepBytes() int { return e.base.mm.peak() }
+
+// WeightBytes is the memory the base weights take (shared by forks).
+func (e *Engine) WeightBytes() int { return e.base.bytes }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
-func (e *Engine) CompileStats() CompileStats { return e.direct.mm.stats() }
+func (e *Engine) CompileStats() CompileStats { return e.base.mm.stats() }
 
 // Errors for callers to map to user faults.
 var (

@@ -338,10 +338,17 @@ func (a *arena[T]) mark() arenaMark { return arenaMark{len(a.owned), len(a.share
 
 // release gives back, in the middle of a step, everything allocated between two marks: later
 // allocations of the step reuse it. Nothing allocated there may be used afterwards.
-func (a *arena[T]) release(from, to arenaMark) {
+func (a *arena[T]) release(from, to arenaMark) { a.releaseRange(from, to, nil) }
+
+// releaseExcept gives back everything allocated since from except keep.
+func (a *arena[T]) releaseExcept(from arenaMark, keep mat[T]) {
+	a.releaseRange(from, a.mark(), keep.buf)
+}
+
+func (a *arena[T]) releaseRange(from, to arenaMark, keep compute.Buffer) {
 	var shared []sharedBuf
 	for i := from.shared; i < to.shared; i++ {
-		if a.shared[i].buf != nil {
+		if a.shared[i].buf != nil && (keep == nil || a.shared[i].buf != keep) {
 			a.live -= bufBytes(a.shared[i].buf)
 			shared = append(shared, a.shared[i])
 			a.shared[i] = sharedBuf{}
@@ -349,7 +356,7 @@ func (a *arena[T]) release(from, to arenaMark) {
 	}
 	var outputs []compute.Buffer
 	for i := from.owned; i < to.owned; i++ {
-		if a.owned[i] != nil {
+		if a.owned[i] != nil && (keep == nil || a.owned[i] != keep) {
 			a.live -= bufBytes(a.owned[i])
 			outputs = append(outputs, a.owned[i])
 			a.owned[i] = nil
@@ -358,8 +365,19 @@ func (a *arena[T]) release(from, to arenaMark) {
 	a.mm.giveBack(shared, outputs, false)
 }
 
-// releaseOne gives back one matmul output in the middle of a step.
+// releaseOne gives back one tensor (a matmul output or an allocation) in the middle of a step.
 func (a *arena[T]) releaseOne(m mat[T]) {
+	if m.buf == nil {
+		return
+	}
+	for i := len(a.shared) - 1; i >= 0; i-- {
+		if a.shared[i].buf == m.buf {
+			a.live -= a.shared[i].bytes
+			a.mm.giveBack([]sharedBuf{a.shared[i]}, nil, false)
+			a.shared[i] = sharedBuf{}
+			return
+		}
+	}
 	for i := len(a.owned) - 1; i >= 0; i-- {
 		if a.owned[i] != nil && a.owned[i] == m.buf {
 			a.live -= bufBytes(m.buf)

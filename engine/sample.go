@@ -268,14 +268,14 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 			res.TopKPrompt = make([][]TokenLogprob, P)
 		}
 		for t := 1; t < P; t++ {
-			if err := finiteLogits(logits[b*T+t-1]); err != nil {
+			row := logits[b*T+t-1]
+			if err := finiteLogits(row); err != nil {
 				rows[b].err = fmt.Errorf("prompt logprobs at position %d: %w", t, err)
 				break
 			}
-			lsm := logSoftmax(logits[b*T+t-1])
-			res.PromptLogprobs[t] = lsm[r.Prompt[t]]
+			res.PromptLogprobs[t] = e.logprobOf(row, r.Prompt[t]) // as a training pass computes it
 			if r.TopKPromptLogprobs > 0 {
-				res.TopKPrompt[t] = topK(lsm, r.TopKPromptLogprobs)
+				res.TopKPrompt[t] = topK(logSoftmax(row), r.TopKPromptLogprobs)
 			}
 		}
 	}

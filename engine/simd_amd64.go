@@ -4,7 +4,24 @@ package engine
 
 import "simd/archsimd"
 
-var haveAVX512 = archsimd.X86.AVX512()
+var (
+	haveAVX512 = archsimd.X86.AVX512()
+	haveAVX2   = archsimd.X86.AVX2()
+)
+
+// widenBF16To32 writes dst[i] = src[i] (bfloat16 bits) as float32, 8 lanes at a time: each
+// value zero-extended to 32 bits and shifted into the high half.
+func widenBF16To32(dst []float32, src []uint16) {
+	if !haveAVX2 {
+		widenBF16Scalar(dst, src)
+		return
+	}
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[i:])
+	}
+	widenBF16Scalar(dst[i:], src[i:])
+}
 
 // exp16 is exp32 on 16 lanes: the same range reduction and polynomial, with 2^k applied by
 // VSCALEFPS. Inputs are clamped to [-87.3, 88.7], so e^x below 1.2e-38 comes out as that.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -57,30 +58,13 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		"hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
 		"initializer_range": 0.02, "use_cache": true, "transformers_version": "4.51.0",
 	}
-	switch arch {
-	case ArchLlama:
-		cfg["architectures"] = []string{"LlamaForCausalLM"}
-		cfg["model_type"] = "llama"
-		cfg["attention_bias"] = false
-		cfg["mlp_bias"] = false
-		cfg["tie_word_embeddings"] = false
-		cfg["rope_theta"] = 500000.0
-		cfg["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-			"high_freq_factor": 4.0, "original_max_position_embeddings": 256}
-	case ArchQwen2:
-		cfg["architectures"] = []string{"Qwen2ForCausalLM"}
-		cfg["model_type"] = "qwen2"
-		cfg["tie_word_embeddings"] = true
-		cfg["use_sliding_window"] = false
-	case ArchQwen3:
-		cfg["architectures"] = []string{"Qwen3ForCausalLM"}
-		cfg["model_type"] = "qwen3"
-		cfg["tie_word_embeddings"] = true
-		cfg["head_dim"] = 2 * p.Hidden / p.Heads // Qwen3 decouples head_dim from hidden/heads
-		cfg["attention_bias"] = false
-	default:
-		return fmt.Errorf("unknown architecture %q (llama, qwen2, qwen3)", arch)
+	f, ok := families[arch]
+	if !ok {
+		return fmt.Errorf("unknown architecture %q (%s)", arch, strings.Join(familyNames(), ", "))
 	}
+	cfg["architectures"] = []string{f.hfClass}
+	cfg["model_type"] = f.modelType
+	f.tinyConfig(cfg, p)
 	cb, _ := json.MarshalIndent(cfg, "", "  ")
 	var c Config
 	if err := json.Unmarshal(cb, &c); err != nil {

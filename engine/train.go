@@ -373,9 +373,9 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 		var l float64
 		var err error
 		if e.dtype == dtypes.Float64 {
-			l, err = runDirect[float64](e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float64](e, a, p, c[0], c[1], loss, res, grads)
 		} else {
-			l, err = runDirect[float32](e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float32](e, a, p, c[0], c[1], loss, res, grads)
 		}
 		if err != nil {
 			return nil, err

@@ -33,7 +33,7 @@ func (c *Config) weightNames() []string {
 				names = append(names, p+"self_attn."+m+".bias")
 			}
 		}
-		if c.Arch == ArchQwen3 {
+		if c.family().headNorm {
 			names = append(names, p+"self_attn.q_norm.weight", p+"self_attn.k_norm.weight")
 		}
 		names = append(names, p+"post_attention_layernorm.weight")

@@ -21,6 +21,7 @@ func benchEngine(args []string) error {
 	steps := fs.Int("steps", 5, "timed training steps (the best is reported, and the mean)")
 	decode := fs.Int("decode", 32, "tokens to decode per sequence")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	precision := fs.String("precision", engine.PrecisionF32, "base weights in memory: f32 or bf16")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
@@ -33,7 +34,7 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq})
+	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq, Precision: *precision})
 	if err != nil {
 		return err
 	}
@@ -100,6 +101,7 @@ func benchEngine(args []string) error {
 		"train_gflops":       e.Config.TrainFLOPs(tokens, *seq) / stepTime.Seconds() / 1e9,
 		"peak_gflops":        peak,
 		"step_peak_mb":       float64(e.PeakStepBytes()) / (1 << 20),
+		"weights_mb":         float64(e.WeightBytes()) / (1 << 20),
 	}
 	for _, b := range []int{1, 8, 64} {
 		prompt := data[0].Tokens[:16]
@@ -130,6 +132,7 @@ func benchEngine(args []string) error {
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
 	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
+	fmt.Printf("weights: %.0f MB (%s)\n", res["weights_mb"], *precision)
 	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
 	fmt.Printf("matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
 	return nil

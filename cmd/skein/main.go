@@ -131,6 +131,7 @@ func serve(args []string, gatewayOnly bool) error {
 	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
 	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
+	precision := fs.String("precision", envDefault("precision", engine.PrecisionF32), "base weights in memory: f32, or bf16 (half the memory, widened per product)")
 	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
 	futureTTL := fs.Duration("future-ttl", 24*time.Hour, "how long request results are kept")
 	sessionTimeout := fs.Duration("session-timeout", 5*time.Minute, "sessions without a heartbeat for this long expire")
@@ -180,7 +181,7 @@ func serve(args []string, gatewayOnly bool) error {
 			name = names[i]
 		}
 		start := time.Now()
-		e, err := engine.Load(dir, engine.Options{MaxStepBytes: *stepMemory << 20})
+		e, err := engine.Load(dir, engine.Options{MaxStepBytes: *stepMemory << 20, Precision: *precision})
 		if err != nil {
 			return err
 		}

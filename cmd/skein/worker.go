@@ -28,6 +28,7 @@ func runWorker(args []string) error {
 	name := fs.String("name", "", "base-model name (default: the directory name)")
 	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
+	precision := fs.String("precision", envDefault("precision", engine.PrecisionF32), "base weights in memory: f32, or bf16 (half the memory, widened per product)")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	token := fs.String("worker-token", envDefault("worker_token", ""), "shared secret with the gateway")
 	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
@@ -47,7 +48,7 @@ func runWorker(args []string) error {
 	if *stepMemory < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
-	e, err := engine.Load(*model, engine.Options{MaxStepBytes: *stepMemory << 20})
+	e, err := engine.Load(*model, engine.Options{MaxStepBytes: *stepMemory << 20, Precision: *precision})
 	if err != nil {
 		return err
 	}

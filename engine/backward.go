@@ -1,0 +1,129 @@
+package engine
+
+import "math"
+
+// The backward pass of the transformer's layer (transformer.go), reading what its forward
+// saved (layerActs, loraTap). Written out by hand: the same formulas the finite-difference
+// tests check on every architecture.
+
+// ropeBack is rope's transpose: rotation by −θ.
+func (s *pass[E]) ropeBack(dy, dx []E, t int) {
+	half := len(dy) / 2
+	c, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+	for i := range half {
+		d1, d2 := dy[i], dy[i+half]
+		dx[i] = d1*c[i] + d2*sn[i]
+		dx[i+half] = d2*c[i] - d1*sn[i]
+	}
+}
+
+// rmsNormRowBack writes rmsNormRow's input gradient into dx.
+func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
+	var dot float64
+	for i := range x {
+		dot += float64(dy[i]) * float64(w[i]) * float64(x[i])
+	}
+	iv := float64(inv)
+	c := E(iv * iv * iv * dot / float64(len(x)))
+	for i := range x {
+		dx[i] = inv*dy[i]*w[i] - x[i]*c
+	}
+}
+
+// layerBack takes d loss/d(layer l's output) and returns d loss/d(its input), adding LoRA
+// gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
+func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	la := &s.train.acts[l]
+	B, T := s.B, s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, N, BK := H/KVH, B*T, B*KVH
+
+	// MLP.
+	da := s.linearBack(dh, L.down, true)
+	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
+	siluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
+	dx2 := s.linearBack(dg, L.gate, true)
+	addScaled(dx2.v, s.linearBack(du, L.up, true).v, 1)
+	dh2 := dh // the residual passes dh through; the norm's gradient is added to it
+	rmsNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
+
+	// Attention.
+	do := s.linearBack(dh2, L.o, true)
+	dO, dOT := s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
+	parallelRows(N, func(r0, r1 int) {
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				kv, g := h/G, h%G
+				row := (b*KVH+kv)*G*T + g*T + t
+				src := do.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				copy(dO.v[row*hd:(row+1)*hd], src)
+				base := (b*KVH + kv) * hd * G * T
+				for d, v := range src {
+					dOT.v[base+d*G*T+g*T+t] = v
+				}
+			}
+		}
+	})
+	scale := E(1 / math.Sqrt(float64(hd)))
+	probs := la.p
+	if probs.buf == nil {
+		probs = s.ar.matmul(la.qh, la.khT, BK, false)
+		softmaxCausal(probs.v, T, scale)
+	}
+	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
+	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
+	softmaxBack(probs.v, dP.v, T, scale)
+	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
+	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
+
+	// Back to token layout through RoPE and the head norms.
+	dq, dk, dv := s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
+	qNorm, kNorm := L.qNorm, L.kNorm
+	parallelRows(N, func(r0, r1 int) {
+		buf, col := make([]E, hd), make([]E, hd)
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				kv, g := h/G, h%G
+				row := (b*KVH+kv)*G*T + g*T + t
+				dst := dq.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				if qNorm == nil {
+					s.ropeBack(dQ.v[row*hd:(row+1)*hd], dst, t)
+					continue
+				}
+				s.ropeBack(dQ.v[row*hd:(row+1)*hd], buf, t)
+				rmsNormRowBack(buf, la.yq.v[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
+			}
+			for kv := range KVH {
+				base := (b*KVH + kv) * hd * T
+				for d := range hd {
+					col[d] = dKT.v[base+d*T+t]
+				}
+				dst := dk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				if kNorm == nil {
+					s.ropeBack(col, dst, t)
+				} else {
+					s.ropeBack(col, buf, t)
+					rmsNormRowBack(buf, la.yk.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
+				}
+				dvr := dv.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				for d := range hd {
+					dvr[d] = dVT.v[base+d*T+t]
+				}
+			}
+		}
+	})
+	needDX := l > 0
+	dx1 := s.linearBack(dq, L.q, needDX)
+	dxk := s.linearBack(dk, L.k, needDX)
+	dxv := s.linearBack(dv, L.v, needDX)
+	if !needDX {
+		return mat[E]{}
+	}
+	addScaled(dx1.v, dxk.v, 1)
+	addScaled(dx1.v, dxv.v, 1)
+	rmsNormBack(dx1.v, la.h.v, la.inv1.v, L.inputNorm, dh2.v, true)
+	return dh2
+}

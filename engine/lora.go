@@ -1,0 +1,178 @@
+package engine
+
+import "fmt"
+
+// loraMats are one module's A and B for a pass, with the transposes its products need, and the
+// indices of their gradient accumulators.
+type loraMats[E float] struct {
+	a, b   mat[E] // A [r, in], B [out, r]
+	aT, bT mat[E] // Aᵀ [in, r] for merging into an [in, out] weight, Bᵀ [r, out] for adding
+	ai, bi int
+}
+
+// loraTap is what a module's LoRA gradients need of its forward pass: its input and x·Aᵀ.
+type loraTap[E float] struct{ x, xa mat[E] }
+
+// loraOf copies an adapter's matrices into the arena, by linear id (nil adapter: none), and
+// returns its scale.
+func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) {
+	out := make([]*loraMats[E], len(m.linears))
+	if a == nil {
+		return out, 0
+	}
+	r := a.Config.Rank
+	for i, mod := range a.mods {
+		lin := m.byPath[mod.Path]
+		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
+			ar.fail(fmt.Errorf("engine: adapter module %s [%d→%d] does not fit the model", mod.Path, mod.In, mod.Out))
+			continue
+		}
+		pa, pb := a.params[2*i], a.params[2*i+1]
+		lm := &loraMats[E]{a: ar.from(pa.w, pa.shape...), b: ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		if !lin.outIn {
+			lm.aT = ar.alloc(mod.In, r)
+			transpose(lm.a.v, lm.aT.v, r, mod.In, 1)
+		}
+		lm.bT = ar.alloc(r, mod.Out)
+		transpose(lm.b.v, lm.bT.v, mod.Out, r, 1)
+		out[lin.id] = lm
+	}
+	return out, E(a.Config.Alpha / float64(r))
+}
+
+// loraApply is how a linear module applies its LoRA, forward and for the input gradient.
+type loraApply[E float] interface {
+	// forward returns x·(W + scale·(B·A)ᵀ), saving x and x·Aᵀ when the pass trains.
+	forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E]
+	// inputGrad returns dy·(W + scale·(B·A)ᵀ)ᵀ, given dyB = dy·B.
+	inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E]
+}
+
+// loraWay picks how module lin applies its LoRA over rows rows: merging costs a rank-r
+// product of the weight's size (in·out·r) and one pass over it; adding costs rank-r products
+// of the rows' size (rows·(in+out)·r). Merging wins from rows·(in+out) ≥ in·out: training
+// and long prefills merge, decode steps add. The choice depends on the shape only, so a pass
+// computes the same bits whether training, a forward or the sampler asked for it.
+func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
+	if rows*(lin.in+lin.out) >= lin.in*lin.out {
+		return mergedLoRA[E]{}
+	}
+	return addedLoRA[E]{}
+}
+
+// mergedLoRA multiplies by W + scale·(B·A)ᵀ: one big matmul instead of three (the rank-r
+// matmuls are slow in the backend: little work per output element).
+type mergedLoRA[E float] struct{}
+
+func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
+	y := s.ar.matmul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
+	if s.train != nil { // only the LoRA gradients need x·Aᵀ
+		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.matmul(x, lm.a, 0, true)}
+	}
+	return y
+}
+
+func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
+	return s.ar.matmul(dy, s.mergedWeight(lin, lm), 0, !lin.outIn)
+}
+
+// mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
+// built once per layer and pass (or kept for the backward pass, see trainState.keepMerged).
+func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
+	if f := s.merged[lin.id]; f.buf != nil {
+		return f
+	}
+	var m mat[E]
+	if lin.outIn {
+		m = s.ar.matmul(lm.b, lm.a, 0, false) // B·A [out, in]
+	} else {
+		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+	}
+	w, done := s.weight(lin)
+	scaleAdd(m.v, w.v, s.scale)
+	done()
+	s.merged[lin.id] = m
+	return m
+}
+
+// addedLoRA adds scale·(x·Aᵀ)·Bᵀ to x·W: with few rows the rank-r products are tiny, and
+// merging would copy the weight for every call.
+type addedLoRA[E float] struct{}
+
+func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
+	w, done := s.weight(lin)
+	y := s.ar.matmul(x, w, 0, lin.outIn)
+	done()
+	xa := s.ar.matmul(x, lm.a, 0, true) // [N, r]
+	addScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
+	if s.train != nil {
+		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
+	}
+	return y
+}
+
+func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
+	w, done := s.weight(lin)
+	dx := s.ar.matmul(dy, w, 0, !lin.outIn)
+	done()
+	addScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
+	return dx
+}
+
+// linearBack adds the module's LoRA gradients for output gradient dy and returns d loss/dx
+// (nil when !needDX).
+func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
+	lm := s.lora[lin.id]
+	var dyB mat[E]
+	if lm != nil {
+		dyB = s.loraGrads(dy, lin, lm)
+	}
+	if !needDX {
+		return nil
+	}
+	var d mat[E]
+	if lm != nil {
+		d = s.loraWay(lin, dy.dims[0]).inputGrad(s, dy, dyB, lin, lm)
+	} else {
+		w, done := s.weight(lin)
+		d = s.ar.matmul(dy, w, 0, !lin.outIn)
+		done()
+	}
+	return &d
+}
+
+// loraGrads adds dA = scale·(dy·B)ᵀ·x and dB = scale·dyᵀ·(x·Aᵀ) for the module and returns
+// dy·B. The rank-sized operands are transposed here so that every matmul is in the backend's
+// plain layout.
+func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
+	tap := s.train.taps[lin.id]
+	r := lm.b.dims[1]
+	dyB := s.ar.matmul(dy, lm.b, 0, false) // [N, r]
+	dyBT := s.ar.alloc(r, dyB.dims[0])
+	transpose(dyB.v, dyBT.v, dyB.dims[0], r, s.scale)
+	dA := s.ar.matmul(dyBT, tap.x, 0, false) // [r, in]
+	gA := s.train.grads[lm.ai]
+	for i, v := range dA.v {
+		gA[i] += float64(v)
+	}
+	xaT := s.ar.alloc(r, tap.xa.dims[0])
+	transpose(tap.xa.v, xaT.v, tap.xa.dims[0], r, s.scale)
+	dBt := s.ar.matmul(xaT, dy, 0, false) // [r, out]
+	out := dy.dims[1]
+	gB := s.train.grads[lm.bi]
+	for j := range r {
+		for o := range out {
+			gB[o*r+j] += float64(dBt.v[j*out+o])
+		}
+	}
+	return dyB
+}
+
+// transpose writes dst [cols, rows] = scale·srcᵀ for src [rows, cols].
+func transpose[E float](src, dst []E, rows, cols int, scale E) {
+	for i := range rows {
+		for j := range cols {
+			dst[j*rows+i] = scale * src[i*cols+j]
+		}
+	}
+}

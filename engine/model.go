@@ -1,0 +1,166 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+
+	"github.com/skein-ai/skein/safetensors"
+)
+
+// baseModel is what an engine's forks share: the base weights and the compiled matmuls with
+// their pool of step buffers.
+type baseModel struct {
+	mm      *matmuls
+	weights any // *model[float32] or *model[float64], the engine's dtype
+	bytes   int // resident size of the weights
+}
+
+// modelOf is the base model's weights in the pass's element type.
+func modelOf[E float](b *baseModel) *model[E] { return b.weights.(*model[E]) }
+
+// model is a base model's weights, resolved at load into typed per-layer structs: passes index
+// them, nothing looks a weight up by name while computing.
+type model[E float] struct {
+	embed   mat[E]   // [V, D]; only its dims when kept in bf16
+	embed16 []uint16 // the embedding's bf16 bits (nil unless the engine keeps weights in bf16)
+	layers  []decoderLayer[E]
+	norm    []E // final RMSNorm
+	head    *linear[E]
+	linears []*linear[E]          // every linear module, by id
+	byPath  map[string]*linear[E] // by HF module path, the names LoRA modules use
+}
+
+// decoderLayer is one transformer block's weights.
+type decoderLayer[E float] struct {
+	inputNorm, postNorm        []E
+	qNorm, kNorm               []E // per-head RMSNorm before RoPE (families with headNorm), else nil
+	q, k, v, o, gate, up, down *linear[E]
+}
+
+// linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
+type linear[E float] struct {
+	id      int      // index into model.linears and a pass's per-module slices
+	path    string   // HF module path, e.g. "model.layers.3.self_attn.q_proj"
+	w       mat[E]   // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
+	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16)
+	outIn   bool     // a tied head: the embedding [V, D], multiplied transposed
+	bias    []E      // nil when the module has none
+	in, out int
+}
+
+func (L *decoderLayer[E]) linears() []*linear[E] {
+	return []*linear[E]{L.q, L.k, L.v, L.o, L.gate, L.up, L.down}
+}
+
+// loadModel places every weight once in memory, one weight at a time (the host tensors alias
+// the file), and resolves them. Weights go into backend shared buffers of the engine's dtype:
+// matmuls read them in place and Go code reads the same memory. With bf16 precision the
+// projections and the embedding are kept as bf16 bits in Go memory instead, widened per
+// product (bf16.go). Linear weights are stored transposed, [in, out]: with few rows (decoding)
+// the backend multiplies x·W twice as fast as x·Wᵀ, and for training the two are even. The
+// embedding stays [V, D] for the lookup, so a tied head multiplies by it transposed.
+func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
+	w := map[string]mat[E]{}
+	w16 := map[string][]uint16{}
+	bytes := 0
+	for _, name := range c.weightNames() {
+		shape := host[name].Shape
+		if precision == PrecisionBF16 && keepsBF16(name) {
+			v, err := bf16Weight(host[name])
+			if err != nil {
+				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
+			}
+			if isLinearWeight(name) {
+				v, shape = transposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
+			}
+			w[name], w16[name] = mat[E]{dims: shape}, v
+			bytes += 2 * len(v)
+			delete(host, name)
+			continue
+		}
+		v, err := host[name].Float64()
+		if err != nil {
+			return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
+		}
+		if isLinearWeight(name) {
+			t := transpose2D(hostTensor{shape: shape, data: v})
+			v, shape = t.data, t.shape
+		}
+		buf, flat, err := backend.NewSharedBuffer(0, shapes.Make(dtype, shape...))
+		if err != nil {
+			return nil, 0, fmt.Errorf("engine: placing weight %s: %w", name, err)
+		}
+		f, ok := flat.([]E)
+		if !ok {
+			return nil, 0, fmt.Errorf("engine: weight %s: backend gave %T for %v", name, flat, dtype)
+		}
+		for i, x := range v {
+			f[i] = E(x)
+		}
+		w[name] = mat[E]{buf: buf, v: f, dims: shape}
+		bytes += len(f) * dtype.Size()
+		delete(host, name)
+	}
+	return resolveModel(c, w, w16), bytes, nil
+}
+
+// resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept
+// in bf16 also in w16) into the model's structs.
+func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16) *model[E] {
+	m := &model[E]{embed: w["model.embed_tokens.weight"], embed16: w16["model.embed_tokens.weight"],
+		norm: w["model.norm.weight"].v, byPath: map[string]*linear[E]{}}
+	lin := func(path string) *linear[E] {
+		l := &linear[E]{id: len(m.linears), path: path}
+		if path == "lm_head" && c.TieWordEmbeddings {
+			l.w, l.w16, l.outIn = m.embed, m.embed16, true
+			l.in, l.out = c.HiddenSize, c.VocabSize
+		} else {
+			l.w, l.w16 = w[path+".weight"], w16[path+".weight"]
+			l.in, l.out = l.w.dims[0], l.w.dims[1]
+		}
+		if b, ok := w[path+".bias"]; ok {
+			l.bias = b.v
+		}
+		m.linears = append(m.linears, l)
+		m.byPath[path] = l
+		return l
+	}
+	for l := range c.NumHiddenLayers {
+		p := layerPrefix(l)
+		L := decoderLayer[E]{
+			inputNorm: w[p+"input_layernorm.weight"].v, postNorm: w[p+"post_attention_layernorm.weight"].v,
+			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
+			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
+			down: lin(p + "mlp.down_proj"),
+		}
+		if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
+			L.qNorm, L.kNorm = n.v, w[p+"self_attn.k_norm.weight"].v
+		}
+		m.layers = append(m.layers, L)
+	}
+	m.head = lin("lm_head")
+	return m
+}
+
+// layerPrefix is the HF name prefix of layer l's weights.
+func layerPrefix(l int) string { return fmt.Sprintf("model.layers.%d.", l) }
+
+// isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
+func isLinearWeight(name string) bool {
+	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight"
+}
+
+func transpose2D(t hostTensor) hostTensor {
+	r, c := t.shape[0], t.shape[1]
+	out := make([]float64, len(t.data))
+	for i := range r {
+		for j := range c {
+			out[j*r+i] = t.data[i*c+j]
+		}
+	}
+	return hostTensor{shape: []int{c, r}, data: out}
+}

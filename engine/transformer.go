@@ -1,0 +1,330 @@
+package engine
+
+import (
+	"math"
+)
+
+// The one transformer. Training, forward-only passes (forward, compute_logprobs) and the
+// sampler's steps all run the layer below; what differs between them is plugged in:
+//   - how a linear applies its LoRA (loraApply): merged into the weight when the pass has many
+//     rows, added after the base product when it has few; chosen by the pass's shape, so the
+//     same tokens give the same bits whichever API asked;
+//   - where keys and values come from and go to (kvStore): the pass's own tokens (training,
+//     forward, a prefill, which also fills the cache), or the sampler's cache (decode steps);
+//   - whether activations are saved (training): a forward-only pass keeps one layer's
+//     tensors at a time, a training pass keeps what backward.go reads.
+
+// pass is one forward (and perhaps backward) pass over B rows of T tokens.
+type pass[E float] struct {
+	e        *Engine
+	c        *Config
+	m        *model[E]
+	ar       *arena[E]
+	B, T     int
+	kv       kvStore[E]
+	cos, sin []E            // rotary tables [slots, hd/2]
+	lora     []*loraMats[E] // by linear id; nil: no LoRA on the module
+	scale    E              // LoRA alpha/rank
+	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
+	train    *trainState[E] // nil for forward-only passes
+}
+
+// trainState is what a training pass keeps for its backward pass.
+type trainState[E float] struct {
+	acts       []layerActs[E]
+	taps       []loraTap[E] // by linear id
+	grads      [][]float64  // per adapter param, added to
+	keepMerged bool         // merged weights live from the forward to the backward pass
+}
+
+// layerActs are the activations of one decoder layer that its backward pass needs.
+type layerActs[E float] struct {
+	h, x1, inv1      mat[E] // layer input, its norm, 1/rms per token
+	yq, yk           mat[E] // q, k projections before the head norms
+	qInv, kInv       []E    // 1/rms per token and head (head norms)
+	qh, qhT          mat[E] // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
+	kh, khT, vh, vhT mat[E] // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
+	p                mat[E] // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
+	o                mat[E] // attention output, token layout [N, H·hd]
+	h2, x2, inv2     mat[E] // residual after attention, its norm, 1/rms
+	gate, up, act    mat[E] // MLP
+	sig              mat[E] // σ(gate)
+}
+
+// newPass prepares a pass of B×T tokens with adapter a's matrices copied into the pass's arena
+// (nil adapter: none).
+func newPass[E float](e *Engine, ar *arena[E], a *Adapter, B, T int) *pass[E] {
+	m := modelOf[E](e.base)
+	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, merged: make([]mat[E], len(m.linears))}
+	s.lora, s.scale = loraOf(ar, a, m)
+	return s
+}
+
+// embed looks up tokens [B][≤T]; positions past a row's end are zero.
+func (s *pass[E]) embed(tok [][]int) mat[E] {
+	D := s.c.HiddenSize
+	h := s.ar.zeros(s.B*s.T, D)
+	for b, row := range tok {
+		for t, id := range row {
+			n := b*s.T + t
+			if s.m.embed16 != nil {
+				widenBF16(h.v[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
+			} else {
+				copy(h.v[n*D:(n+1)*D], s.m.embed.v[id*D:(id+1)*D])
+			}
+		}
+	}
+	return h
+}
+
+// layers runs every decoder layer on h, allocated after mark m0. A forward-only pass gives back
+// each layer's tensors as soon as the next has its input, so it holds one layer at a time; a
+// training pass keeps them and returns where each layer's allocations begin (and where the
+// last ends).
+func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
+	L := s.c.NumHiddenLayers
+	if s.train == nil {
+		for l := range L {
+			h = s.layer(l, h)
+			s.ar.releaseExcept(m0, h)
+		}
+		return h, nil
+	}
+	marks := make([]arenaMark, L+1)
+	for l := range L {
+		marks[l] = s.ar.mark()
+		h = s.layer(l, h)
+	}
+	marks[L] = s.ar.mark()
+	return h, marks
+}
+
+// unembed is the final norm and the head: logits [rows, V] and 1/rms per row.
+func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
+	hf, inv := s.ar.alloc(h.dims[0], s.c.HiddenSize), make([]E, h.dims[0])
+	rmsNorm(h.v, s.m.norm, s.c.RMSNormEps, hf.v, inv)
+	return s.linear(hf, s.m.head), inv
+}
+
+// layer runs decoder layer l on h [B·T, D].
+func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	B, T := s.B, s.T
+	N, D := B*T, c.HiddenSize
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK, half := H/KVH, B*KVH, hd/2
+	start := s.ar.mark()
+	var la *layerActs[E]
+	if s.train != nil {
+		la = &s.train.acts[l]
+		*la = layerActs[E]{h: h}
+	}
+
+	x1, inv1 := s.ar.alloc(N, D), s.ar.alloc(N)
+	rmsNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
+	yq := s.linear(x1, L.q)
+	yk := s.linear(x1, L.k)
+	yv := s.linear(x1, L.v)
+	keysT, values := s.kv.begin(l)
+	S := values.dims[1]
+	qh := s.ar.alloc(BK, G*T, hd)
+	var qhT mat[E] // Qᵀ and the head norms' 1/rms only serve the backward pass
+	var qInv, kInv []E
+	if la != nil {
+		qhT = s.ar.alloc(BK, hd, G*T)
+		if L.qNorm != nil {
+			qInv, kInv = make([]E, N*H), make([]E, N*KVH)
+		}
+	}
+	// Heads into the attention layout, through the head norms and RoPE on the way; keys and
+	// values to the store.
+	parallelRows(N, func(r0, r1 int) {
+		buf, kr := make([]E, hd), make([]E, hd)
+		var scratch E
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			ps := s.kv.slot(b, t)
+			cs, sn := s.cos[ps*half:(ps+1)*half], s.sin[ps*half:(ps+1)*half]
+			for hh := range H {
+				kv, g := hh/G, hh%G
+				src := yq.v[(n*H+hh)*hd : (n*H+hh+1)*hd]
+				if L.qNorm != nil {
+					inv := &scratch
+					if qInv != nil {
+						inv = &qInv[n*H+hh]
+					}
+					rmsNormRow(src, L.qNorm, c.RMSNormEps, buf, inv)
+					src = buf
+				}
+				row := (b*KVH+kv)*G*T + g*T + t
+				dst := qh.v[row*hd : (row+1)*hd]
+				ropeRow(src, dst, cs, sn)
+				if la != nil {
+					base := (b*KVH + kv) * hd * G * T
+					for d, v := range dst {
+						qhT.v[base+d*G*T+g*T+t] = v
+					}
+				}
+			}
+			for kv := range KVH {
+				src := yk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				if L.kNorm != nil {
+					inv := &scratch
+					if kInv != nil {
+						inv = &kInv[n*KVH+kv]
+					}
+					rmsNormRow(src, L.kNorm, c.RMSNormEps, buf, inv)
+					src = buf
+				}
+				ropeRow(src, kr, cs, sn)
+				s.kv.put(l, b, t, kv, kr, yv.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
+			}
+		}
+	})
+	scale := E(1 / math.Sqrt(float64(hd)))
+	probs := s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
+	parallelRows(BK*G*T, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			b, t := r/(KVH*G*T), r%T
+			softmaxRow(probs.v[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
+		}
+	})
+	o := s.ar.matmul(probs, values, BK, false) // [BK, G·T, hd]
+	ot := s.ar.alloc(N, H*hd)
+	headsToTokens(o.v, ot.v, B, T, KVH, G, hd)
+	if la != nil {
+		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
+		if s.e.recomputeProbs(T) {
+			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
+			// backward pass computes them again (one more matmul) instead of holding them.
+			s.ar.releaseOne(probs)
+			la.p = mat[E]{}
+		}
+	}
+	h2 := s.linear(ot, L.o)
+	addScaled(h2.v, h.v, 1)
+	if la == nil { // attention's tensors are spent
+		s.dropMerged()
+		s.ar.releaseExcept(start, h2)
+	}
+
+	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
+	rmsNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
+	gate := s.linear(x2, L.gate)
+	up := s.linear(x2, L.up)
+	act, sig := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
+	siluGate(gate.v, up.v, sig.v, act.v)
+	out := s.linear(act, L.down)
+	addScaled(out.v, h2.v, 1)
+	if la != nil {
+		la.h2, la.x2, la.inv2, la.gate, la.up, la.act, la.sig = h2, x2, inv2, gate, up, act, sig
+	}
+	if la == nil || !s.train.keepMerged {
+		s.dropMerged()
+	}
+	return out
+}
+
+// linear is x·W (+ bias) with the module's LoRA, if any, applied the way the pass's shape
+// calls for.
+func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
+	var y mat[E]
+	if lm := s.lora[lin.id]; lm != nil {
+		y = s.loraWay(lin, x.dims[0]).forward(s, x, lin, lm)
+	} else {
+		w, done := s.weight(lin)
+		y = s.ar.matmul(x, w, 0, lin.outIn)
+		done()
+	}
+	if lin.bias != nil {
+		addBias(y.v, lin.bias)
+	}
+	return y
+}
+
+// dropMerged gives back the merged weights built so far: a pass holds one layer's worth, and
+// the backward pass merges again (a rank-r matmul and one pass over the weight). Models whose
+// merged weights are small next to the step budget keep them instead (Engine.keepsMerged).
+func (s *pass[E]) dropMerged() {
+	for id, f := range s.merged {
+		if f.buf != nil {
+			s.ar.releaseOne(f)
+			s.merged[id] = mat[E]{}
+		}
+	}
+}
+
+// headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].
+func headsToTokens[E float](o, dst []E, B, T, KVH, G, hd int) {
+	H := KVH * G
+	parallelRows(B*T, func(r0, r1 int) {
+		for n := r0; n < r1; n++ {
+			b, t := n/T, n%T
+			for h := range H {
+				row := (b*KVH+h/G)*G*T + (h%G)*T + t
+				copy(dst[(n*H+h)*hd:(n*H+h+1)*hd], o[row*hd:(row+1)*hd])
+			}
+		}
+	})
+}
+
+// ropeTable returns cos and sin [n, hd/2] of positions 0…n-1.
+func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
+	half := len(invFreq)
+	cos, sin = make([]E, n*half), make([]E, n*half)
+	for p := range n {
+		for i, f := range invFreq {
+			cos[p*half+i], sin[p*half+i] = E(math.Cos(float64(p)*f)), E(math.Sin(float64(p)*f))
+		}
+	}
+	return cos, sin
+}
+
+// ropeRow rotates x into y by the angles whose cosines and sines are c and sn (HF rotate_half
+// convention).
+func ropeRow[E float](x, y, c, sn []E) {
+	half := len(x) / 2
+	for i := range half {
+		x1, x2 := x[i], x[i+half]
+		y[i] = x1*c[i] - x2*sn[i]
+		y[i+half] = x2*c[i] + x1*sn[i]
+	}
+}
+
+// rmsNormRow normalises one row (a query or key head), storing 1/rms in inv.
+func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	iv := E(1 / math.Sqrt(ss/float64(len(x))+eps))
+	*inv = iv
+	for i, v := range x {
+		y[i] = v * iv * w[i]
+	}
+}
+
+// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
+// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
+// logprobs all take their logprobs from here.
+func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
+	m := rowMax(row)
+	picked := row[target]
+	se := expShift(row, 1, m)
+	return float64(picked-m) - math.Log(se), se
+}
+
+// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
+// dtype, so narrowing it back is exact).
+func (e *Engine) logprobOf(logits []float64, target int) float64 {
+	if e.opts.Float64 {
+		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
+		return lp
+	}
+	row := make([]float32, len(logits))
+	for i, v := range logits {
+		row[i] = float32(v)
+	}
+	lp, _ := tokenLogprob(row, target)
+	return lp
+}

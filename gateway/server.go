@@ -51,6 +51,10 @@ type Options struct {
 	MaxQueuedSamples int
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
+	// AcceptWorkers lets `skein worker` processes register (it needs WorkerToken).
+	AcceptWorkers bool
+	// WorkerTimeout: a worker silent for this long is removed (default 3 s).
+	WorkerTimeout time.Duration
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -82,6 +86,9 @@ type Server struct {
 
 	secretOnce sync.Once
 	secret     []byte
+
+	// workersMu serializes changes of the worker fleet (register, drop, reap).
+	workersMu sync.Mutex
 }
 
 type session struct {
@@ -154,6 +161,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if err := checkWorkerOptions(&opts); err != nil {
+		return nil, err
+	}
 	st, owns := opts.Store, false
 	if st == nil {
 		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
@@ -205,7 +215,7 @@ func (s *Server) Close() {
 func (s *Server) sweeper() {
 	beat := time.NewTicker(gatewayHeartbeat)
 	defer beat.Stop()
-	reap := time.NewTicker(workerTimeout / 3)
+	reap := time.NewTicker(min(workerTimeout, s.opts.WorkerTimeout) / 3)
 	defer reap.Stop()
 	// Sweep often enough that a session expires within one sweep of its timeout.
 	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))

@@ -1,0 +1,242 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/worker"
+)
+
+const clusterToken = "cluster-s3cret"
+
+// postWorker posts a worker's registration or heartbeat and decodes the answer.
+func postWorker(t *testing.T, url, path, token string, body any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest("POST", url+"/api/v1/skein/workers/"+path, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set(worker.TokenHeader, token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// testWorker is a `skein worker` in process: a worker server over its own engine, counting the
+// calls it receives; dying makes it take a forward_backward call and drop the connection.
+type testWorker struct {
+	*httptest.Server
+	mu    sync.Mutex
+	calls map[string]int
+	dying atomic.Bool
+}
+
+func newTestWorker(t *testing.T, e *engine.Engine, dataDir string) *testWorker {
+	w := &testWorker{calls: map[string]int{}}
+	ws := worker.NewServer(e.Fork(), clusterToken, dataDir)
+	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		method := strings.TrimPrefix(r.URL.Path, "/worker/v1/")
+		w.mu.Lock()
+		w.calls[method]++
+		w.mu.Unlock()
+		if method == "forward_backward" && w.dying.Load() {
+			_, _ = io.Copy(io.Discard, r.Body)
+			conn, _, _ := rw.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
+		ws.ServeHTTP(rw, r)
+	}))
+	t.Cleanup(w.Close)
+	return w
+}
+
+func (w *testWorker) count(method string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[method]
+}
+
+func registration(id, url string, e *engine.Engine) worker.Registration {
+	return worker.Registration{ID: id, URL: url, BaseModel: base, MaxLoras: 4, Info: e.Info()}
+}
+
+// newWorkerGateway is a gateway with no replica of its own that accepts workers; workers are
+// never declared dead by silence here, so only a failed call can remove one.
+func newWorkerGateway(t *testing.T) (*httptest.Server, *engine.Engine, string) {
+	t.Helper()
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	gw, err := gateway.New(gateway.Options{DataDir: data, AcceptWorkers: true, WorkerToken: clusterToken, WorkerTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(func() { ts.Close(); gw.Close() })
+	return ts, e, data
+}
+
+// skein serve accepts no workers unless told to, and accepting them needs a token.
+func TestServeAcceptsNoWorkersUnlessTold(t *testing.T) {
+	ts := newServer(t, gateway.Options{WorkerToken: clusterToken})
+	w := newTestWorker(t, ts.eng, t.TempDir())
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("intruder", w.URL, ts.eng)); code != http.StatusForbidden {
+		t.Fatalf("registration with a server that accepts no workers: %d", code)
+	}
+	if code, _ := postWorker(t, ts.URL, "heartbeat", clusterToken, worker.Heartbeat{ID: "r0"}); code != http.StatusForbidden {
+		t.Fatalf("heartbeat with a server that accepts no workers: %d", code)
+	}
+	if w.count("adapter_ids") != 0 {
+		t.Fatal("the gateway called the would-be worker")
+	}
+	if _, err := gateway.New(gateway.Options{DataDir: t.TempDir(), AcceptWorkers: true}); err == nil {
+		t.Fatal("a gateway accepting workers without a token started")
+	}
+}
+
+// A registration never displaces a live worker of the same id, and only the worker that
+// registered (holding its registration's secret) can keep it alive.
+func TestRegistrationCannotTakeOverALiveWorker(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	real, impostor := newTestWorker(t, e, data), newTestWorker(t, e, data)
+	code, reply := postWorker(t, ts.URL, "register", clusterToken, registration("w", real.URL, e))
+	secret, _ := reply["secret"].(string)
+	if code != http.StatusOK || secret == "" {
+		t.Fatalf("registration: %d %v", code, reply)
+	}
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("w", impostor.URL, e)); code != http.StatusConflict {
+		t.Fatalf("second registration of a live id: %d", code)
+	}
+	if impostor.count("adapter_ids") != 0 {
+		t.Fatal("the impostor was called")
+	}
+	for _, s := range []string{"", "guess", secret + "x"} {
+		if code, _ := postWorker(t, ts.URL, "heartbeat", clusterToken, worker.Heartbeat{ID: "w", Secret: s}); code != http.StatusForbidden {
+			t.Fatalf("heartbeat with secret %q: %d", s, code)
+		}
+	}
+	if code, _ := postWorker(t, ts.URL, "heartbeat", clusterToken, worker.Heartbeat{ID: "w", Secret: secret}); code != http.StatusOK {
+		t.Fatalf("the registered worker's heartbeat: %d", code)
+	}
+	if code, _ := postWorker(t, ts.URL, "register", "wrong", registration("x", impostor.URL, e)); code != http.StatusUnauthorized {
+		t.Fatalf("registration with a wrong token: %d", code)
+	}
+	for _, bad := range []worker.Registration{
+		{ID: "y", URL: "file:///etc/passwd", BaseModel: base, Info: e.Info()},
+		{ID: "y", URL: impostor.URL, BaseModel: base},
+		{ID: "y", URL: impostor.URL, BaseModel: base, MaxLoras: 1 << 30, Info: e.Info()},
+	} {
+		if code, _ := postWorker(t, ts.URL, "register", clusterToken, bad); code != http.StatusBadRequest {
+			t.Fatalf("registration %+v: %d", bad, code)
+		}
+	}
+	var out struct {
+		Replicas []struct {
+			ID string `json:"id"`
+		} `json:"replicas"`
+	}
+	if err := client.New(ts.URL, "tml-op").Do(context.Background(), "GET", "skein/replicas", nil, &out); err != nil || len(out.Replicas) != 1 {
+		t.Fatalf("replicas %+v %v", out.Replicas, err)
+	}
+}
+
+// step runs forward_backward and optim_step, submitted together, and returns the optimizer's
+// step count and the first error.
+func step(t *testing.T, tc *client.TrainingClient) (float64, error) {
+	t.Helper()
+	ctx := context.Background()
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
+	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fbErr := fb.Result(ctx, &api.ForwardBackwardOutput{})
+	var out struct {
+		Metrics map[string]float64 `json:"metrics"`
+	}
+	err = op.Result(ctx, &out)
+	if fbErr != nil {
+		err = fbErr
+	}
+	return out.Metrics["step:max"], err
+}
+
+// When the worker holding an adapter can no longer be reached, its ops do not fail: the worker
+// is dropped at once and the op runs on the adapter's new replica, from its last saved state.
+func TestOpsOfALostWorkerGoToTheNewReplica(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	a, b := newTestWorker(t, e, data), newTestWorker(t, e, data)
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("a", a.URL, e)); code != http.StatusOK {
+		t.Fatal("register a")
+	}
+	_, tc := newRun(t, ts.URL, "tml-lost", 4)
+	if s, err := step(t, tc); err != nil || s != 1 {
+		t.Fatalf("first step: %v %v", s, err)
+	}
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("b", b.URL, e)); code != http.StatusOK {
+		t.Fatal("register b")
+	}
+	a.Close() // gone without a word; it is still registered
+	s, err := step(t, tc)
+	if err != nil || s != 2 {
+		t.Fatalf("step after the worker was lost: %v %v", s, err)
+	}
+	if b.count("forward_backward") != 1 || b.count("load") != 1 {
+		t.Fatalf("worker b saw %d forward_backward and %d load calls", b.count("forward_backward"), b.count("load"))
+	}
+}
+
+// An op that reached a worker which then died may have run there: it fails, saying so, and is
+// not run again on another worker; the next op goes on from the last saved state.
+func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	a, b := newTestWorker(t, e, data), newTestWorker(t, e, data)
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("a", a.URL, e)); code != http.StatusOK {
+		t.Fatal("register a")
+	}
+	_, tc := newRun(t, ts.URL, "tml-maybe", 4)
+	if s, err := step(t, tc); err != nil || s != 1 {
+		t.Fatalf("first step: %v %v", s, err)
+	}
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("b", b.URL, e)); code != http.StatusOK {
+		t.Fatal("register b")
+	}
+	a.dying.Store(true)
+	// The optim_step submitted with it had not reached the worker: it runs on b, from step 1.
+	s, err := step(t, tc)
+	if err == nil || !strings.Contains(err.Error(), "may have run") || s != 2 {
+		t.Fatalf("op on a worker that died during it: %v (optim_step after it: step %v)", err, s)
+	}
+	if n := b.count("forward_backward"); n != 0 {
+		t.Fatalf("the op ran again on worker b (%d times)", n)
+	}
+	if s, err := step(t, tc); err != nil || s != 3 {
+		t.Fatalf("next step: %v %v", s, err)
+	}
+}

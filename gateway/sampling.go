@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"runtime/debug"
 	"sync"
 
 	"github.com/skein-ai/skein/api"
@@ -86,6 +87,14 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 			s.finishOn(p.f, rep.ID(), nil, err)
 		}
 	}
+	// A panic here (a compute bug) fails this batch's requests instead of leaving them pending;
+	// futures already answered keep their answer.
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("sampling panicked", "replica", rep.ID(), "panic", v, "stack", string(debug.Stack()))
+			fail(fmt.Errorf("internal error while sampling: %v", v))
+		}
+	}()
 	e := rep.Engine
 	if smp.engineID != "" {
 		if !e.HasAdapter(smp.engineID) {

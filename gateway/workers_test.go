@@ -17,6 +17,7 @@ import (
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
 )
 
@@ -238,5 +239,52 @@ func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
 	}
 	if s, err := step(t, tc); err != nil || s != 3 {
 		t.Fatalf("next step: %v %v", s, err)
+	}
+}
+
+// panickyEngine is a replica's compute with a bug in sampling.
+type panickyEngine struct{ *engine.Engine }
+
+func (p panickyEngine) SampleBatch(string, []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	var res []*engine.SampleResult
+	return []*engine.SampleResult{res[3]}, nil // index out of range
+}
+
+// A panic in compute fails the requests it was serving, with a message; the server goes on.
+func TestAPanicInComputeFailsItsRequestsOnly(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := replica.New("r0", base, panickyEngine{e}, 0)
+	defer rep.Close()
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	defer func() { ts.Close(); gw.Close() }()
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-panic")
+	sess, _ := c.CreateSession(ctx)
+	sid, err := c.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt := 2
+	f, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: sid, Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &mt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Bounded only so that a request left pending (the failure this test is about) ends the test.
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := f.Result(wait, &api.SampleResponse{}); err == nil || !strings.Contains(err.Error(), "internal error") {
+		t.Fatalf("sample on a panicking engine: %v", err)
+	}
+	_, tc := newRun(t, ts.URL, "tml-panic", 4)
+	if s, err := step(t, tc); err != nil || s != 1 {
+		t.Fatalf("training after the panic: %v %v", s, err)
 	}
 }

@@ -55,7 +55,7 @@ func (f *fakeEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*eng
 	var out []*engine.SampleResult
 	for _, q := range reqs {
 		r := &engine.SampleResult{}
-		for range max(q.NumSamples, 1) {
+		for range min(max(q.NumSamples, 1), 128) { // the real engine refuses more
 			r.Sequences = append(r.Sequences, engine.SampledSequence{Tokens: []int{1}, Logprobs: []float64{-1}, StopReason: "length"})
 		}
 		out = append(out, r)

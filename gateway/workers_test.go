@@ -288,3 +288,43 @@ func TestAPanicInComputeFailsItsRequestsOnly(t *testing.T) {
 		t.Fatalf("training after the panic: %v %v", s, err)
 	}
 }
+
+// Sampling on a worker that can no longer be reached goes to another replica.
+func TestSamplesOfALostWorkerGoElsewhere(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	a, b := newTestWorker(t, e, data), newTestWorker(t, e, data)
+	for _, w := range []struct {
+		id string
+		tw *testWorker
+	}{{"a", a}, {"b", b}} {
+		if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration(w.id, w.tw.URL, e)); code != http.StatusOK {
+			t.Fatal("register", w.id)
+		}
+	}
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-lost-sample")
+	sess, _ := c.CreateSession(ctx)
+	sid, err := c.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	b.Close()
+	b2 := newTestWorker(t, e, data) // b restarted elsewhere: a new registration
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("b2", b2.URL, e)); code != http.StatusOK {
+		t.Fatal("register b2")
+	}
+	mt := 2
+	f, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: sid, Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &mt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.SampleResponse
+	if err := f.Result(ctx, &out); err != nil || len(out.Sequences) != 1 {
+		t.Fatalf("sample after two workers were lost: %v %+v", err, out)
+	}
+	if b2.count("sample") != 1 {
+		t.Fatalf("the surviving worker served %d samples", b2.count("sample"))
+	}
+}

@@ -49,6 +49,8 @@ type testWorker struct {
 	mu    sync.Mutex
 	calls map[string]int
 	dying atomic.Bool
+	// garbleInfo makes it answer adapter_info with nothing usable.
+	garbleInfo atomic.Bool
 }
 
 func newTestWorker(t *testing.T, e *engine.Engine, dataDir string) *testWorker {
@@ -63,6 +65,11 @@ func newTestWorker(t *testing.T, e *engine.Engine, dataDir string) *testWorker {
 			_, _ = io.Copy(io.Discard, r.Body)
 			conn, _, _ := rw.(http.Hijacker).Hijack()
 			conn.Close()
+			return
+		}
+		if method == "adapter_info" && w.garbleInfo.Load() {
+			_, _ = io.Copy(io.Discard, r.Body)
+			_, _ = io.WriteString(rw, `{"lora":null,"step":-7}`)
 			return
 		}
 		ws.ServeHTTP(rw, r)
@@ -326,5 +333,39 @@ func TestSamplesOfALostWorkerGoElsewhere(t *testing.T) {
 	}
 	if b2.count("sample") != 1 {
 		t.Fatalf("the surviving worker served %d samples", b2.count("sample"))
+	}
+}
+
+// A worker's unusable answer fails the request that got it and changes nothing: load_weights
+// with a garbled adapter_info answer leaves the run as it was.
+func TestAGarbledAnswerFailsItsRequestOnly(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	a := newTestWorker(t, e, data)
+	if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("a", a.URL, e)); code != http.StatusOK {
+		t.Fatal("register a")
+	}
+	c, tc := newRun(t, ts.URL, "tml-garbled", 4)
+	if s, err := step(t, tc); err != nil || s != 1 {
+		t.Fatalf("first step: %v %v", s, err)
+	}
+	ctx := context.Background()
+	f, _ := tc.SaveState(ctx, "one")
+	var saved struct {
+		Path string `json:"path"`
+	}
+	if err := f.Result(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	a.garbleInfo.Store(true)
+	f, _ = tc.LoadState(ctx, saved.Path, true)
+	if err := f.Result(ctx, nil); err == nil || !strings.Contains(err.Error(), "bad answer from worker") {
+		t.Fatalf("load_weights with a garbled answer: %v", err)
+	}
+	a.garbleInfo.Store(false)
+	var info struct {
+		Rank int `json:"lora_rank"`
+	}
+	if err := c.Do(ctx, "POST", "get_info", map[string]string{"model_id": tc.ModelID}, &info); err != nil || info.Rank != 4 {
+		t.Fatalf("run after the garbled answer: rank %d, %v", info.Rank, err)
 	}
 }

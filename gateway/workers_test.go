@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -249,8 +250,16 @@ func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
 	}
 }
 
-// panickyEngine is a replica's compute with a bug in sampling.
+// panickyEngine is a replica's compute with a bug in sampling, and in training on token 13.
 type panickyEngine struct{ *engine.Engine }
+
+func (p panickyEngine) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	if data[0].Tokens[0] == 13 {
+		var res *engine.ForwardResult
+		return res, fmt.Errorf("%v", res.Loss) // nil dereference
+	}
+	return p.Engine.ForwardBackward(id, data, loss, cfg)
+}
 
 func (p panickyEngine) SampleBatch(string, []engine.SampleRequest) ([]*engine.SampleResult, error) {
 	var res []*engine.SampleResult
@@ -291,8 +300,15 @@ func TestAPanicInComputeFailsItsRequestsOnly(t *testing.T) {
 		t.Fatalf("sample on a panicking engine: %v", err)
 	}
 	_, tc := newRun(t, ts.URL, "tml-panic", 4)
+	bad, err := tc.ForwardBackward(ctx, []api.Datum{datum([]int{13, 14, 15}, true)}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Result(wait, &api.ForwardBackwardOutput{}); err == nil || !strings.Contains(err.Error(), "internal error") {
+		t.Fatalf("forward_backward on a panicking engine: %v", err)
+	}
 	if s, err := step(t, tc); err != nil || s != 1 {
-		t.Fatalf("training after the panic: %v %v", s, err)
+		t.Fatalf("training after the panics: %v %v", s, err)
 	}
 }
 

@@ -71,6 +71,9 @@ func readToken(path string) (string, error) {
 // with the command that starts a worker.
 func settleWorkerToken(accept bool, dataDir, given, addr string, out io.Writer) (string, error) {
 	if !accept {
+		if given != "" {
+			fmt.Fprintln(out, "skein: --worker-token ignored: this server accepts no workers (add --accept-workers)")
+		}
 		return "", nil
 	}
 	token, generated, err := clusterToken(dataDir, given)

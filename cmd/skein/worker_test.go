@@ -180,8 +180,9 @@ func TestClusterTokenIsKept(t *testing.T) {
 	if c, _ := settleWorkerToken(true, dir, "given", "x", io.Discard); c != "given" {
 		t.Fatalf("a given token: %q", c)
 	}
-	if d, _ := settleWorkerToken(false, dir, "given", "x", io.Discard); d != "" {
-		t.Fatalf("a server accepting no workers has token %q", d)
+	printed.Reset()
+	if d, _ := settleWorkerToken(false, dir, "given", "x", &printed); d != "" || !strings.Contains(printed.String(), "--accept-workers") {
+		t.Fatalf("a server accepting no workers has token %q (printed %q)", d, printed.String())
 	}
 	if err := os.Chmod(filepath.Join(dir, tokenFile), 0o644); err != nil {
 		t.Fatal(err)

@@ -63,6 +63,9 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	s.modelsMu.Lock()
 	old := s.workers[reg.ID]
 	live := old != nil && (old.rep == nil || time.Since(old.lastSeen) <= s.opts.WorkerTimeout)
+	if old == nil && s.hasReplicaLocked(reg.ID) {
+		live = true // an in-process replica of this server
+	}
 	if !live {
 		s.workers[reg.ID] = mine
 	}
@@ -91,6 +94,18 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	s.workersMu.Unlock()
 	s.log.Info("worker registered", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras())
 	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
+}
+
+// hasReplicaLocked reports whether a replica of that id is served; modelsMu held.
+func (s *Server) hasReplicaLocked(id string) bool {
+	for _, reps := range s.models {
+		for _, r := range reps {
+			if r.ID() == id {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // workerHeartbeat records that a worker is alive. Only the registered worker (holding its

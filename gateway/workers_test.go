@@ -123,6 +123,14 @@ func TestServeAcceptsNoWorkersUnlessTold(t *testing.T) {
 	if _, err := gateway.New(gateway.Options{DataDir: t.TempDir(), AcceptWorkers: true}); err == nil {
 		t.Fatal("a gateway accepting workers without a token started")
 	}
+	// Told to accept workers, it still lets none take the id of one of its own replicas.
+	accepting := newServer(t, gateway.Options{WorkerToken: clusterToken, AcceptWorkers: true})
+	if code, _ := postWorker(t, accepting.URL, "register", clusterToken, registration("r0", w.URL, ts.eng)); code != http.StatusConflict {
+		t.Fatalf("registration taking an in-process replica's id: %d", code)
+	}
+	if code, _ := postWorker(t, accepting.URL, "register", clusterToken, registration("w1", w.URL, ts.eng)); code != http.StatusOK {
+		t.Fatalf("registration with a server that accepts workers: %d", code)
+	}
 }
 
 // A registration never displaces a live worker of the same id, and only the worker that

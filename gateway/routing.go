@@ -12,7 +12,6 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
-	"github.com/skein-ai/skein/worker"
 )
 
 // runQueue orders one training run's ops by seq_id, buffering early arrivals, and feeds them one
@@ -160,7 +159,7 @@ func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Rep
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), futureKey{}, f), s.opts.QueueTimeout)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
-		res, repID, err, retry := s.onReplicaOnce(ctx, run, fn)
+		res, repID, retry, err := s.onReplicaOnce(ctx, run, fn)
 		if !retry || attempt == maxReroutes {
 			return res, repID, err
 		}
@@ -170,15 +169,14 @@ func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Rep
 
 // onReplicaOnce is one try of onReplica; retry reports that its replica was lost before the op
 // could have run there.
-func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (res any, repID string, err error, retry bool) {
+func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (res any, repID string, retry bool, err error) {
 	lease, err := s.router.Acquire(ctx, router.Request{Adapter: run.id, BaseModel: run.baseModel})
 	if err != nil {
 		if errors.Is(err, router.ErrCapacity) {
-			return nil, "", userError{fmt.Errorf("no LoRA slot of %s became free within %s: every slot holds an adapter with work queued; try again later or unload an adapter", run.baseModel, s.opts.QueueTimeout)}, false
+			return nil, "", false, userError{fmt.Errorf("no LoRA slot of %s became free within %s: every slot holds an adapter with work queued; try again later or unload an adapter", run.baseModel, s.opts.QueueTimeout)}
 		}
 		// The Load and Evict hooks dropped a lost worker already; placing has no effect to repeat.
-		lost := errors.Is(err, worker.ErrUnreachable) || errors.Is(err, worker.ErrLost) || errors.Is(err, replica.ErrClosed)
-		return nil, "", err, lost && ctx.Err() == nil
+		return nil, "", lost(err) && ctx.Err() == nil, err
 	}
 	defer lease.Release()
 	rep := lease.Endpoint.(*replica.Replica)
@@ -198,11 +196,11 @@ func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(re
 	}
 	if err != nil && s.transportFailed(rep, err) {
 		if ran {
-			return nil, rep.ID(), rerouteErr(err), false
+			return nil, rep.ID(), false, rerouteErr(err)
 		}
-		return nil, rep.ID(), err, ctx.Err() == nil
+		return nil, rep.ID(), ctx.Err() == nil, err
 	}
-	return res, rep.ID(), err, false
+	return res, rep.ID(), false, err
 }
 
 // userError marks a failure as the user's (category "user").

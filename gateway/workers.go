@@ -184,11 +184,16 @@ func (s *Server) dropWorker(rep *replica.Replica, cause error) {
 // transportFailed reports whether err means that rep could not be reached or was lost during a
 // call (or was closed meanwhile); such a worker is dropped at once.
 func (s *Server) transportFailed(rep *replica.Replica, err error) bool {
-	if !errors.Is(err, worker.ErrUnreachable) && !errors.Is(err, worker.ErrLost) && !errors.Is(err, replica.ErrClosed) {
+	if !lost(err) {
 		return false
 	}
 	s.dropWorker(rep, err)
 	return true
+}
+
+// lost reports whether err is a failure to reach a replica or to hear back from it.
+func lost(err error) bool {
+	return errors.Is(err, worker.ErrUnreachable) || errors.Is(err, worker.ErrLost) || errors.Is(err, replica.ErrClosed)
 }
 
 // effects counts the calls that may have changed a worker's training state (see worker.Client).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/skein-ai/skein/engine"
@@ -92,5 +93,27 @@ func FuzzCall(f *testing.F) {
 			}
 		}
 		fe.loads, fe.saves = fe.loads[:0], fe.saves[:0]
+	})
+}
+
+// What the gateway decodes from a worker's registration and heartbeats: a registration that
+// passes Validate has an http(s) URL and a model description within bounds.
+func FuzzRegistration(f *testing.F) {
+	f.Add([]byte(`{"id":"w","url":"http://127.0.0.1:1","base_model":"m","max_loras":4,"info":{"config":{"vocab_size":50,"max_position_embeddings":64},"max_rank":8}}`))
+	f.Add([]byte(`{"id":"w","url":"file:///etc","base_model":"m","info":{"config":null}}`))
+	f.Add([]byte(`{"id":"w","adapters":["a"],"free_slots":-1,"queue_depth":2}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var reg Registration
+		if json.Unmarshal(body, &reg) == nil && reg.Validate() == nil {
+			c := reg.Info.Config
+			if c == nil || c.VocabSize < 1 || c.VocabSize > maxVocab || reg.MaxLoras < 0 || reg.MaxLoras > maxWorkerLoras ||
+				!(strings.HasPrefix(strings.ToLower(reg.URL), "http://") || strings.HasPrefix(strings.ToLower(reg.URL), "https://")) {
+				t.Fatalf("accepted %+v", reg)
+			}
+		}
+		var hb Heartbeat
+		if json.Unmarshal(body, &hb) == nil && hb.Validate() == nil && (hb.QueueDepth < 0 || len(hb.Adapters) > maxAdapterIDs) {
+			t.Fatalf("accepted %+v", hb)
+		}
 	})
 }

@@ -710,7 +710,10 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if err := rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
 			return nil, err
 		}
-		cfg, step, _ := rep.Engine.AdapterInfo(run.id)
+		cfg, step, err := rep.Engine.AdapterInfo(run.id)
+		if err != nil { // a worker's unusable answer: keep the run as it was
+			return nil, fmt.Errorf("reading the loaded adapter: %w", err)
+		}
 		s.mu.Lock()
 		run.lora, run.step = cfg, step
 		run.grads = gradientLedger{} // the adapter was replaced

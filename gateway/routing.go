@@ -101,8 +101,10 @@ func (s *Server) routerHooks() router.Hooks {
 			}
 			var err error
 			if derr := rep.Do(ctx, func() { err = s.ensureAdapter(run, rep) }); derr != nil {
+				s.transportFailed(rep, derr)
 				return derr
 			}
+			s.transportFailed(rep, err)
 			if err == nil {
 				s.logErr("placement", s.st.PutPlacement(context.Background(), adapter, rep.ID()))
 			}
@@ -123,8 +125,10 @@ func (s *Server) routerHooks() router.Hooks {
 				}
 				rep.Engine.DeleteAdapter(adapter)
 			}); derr != nil {
+				s.transportFailed(rep, derr)
 				return derr
 			}
+			s.transportFailed(rep, err)
 			if err == nil {
 				s.log.Info("evicted adapter", "run", adapter, "replica", rep.ID())
 				s.metrics.eviction()
@@ -147,35 +151,59 @@ func (s *Server) routerHooks() router.Hooks {
 }
 
 // onReplica routes one op of a run (placing and loading the adapter if needed, waiting for a slot
-// if every replica is full and busy) and runs fn on that replica's worker, waiting for it.
+// if every replica is full and busy) and runs fn on that replica's worker, waiting for it. When a
+// worker is lost (unreachable, or gone mid-call) it is dropped at once and the op goes to the
+// adapter's new replica, which reloads it from its last saved state, unless the op may already
+// have run on the lost worker: then it fails, saying so, and is never run twice.
 func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (any, string, error) {
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), futureKey{}, f), s.opts.QueueTimeout)
 	defer cancel()
+	for attempt := 1; ; attempt++ {
+		res, repID, retry, err := s.onReplicaOnce(ctx, run, fn)
+		if !retry || attempt == maxReroutes {
+			return res, repID, err
+		}
+		s.log.Warn("worker lost: routing the op again", "run", run.id, "replica", repID, "err", err)
+	}
+}
+
+// onReplicaOnce is one try of onReplica; retry reports that its replica was lost before the op
+// could have run there.
+func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (res any, repID string, retry bool, err error) {
 	lease, err := s.router.Acquire(ctx, router.Request{Adapter: run.id, BaseModel: run.baseModel})
 	if err != nil {
 		if errors.Is(err, router.ErrCapacity) {
-			return nil, "", userError{fmt.Errorf("no LoRA slot of %s became free within %s: every slot holds an adapter with work queued; try again later or unload an adapter", run.baseModel, s.opts.QueueTimeout)}
+			return nil, "", false, userError{fmt.Errorf("no LoRA slot of %s became free within %s: every slot holds an adapter with work queued; try again later or unload an adapter", run.baseModel, s.opts.QueueTimeout)}
 		}
-		return nil, "", err
+		// The Load and Evict hooks dropped a lost worker already; placing has no effect to repeat.
+		return nil, "", lost(err) && ctx.Err() == nil, err
 	}
 	defer lease.Release()
 	rep := lease.Endpoint.(*replica.Replica)
-	var res any
 	var opErr error
+	var ran bool
 	err = rep.Do(context.Background(), func() {
+		before := effects(rep)
+		defer func() { ran = effects(rep) != before }()
 		if err := s.ensureAdapter(run, rep); err != nil {
 			opErr = fmt.Errorf("restoring the adapter: %w", err)
 			return
 		}
 		res, opErr = fn(rep)
-		if opErr == nil && f.kind == "ForwardBackward" {
+		if f, _ := ctx.Value(futureKey{}).(*future); opErr == nil && f != nil && f.kind == "ForwardBackward" {
 			s.noteGradients(run, f.id) // before the result is stored: see gradientLedger
 		}
 	})
-	if err != nil {
-		return nil, rep.ID(), err
+	if err == nil {
+		err = opErr
 	}
-	return res, rep.ID(), opErr
+	if err != nil && s.transportFailed(rep, err) {
+		if ran {
+			return nil, rep.ID(), false, rerouteErr(err)
+		}
+		return nil, rep.ID(), ctx.Err() == nil, err
+	}
+	return res, rep.ID(), false, err
 }
 
 // userError marks a failure as the user's (category "user").

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"runtime/debug"
 	"sync"
 
 	"github.com/skein-ai/skein/api"
@@ -82,10 +83,22 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 		return
 	}
 	fail := func(err error) {
+		// Sampling only reads weights: on a lost worker the batch goes to another replica.
+		if s.transportFailed(rep, err) && s.resample(smp, batch) {
+			return
+		}
 		for _, p := range batch {
 			s.finishOn(p.f, rep.ID(), nil, err)
 		}
 	}
+	// A panic here (a compute bug) fails this batch's requests instead of leaving them pending;
+	// futures already answered keep their answer.
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("sampling panicked", "replica", rep.ID(), "panic", v, "stack", string(debug.Stack()))
+			fail(fmt.Errorf("internal error while sampling: %v", v))
+		}
+	}()
 	e := rep.Engine
 	if smp.engineID != "" {
 		if !e.HasAdapter(smp.engineID) {
@@ -112,6 +125,21 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 		}
 		s.finishOn(p.f, rep.ID(), sampleResponse(results[i]), nil)
 	}
+}
+
+// resample queues a batch of a lost worker on another replica of the base model; false if none.
+func (s *Server) resample(smp *sampler, batch []pendingSample) bool {
+	next, err := s.samplingReplica(smp.baseModel, "", "")
+	if err != nil {
+		return false
+	}
+	s.log.Warn("worker lost: sampling again elsewhere", "replica", next.ID(), "requests", len(batch))
+	for _, p := range batch {
+		if err := s.enqueueSample(next, smp, p.req, p.f); err != nil {
+			s.finishOn(p.f, next.ID(), nil, err)
+		}
+	}
+	return true
 }
 
 func sampleResponse(res *engine.SampleResult) *api.SampleResponse {

@@ -57,6 +57,10 @@ type Options struct {
 	// PublicURL is the base URL clients reach this server at (scheme and host, optionally a path
 	// prefix), used in archive download links; empty: the loopback address a request came in on.
 	PublicURL string
+	// AcceptWorkers lets `skein worker` processes register (it needs WorkerToken).
+	AcceptWorkers bool
+	// WorkerTimeout: a worker silent for this long is removed (default 3 s).
+	WorkerTimeout time.Duration
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -88,6 +92,9 @@ type Server struct {
 
 	secretOnce sync.Once
 	secret     []byte
+
+	// workersMu serializes changes of the worker fleet (register, drop, reap).
+	workersMu sync.Mutex
 }
 
 type session struct {
@@ -169,6 +176,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if err := checkPublicURL(opts.PublicURL); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if err := checkWorkerOptions(&opts); err != nil {
+		return nil, err
+	}
 	st, owns := opts.Store, false
 	if st == nil {
 		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
@@ -221,7 +231,7 @@ func (s *Server) Close() {
 func (s *Server) sweeper() {
 	beat := time.NewTicker(gatewayHeartbeat)
 	defer beat.Stop()
-	reap := time.NewTicker(workerTimeout / 3)
+	reap := time.NewTicker(min(workerTimeout, s.opts.WorkerTimeout) / 3)
 	defer reap.Stop()
 	// Sweep often enough that a session expires within one sweep of its timeout.
 	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))

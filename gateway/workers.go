@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -11,7 +13,8 @@ import (
 
 // workerState is a registered `skein worker` process.
 type workerState struct {
-	rep      *replica.Replica
+	rep      *replica.Replica // nil while its registration is being set up
+	secret   string           // from the registration; every heartbeat must carry it
 	lastSeen time.Time
 	reported worker.Heartbeat // the worker's own last report, shown by the admin API
 }
@@ -19,9 +22,20 @@ type workerState struct {
 // workerTimeout: a worker that misses three one-second heartbeats is dead.
 const workerTimeout = 3 * time.Second
 
+// checkWorkerOptions: a server that accepts workers always has a cluster token.
+func checkWorkerOptions(opts *Options) error {
+	if opts.AcceptWorkers && opts.WorkerToken == "" {
+		return errors.New("gateway: accepting workers needs a worker token")
+	}
+	if opts.WorkerTimeout == 0 {
+		opts.WorkerTimeout = workerTimeout
+	}
+	return nil
+}
+
 func (s *Server) checkWorkerToken(r *http.Request) error {
-	if s.opts.WorkerToken == "" {
-		return nil
+	if !s.opts.AcceptWorkers || s.opts.WorkerToken == "" {
+		return errf(http.StatusForbidden, "this server accepts no workers (start it with --accept-workers, or run skein gateway)")
 	}
 	if subtle.ConstantTimeCompare([]byte(r.Header.Get(worker.TokenHeader)), []byte(s.opts.WorkerToken)) != 1 {
 		return errf(http.StatusUnauthorized, "bad or missing %s", worker.TokenHeader)
@@ -29,7 +43,9 @@ func (s *Server) checkWorkerToken(r *http.Request) error {
 	return nil
 }
 
-// registerWorker adds a worker's replica to the router (or replaces one of the same id).
+// registerWorker adds a worker's replica to the router. A registration never displaces a live
+// worker of the same id (it answers 409 until that one misses its heartbeats); the answer holds
+// the secret that the worker's heartbeats must carry.
 func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
 	if err := s.checkWorkerToken(r); err != nil {
 		return nil, err
@@ -38,16 +54,29 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	if err := s.decodeJSON(r, &reg); err != nil {
 		return nil, err
 	}
-	if reg.ID == "" || reg.URL == "" || reg.BaseModel == "" || reg.Info.Config == nil {
-		return nil, errf(http.StatusBadRequest, "registration needs id, url, base_model and info")
+	if err := reg.Validate(); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
+	// Reserve the id first, so that concurrent registrations of one id cannot both succeed.
+	mine := &workerState{secret: randomHex(16), lastSeen: time.Now()}
+	s.workersMu.Lock()
 	s.modelsMu.Lock()
 	old := s.workers[reg.ID]
-	delete(s.workers, reg.ID)
+	live := old != nil && (old.rep == nil || time.Since(old.lastSeen) <= s.opts.WorkerTimeout)
+	if old == nil && s.hasReplicaLocked(reg.ID) {
+		live = true // an in-process replica of this server
+	}
+	if !live {
+		s.workers[reg.ID] = mine
+	}
 	s.modelsMu.Unlock()
-	if old != nil {
-		s.removeReplica(reg.ID) // a restarted worker holds nothing: forget its old placements
-		old.rep.Close()
+	if old != nil && !live {
+		s.removeReplica(reg.ID) // stopped heartbeating: forget it and its placements
+		go old.rep.Close()
+	}
+	s.workersMu.Unlock()
+	if live {
+		return nil, errf(http.StatusConflict, "worker %q is registered and alive; a worker of that id may register once it has missed its heartbeats", reg.ID)
 	}
 	cl := worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info)
 	// A worker that re-registers (this gateway restarted, or declared it dead) may still hold
@@ -57,15 +86,31 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 		cl.DeleteAdapter(id)
 	}
 	rep := replica.New(reg.ID, reg.BaseModel, cl, reg.MaxLoras)
+	s.workersMu.Lock()
 	s.modelsMu.Lock()
-	s.workers[reg.ID] = &workerState{rep: rep, lastSeen: time.Now()}
+	mine.rep, mine.lastSeen = rep, time.Now()
 	s.modelsMu.Unlock()
 	s.addReplica(rep)
+	s.workersMu.Unlock()
 	s.log.Info("worker registered", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras())
-	return map[string]any{"id": reg.ID}, nil
+	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
 }
 
-// workerHeartbeat records that a worker is alive; an unknown id answers 404 so it re-registers.
+// hasReplicaLocked reports whether a replica of that id is served; modelsMu held.
+func (s *Server) hasReplicaLocked(id string) bool {
+	for _, reps := range s.models {
+		for _, r := range reps {
+			if r.ID() == id {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// workerHeartbeat records that a worker is alive. Only the registered worker (holding its
+// registration's secret) can keep a registration alive; an unknown id answers 404 so that the
+// worker registers again.
 func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
 	if err := s.checkWorkerToken(r); err != nil {
 		return nil, err
@@ -74,25 +119,31 @@ func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ strin
 	if err := s.decodeJSON(r, &hb); err != nil {
 		return nil, err
 	}
-	s.modelsMu.Lock()
-	ws := s.workers[hb.ID]
-	if ws != nil {
-		ws.lastSeen, ws.reported = time.Now(), hb
+	if err := hb.Validate(); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
-	s.modelsMu.Unlock()
-	if ws == nil {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	ws := s.workers[hb.ID]
+	if ws == nil || ws.rep == nil {
 		return nil, errf(http.StatusNotFound, "worker %q is not registered", hb.ID)
 	}
+	if subtle.ConstantTimeCompare([]byte(hb.Secret), []byte(ws.secret)) != 1 {
+		return nil, errf(http.StatusForbidden, "heartbeat for worker %q does not carry its registration's secret", hb.ID)
+	}
+	hb.Secret = ""
+	ws.lastSeen, ws.reported = time.Now(), hb
 	return map[string]any{"ok": true}, nil
 }
 
 // reapWorkers removes workers that stopped heartbeating: nothing more is routed to them, and
 // their adapters are placed elsewhere on their next request, from their last saved state.
 func (s *Server) reapWorkers(now time.Time) {
+	s.workersMu.Lock()
 	s.modelsMu.Lock()
 	var dead []*workerState
 	for id, ws := range s.workers {
-		if now.Sub(ws.lastSeen) > workerTimeout {
+		if ws.rep != nil && now.Sub(ws.lastSeen) > s.opts.WorkerTimeout {
 			dead = append(dead, ws)
 			delete(s.workers, id)
 		}
@@ -101,9 +152,66 @@ func (s *Server) reapWorkers(now time.Time) {
 	for _, ws := range dead {
 		s.log.Warn("worker missed its heartbeats: removed", "id", ws.rep.ID())
 		s.removeReplica(ws.rep.ID())
-		ws.rep.Close()
+	}
+	s.workersMu.Unlock()
+	for _, ws := range dead {
+		go ws.rep.Close()
 	}
 }
+
+// dropWorker removes the worker behind rep (if rep is a worker's and still registered) at once,
+// without waiting for its heartbeats to stop: a call to it failed in transport. If it is alive
+// after all, its next heartbeat answers 404 and it registers again, holding nothing.
+func (s *Server) dropWorker(rep *replica.Replica, cause error) {
+	s.workersMu.Lock()
+	s.modelsMu.Lock()
+	ws := s.workers[rep.ID()]
+	mine := ws != nil && ws.rep == rep
+	if mine {
+		delete(s.workers, rep.ID())
+	}
+	s.modelsMu.Unlock()
+	if mine {
+		s.log.Warn("worker failed a call: removed", "id", rep.ID(), "err", cause)
+		s.removeReplica(rep.ID())
+	}
+	s.workersMu.Unlock()
+	if mine {
+		go rep.Close() // its queued work fails fast and is routed again by its callers
+	}
+}
+
+// transportFailed reports whether err means that rep could not be reached or was lost during a
+// call (or was closed meanwhile); such a worker is dropped at once.
+func (s *Server) transportFailed(rep *replica.Replica, err error) bool {
+	if !lost(err) {
+		return false
+	}
+	s.dropWorker(rep, err)
+	return true
+}
+
+// lost reports whether err is a failure to reach a replica or to hear back from it.
+func lost(err error) bool {
+	return errors.Is(err, worker.ErrUnreachable) || errors.Is(err, worker.ErrLost) || errors.Is(err, replica.ErrClosed)
+}
+
+// effects counts the calls that may have changed a worker's training state (see worker.Client).
+func effects(rep *replica.Replica) int64 {
+	if c, ok := rep.Engine.(*worker.Client); ok {
+		return c.Effects()
+	}
+	return 0
+}
+
+// errMayHaveRun is the error of an op whose worker was lost after the op reached it.
+var errMayHaveRun = errors.New("the worker running this request was lost after the request reached it, so it may have run there; " +
+	"it was not run again: the model goes on from its last saved state on another worker")
+
+// maxReroutes bounds how often one op moves on after a lost worker.
+const maxReroutes = 4
+
+func rerouteErr(err error) error { return fmt.Errorf("%w (%v)", errMayHaveRun, err) }
 
 // reported returns a worker's last heartbeat, if the replica is a worker.
 func (s *Server) reported(id string) (worker.Heartbeat, bool) {

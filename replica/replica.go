@@ -8,6 +8,9 @@ package replica
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -69,9 +72,34 @@ func (r *Replica) QueueDepth() int { return int(r.queued.Load()) }
 func (r *Replica) loop() {
 	defer r.wg.Done()
 	for fn := range r.work {
-		fn()
+		if err := r.protect(fn); err != nil {
+			slog.Error("replica work panicked", "replica", r.id, "err", err)
+		}
 		r.queued.Add(-1)
 	}
+}
+
+// PanicError is a panic in work run on a replica, turned into an error: one broken op (or a
+// worker's malformed answer) fails that op, never the replica or the process.
+type PanicError struct {
+	Replica string
+	Value   any
+	Stack   string
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("internal error on replica %s: %v", e.Replica, e.Value)
+}
+
+// protect runs fn, returning a panic as a *PanicError.
+func (r *Replica) protect(fn func()) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Replica: r.id, Value: v, Stack: string(debug.Stack())}
+		}
+	}()
+	fn()
+	return nil
 }
 
 // Close stops the worker after queued work finishes.
@@ -97,15 +125,20 @@ func (r *Replica) Run(fn func()) error {
 	return nil
 }
 
-// Do runs fn on the worker and waits for it (or for ctx to end; fn still runs then).
+// Do runs fn on the worker and waits for it (or for ctx to end; fn still runs then). A panic in
+// fn is returned as a *PanicError.
 func (r *Replica) Do(ctx context.Context, fn func()) error {
 	done := make(chan struct{})
-	if err := r.Run(func() { fn(); close(done) }); err != nil {
+	var panicked error
+	if err := r.Run(func() {
+		defer close(done)
+		panicked = r.protect(fn)
+	}); err != nil {
 		return err
 	}
 	select {
 	case <-done:
-		return nil
+		return panicked
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -44,3 +44,24 @@ func TestWorkerRunsInOrderAndCountsDepth(t *testing.T) {
 		t.Fatalf("run after close: %v", err)
 	}
 }
+
+// A panic in work on a replica (a compute bug, a worker's malformed answer) is that op's error:
+// the replica goes on serving, and work queued with Run does not take the process down either.
+func TestPanicIsAnErrorAndTheReplicaGoesOn(t *testing.T) {
+	r := New("r", "m", nil, 0)
+	defer r.Close()
+	_ = r.Run(func() { panic("queued work broke") })
+	var nilMap map[string]int
+	err := r.Do(context.Background(), func() { nilMap["x"] = 1 })
+	var pe *PanicError
+	if !errors.As(err, &pe) || pe.Replica != "r" {
+		t.Fatalf("Do of a panicking op returned %v, want a *PanicError", err)
+	}
+	ran := false
+	if err := r.Do(context.Background(), func() { ran = true }); err != nil || !ran {
+		t.Fatalf("replica after a panic: err %v, ran %v", err, ran)
+	}
+	if d := r.QueueDepth(); d != 0 {
+		t.Fatalf("queue depth %d after everything finished", d)
+	}
+}

@@ -5,18 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 )
 
-// Announce registers with the gateway, then heartbeats every second until ctx ends; when the
-// gateway does not know the worker (it restarted, or declared the worker dead) it registers again.
+// Announce registers with the gateway, then heartbeats every second until ctx ends, each
+// heartbeat carrying the secret its registration was given; when the gateway does not know the
+// worker (it restarted, or declared the worker dead) it registers again.
 func Announce(ctx context.Context, gateway, token string, reg Registration, status func() Heartbeat, log *slog.Logger) {
 	gateway = strings.TrimRight(gateway, "/")
 	hc := &http.Client{Timeout: 5 * time.Second}
-	post := func(path string, v any) (int, error) {
+	post := func(path string, v, answer any) (int, error) {
 		b, _ := json.Marshal(v)
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/api/v1/skein/workers/"+path, bytes.NewReader(b))
 		if err != nil {
@@ -30,25 +32,33 @@ func Announce(ctx context.Context, gateway, token string, reg Registration, stat
 		if err != nil {
 			return 0, err
 		}
-		resp.Body.Close()
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && answer != nil {
+			if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(answer); err != nil {
+				return 0, fmt.Errorf("gateway answer: %w", err)
+			}
+		}
 		return resp.StatusCode, nil
 	}
-	registered := false
+	registered, secret := false, ""
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		if !registered {
-			if status, err := post("register", reg); err == nil && status == http.StatusOK {
-				registered = true
+			var ans RegisterReply
+			if status, err := post("register", reg, &ans); err == nil && status == http.StatusOK && ans.Secret != "" {
+				registered, secret = true, ans.Secret
 				log.Info("registered with the gateway", "gateway", gateway, "id", reg.ID)
 			} else {
 				log.Warn("registering with the gateway", "gateway", gateway, "status", status, "err", err)
 			}
 		} else {
 			hb := status()
-			hb.ID = reg.ID
-			code, err := post("heartbeat", hb)
-			if err == nil && code == http.StatusNotFound {
+			hb.ID, hb.Secret = reg.ID, secret
+			code, err := post("heartbeat", hb, nil)
+			// Unknown (the gateway restarted, or declared this worker dead) or not ours any more:
+			// register again.
+			if err == nil && (code == http.StatusNotFound || code == http.StatusForbidden) {
 				registered = false
 				continue
 			}

@@ -3,9 +3,13 @@ package worker
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/skein-ai/skein/engine"
@@ -17,12 +21,35 @@ type Client struct {
 	Token string
 	info  engine.ModelInfo
 	http  *http.Client
+
+	effects atomic.Int64 // calls that reached the worker and may have changed training state
 }
+
+// effectful calls change an adapter's training state on the worker: one that reached the worker
+// must not run again elsewhere.
+var effectful = map[string]bool{"forward_backward": true, "optim_step": true}
+
+// Effects counts the effectful calls (forward_backward, optim_step) that reached the worker,
+// answered or not. The gateway compares it before and after an op to know whether an op that
+// failed in transport may have run.
+func (c *Client) Effects() int64 { return c.effects.Load() }
+
+// ErrUnreachable: a call could not be delivered (the worker could not be dialled), so it did not
+// run there; the op may safely go to another replica.
+var ErrUnreachable = errors.New("worker unreachable")
+
+// ErrLost: the call was sent but no answer came back (the worker died or the connection broke
+// mid-call); it may have run.
+var ErrLost = errors.New("worker lost during the call")
 
 // NewClient talks to a worker whose model is described by info (from its registration).
 func NewClient(url, token string, info engine.ModelInfo) *Client {
 	return &Client{URL: strings.TrimRight(url, "/"), Token: token, info: info, http: &http.Client{Timeout: 30 * time.Minute}}
 }
+
+// answerLimit bounds the answer the gateway reads for a call of reqBytes: results grow with the
+// call (per-token values, top-k rows), so a fixed floor plus a generous multiple of it.
+func answerLimit(reqBytes int) int64 { return 64<<20 + 256*int64(reqBytes) }
 
 func (c *Client) do(method string, q callRequest) (callResponse, error) {
 	var r callResponse
@@ -40,14 +67,44 @@ func (c *Client) do(method string, q callRequest) (callResponse, error) {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return r, fmt.Errorf("worker %s unreachable: %w", c.URL, err)
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return r, fmt.Errorf("%w: %s: %v", ErrUnreachable, c.URL, err)
+		}
+		if effectful[method] {
+			c.effects.Add(1)
+		}
+		return r, fmt.Errorf("%w: %s %s: %v", ErrLost, c.URL, method, err)
+	}
+	if effectful[method] {
+		c.effects.Add(1)
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return r, fmt.Errorf("worker %s: bad answer (%d): %w", c.URL, resp.StatusCode, err)
+	r, err = decodeAnswer(resp.Body, answerLimit(len(b)))
+	if err != nil {
+		return r, fmt.Errorf("worker %s (%d): %w", c.URL, resp.StatusCode, err)
 	}
 	if r.Error != "" {
 		return r, decodeErr(r)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return r, badAnswer("status %d without an error", resp.StatusCode)
+	}
+	return r, nil
+}
+
+// decodeAnswer reads one answer of at most limit bytes.
+func decodeAnswer(body io.Reader, limit int64) (callResponse, error) {
+	var r callResponse
+	lr := &io.LimitedReader{R: body, N: limit + 1}
+	if err := json.NewDecoder(lr).Decode(&r); err != nil {
+		if lr.N <= 0 {
+			return callResponse{}, badAnswer("answer larger than %d bytes", limit)
+		}
+		return callResponse{}, fmt.Errorf("%w: %v", ErrBadAnswer, err)
+	}
+	if len(r.Error) > 1<<16 || len(r.Msg) > 1<<16 || len(r.Field) > maxIDLen {
+		return callResponse{}, badAnswer("error message too long")
 	}
 	return r, nil
 }
@@ -60,7 +117,10 @@ func (c *Client) HasAdapter(id string) bool {
 }
 
 func (c *Client) AdapterIDs() []string {
-	r, _ := c.do("adapter_ids", callRequest{})
+	r, err := c.do("adapter_ids", callRequest{})
+	if err != nil || checkIDs(r.IDs) != nil {
+		return nil
+	}
 	return r.IDs
 }
 
@@ -86,25 +146,43 @@ func (c *Client) DeleteAdapter(id string) bool {
 
 func (c *Client) AdapterInfo(id string) (engine.LoraConfig, int, error) {
 	r, err := c.do("adapter_info", callRequest{ID: id})
-	if err != nil || r.Lora == nil {
+	if err != nil {
 		return engine.LoraConfig{}, 0, err
+	}
+	if err := checkLora(r.Lora, r.Step, c.info); err != nil {
+		return engine.LoraConfig{}, 0, fmt.Errorf("worker %s: %w", c.URL, err)
 	}
 	return *r.Lora, r.Step, nil
 }
 
+func (c *Client) forward(method, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	r, err := c.do(method, callRequest{ID: id, Data: data, Loss: loss, LossConfig: cfg})
+	if err != nil {
+		return nil, err
+	}
+	if err := checkForward(r.Forward, data); err != nil {
+		return nil, fmt.Errorf("worker %s: %w", c.URL, err)
+	}
+	return r.Forward, nil
+}
+
 func (c *Client) Forward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	r, err := c.do("forward", callRequest{ID: id, Data: data, Loss: loss, LossConfig: cfg})
-	return r.Forward, err
+	return c.forward("forward", id, data, loss, cfg)
 }
 
 func (c *Client) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	r, err := c.do("forward_backward", callRequest{ID: id, Data: data, Loss: loss, LossConfig: cfg})
-	return r.Forward, err
+	return c.forward("forward_backward", id, data, loss, cfg)
 }
 
 func (c *Client) OptimStep(id string, p engine.AdamParams) (map[string]float64, error) {
 	r, err := c.do("optim_step", callRequest{ID: id, Adam: &p})
-	return r.Metrics, err
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMetrics(r.Metrics); err != nil {
+		return nil, fmt.Errorf("worker %s: %w", c.URL, err)
+	}
+	return r.Metrics, nil
 }
 
 func (c *Client) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
@@ -112,8 +190,8 @@ func (c *Client) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.
 	if err != nil {
 		return nil, err
 	}
-	if len(r.Samples) != len(reqs) {
-		return nil, fmt.Errorf("worker %s answered %d results for %d requests", c.URL, len(r.Samples), len(reqs))
+	if err := checkSamples(r.Samples, reqs, c.info); err != nil {
+		return nil, fmt.Errorf("worker %s: %w", c.URL, err)
 	}
 	out := make([]*engine.SampleResult, len(reqs))
 	for i, w := range r.Samples {

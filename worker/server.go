@@ -1,9 +1,17 @@
 package worker
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +24,7 @@ import (
 type Server struct {
 	e        engine.Compute
 	token    string
+	dataDir  string // load and save directories must lie inside it
 	mu       sync.Mutex
 	inflight atomic.Int64
 }
@@ -31,8 +40,14 @@ func (s *Server) Status(maxLoras int) Heartbeat {
 	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load())}
 }
 
-// NewServer wraps an engine; token, if set, must come with every call.
-func NewServer(e engine.Compute, token string) *Server { return &Server{e: e, token: token} }
+// NewServer wraps an engine. token must come with every call (with no token no call is served);
+// the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
+func NewServer(e engine.Compute, token, dataDir string) *Server {
+	return &Server{e: e, token: token, dataDir: dataDir}
+}
+
+// maxCallBytes bounds one call's body: a gateway's request (64 MiB by default) re-encoded as JSON.
+const maxCallBytes = 1 << 30
 
 // ServeHTTP handles POST /worker/v1/{method}.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -41,7 +56,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(v)
 	}
-	if s.token != "" && r.Header.Get(TokenHeader) != s.token {
+	if s.token == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(s.token)) != 1 {
 		write(http.StatusUnauthorized, callResponse{Error: "bad worker token"})
 		return
 	}
@@ -50,15 +65,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(http.StatusNotFound, callResponse{Error: "no such worker call"})
 		return
 	}
-	var req callRequest
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		write(http.StatusBadRequest, callResponse{Error: "malformed call: " + err.Error()})
+	req, err := decodeCall(http.MaxBytesReader(w, r.Body, maxCallBytes))
+	if err != nil {
+		write(http.StatusBadRequest, callResponse{Error: err.Error()})
 		return
 	}
 	s.inflight.Add(1)
-	s.mu.Lock()
-	resp, err := s.call(r.URL.Path[len(prefix):], req)
-	s.mu.Unlock()
+	resp, err := s.safeCall(r.URL.Path[len(prefix):], req)
 	s.inflight.Add(-1)
 	if err != nil {
 		resp = encodeErr(err)
@@ -67,6 +80,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 var errUnknownCall = errors.New("unknown worker call")
+
+// decodeCall reads one call from the gateway.
+func decodeCall(body io.Reader) (callRequest, error) {
+	var q callRequest
+	if err := json.NewDecoder(body).Decode(&q); err != nil {
+		return callRequest{}, fmt.Errorf("malformed call: %w", err)
+	}
+	if len(q.ID) > maxIDLen {
+		return callRequest{}, errors.New("malformed call: adapter id too long")
+	}
+	return q, nil
+}
+
+// safeCall runs one call at a time and turns a panic into that call's error.
+func (s *Server) safeCall(method string, q callRequest) (r callResponse, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Error("worker call panicked", "method", method, "panic", v, "stack", string(debug.Stack()))
+			r, err = callResponse{}, fmt.Errorf("internal error in %s: %v", method, v)
+		}
+	}()
+	return s.call(method, q)
+}
 
 func (s *Server) call(method string, q callRequest) (callResponse, error) {
 	var r callResponse
@@ -85,9 +123,15 @@ func (s *Server) call(method string, q callRequest) (callResponse, error) {
 		}
 		err = s.e.CreateLora(q.ID, *q.Lora)
 	case "load":
-		err = s.e.LoadAdapter(q.ID, q.Dir, q.WithOptimizer)
+		var dir string
+		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+			err = s.e.LoadAdapter(q.ID, dir, q.WithOptimizer)
+		}
 	case "save":
-		err = s.e.SaveAdapter(q.ID, q.Dir, q.WithOptimizer)
+		var dir string
+		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+			err = s.e.SaveAdapter(q.ID, dir, q.WithOptimizer)
+		}
 	case "delete":
 		r.Bool = s.e.DeleteAdapter(q.ID)
 	case "adapter_info":
@@ -114,4 +158,64 @@ func (s *Server) call(method string, q callRequest) (callResponse, error) {
 		return r, errUnknownCall
 	}
 	return r, err
+}
+
+// ErrOutsideDataDir: a load or save directory that does not resolve inside the worker's data directory.
+var ErrOutsideDataDir = errors.New("directory outside the worker's data directory")
+
+// inside resolves dir (absolute, or relative to the working directory, as the gateway wrote it)
+// and checks that it lies inside root once symbolic links are followed: no "..", no absolute
+// path elsewhere, no link out of root. The part of dir that does not exist yet (a save's new
+// directory) is joined to its deepest existing ancestor after that ancestor's links are resolved.
+func inside(root, dir string) (string, error) {
+	if root == "" || dir == "" {
+		return "", fmt.Errorf("%w: %q", ErrOutsideDataDir, dir)
+	}
+	for _, part := range strings.Split(filepath.ToSlash(dir), "/") {
+		if part == ".." {
+			return "", fmt.Errorf("%w: %q has a .. element", ErrOutsideDataDir, dir)
+		}
+	}
+	realRoot, err := resolve(root)
+	if err != nil {
+		return "", fmt.Errorf("worker data directory: %w", err)
+	}
+	real, err := resolve(dir)
+	if err != nil {
+		return "", fmt.Errorf("%w: %q: %v", ErrOutsideDataDir, dir, err)
+	}
+	if rel, err := filepath.Rel(realRoot, real); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return "", fmt.Errorf("%w: %q", ErrOutsideDataDir, dir)
+	}
+	return real, nil
+}
+
+// resolve makes p absolute with every symbolic link of its existing part followed.
+func resolve(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	var rest []string
+	for cur := abs; ; {
+		real, err := filepath.EvalSymlinks(cur)
+		if err == nil {
+			for i := len(rest) - 1; i >= 0; i-- {
+				real = filepath.Join(real, rest[i])
+			}
+			return real, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		if _, lerr := os.Lstat(cur); lerr == nil {
+			return "", fmt.Errorf("%s is a dangling link", cur)
+		}
+		parent := filepath.Dir(cur)
+		if parent == cur {
+			return "", err
+		}
+		rest = append(rest, filepath.Base(cur))
+		cur = parent
+	}
 }

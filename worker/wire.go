@@ -12,7 +12,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 )
 
-// Header carrying the shared worker token.
+// Header carrying the shared worker (cluster) token.
 const TokenHeader = "X-Skein-Worker-Token"
 
 // Registration is what a worker tells the gateway about itself.
@@ -24,9 +24,17 @@ type Registration struct {
 	Info      engine.ModelInfo `json:"info"`
 }
 
+// RegisterReply is the gateway's answer to a registration: Secret must come with every
+// heartbeat of this registration, so that no one else can keep it alive.
+type RegisterReply struct {
+	ID     string `json:"id"`
+	Secret string `json:"secret"`
+}
+
 // Heartbeat is sent every second: the worker's own view of what it holds and how busy it is.
 type Heartbeat struct {
 	ID         string   `json:"id"`
+	Secret     string   `json:"secret"`      // from RegisterReply`
 	Adapters   []string `json:"adapters"`    // training adapters resident in its engine
 	FreeSlots  int      `json:"free_slots"`  // max_loras minus those
 	QueueDepth int      `json:"queue_depth"` // calls running or waiting

@@ -45,7 +45,7 @@ func TestClientServerRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(NewServer(e, "tok"))
+	ts := httptest.NewServer(NewServer(e, "tok", dir))
 	defer ts.Close()
 	c := NewClient(ts.URL, "tok", e.Info())
 	if err := c.CreateLora("a", engine.LoraConfig{Rank: 2, TrainAttn: true}); err != nil {

@@ -25,9 +25,9 @@ import (
 
 const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
 
-  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K]
+  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--accept-workers [--worker-token T]]
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
-  skein worker --gateway URL --model DIR [--name NAME] [--max-loras K] [--addr 127.0.0.1:0] [--worker-token T]
+  skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small] [--seed N]
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
@@ -143,6 +143,7 @@ func serve(args []string, gatewayOnly bool) error {
 	auth := fs.String("auth", envDefault("auth", ""), "open (any key is a tenant; loopback only, the default there) or keys (keys from `skein keys create`)")
 	publicURL := fs.String("public-url", envDefault("public_url", ""), "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
+	acceptWorkers := fs.Bool("accept-workers", false, "let `skein worker` processes register (skein gateway always does); without --worker-token a cluster token is generated into the data directory")
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
 	}
@@ -155,6 +156,10 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err = os.MkdirAll(*data, 0o755); err != nil {
+		return err
+	}
+	token, err := settleWorkerToken(gatewayOnly || *acceptWorkers, *data, *workerToken, *addr, os.Stderr)
+	if err != nil {
 		return err
 	}
 	if len(models) == 0 && !gatewayOnly {
@@ -216,7 +221,7 @@ func serve(args []string, gatewayOnly bool) error {
 		return err
 	}
 	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
-		QueueTimeout: *queueTimeout, WorkerToken: *workerToken, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
+		QueueTimeout: *queueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || *acceptWorkers, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
 		MaxLoras: *maxPerTenant, Weights: w, Auth: mode, PublicURL: *publicURL}, reps...)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,7 +31,8 @@ func runWorker(args []string) error {
 	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	precision := fs.String("precision", envDefault("precision", engine.PrecisionF32), "base weights in memory: f32, or bf16 (half the memory, widened per product)")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
-	token := fs.String("worker-token", envDefault("worker_token", ""), "shared secret with the gateway")
+	token := fs.String("worker-token", envDefault("worker_token", ""), "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
+	data := fs.String("data", envDefault("data", "./skein-data"), "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
 	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
@@ -39,7 +41,14 @@ func runWorker(args []string) error {
 		return err
 	}
 	if *gw == "" || *model == "" {
-		return errors.New("usage: skein worker --gateway URL --model DIR [--max-loras K]")
+		return errors.New("usage: skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--max-loras K]")
+	}
+	if *token == "" {
+		t, err := readToken(filepath.Join(*data, tokenFile))
+		if err != nil {
+			return fmt.Errorf("a worker needs the gateway's cluster token: --worker-token T or SKEIN_WORKER_TOKEN (a gateway given none writes one to DATA/%s): %w", tokenFile, err)
+		}
+		*token = t
 	}
 	if *name == "" {
 		*name = filepath.Base(filepath.Clean(*model))
@@ -57,7 +66,7 @@ func runWorker(args []string) error {
 		return err
 	}
 	url := "http://" + ln.Addr().String()
-	ws := worker.NewServer(e, *token)
+	ws := worker.NewServer(e, *token, *data)
 	hs := &http.Server{Handler: ws, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -51,10 +53,11 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 	}
 	addr := freeAddr(t)
 	gwURL := "http://" + addr
-	startSkein(t, root, "gateway", "--data", filepath.Join(root, "data"), "--addr", addr, "--worker-token", "s3cret")
+	data := filepath.Join(root, "data")
+	startSkein(t, root, "gateway", "--data", data, "--addr", addr, "--worker-token", "s3cret")
 	c := client.New(gwURL, "tml-workers")
 	waitHealthy(t, addr)
-	w1 := startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
+	w1 := startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret", "--data", data)
 	first := waitReplicas(t, c, 1)[0].ID
 
 	ctx := context.Background()
@@ -83,7 +86,7 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret")
+	startSkein(t, root, "worker", "--gateway", gwURL, "--model", modelDir, "--max-loras", "4", "--worker-token", "s3cret", "--data", data)
 	waitReplicas(t, c, 2)
 	if err := w1.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -117,4 +120,74 @@ func TestKilledWorkerRunFinishesOnAnother(t *testing.T) {
 		t.Fatalf("registration without token: %d", r2.StatusCode)
 	}
 	r2.Body.Close()
+}
+
+// A gateway given no cluster token generates one into its data directory, readable by its owner
+// only, and prints it once; a worker that shares the data directory finds it there, and a
+// registration without it is refused.
+func TestGatewayGeneratesItsClusterToken(t *testing.T) {
+	root := t.TempDir()
+	modelDir := filepath.Join(root, "tiny-qwen3")
+	if err := engine.InitTiny(modelDir, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	data := filepath.Join(root, "data")
+	startSkein(t, root, "gateway", "--data", data, "--addr", addr)
+	waitHealthy(t, addr)
+	info, err := os.Stat(filepath.Join(data, tokenFile))
+	if err != nil {
+		t.Fatalf("no generated cluster token: %v", err)
+	}
+	if info.Mode().Perm() != 0o600 {
+		t.Fatalf("cluster token file mode %v, want 0600", info.Mode().Perm())
+	}
+	r, err := http.Post("http://"+addr+"/api/v1/skein/workers/register", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("registration without the token: %d", r.StatusCode)
+	}
+	startSkein(t, root, "worker", "--gateway", "http://"+addr, "--model", modelDir, "--data", data)
+	waitReplicas(t, client.New("http://"+addr, "tml-token"), 1)
+}
+
+// A worker refuses to start without a cluster token (before loading anything).
+func TestWorkerNeedsAClusterToken(t *testing.T) {
+	t.Setenv("SKEIN_WORKER_TOKEN", "")
+	err := run([]string{"worker", "--gateway", "http://127.0.0.1:1", "--model", filepath.Join(t.TempDir(), "none"), "--data", t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "cluster token") {
+		t.Fatalf("worker without a token: %v", err)
+	}
+}
+
+// The cluster token is generated once and kept; a given one wins; a token file readable by
+// others is refused.
+func TestClusterTokenIsKept(t *testing.T) {
+	dir := t.TempDir()
+	var printed strings.Builder
+	a, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", &printed)
+	if err != nil || len(a) < 32 || !strings.Contains(printed.String(), "--worker-token "+a) {
+		t.Fatalf("first start: %q %v, printed %q", a, err, printed.String())
+	}
+	printed.Reset()
+	b, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", &printed)
+	if err != nil || b != a || printed.Len() != 0 {
+		t.Fatalf("second start: %q (first %q) %v, printed %q", b, a, err, printed.String())
+	}
+	if c, _ := settleWorkerToken(true, dir, "given", "x", io.Discard); c != "given" {
+		t.Fatalf("a given token: %q", c)
+	}
+	printed.Reset()
+	if d, _ := settleWorkerToken(false, dir, "given", "x", &printed); d != "" || !strings.Contains(printed.String(), "--accept-workers") {
+		t.Fatalf("a server accepting no workers has token %q (printed %q)", d, printed.String())
+	}
+	if err := os.Chmod(filepath.Join(dir, tokenFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := settleWorkerToken(true, dir, "", "x", io.Discard); err == nil {
+		t.Fatal("a world-readable token file was used")
+	}
 }

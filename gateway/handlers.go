@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -365,6 +367,14 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 // submitOrdered creates (or finds, on retry) the future of a model op and queues it in seq order.
 // A request rejected as bad input still consumes its seq_id, so the model's later ops run.
 func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
+	return s.submitOrderedSized(tenant, run, seq, kind, 0, validate, op)
+}
+
+// submitOrderedSized is submitOrdered for a request that holds about cost bytes while queued.
+// Every way a sequenced request can fail once its seq_id is known (invalid, a panic in validation,
+// the future not created, a panic while it runs) consumes its seq_id or ends its future, so the
+// run never stalls behind it. Only a full queue refuses it without consuming it: the client retries.
+func (s *Server) submitOrderedSized(tenant string, run *trainingRun, seq *int, kind string, cost int64, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
 	n := 0
 	if seq != nil {
 		n = *seq
@@ -374,20 +384,33 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 		opKey = run.id + "#" + strconv.Itoa(n)
 	}
 	q := s.queueOf(run)
-	if err := validate(); err != nil {
-		if n > 0 {
-			_ = q.submit(n, func() {})
+	if err := q.reserve(n, cost); err != nil {
+		return nil, errf(http.StatusTooManyRequests, "%v", err)
+	}
+	if err := validateRecovered(validate); err != nil {
+		q.skip(n, cost)
+		var bug panicError
+		if errors.As(err, &bug) {
+			return nil, errf(http.StatusInternalServerError, "internal error validating the request: %v", err)
 		}
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	f, fresh, err := s.futures.create(tenant, kind, opKey)
 	if err != nil {
+		q.skip(n, cost)
 		return nil, err
 	}
 	if !fresh {
+		q.release(cost)
 		return futureResponse(f, run.id), nil // a retry: answer with the original request
 	}
-	err = q.submit(n, func() {
+	err = q.submit(n, cost, func() {
+		defer func() {
+			if v := recover(); v != nil {
+				s.log.Error("op panicked", "kind", kind, "run", run.id, "panic", v, "stack", string(debug.Stack()))
+				s.finish(f, nil, fmt.Errorf("internal error running %s: %v", kind, v))
+			}
+		}()
 		if !s.isLive(run) {
 			s.futures.fail(f, "user", fmt.Sprintf("model %s was unloaded (or its session expired)", run.id))
 			return
@@ -400,6 +423,23 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 	}
 	return futureResponse(f, run.id), nil
 }
+
+// validateRecovered runs a request's validation, turning a panic (a bug, e.g. in decoding) into
+// an error so that the caller still consumes the request's seq_id.
+func validateRecovered(validate func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Error("request validation panicked", "panic", v, "stack", string(debug.Stack()))
+			err = panicError{v}
+		}
+	}()
+	return validate()
+}
+
+// panicError is a recovered panic: a bug of ours, not the caller's fault.
+type panicError struct{ v any }
+
+func (e panicError) Error() string { return fmt.Sprint(e.v) }
 
 func toEngineData(data []api.Datum) ([]engine.Datum, error) {
 	out := make([]engine.Datum, len(data))
@@ -471,7 +511,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
-	return s.submitOrdered(tenant, run, req.SeqID, kind, func() error {
+	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
 		var err error
 		if data, err = toEngineData(req.Input.Data); err != nil {
 			return err

@@ -51,6 +51,11 @@ type Options struct {
 	MaxQueuedSamples int
 	// WorkerToken, if set, must come with worker registrations, heartbeats and calls.
 	WorkerToken string
+	// MaxRunQueueOps and MaxRunQueueBytes bound what one training run may hold queued: requests
+	// buffered ahead of the next seq_id or waiting their turn, and their request-body bytes
+	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
+	MaxRunQueueOps   int
+	MaxRunQueueBytes int64
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -147,6 +152,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxQueuedSamples == 0 {
 		opts.MaxQueuedSamples = DefaultMaxQueuedSamples
+	}
+	if opts.MaxRunQueueOps == 0 {
+		opts.MaxRunQueueOps = DefaultMaxRunQueueOps
+	}
+	if opts.MaxRunQueueBytes == 0 {
+		opts.MaxRunQueueBytes = DefaultMaxRunQueueBytes
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second

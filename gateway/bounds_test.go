@@ -157,3 +157,50 @@ func TestPanickingOpFailsItsFutureAndTheRunGoesOn(t *testing.T) {
 		t.Fatalf("the op after it: %v", err)
 	}
 }
+
+// One request's size is capped in datums and tokens (forward_backward) and in sampled tokens
+// (asample), with a 400 that names the limit; requests within the caps run.
+func TestRequestSizeCaps(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRequestDatums: 2, MaxRequestTokens: 24})
+	ctx := context.Background()
+	c, tc := newRun(t, ts.URL, "tml-big", 4)
+	short := datum(ts.eng.Tokenizer.Encode("a short one"), true)
+	long := make([]int, 30)
+	for i := range long {
+		long[i] = 5 + i
+	}
+	_, err := tc.ForwardBackward(ctx, []api.Datum{short, short, short}, "cross_entropy", nil, false)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 2") {
+		t.Fatalf("3 datums over a cap of 2: want 400 naming the limit, got %v", err)
+	}
+	_, err = tc.ForwardBackward(ctx, []api.Datum{datum(long, true)}, "cross_entropy", nil, false)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 24") {
+		t.Fatalf("29 tokens over a cap of 24: want 400 naming the limit, got %v", err)
+	}
+	f, err := tc.ForwardBackward(ctx, []api.Datum{short, short}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	n, maxTokens := 4, 10
+	_, err = c.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: long[:3]}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 24") {
+		t.Fatalf("4 × (3 + 10) sampled tokens over a cap of 24: want 400 naming the limit, got %v", err)
+	}
+	n = 1
+	sf, err := c.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: long[:3]}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var so api.SampleResponse
+	if err := sf.Result(ctx, &so); err != nil {
+		t.Fatal(err)
+	}
+}

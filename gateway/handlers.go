@@ -512,6 +512,9 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		kind = "Forward"
 	}
 	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+		if err := s.checkBatchSize(req.Input.Data); err != nil {
+			return err
+		}
 		var err error
 		if data, err = toEngineData(req.Input.Data); err != nil {
 			return err
@@ -891,6 +894,9 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	e := rep.Engine
 	if err := e.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	if err := s.checkSampleSize(sr); err != nil {
+		return nil, err
 	}
 	if s.samplingBusy(rep) {
 		w.Header().Set("Retry-After", "1")

@@ -56,6 +56,10 @@ type Options struct {
 	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
 	MaxRunQueueOps   int
 	MaxRunQueueBytes int64
+	// MaxRequestDatums and MaxRequestTokens cap one request's size (defaults 1024 datums and
+	// 512 Ki tokens); past them it gets a 400 naming the limit.
+	MaxRequestDatums int
+	MaxRequestTokens int
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -158,6 +162,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxRunQueueBytes == 0 {
 		opts.MaxRunQueueBytes = DefaultMaxRunQueueBytes
+	}
+	if opts.MaxRequestDatums == 0 {
+		opts.MaxRequestDatums = DefaultMaxRequestDatums
+	}
+	if opts.MaxRequestTokens == 0 {
+		opts.MaxRequestTokens = DefaultMaxRequestTokens
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second

@@ -204,3 +204,83 @@ func TestRequestSizeCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// gatedCompute is the tiny engine whose forward_backward waits for a token from gate: a stand-in
+// for a long training op.
+type gatedCompute struct {
+	*engine.Engine
+	gate chan struct{}
+}
+
+func (g *gatedCompute) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	<-g.gate
+	return g.Engine.ForwardBackward(id, data, loss, cfg)
+}
+
+// A replica shares its time between tenants: with one tenant's training ops queued on it (three
+// runs, one long op each) another tenant's sample runs as soon as the op running now ends, not
+// after all of them.
+func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
+	rep := replica.New("r0", base, g, 8)
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	defer func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	data := []api.Datum{datum(e.Tokenizer.Encode("a long training op"), true)}
+	var runs []*client.TrainingClient
+	for range 3 {
+		_, tc := newRun(t, ts.URL, "tml-heavy", 4)
+		runs = append(runs, tc)
+	}
+	var training []*client.Future
+	for _, tc := range runs {
+		f, err := tc.ForwardBackward(ctx, data, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		training = append(training, f)
+	}
+	waitDepth := func(n int) {
+		for rep.QueueDepth() < n {
+			if ctx.Err() != nil {
+				t.Fatalf("queue depth %d, waiting for %d", rep.QueueDepth(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitDepth(3) // one running (held at the gate), two queued behind it
+	light := client.New(ts.URL, "tml-light")
+	n, maxTokens := 1, 1
+	sf, err := light.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2, 3}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDepth(4)
+	g.gate <- struct{}{} // the running training op ends; the sample must be next
+	var so api.SampleResponse
+	if err := sf.Result(ctx, &so); err != nil {
+		t.Fatalf("the other tenant's sample waited behind the whole queue: %v", err)
+	}
+	if d := rep.QueueDepth(); d != 2 {
+		t.Fatalf("queue depth %d after the sample, want the 2 training ops still queued", d)
+	}
+	g.gate <- struct{}{}
+	g.gate <- struct{}{}
+	for _, f := range training {
+		var out api.ForwardBackwardOutput
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -241,7 +241,8 @@ func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Rep
 	rep := lease.Endpoint.(*replica.Replica)
 	var res any
 	var opErr error
-	err = rep.Do(context.Background(), func() {
+	// In the tenant's lane: the replica shares its time between tenants with work queued.
+	err = rep.DoIn(context.Background(), run.tenant, func() {
 		defer func() {
 			if v := recover(); v != nil { // a bug in compute: this op fails, the replica goes on
 				s.log.Error("op panicked on the replica", "run", run.id, "replica", rep.ID(), "panic", v, "stack", string(debug.Stack()))

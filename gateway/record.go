@@ -86,6 +86,7 @@ type captureWriter struct {
 }
 
 func (c *captureWriter) WriteHeader(s int) { c.status = s; c.ResponseWriter.WriteHeader(s) }
+
 // Unwrap lets http.ResponseController reach the connection (write deadlines).
 func (c *captureWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 

@@ -284,3 +284,28 @@ func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
 		}
 	}
 }
+
+// Writing an answer has a deadline: a long-poll that outlives it loses its connection rather
+// than holding it (here the deadline is set shorter than the long-poll to see it apply).
+func TestAnswersAreWrittenWithinTheWriteTimeout(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
+	defer close(g.gate)
+	ts := serverOver(t, g, gateway.Options{LongPoll: 300 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-slow", 4)
+	f, err := tc.ForwardBackward(ctx, []api.Datum{datum(e.Tokenizer.Encode("held at the gate"), true)}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	err = f.Result(ctx, &out)
+	var se *client.StatusError
+	if err == nil || errors.As(err, &se) || ctx.Err() != nil {
+		t.Fatalf("a long-poll answered after the write deadline: want the connection cut, got %v", err)
+	}
+}

@@ -1190,6 +1190,7 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 	if m == nil {
 		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
 	}
+	s.writeWithin(w, ArchiveWriteTimeout) // a big checkpoint takes longer than an answer
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))
 	w.WriteHeader(http.StatusOK)

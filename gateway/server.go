@@ -60,6 +60,10 @@ type Options struct {
 	// 512 Ki tokens); past them it gets a 400 naming the limit.
 	MaxRequestDatums int
 	MaxRequestTokens int
+	// WriteTimeout bounds how long writing one answer may take, so a client that does not read
+	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
+	// archive downloads get ArchiveWriteTimeout).
+	WriteTimeout time.Duration
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -141,6 +145,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.LongPoll == 0 {
 		opts.LongPoll = 30 * time.Second
+	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = opts.LongPoll + time.Minute
 	}
 	if opts.FutureTTL == 0 {
 		opts.FutureTTL = 24 * time.Hour
@@ -309,6 +316,7 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 	endpoint := pattern[strings.Index(pattern, " ")+1:]
 	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
 		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
+		s.writeWithin(w, s.opts.WriteTimeout)
 		defer func() { s.metrics.request(endpoint, w.status) }()
 		tenant := ""
 		if authed {
@@ -332,6 +340,17 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 			writeJSON(w, http.StatusOK, v)
 		}
 	})
+}
+
+// ArchiveWriteTimeout bounds the download of one checkpoint archive.
+const ArchiveWriteTimeout = 30 * time.Minute
+
+// writeWithin sets the deadline for writing the answer (not every ResponseWriter supports one:
+// httptest's recorder does not, and needs none).
+func (s *Server) writeWithin(w http.ResponseWriter, d time.Duration) {
+	if err := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("setting the write deadline", "err", err)
+	}
 }
 
 // tenantOf derives the tenant from the API key; only a hash of the key is ever kept.

@@ -137,6 +137,7 @@ func serve(args []string, gatewayOnly bool) error {
 	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
 	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
+	limits := addLimitFlags(fs)
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
 	}
@@ -163,6 +164,9 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	if *stepMemory < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
+	}
+	if err := limits.check(); err != nil {
+		return err
 	}
 	var reps []*replica.Replica
 	names2 := map[string]bool{}
@@ -206,9 +210,9 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
+	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
 		QueueTimeout: *queueTimeout, WorkerToken: *workerToken, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
-		MaxLoras: *maxPerTenant, Weights: w}, reps...)
+		MaxLoras: *maxPerTenant, Weights: w}), reps...)
 	if err != nil {
 		return err
 	}
@@ -219,7 +223,7 @@ func serve(args []string, gatewayOnly bool) error {
 			return err
 		}
 	}
-	hs := &http.Server{Addr: *addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	hs := limits.httpServer(*addr, handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

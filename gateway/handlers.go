@@ -611,9 +611,13 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 	}
 	s.mu.Lock()
 	_, exists := s.ckpts[p.String()]
+	run := s.runs[p.ModelID]
 	s.mu.Unlock()
 	if exists && !overwrite {
 		return fmt.Errorf("checkpoint %s already exists (set overwrite to replace it)", p)
+	}
+	if run != nil {
+		return s.checkQuota(run.tenant, p, 0)
 	}
 	return nil
 }
@@ -623,6 +627,10 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
 	if err := rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := s.checkQuota(run.tenant, p, fileSize(tmp)); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}

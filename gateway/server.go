@@ -64,6 +64,9 @@ type Options struct {
 	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
 	// archive downloads get ArchiveWriteTimeout).
 	WriteTimeout time.Duration
+	// TenantCheckpointBytes is the checkpoint storage one tenant may hold (default
+	// DefaultTenantCheckpointBytes; negative: unlimited); a save past it fails with a user error.
+	TenantCheckpointBytes int64
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -175,6 +178,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxRequestTokens == 0 {
 		opts.MaxRequestTokens = DefaultMaxRequestTokens
+	}
+	if opts.TenantCheckpointBytes == 0 {
+		opts.TenantCheckpointBytes = DefaultTenantCheckpointBytes
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second

@@ -13,7 +13,7 @@ import (
 // queued requests per training run, one request's size, and how long a connection may be held.
 type limitFlags struct {
 	runQueueOps, requestDatums, requestTokens *int
-	runQueueBytes                             *int64
+	runQueueBytes, checkpointBytes            *int64
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
 }
@@ -24,6 +24,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		runQueueBytes:     fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "request-body bytes one training run may have queued; past it: 429"),
 		requestDatums:     fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
+		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
 		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
 		idleTimeout:       fs.Duration("http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open"),
@@ -41,6 +42,9 @@ func (l *limitFlags) check() error {
 		if v < 1 {
 			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
 		}
+	}
+	if *l.checkpointBytes == 0 || *l.checkpointBytes < -1 {
+		return fmt.Errorf("--tenant-checkpoint-bytes must be positive, or -1 for unlimited, got %d", *l.checkpointBytes)
 	}
 	if *l.readHeaderTimeout <= 0 || *l.idleTimeout <= 0 {
 		return fmt.Errorf("--http-read-header-timeout and --http-idle-timeout must be positive")
@@ -60,6 +64,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRunQueueOps, o.MaxRunQueueBytes = *l.runQueueOps, *l.runQueueBytes
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
+	o.TenantCheckpointBytes = *l.checkpointBytes
 	return o
 }
 

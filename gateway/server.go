@@ -67,6 +67,9 @@ type Options struct {
 	// TenantCheckpointBytes is the checkpoint storage one tenant may hold (default
 	// DefaultTenantCheckpointBytes; negative: unlimited); a save past it fails with a user error.
 	TenantCheckpointBytes int64
+	// SessionRetention is how long a closed (expired) session and its dead runs are kept before
+	// the leftovers sweep forgets them (default DefaultSessionRetention).
+	SessionRetention time.Duration
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -182,6 +185,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.TenantCheckpointBytes == 0 {
 		opts.TenantCheckpointBytes = DefaultTenantCheckpointBytes
 	}
+	if opts.SessionRetention == 0 {
+		opts.SessionRetention = DefaultSessionRetention
+	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second
 	}
@@ -245,6 +251,9 @@ func (s *Server) sweeper() {
 	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))
 	defer sweep.Stop()
 	ctx := context.Background()
+	s.sweepLeftovers(time.Now())
+	leftovers := time.NewTicker(leftoversEvery)
+	defer leftovers.Stop()
 	for {
 		select {
 		case <-s.stop:
@@ -253,6 +262,10 @@ func (s *Server) sweeper() {
 			s.logErr("gateway heartbeat", s.st.GatewayHeartbeat(ctx, s.futures.prefix))
 		case now := <-reap.C:
 			s.reapWorkers(now)
+		case now := <-leftovers.C:
+			if ok, err := s.st.TryLease(ctx, "leftovers", s.futures.prefix, 2*time.Minute); err == nil && ok {
+				s.sweepLeftovers(now)
+			}
 		case now := <-sweep.C:
 			if ok, err := s.st.TryLease(ctx, "sweep", s.futures.prefix, 2*time.Minute); err != nil || !ok {
 				s.logErr("sweep lease", err)

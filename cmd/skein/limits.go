@@ -10,12 +10,14 @@ import (
 )
 
 // limitFlags are the serve/gateway flags that bound what one client can make the server hold:
-// queued requests per training run, one request's size, and how long a connection may be held.
+// queued requests per training run, one request's size, checkpoint storage, how long closed
+// sessions are kept, and how long a connection may be held.
 type limitFlags struct {
 	runQueueOps, requestDatums, requestTokens *int
 	runQueueBytes, checkpointBytes            *int64
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
+	sessionRetention                          *time.Duration
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
@@ -25,6 +27,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		requestDatums:     fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
+		sessionRetention:  fs.Duration("session-retention", gateway.DefaultSessionRetention, "how long a closed session and its dead runs are kept before they are forgotten"),
 		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
 		idleTimeout:       fs.Duration("http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open"),
@@ -46,6 +49,9 @@ func (l *limitFlags) check() error {
 	if *l.checkpointBytes == 0 || *l.checkpointBytes < -1 {
 		return fmt.Errorf("--tenant-checkpoint-bytes must be positive, or -1 for unlimited, got %d", *l.checkpointBytes)
 	}
+	if *l.sessionRetention <= 0 {
+		return fmt.Errorf("--session-retention must be positive, got %s", *l.sessionRetention)
+	}
 	if *l.readHeaderTimeout <= 0 || *l.idleTimeout <= 0 {
 		return fmt.Errorf("--http-read-header-timeout and --http-idle-timeout must be positive")
 	}
@@ -65,6 +71,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
 	o.TenantCheckpointBytes = *l.checkpointBytes
+	o.SessionRetention = *l.sessionRetention
 	return o
 }
 

@@ -87,7 +87,7 @@ func TestHTTPServerCutsSlowAndIdleClients(t *testing.T) {
 // Timeouts that would cut the long-poll, and bounds below 1, are refused.
 func TestLimitFlagsCheck(t *testing.T) {
 	for _, args := range [][]string{{"--http-read-timeout", "10s"}, {"--http-write-timeout", "5s"},
-		{"--run-queue-ops", "0"}, {"--max-request-tokens", "-1"}, {"--http-idle-timeout", "0"}, {"--tenant-checkpoint-bytes", "0"}} {
+		{"--run-queue-ops", "0"}, {"--max-request-tokens", "-1"}, {"--http-idle-timeout", "0"}, {"--tenant-checkpoint-bytes", "0"}, {"--session-retention", "0s"}} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		limits := addLimitFlags(fs)
 		if err := fs.Parse(args); err != nil {

@@ -503,15 +503,17 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		return nil, err
 	}
 	var data []engine.Datum
-	info, err := s.infoOf(run.baseModel) // validation depends only on the base model
-	if err != nil {
-		return nil, err
-	}
+	// Validation depends only on the base model; not finding it fails validation, which consumes
+	// the seq_id like any other failure of a sequenced request.
+	info, infoErr := s.infoOf(run.baseModel)
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
 	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+		if infoErr != nil {
+			return infoErr
+		}
 		if err := s.checkBatchSize(req.Input.Data); err != nil {
 			return err
 		}

@@ -170,7 +170,8 @@ func (s *Server) sweepSessions(now time.Time) {
 func (s *Server) dropAdapter(run *trainingRun) {
 	if ep, ok := s.router.Where(run.id); ok {
 		rep := ep.(*replica.Replica)
-		_ = rep.Run(func() {
+		// In the tenant's lane, so that it runs after the run's ops already queued there.
+		_ = rep.RunIn(run.tenant, func() {
 			if rep.Engine.HasAdapter(run.id) {
 				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
 			}

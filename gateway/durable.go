@@ -252,6 +252,21 @@ func (s *Server) tidySavedStates() {
 	}
 }
 
+// removeSavedState removes every saved version of a run's state, its pointer and a directory
+// of the older layout (for a run that can never run again).
+func (s *Server) removeSavedState(runID string) error {
+	base := filepath.Join(s.stateRoot(), stateName(runID))
+	versions, _ := filepath.Glob(base + versionSep + "*")
+	var errs []error
+	for _, p := range append(versions, base) {
+		errs = append(errs, os.RemoveAll(p))
+	}
+	if err := os.Remove(base + pointerSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
 func (s *Server) removeLeftover(path string) {
 	if _, err := os.Stat(path); err != nil {
 		return

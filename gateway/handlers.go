@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -169,7 +171,8 @@ func (s *Server) sweepSessions(now time.Time) {
 func (s *Server) dropAdapter(run *trainingRun) {
 	if ep, ok := s.router.Where(run.id); ok {
 		rep := ep.(*replica.Replica)
-		_ = rep.Run(func() {
+		// In the tenant's lane, so that it runs after the run's ops already queued there.
+		_ = rep.RunIn(run.tenant, func() {
 			if rep.Engine.HasAdapter(run.id) {
 				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
 			}
@@ -370,6 +373,14 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 // submitOrdered creates (or finds, on retry) the future of a model op and queues it in seq order.
 // A request rejected as bad input still consumes its seq_id, so the model's later ops run.
 func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
+	return s.submitOrderedSized(tenant, run, seq, kind, 0, validate, op)
+}
+
+// submitOrderedSized is submitOrdered for a request that holds about cost bytes while queued.
+// Every way a sequenced request can fail once its seq_id is known (invalid, a panic in validation,
+// the future not created, a panic while it runs) consumes its seq_id or ends its future, so the
+// run never stalls behind it. Only a full queue refuses it without consuming it: the client retries.
+func (s *Server) submitOrderedSized(tenant string, run *trainingRun, seq *int, kind string, cost int64, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
 	n := 0
 	if seq != nil {
 		n = *seq
@@ -379,20 +390,33 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 		opKey = run.id + "#" + strconv.Itoa(n)
 	}
 	q := s.queueOf(run)
-	if err := validate(); err != nil {
-		if n > 0 {
-			_ = q.submit(n, func() {})
+	if err := q.reserve(n, cost); err != nil {
+		return nil, errf(http.StatusTooManyRequests, "%v", err)
+	}
+	if err := validateRecovered(validate); err != nil {
+		q.skip(n, cost)
+		var bug panicError
+		if errors.As(err, &bug) {
+			return nil, errf(http.StatusInternalServerError, "internal error validating the request: %v", err)
 		}
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	f, fresh, err := s.futures.create(tenant, kind, opKey)
 	if err != nil {
+		q.skip(n, cost)
 		return nil, err
 	}
 	if !fresh {
+		q.release(cost)
 		return futureResponse(f, run.id), nil // a retry: answer with the original request
 	}
-	err = q.submit(n, func() {
+	err = q.submit(n, cost, func() {
+		defer func() {
+			if v := recover(); v != nil {
+				s.log.Error("op panicked", "kind", kind, "run", run.id, "panic", v, "stack", string(debug.Stack()))
+				s.finish(f, nil, fmt.Errorf("internal error running %s: %v", kind, v))
+			}
+		}()
 		if !s.isLive(run) {
 			s.futures.fail(f, "user", fmt.Sprintf("model %s was unloaded (or its session expired)", run.id))
 			return
@@ -405,6 +429,23 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 	}
 	return futureResponse(f, run.id), nil
 }
+
+// validateRecovered runs a request's validation, turning a panic (a bug, e.g. in decoding) into
+// an error so that the caller still consumes the request's seq_id.
+func validateRecovered(validate func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Error("request validation panicked", "panic", v, "stack", string(debug.Stack()))
+			err = panicError{v}
+		}
+	}()
+	return validate()
+}
+
+// panicError is a recovered panic: a bug of ours, not the caller's fault.
+type panicError struct{ v any }
+
+func (e panicError) Error() string { return fmt.Sprint(e.v) }
 
 func toEngineData(data []api.Datum) ([]engine.Datum, error) {
 	if err := api.DensifyAll(data); err != nil { // sparse inputs, within the request's budget
@@ -471,15 +512,20 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		return nil, err
 	}
 	var data []engine.Datum
-	info, err := s.infoOf(run.baseModel) // validation depends only on the base model
-	if err != nil {
-		return nil, err
-	}
+	// Validation depends only on the base model; not finding it fails validation, which consumes
+	// the seq_id like any other failure of a sequenced request.
+	info, infoErr := s.infoOf(run.baseModel)
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
-	return s.submitOrdered(tenant, run, req.SeqID, kind, func() error {
+	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+		if infoErr != nil {
+			return infoErr
+		}
+		if err := s.checkBatchSize(req.Input.Data); err != nil {
+			return err
+		}
 		var err error
 		if data, err = toEngineData(req.Input.Data); err != nil {
 			return err
@@ -580,9 +626,13 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 	}
 	s.mu.Lock()
 	_, exists := s.ckpts[p.String()]
+	run := s.runs[p.ModelID]
 	s.mu.Unlock()
 	if exists && !overwrite {
 		return fmt.Errorf("checkpoint %s already exists (set overwrite to replace it)", p)
+	}
+	if run != nil {
+		return s.checkQuota(run.tenant, p, 0)
 	}
 	return nil
 }
@@ -592,6 +642,10 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
 	if err := rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := s.checkQuota(run.tenant, p, fileSize(tmp)); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -873,6 +927,9 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	e := rep.Engine
 	if err := e.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	if err := s.checkSampleSize(sr); err != nil {
+		return nil, err
 	}
 	if s.samplingBusy(rep) {
 		w.Header().Set("Retry-After", "1")
@@ -1170,6 +1227,7 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 	if m == nil {
 		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
 	}
+	s.writeWithin(w, ArchiveWriteTimeout) // a big checkpoint takes longer than an answer
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))
 	w.WriteHeader(http.StatusOK)

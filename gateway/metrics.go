@@ -59,6 +59,9 @@ type statusRecorder struct {
 
 func (r *statusRecorder) WriteHeader(s int) { r.status = s; r.ResponseWriter.WriteHeader(s) }
 
+// Unwrap lets http.ResponseController reach the connection (write deadlines).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
 func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	var b strings.Builder
 	m := &s.metrics

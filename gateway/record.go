@@ -36,10 +36,13 @@ func Recorder(next http.Handler, path string) (http.Handler, error) {
 	}
 	var mu sync.Mutex
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		// The body is recorded as the handler reads it, never read ahead: the handler's size limit
+		// (MaxBodyBytes) bounds what is read, and so what is held here.
+		tee := &teeBody{ReadCloser: r.Body}
+		r.Body = tee
 		rec := &captureWriter{ResponseWriter: w, status: 200}
 		next.ServeHTTP(rec, r)
+		body := tee.buf.Bytes()
 		ex := Exchange{Method: r.Method, Path: r.URL.RequestURI(), Headers: map[string]string{}, Status: rec.status,
 			ResponseType: rec.Header().Get("Content-Type")}
 		for _, h := range recordedHeaders {
@@ -67,6 +70,18 @@ func Recorder(next http.Handler, path string) (http.Handler, error) {
 	}), nil
 }
 
+// teeBody keeps a copy of what is read from a request body.
+type teeBody struct {
+	io.ReadCloser
+	buf bytes.Buffer
+}
+
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	t.buf.Write(p[:n])
+	return n, err
+}
+
 type captureWriter struct {
 	http.ResponseWriter
 	status int
@@ -74,6 +89,10 @@ type captureWriter struct {
 }
 
 func (c *captureWriter) WriteHeader(s int) { c.status = s; c.ResponseWriter.WriteHeader(s) }
+
+// Unwrap lets http.ResponseController reach the connection (write deadlines).
+func (c *captureWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
 func (c *captureWriter) Write(b []byte) (int, error) {
 	c.buf.Write(b)
 	return c.ResponseWriter.Write(b)

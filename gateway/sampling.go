@@ -62,13 +62,22 @@ func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.Sa
 		return nil // the job already queued on the replica will take this one too
 	}
 	q.scheduled = true
-	err := rep.Run(func() { s.runSamples(rep, smp, key) })
+	err := rep.RunIn(samplingLane(smp), func() { s.runSamples(rep, smp, key) })
 	if err != nil {
 		q.scheduled = false
 		q.pending = q.pending[:len(q.pending)-1]
 		s.sampling.waiting[rep.ID()]--
 	}
 	return err
+}
+
+// samplingLane is the replica lane a sampling job waits in: its tenant's, for the tenant's own
+// weights; one lane of its own for the base model, whose batches serve every tenant.
+func samplingLane(smp *sampler) string {
+	if smp.engineID == "" {
+		return "sampling:base"
+	}
+	return smp.tenant
 }
 
 // runSamples runs on the replica's worker: it takes every waiting request for these weights.

@@ -61,6 +61,25 @@ type Options struct {
 	AcceptWorkers bool
 	// WorkerTimeout: a worker silent for this long is removed (default 3 s).
 	WorkerTimeout time.Duration
+	// MaxRunQueueOps and MaxRunQueueBytes bound what one training run may hold queued: requests
+	// buffered ahead of the next seq_id or waiting their turn, and their request-body bytes
+	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
+	MaxRunQueueOps   int
+	MaxRunQueueBytes int64
+	// MaxRequestDatums and MaxRequestTokens cap one request's size (defaults 1024 datums and
+	// 512 Ki tokens); past them it gets a 400 naming the limit.
+	MaxRequestDatums int
+	MaxRequestTokens int
+	// WriteTimeout bounds how long writing one answer may take, so a client that does not read
+	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
+	// archive downloads get ArchiveWriteTimeout).
+	WriteTimeout time.Duration
+	// TenantCheckpointBytes is the checkpoint storage one tenant may hold (default
+	// DefaultTenantCheckpointBytes; negative: unlimited); a save past it fails with a user error.
+	TenantCheckpointBytes int64
+	// SessionRetention is how long a closed (expired) session and its dead runs are kept before
+	// the leftovers sweep forgets them (default DefaultSessionRetention).
+	SessionRetention time.Duration
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
@@ -149,6 +168,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.LongPoll == 0 {
 		opts.LongPoll = 30 * time.Second
 	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = opts.LongPoll + time.Minute
+	}
 	if opts.FutureTTL == 0 {
 		opts.FutureTTL = 24 * time.Hour
 	}
@@ -163,6 +185,24 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxQueuedSamples == 0 {
 		opts.MaxQueuedSamples = DefaultMaxQueuedSamples
+	}
+	if opts.MaxRunQueueOps == 0 {
+		opts.MaxRunQueueOps = DefaultMaxRunQueueOps
+	}
+	if opts.MaxRunQueueBytes == 0 {
+		opts.MaxRunQueueBytes = DefaultMaxRunQueueBytes
+	}
+	if opts.MaxRequestDatums == 0 {
+		opts.MaxRequestDatums = DefaultMaxRequestDatums
+	}
+	if opts.MaxRequestTokens == 0 {
+		opts.MaxRequestTokens = DefaultMaxRequestTokens
+	}
+	if opts.TenantCheckpointBytes == 0 {
+		opts.TenantCheckpointBytes = DefaultTenantCheckpointBytes
+	}
+	if opts.SessionRetention == 0 {
+		opts.SessionRetention = DefaultSessionRetention
 	}
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second
@@ -237,6 +277,9 @@ func (s *Server) sweeper() {
 	sweep := time.NewTicker(min(30*time.Second, max(s.opts.SessionTimeout/4, 10*time.Millisecond)))
 	defer sweep.Stop()
 	ctx := context.Background()
+	s.sweepLeftovers(time.Now())
+	leftovers := time.NewTicker(leftoversEvery)
+	defer leftovers.Stop()
 	for {
 		select {
 		case <-s.stop:
@@ -245,6 +288,10 @@ func (s *Server) sweeper() {
 			s.logErr("gateway heartbeat", s.st.GatewayHeartbeat(ctx, s.futures.prefix))
 		case now := <-reap.C:
 			s.reapWorkers(now)
+		case now := <-leftovers.C:
+			if ok, err := s.st.TryLease(ctx, "leftovers", s.futures.prefix, 2*time.Minute); err == nil && ok {
+				s.sweepLeftovers(now)
+			}
 		case now := <-sweep.C:
 			if ok, err := s.st.TryLease(ctx, "sweep", s.futures.prefix, 2*time.Minute); err != nil || !ok {
 				s.logErr("sweep lease", err)
@@ -314,6 +361,7 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 	endpoint := pattern[strings.Index(pattern, " ")+1:]
 	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
 		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
+		s.writeWithin(w, s.opts.WriteTimeout)
 		defer func() { s.metrics.request(endpoint, w.status) }()
 		tenant := ""
 		if authed {
@@ -339,6 +387,17 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 			writeJSON(w, http.StatusOK, v)
 		}
 	})
+}
+
+// ArchiveWriteTimeout bounds the download of one checkpoint archive.
+const ArchiveWriteTimeout = 30 * time.Minute
+
+// writeWithin sets the deadline for writing the answer (not every ResponseWriter supports one:
+// httptest's recorder does not, and needs none).
+func (s *Server) writeWithin(w http.ResponseWriter, d time.Duration) {
+	if err := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("setting the write deadline", "err", err)
+	}
 }
 
 // tenantOf derives the tenant from the API key; only a hash of the key is ever kept.

@@ -1,7 +1,7 @@
 // Package replica runs one base model's compute: it holds an engine (the shared base weights
 // plus up to MaxLoras adapters) and runs all of its work on one worker goroutine, so ops on a
-// replica never race. The gateway orders each adapter's ops by seq_id before they get here (an
-// adapter can move between replicas, so ordering cannot live in one of them); the router decides
+// replica never race; the worker shares its time between lanes (tenants) in turn. The gateway
+// orders each adapter's ops by seq_id before they get here (an adapter can move between replicas, so ordering cannot live in one of them); the router decides
 // which replica holds which adapter. A Replica is a router.Endpoint.
 package replica
 
@@ -21,6 +21,11 @@ import (
 const DefaultMaxLoras = 16
 
 // Replica is one base model in memory.
+//
+// Its worker shares its time fairly between lanes (the gateway gives each tenant its own): it
+// runs one op of each lane with queued work in turn, round-robin, rather than first come first
+// served, so one tenant's long queue of big ops cannot keep another's one-token sample waiting
+// behind all of it; within a lane ops run in the order they came.
 type Replica struct {
 	Engine engine.Compute
 
@@ -29,11 +34,20 @@ type Replica struct {
 	healthy       atomic.Bool
 	queued        atomic.Int64 // ops accepted and not yet finished
 
-	work   chan func()
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	slots   chan struct{} // one per queued op: Run waits when the replica has maxQueued
+	closing chan struct{} // closed by Close: waiting Runs give up
+	mu      sync.Mutex
+	wake    *sync.Cond
+	lanes   map[string][]func() // lane -> its queued ops, oldest first
+	turns   []string            // lanes with queued ops, in the order they get their next turn
+	running string              // the lane of the op running now, if busy
+	busy    bool
+	closed  bool
+	wg      sync.WaitGroup
 }
+
+// maxQueued bounds the ops queued on one replica, all lanes together; Run waits past it.
+const maxQueued = 4096
 
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("replica closed")
@@ -44,7 +58,9 @@ func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 	if maxLoras <= 0 {
 		maxLoras = DefaultMaxLoras
 	}
-	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, Engine: e, work: make(chan func(), 4096)}
+	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, Engine: e, slots: make(chan struct{}, maxQueued),
+		closing: make(chan struct{}), lanes: map[string][]func(){}}
+	r.wake = sync.NewCond(&r.mu)
 	r.healthy.Store(true)
 	r.wg.Add(1)
 	go r.loop()
@@ -71,11 +87,54 @@ func (r *Replica) QueueDepth() int { return int(r.queued.Load()) }
 
 func (r *Replica) loop() {
 	defer r.wg.Done()
-	for fn := range r.work {
-		if err := r.protect(fn); err != nil {
-			slog.Error("replica work panicked", "replica", r.id, "err", err)
+	for {
+		lane, fn, ok := r.nextOp()
+		if !ok {
+			return
 		}
+		r.runOne(fn)
+		r.doneOp(lane)
+		<-r.slots
 		r.queued.Add(-1)
+	}
+}
+
+// nextOp waits for work and takes the oldest op of the lane whose turn it is. It reports false
+// once closed and drained.
+func (r *Replica) nextOp() (string, func(), bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.turns) == 0 {
+		if r.closed {
+			return "", nil, false
+		}
+		r.wake.Wait()
+	}
+	lane := r.turns[0]
+	r.turns = r.turns[1:]
+	ops := r.lanes[lane]
+	r.lanes[lane] = ops[1:]
+	r.running, r.busy = lane, true
+	return lane, ops[0], true
+}
+
+// doneOp ends a lane's turn: if it has more queued (including ops that came while it ran), it
+// goes to the back of the line, behind every lane that waited meanwhile.
+func (r *Replica) doneOp(lane string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = false
+	if len(r.lanes[lane]) > 0 {
+		r.turns = append(r.turns, lane)
+	} else {
+		delete(r.lanes, lane)
+	}
+}
+
+// runOne runs an op; a panic (a bug) is logged and the worker goes on serving everyone else.
+func (r *Replica) runOne(fn func()) {
+	if err := r.protect(fn); err != nil {
+		slog.Error("replica op panicked", "replica", r.id, "err", err, "stack", err.(*PanicError).Stack)
 	}
 }
 
@@ -107,30 +166,50 @@ func (r *Replica) Close() {
 	r.mu.Lock()
 	if !r.closed {
 		r.closed = true
-		close(r.work)
+		close(r.closing)
+		r.wake.Broadcast()
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
 }
 
-// Run queues fn on the worker; it does not wait.
-func (r *Replica) Run(fn func()) error {
+// Run queues fn on the worker's shared lane; it does not wait.
+func (r *Replica) Run(fn func()) error { return r.RunIn("", fn) }
+
+// RunIn queues fn in a lane (a tenant, say): lanes take turns on the worker. It does not wait
+// for fn, only, when the replica already has its maximum queued, for room.
+func (r *Replica) RunIn(lane string, fn func()) error {
+	select {
+	case r.slots <- struct{}{}:
+	case <-r.closing:
+		return ErrClosed
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
+		<-r.slots
 		return ErrClosed
 	}
 	r.queued.Add(1)
-	r.work <- fn
+	// A lane joins the line when it gets work, unless it is in line already or running now
+	// (doneOp puts it in line then).
+	if len(r.lanes[lane]) == 0 && !(r.busy && r.running == lane) {
+		r.turns = append(r.turns, lane)
+	}
+	r.lanes[lane] = append(r.lanes[lane], fn)
+	r.wake.Signal()
 	return nil
 }
 
-// Do runs fn on the worker and waits for it (or for ctx to end; fn still runs then). A panic in
-// fn is returned as a *PanicError.
-func (r *Replica) Do(ctx context.Context, fn func()) error {
+// Do runs fn on the worker's shared lane and waits for it (or for ctx to end; fn still runs then).
+func (r *Replica) Do(ctx context.Context, fn func()) error { return r.DoIn(ctx, "", fn) }
+
+// DoIn runs fn in a lane and waits for it (or for ctx to end; fn still runs then). A panic in fn
+// is returned as a *PanicError.
+func (r *Replica) DoIn(ctx context.Context, lane string, fn func()) error {
 	done := make(chan struct{})
 	var panicked error
-	if err := r.Run(func() {
+	if err := r.RunIn(lane, func() {
 		defer close(done)
 		panicked = r.protect(fn)
 	}); err != nil {

@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -61,7 +62,41 @@ func TestPanicIsAnErrorAndTheReplicaGoesOn(t *testing.T) {
 	if err := r.Do(context.Background(), func() { ran = true }); err != nil || !ran {
 		t.Fatalf("replica after a panic: err %v, ran %v", err, ran)
 	}
+	r.Close() // Do returns just before the worker counts its op finished; Close waits for it
 	if d := r.QueueDepth(); d != 0 {
 		t.Fatalf("queue depth %d after everything finished", d)
+	}
+}
+
+// Lanes take turns: while one lane's op runs and more of its ops queue up, the ops other lanes
+// queue meanwhile run next (not after the whole queue), then the lanes alternate; within a lane
+// ops keep their order.
+func TestLanesTakeTurns(t *testing.T) {
+	r := New("r", "m", nil, 0)
+	defer r.Close()
+	block := make(chan struct{})
+	var mu sync.Mutex
+	var got []string
+	var all sync.WaitGroup
+	record := func(s string) func() {
+		all.Add(1)
+		return func() { mu.Lock(); got = append(got, s); mu.Unlock(); all.Done() }
+	}
+	started := make(chan struct{})
+	_ = r.RunIn("a", func() { close(started); <-block })
+	<-started
+	for _, s := range []string{"a1", "a2", "a3", "a4"} {
+		_ = r.RunIn("a", record(s))
+	}
+	_ = r.RunIn("b", record("b1"))
+	_ = r.RunIn("b", record("b2"))
+	_ = r.Run(record("shared"))
+	close(block)
+	all.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"b1", "shared", "a1", "b2", "a2", "a3", "a4"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
 	}
 }

@@ -62,6 +62,18 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 		if ps, _ := s.Samplers(ctx); len(ps) != 0 {
 			t.Fatalf("samplers after delete: %+v", ps)
 		}
+		if err := s.DeleteRun(ctx, "s1:train:0"); err != nil {
+			t.Fatal(err)
+		}
+		if runs, _ := s.Runs(ctx); len(runs) != 0 {
+			t.Fatalf("runs after delete: %+v", runs)
+		}
+		if err := s.DeleteSession(ctx, "s1"); err != nil {
+			t.Fatal(err)
+		}
+		if ss, _ := s.Sessions(ctx); len(ss) != 0 {
+			t.Fatalf("sessions after delete: %+v", ss)
+		}
 	})
 
 	t.Run("tenants and placements", func(t *testing.T) {

@@ -169,6 +169,16 @@ func (s *SQL) PutSampler(ctx context.Context, x Sampler) error {
 	return err
 }
 
+func (s *SQL) DeleteSession(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM sessions WHERE id = ?`), id)
+	return err
+}
+
+func (s *SQL) DeleteRun(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM runs WHERE id = ?`), id)
+	return err
+}
+
 func (s *SQL) DeleteSampler(ctx context.Context, id string) error {
 	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM samplers WHERE id = ?`), id)
 	return err

@@ -79,9 +79,13 @@ type Future struct {
 type Store interface {
 	PutSession(ctx context.Context, s Session) error
 	Sessions(ctx context.Context) ([]Session, error)
+	// DeleteSession forgets a session (closed long ago: see the gateway's leftovers sweep).
+	DeleteSession(ctx context.Context, id string) error
 
 	PutRun(ctx context.Context, r Run) error
 	Runs(ctx context.Context) ([]Run, error)
+	// DeleteRun forgets a training run.
+	DeleteRun(ctx context.Context, id string) error
 
 	PutSampler(ctx context.Context, s Sampler) error
 	DeleteSampler(ctx context.Context, id string) error

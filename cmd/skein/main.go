@@ -144,6 +144,7 @@ func serve(args []string, gatewayOnly bool) error {
 	publicURL := fs.String("public-url", envDefault("public_url", ""), "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
 	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
 	acceptWorkers := fs.Bool("accept-workers", false, "let `skein worker` processes register (skein gateway always does); without --worker-token a cluster token is generated into the data directory")
+	limits := addLimitFlags(fs)
 	if err := applyConfigFile(fs, args); err != nil {
 		return err
 	}
@@ -177,6 +178,9 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	if *stepMemory < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
+	}
+	if err := limits.check(); err != nil {
+		return err
 	}
 	var reps []*replica.Replica
 	names2 := map[string]bool{}
@@ -220,9 +224,9 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
-		QueueTimeout: *queueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || *acceptWorkers, FutureTTL: *futureTTL, SessionTimeout: *sessionTimeout,
-		MaxLoras: *maxPerTenant, Weights: w, Auth: mode, PublicURL: *publicURL}, reps...)
+	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
+		QueueTimeout: *queueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || *acceptWorkers, FutureTTL: *futureTTL,
+		SessionTimeout: *sessionTimeout, MaxLoras: *maxPerTenant, Weights: w, Auth: mode, PublicURL: *publicURL}), reps...)
 	if err != nil {
 		return err
 	}
@@ -233,7 +237,7 @@ func serve(args []string, gatewayOnly bool) error {
 			return err
 		}
 	}
-	hs := &http.Server{Addr: *addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	hs := limits.httpServer(*addr, handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

@@ -67,7 +67,8 @@ func runWorker(args []string) error {
 	}
 	url := "http://" + ln.Addr().String()
 	ws := worker.NewServer(e, *token, *data)
-	hs := &http.Server{Handler: ws, ReadHeaderTimeout: 10 * time.Second}
+	// No read or write timeout: one call can compute for minutes. Idle connections are closed.
+	hs := &http.Server{Handler: ws, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/skein-ai/skein/gateway"
+)
+
+// limitFlags are the serve/gateway flags that bound what one client can make the server hold:
+// queued requests per training run, one request's size, checkpoint storage, how long closed
+// sessions are kept, and how long a connection may be held.
+type limitFlags struct {
+	runQueueOps, requestDatums, requestTokens *int
+	runQueueBytes, checkpointBytes            *int64
+	readHeaderTimeout, readTimeout            *time.Duration
+	idleTimeout, writeTimeout                 *time.Duration
+	sessionRetention                          *time.Duration
+}
+
+func addLimitFlags(fs *flag.FlagSet) *limitFlags {
+	return &limitFlags{
+		runQueueOps:       fs.Int("run-queue-ops", gateway.DefaultMaxRunQueueOps, "requests one training run may have queued (ahead of its next seq_id or waiting); past it: 429"),
+		runQueueBytes:     fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "request-body bytes one training run may have queued; past it: 429"),
+		requestDatums:     fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
+		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
+		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
+		sessionRetention:  fs.Duration("session-retention", gateway.DefaultSessionRetention, "how long a closed session and its dead runs are kept before they are forgotten"),
+		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
+		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
+		idleTimeout:       fs.Duration("http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open"),
+		writeTimeout:      fs.Duration("http-write-timeout", 0, "time to write one answer (0: the long-poll plus a minute; archive downloads get 30 min)"),
+	}
+}
+
+// longPoll is how long retrieve_future holds a request (the gateway's default).
+const longPoll = 30 * time.Second
+
+// check refuses values that cannot work.
+func (l *limitFlags) check() error {
+	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
+		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens)} {
+		if v < 1 {
+			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
+		}
+	}
+	if *l.checkpointBytes == 0 || *l.checkpointBytes < -1 {
+		return fmt.Errorf("--tenant-checkpoint-bytes must be positive, or -1 for unlimited, got %d", *l.checkpointBytes)
+	}
+	if *l.sessionRetention <= 0 {
+		return fmt.Errorf("--session-retention must be positive, got %s", *l.sessionRetention)
+	}
+	if *l.readHeaderTimeout <= 0 || *l.idleTimeout <= 0 {
+		return fmt.Errorf("--http-read-header-timeout and --http-idle-timeout must be positive")
+	}
+	// A request's context ends when its read deadline passes, long-polls included.
+	if *l.readTimeout <= longPoll {
+		return fmt.Errorf("--http-read-timeout must exceed the %s long-poll, got %s", longPoll, *l.readTimeout)
+	}
+	if *l.writeTimeout != 0 && *l.writeTimeout <= longPoll {
+		return fmt.Errorf("--http-write-timeout must exceed the %s long-poll, got %s", longPoll, *l.writeTimeout)
+	}
+	return nil
+}
+
+// apply sets the gateway's bounds.
+func (l *limitFlags) apply(o gateway.Options) gateway.Options {
+	o.MaxRunQueueOps, o.MaxRunQueueBytes = *l.runQueueOps, *l.runQueueBytes
+	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
+	o.WriteTimeout = *l.writeTimeout
+	o.TenantCheckpointBytes = *l.checkpointBytes
+	o.SessionRetention = *l.sessionRetention
+	return o
+}
+
+// httpServer is the server of the API with its connection timeouts: a slow or idle client
+// cannot hold a connection forever. Writes are bounded per answer by the gateway (a server-wide
+// WriteTimeout would cut long checkpoint downloads).
+func (l *limitFlags) httpServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: *l.readHeaderTimeout,
+		ReadTimeout: *l.readTimeout, IdleTimeout: *l.idleTimeout}
+}

@@ -1,0 +1,311 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+)
+
+// What a run may buffer ahead of its next seq_id is bounded in count: past it the request is
+// refused with a 429 that names the limit and consumes nothing (the same seq_id is accepted once
+// the queue drains), while the missing next seq_id is always let in.
+func TestRunQueueBoundsBufferedRequests(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRunQueueOps: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-ahead", 4)
+	data := []api.Datum{datum(ts.eng.Tokenizer.Encode("far ahead of the next one"), true)}
+	var futures []*client.Future
+	for seq := 3; seq <= 5; seq++ {
+		f, err := tc.ForwardBackwardSeq(ctx, seq, data, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("seq %d within the bound: %v", seq, err)
+		}
+		futures = append(futures, f)
+	}
+	_, err := tc.ForwardBackwardSeq(ctx, 6, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 3") {
+		t.Fatalf("seq 6 past the bound: want 429 naming the limit, got %v", err)
+	}
+	for seq := 1; seq <= 2; seq++ {
+		f, err := tc.ForwardBackwardSeq(ctx, seq, data, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("the missing seq %d must be let in: %v", seq, err)
+		}
+		futures = append(futures, f)
+	}
+	for i, f := range futures {
+		var out api.ForwardBackwardOutput
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatalf("future %d: %v", i, err)
+		}
+	}
+	f, err := tc.ForwardBackwardSeq(ctx, 6, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatalf("seq 6 again once the queue drained: %v", err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The buffered bytes are bounded too.
+func TestRunQueueBoundsBufferedBytes(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRunQueueBytes: 64})
+	ctx := context.Background()
+	_, tc := newRun(t, ts.URL, "tml-bytes", 4)
+	data := []api.Datum{datum(ts.eng.Tokenizer.Encode("a request body of more than sixty-four bytes"), true)}
+	if _, err := tc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("one request alone is let in whatever its size: %v", err)
+	}
+	_, err := tc.ForwardBackwardSeq(ctx, 6, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 64") {
+		t.Fatalf("second buffered request past the byte bound: want 429 naming the limit, got %v", err)
+	}
+}
+
+// A sequenced request that fails after its seq_id is known (here a sparse tensor whose shape
+// overflows when multiplied out) still consumes its seq_id: the run's next op runs.
+func TestFailedSequencedRequestConsumesItsSeqID(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, tc := newRun(t, ts.URL, "tml-overflow", 4)
+	c.JSONForwardBackward = true
+	ids := ts.eng.Tokenizer.Encode("sparse overflow")
+	bad := datum(ids, false)
+	bad.LossFnInputs["weights"] = api.TensorData{DType: "float32", Shape: []int{2, 1 << 62},
+		SparseCrowIndices: []int{0, 0, 0}, SparseColIndices: []int{}, Data: []float64{}}
+	_, err := tc.ForwardBackwardSeq(ctx, 1, []api.Datum{bad}, "cross_entropy", nil, false)
+	if err == nil {
+		t.Fatal("a sparse tensor with an overflowing shape was accepted")
+	}
+	f, err := tc.ForwardBackwardSeq(ctx, 2, []api.Datum{datum(ids, true)}, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatalf("seq 2 after a failed seq 1: %v", err)
+	}
+}
+
+// panicOnce is the tiny engine, except that its first forward_backward panics (a compute bug).
+type panicOnce struct {
+	*engine.Engine
+	fired atomic.Bool
+}
+
+func (p *panicOnce) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	if !p.fired.Swap(true) {
+		panic("compute bug")
+	}
+	return p.Engine.ForwardBackward(id, data, loss, cfg)
+}
+
+// serverOver serves one replica over the given compute.
+func serverOver(t *testing.T, compute engine.Compute, opts gateway.Options) *httptest.Server {
+	t.Helper()
+	rep := replica.New("r0", base, compute, 0)
+	opts.DataDir = t.TempDir()
+	gw, err := gateway.New(opts, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
+	return ts
+}
+
+// A sequenced op that panics while it runs ends its own future with an error; the replica and
+// the run's later ops go on.
+func TestPanickingOpFailsItsFutureAndTheRunGoesOn(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := serverOver(t, &panicOnce{Engine: e}, gateway.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-panic", 4)
+	data := []api.Datum{datum(e.Tokenizer.Encode("a compute bug"), true)}
+	f1, err := tc.ForwardBackward(ctx, data, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := tc.ForwardBackward(ctx, data, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	var failed *client.RequestFailed
+	if err := f1.Result(ctx, &out); !errors.As(err, &failed) || !strings.Contains(failed.Message, "internal error") {
+		t.Fatalf("the panicking op: want a failed future saying internal error, got %v", err)
+	}
+	if err := f2.Result(ctx, &out); err != nil {
+		t.Fatalf("the op after it: %v", err)
+	}
+}
+
+// One request's size is capped in datums and tokens (forward_backward) and in sampled tokens
+// (asample), with a 400 that names the limit; requests within the caps run.
+func TestRequestSizeCaps(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRequestDatums: 2, MaxRequestTokens: 24})
+	ctx := context.Background()
+	c, tc := newRun(t, ts.URL, "tml-big", 4)
+	short := datum(ts.eng.Tokenizer.Encode("a short one"), true)
+	long := make([]int, 30)
+	for i := range long {
+		long[i] = 5 + i
+	}
+	_, err := tc.ForwardBackward(ctx, []api.Datum{short, short, short}, "cross_entropy", nil, false)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 2") {
+		t.Fatalf("3 datums over a cap of 2: want 400 naming the limit, got %v", err)
+	}
+	_, err = tc.ForwardBackward(ctx, []api.Datum{datum(long, true)}, "cross_entropy", nil, false)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 24") {
+		t.Fatalf("29 tokens over a cap of 24: want 400 naming the limit, got %v", err)
+	}
+	f, err := tc.ForwardBackward(ctx, []api.Datum{short, short}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	n, maxTokens := 4, 10
+	_, err = c.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: long[:3]}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit is 24") {
+		t.Fatalf("4 × (3 + 10) sampled tokens over a cap of 24: want 400 naming the limit, got %v", err)
+	}
+	n = 1
+	sf, err := c.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: long[:3]}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var so api.SampleResponse
+	if err := sf.Result(ctx, &so); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gatedCompute is the tiny engine whose forward_backward waits for a token from gate: a stand-in
+// for a long training op.
+type gatedCompute struct {
+	*engine.Engine
+	gate chan struct{}
+}
+
+func (g *gatedCompute) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	<-g.gate
+	return g.Engine.ForwardBackward(id, data, loss, cfg)
+}
+
+// A replica shares its time between tenants: with one tenant's training ops queued on it (three
+// runs, one long op each) another tenant's sample runs as soon as the op running now ends, not
+// after all of them.
+func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
+	rep := replica.New("r0", base, g, 8)
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	defer func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	data := []api.Datum{datum(e.Tokenizer.Encode("a long training op"), true)}
+	var runs []*client.TrainingClient
+	for range 3 {
+		_, tc := newRun(t, ts.URL, "tml-heavy", 4)
+		runs = append(runs, tc)
+	}
+	var training []*client.Future
+	for _, tc := range runs {
+		f, err := tc.ForwardBackward(ctx, data, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		training = append(training, f)
+	}
+	waitDepth := func(n int) {
+		for rep.QueueDepth() < n {
+			if ctx.Err() != nil {
+				t.Fatalf("queue depth %d, waiting for %d", rep.QueueDepth(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitDepth(3) // one running (held at the gate), two queued behind it
+	light := client.New(ts.URL, "tml-light")
+	n, maxTokens := 1, 1
+	sf, err := light.Sample(ctx, api.SampleRequest{BaseModel: base, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2, 3}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDepth(4)
+	g.gate <- struct{}{} // the running training op ends; the sample must be next
+	var so api.SampleResponse
+	if err := sf.Result(ctx, &so); err != nil {
+		t.Fatalf("the other tenant's sample waited behind the whole queue: %v", err)
+	}
+	if d := rep.QueueDepth(); d != 2 {
+		t.Fatalf("queue depth %d after the sample, want the 2 training ops still queued", d)
+	}
+	g.gate <- struct{}{}
+	g.gate <- struct{}{}
+	for _, f := range training {
+		var out api.ForwardBackwardOutput
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Writing an answer has a deadline: a long-poll that outlives it loses its connection rather
+// than holding it (here the deadline is set shorter than the long-poll to see it apply).
+func TestAnswersAreWrittenWithinTheWriteTimeout(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
+	defer close(g.gate)
+	ts := serverOver(t, g, gateway.Options{LongPoll: 300 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-slow", 4)
+	f, err := tc.ForwardBackward(ctx, []api.Datum{datum(e.Tokenizer.Encode("held at the gate"), true)}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	err = f.Result(ctx, &out)
+	var se *client.StatusError
+	if err == nil || errors.As(err, &se) || ctx.Err() != nil {
+		t.Fatalf("a long-poll answered after the write deadline: want the connection cut, got %v", err)
+	}
+}

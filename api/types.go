@@ -349,6 +349,7 @@ type TrainingRun struct {
 	LastCheckpoint        *Checkpoint       `json:"last_checkpoint"`
 	LastSamplerCheckpoint *Checkpoint       `json:"last_sampler_checkpoint"`
 	UserMetadata          map[string]string `json:"user_metadata"`
+	ProjectID             string            `json:"project_id,omitempty"` // skein: the run's session's project
 }
 
 // Cursor pages a listing.
@@ -356,4 +357,72 @@ type Cursor struct {
 	Offset     int `json:"offset"`
 	Limit      int `json:"limit"`
 	TotalCount int `json:"total_count"`
+}
+
+// AssignProjectRequest is the body of PUT /api/v1/sessions/{id}/project.
+type AssignProjectRequest struct {
+	ProjectID string `json:"project_id"`
+}
+
+// AssignProjectResponse answers it (the SDK reads no body).
+type AssignProjectResponse struct {
+	SessionID string `json:"session_id"`
+	ProjectID string `json:"project_id"`
+}
+
+// AuditLogEntry is one event of GET /api/v1/audit: who (Actor, the tenant) did what (Event) to
+// which run, checkpoint or key.
+type AuditLogEntry struct {
+	Timestamp  string `json:"timestamp"`
+	Event      string `json:"event"`
+	ModelID    string `json:"model_id,omitempty"`
+	TinkerPath string `json:"tinker_path,omitempty"`
+	Purpose    string `json:"purpose,omitempty"`
+	Actor      string `json:"actor"` // skein: the tenant that did it
+}
+
+// AuditLogResponse answers GET /api/v1/audit, oldest first.
+type AuditLogResponse struct {
+	Entries []AuditLogEntry `json:"entries"`
+}
+
+// BillingEventInfo is the kind-specific part of a billing usage bucket, tagged by Type:
+// "training", "sampling_prefill", "sampling_sample" (TokenCount), "checkpoint" (Count),
+// "storage" (GigabyteHours).
+type BillingEventInfo struct {
+	Type          string   `json:"type"`
+	TokenCount    *int64   `json:"token_count,omitempty"`
+	Cached        *bool    `json:"cached,omitempty"`
+	Count         *int64   `json:"count,omitempty"`
+	GigabyteHours *float64 `json:"gigabyte_hours,omitempty"`
+}
+
+// BillingUsageEvent is one hourly bucket of one tenant's usage of one kind, session and base model.
+type BillingUsageEvent struct {
+	BucketStart    string           `json:"bucket_start"`
+	BucketEnd      string           `json:"bucket_end"`
+	BaseModel      *string          `json:"base_model"`
+	UserID         *string          `json:"user_id"`
+	SessionID      *string          `json:"session_id"`
+	ProjectID      *string          `json:"project_id"`
+	EventInfo      BillingEventInfo `json:"event_info"`
+	ComputeSeconds *float64         `json:"compute_seconds,omitempty"` // skein: engine time of training and sampling
+}
+
+// BillingUsageSession is a session's attributes in a usage answer.
+type BillingUsageSession struct {
+	UserMetadata map[string]string `json:"user_metadata"`
+}
+
+// BillingUsageResponse answers GET /api/v1/billing/usage/events.
+type BillingUsageResponse struct {
+	Data     []BillingUsageEvent            `json:"data"`
+	Sessions map[string]BillingUsageSession `json:"sessions"`
+}
+
+// TraceExportResponse answers GET /api/v1/sessions/{id}/trace_export.
+type TraceExportResponse struct {
+	Status string `json:"status"` // "pending", "ready" or "failed"
+	URL    string `json:"url,omitempty"`
+	Error  string `json:"error,omitempty"`
 }

@@ -95,6 +95,7 @@ type session struct {
 	metadata   map[string]any
 	runs       []string
 	samplers   []string
+	project    string // "" until assigned; its runs follow it
 }
 
 type trainingRun struct {
@@ -106,6 +107,7 @@ type trainingRun struct {
 	queue                          *runQueue // seq_id order of its ops
 	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
+	project                        string // its session's project when it was last assigned
 }
 
 type sampler struct {
@@ -236,6 +238,7 @@ func (s *Server) sweeper() {
 			}
 			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
+			s.sweepEvents(now)
 			s.sweepSessions(now)
 			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"sort"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -112,6 +113,8 @@ func (s *Server) getBillingUsage(w http.ResponseWriter, r *http.Request, tenant 
 		out.Data = append(out.Data, ev)
 	}
 	out.Data = append(out.Data, s.storageBuckets(who, from, to)...)
+	// Ordered by bucket (RFC 3339 UTC sorts as text), then as the store ordered them.
+	sort.SliceStable(out.Data, func(i, j int) bool { return out.Data[i].BucketStart < out.Data[j].BucketStart })
 	return out, nil
 }
 

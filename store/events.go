@@ -42,7 +42,7 @@ func (s *SQL) UsageBuckets(ctx context.Context, tenant string, from, to time.Tim
 	const hour = int64(time.Hour / time.Millisecond)
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT (at / ?) * ? AS hour, tenant, name, session_id, base_model,
 		SUM(amount), SUM(seconds) FROM events WHERE kind = ? AND (? = '' OR tenant = ?) AND at >= ? AND at < ?
-		GROUP BY hour, tenant, name, session_id, base_model ORDER BY hour, SUM(amount) DESC LIMIT ?`),
+		GROUP BY hour, tenant, name, session_id, base_model ORDER BY hour, SUM(amount) DESC, tenant, name, session_id, base_model LIMIT ?`),
 		hour, hour, EventUsage, tenant, tenant, ms(from), ms(to), limit)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/store"
 )
 
 func await(t *testing.T, f *client.Future, err error, out any) {
@@ -439,5 +441,33 @@ func TestSessionTraceExport(t *testing.T) {
 	forged := exp.URL[:len(exp.URL)-4] + "0000"
 	if resp, err := http.Get(forged); err != nil || resp.StatusCode != 403 {
 		t.Fatalf("forged token: %v %v", err, resp)
+	}
+}
+
+// Projects and the audit log are in the state store: a restarted gateway (here a second one on
+// the same store) still filters by the project and still has the log.
+func TestProjectsAndAuditSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.OpenSQLite(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ts := newServer(t, gateway.Options{DataDir: dir, Store: st})
+	ctx := context.Background()
+	c, tc := newRun(t, ts.URL, "tml-restart", 2)
+	sess := strings.Split(tc.ModelID, ":")[0]
+	if err := c.Do(ctx, "PUT", "sessions/"+sess+"/project", api.AssignProjectRequest{ProjectID: "kept"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ts.gw.Close()
+	again := client.New(newServer(t, gateway.Options{DataDir: dir, Store: st}).URL, "tml-restart")
+	var p runsPage
+	if err := again.Do(ctx, "GET", "training_runs?project_id=kept", nil, &p); err != nil || len(p.Runs) != 1 || p.Runs[0].TrainingRunID != tc.ModelID {
+		t.Fatalf("after restart: %v %v", err, runIDs(p))
+	}
+	var log api.AuditLogResponse
+	if err := again.Do(ctx, "GET", "audit", nil, &log); err != nil || len(log.Entries) != 2 || log.Entries[1].Event != "session.assign_project" {
+		t.Fatalf("audit after restart: %v %+v", err, log)
 	}
 }

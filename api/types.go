@@ -426,3 +426,45 @@ type TraceExportResponse struct {
 	URL    string `json:"url,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
+
+// UnmarshalJSON reads loss_fn_config's values as numbers or booleans (1 and 0): twinkle's
+// clients send {"disable_lora": true}, the tinker SDK sends numbers.
+func (in *ForwardBackwardInput) UnmarshalJSON(b []byte) error {
+	type plain ForwardBackwardInput
+	var aux struct {
+		plain
+		LossFnConfig map[string]configValue `json:"loss_fn_config"`
+	}
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	*in = ForwardBackwardInput(aux.plain)
+	in.LossFnConfig = nil
+	if aux.LossFnConfig != nil {
+		in.LossFnConfig = make(map[string]float64, len(aux.LossFnConfig))
+		for k, v := range aux.LossFnConfig {
+			in.LossFnConfig[k] = float64(v)
+		}
+	}
+	return nil
+}
+
+// configValue is one loss_fn_config value: a number, or a boolean as 1 or 0.
+type configValue float64
+
+func (v *configValue) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*v = 1
+		return nil
+	case "false":
+		*v = 0
+		return nil
+	}
+	var f float64
+	if string(b) == "null" || json.Unmarshal(b, &f) != nil {
+		return fmt.Errorf("loss_fn_config: value %s is not a number or a boolean", b)
+	}
+	*v = configValue(f)
+	return nil
+}

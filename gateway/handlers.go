@@ -984,14 +984,18 @@ func (s *Server) ckptRow(m *ckptMeta) api.Checkpoint {
 }
 
 func (s *Server) runRow(run *trainingRun) api.TrainingRun {
+	return s.runRowFrom(run, s.indexCheckpoints())
+}
+
+func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
 	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
 		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
 	tr.ProjectID = run.project
-	if m := s.newestCheckpoint(run.id, checkpoint.KindWeights); m != nil {
+	if m := idx.newest[[2]string{run.id, checkpoint.KindWeights}]; m != nil {
 		c := s.ckptRow(m)
 		tr.LastCheckpoint = &c
 	}
-	if m := s.newestCheckpoint(run.id, checkpoint.KindSamplerWeights); m != nil {
+	if m := idx.newest[[2]string{run.id, checkpoint.KindSamplerWeights}]; m != nil {
 		c := s.ckptRow(m)
 		tr.LastSamplerCheckpoint = &c
 	}
@@ -1010,15 +1014,16 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var runs []*trainingRun
+	idx := s.indexCheckpoints()
 	for _, run := range s.runs {
-		if listed(s, run) {
+		if listed(run, idx) {
 			runs = append(runs, run)
 		}
 	}
 	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
 	rows := []api.TrainingRun{}
 	for _, run := range page(runs, offset, limit) {
-		rows = append(rows, s.runRow(run))
+		rows = append(rows, s.runRowFrom(run, idx))
 	}
 	return map[string]any{"training_runs": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
 }

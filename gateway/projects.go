@@ -61,7 +61,7 @@ func (s *Server) assignSessionProject(w http.ResponseWriter, r *http.Request, te
 // runFilter reads list_training_runs' access_scope and project_id: "owned" (the default) lists
 // the tenant's runs; "accessible" adds other tenants' runs that have a published checkpoint.
 // The returned function is called with s.mu held.
-func runFilter(r *http.Request, tenant string) (func(*Server, *trainingRun) bool, error) {
+func runFilter(r *http.Request, tenant string) (func(*trainingRun, ckptIndex) bool, error) {
 	q := r.URL.Query()
 	accessible, err := accessScope(r)
 	if err != nil {
@@ -73,11 +73,11 @@ func runFilter(r *http.Request, tenant string) (func(*Server, *trainingRun) bool
 			return nil, err
 		}
 	}
-	return func(s *Server, run *trainingRun) bool {
+	return func(run *trainingRun, idx ckptIndex) bool {
 		if byProject && run.project != project {
 			return false
 		}
-		return run.tenant == tenant || accessible && s.hasPublicCheckpoint(run.id)
+		return run.tenant == tenant || accessible && idx.public[run.id]
 	}, nil
 }
 
@@ -92,16 +92,32 @@ func accessScope(r *http.Request) (accessible bool, err error) {
 	}
 }
 
-// hasPublicCheckpoint reports whether a run has a published checkpoint that has not expired;
-// call with s.mu held.
-func (s *Server) hasPublicCheckpoint(runID string) bool {
+// ckptIndex is what the run rows need from the checkpoints, found in one pass over them (a
+// listing stays linear in runs plus checkpoints): each run's newest existing checkpoint of each
+// kind (neither deleted nor expired, so last_checkpoint falls back to an older one when the
+// newest goes), and the runs with a published one.
+type ckptIndex struct {
+	newest map[[2]string]*ckptMeta // {run, kind}
+	public map[string]bool
+}
+
+// indexCheckpoints builds the index; call with s.mu held.
+func (s *Server) indexCheckpoints() ckptIndex {
+	idx := ckptIndex{newest: map[[2]string]*ckptMeta{}, public: map[string]bool{}}
 	now := time.Now()
 	for _, m := range s.ckpts {
-		if m.Public && m.parsed.ModelID == runID && !m.expired(now) {
-			return true
+		if m.expired(now) {
+			continue
+		}
+		if m.Public {
+			idx.public[m.parsed.ModelID] = true
+		}
+		k := [2]string{m.parsed.ModelID, m.parsed.Kind}
+		if best := idx.newest[k]; best == nil || m.Created.After(best.Created) || m.Created.Equal(best.Created) && m.Path > best.Path {
+			idx.newest[k] = m
 		}
 	}
-	return false
+	return idx
 }
 
 // accessibleRun finds a run for get_training_run: the tenant's own, or with
@@ -117,27 +133,10 @@ func (s *Server) accessibleRun(r *http.Request, tenant, id string) (*trainingRun
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	run := s.runs[id]
-	if run == nil || (run.tenant != tenant && !s.hasPublicCheckpoint(id)) {
+	if run == nil || (run.tenant != tenant && !s.indexCheckpoints().public[id]) {
 		return nil, errf(http.StatusNotFound, "model %q not found", id)
 	}
 	return run, nil
-}
-
-// newestCheckpoint is a run's most recent checkpoint of a kind that still exists (neither
-// deleted nor expired), so last_checkpoint falls back to an older one when the newest goes.
-// Call with s.mu held.
-func (s *Server) newestCheckpoint(runID, kind string) *ckptMeta {
-	now := time.Now()
-	var best *ckptMeta
-	for _, m := range s.ckpts {
-		if m.parsed.ModelID != runID || m.parsed.Kind != kind || m.expired(now) {
-			continue
-		}
-		if best == nil || m.Created.After(best.Created) || m.Created.Equal(best.Created) && m.Path > best.Path {
-			best = m
-		}
-	}
-	return best
 }
 
 // --- small request rules of the Tinker surface ---

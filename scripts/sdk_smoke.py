@@ -91,10 +91,16 @@ print("runs in project:", len(in_project.training_runs))
 assert tc.model_id in [r.training_run_id for r in in_project.training_runs]
 assert rc.list_training_runs(project_id="no-such-project").result().training_runs == []
 rc.publish_checkpoint_from_tinker_path(state.path).result()
-other = tinker.ServiceClient(base_url=base_url, api_key="tml-sdk-smoke-other").create_rest_client()
+other_sc = tinker.ServiceClient(base_url=base_url, api_key="tml-sdk-smoke-other", project_id="other-project",
+                               user_metadata={"team": "b"})
+other = other_sc.create_rest_client()
 visible = [r.training_run_id for r in other.list_training_runs(access_scope="accessible").result().training_runs]
 print("accessible to another tenant:", visible)
 assert tc.model_id in visible and tc.model_id not in [r.training_run_id for r in other.list_training_runs().result().training_runs]
+assert other.get_training_run(tc.model_id, access_scope="accessible").result().training_run_id == tc.model_id
+other_tc = other_sc.create_lora_training_client(base_model=model, rank=4)  # created in its session's project
+assert [r.training_run_id for r in other.list_training_runs(project_id="other-project").result().training_runs] == [other_tc.model_id]
+other_tc.forward_backward([datum], "cross_entropy").result()
 
 meta_tc = sc.create_lora_training_client(base_model=model, rank=4, user_metadata={"experiment": "smoke"})
 first = meta_tc.save_state("first").result().path
@@ -177,6 +183,10 @@ usage = rc.get_billing_usage(hour - datetime.timedelta(hours=1), hour + datetime
 kinds = {e.event_info.type for e in usage.data}
 print("billing kinds:", sorted(kinds), "sessions:", len(usage.sessions))
 assert {"training", "sampling_prefill", "sampling_sample", "checkpoint", "storage"} <= kinds
+other_usage = other.get_billing_usage(hour - datetime.timedelta(hours=1), hour + datetime.timedelta(hours=1)).result()
+print("another tenant's usage:", [(e.event_info.type, e.project_id) for e in other_usage.data], other_usage.sessions)
+assert [e.project_id for e in other_usage.data if e.event_info.type == "training"] == ["other-project"]
+assert [s.user_metadata for s in other_usage.sessions.values()] == [{"team": "b"}]
 
 url = rc.export_session_trace(session_id).result()
 with urllib.request.urlopen(url) as resp:

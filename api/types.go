@@ -349,6 +349,7 @@ type TrainingRun struct {
 	LastCheckpoint        *Checkpoint       `json:"last_checkpoint"`
 	LastSamplerCheckpoint *Checkpoint       `json:"last_sampler_checkpoint"`
 	UserMetadata          map[string]string `json:"user_metadata"`
+	ProjectID             string            `json:"project_id,omitempty"` // skein: the run's session's project
 }
 
 // Cursor pages a listing.
@@ -356,4 +357,114 @@ type Cursor struct {
 	Offset     int `json:"offset"`
 	Limit      int `json:"limit"`
 	TotalCount int `json:"total_count"`
+}
+
+// AssignProjectRequest is the body of PUT /api/v1/sessions/{id}/project.
+type AssignProjectRequest struct {
+	ProjectID string `json:"project_id"`
+}
+
+// AssignProjectResponse answers it (the SDK reads no body).
+type AssignProjectResponse struct {
+	SessionID string `json:"session_id"`
+	ProjectID string `json:"project_id"`
+}
+
+// AuditLogEntry is one event of GET /api/v1/audit: who (Actor, the tenant) did what (Event) to
+// which run, checkpoint or key.
+type AuditLogEntry struct {
+	Timestamp  string `json:"timestamp"`
+	Event      string `json:"event"`
+	ModelID    string `json:"model_id,omitempty"`
+	TinkerPath string `json:"tinker_path,omitempty"`
+	Purpose    string `json:"purpose,omitempty"`
+	Actor      string `json:"actor"` // skein: the tenant that did it
+}
+
+// AuditLogResponse answers GET /api/v1/audit, oldest first.
+type AuditLogResponse struct {
+	Entries []AuditLogEntry `json:"entries"`
+}
+
+// BillingEventInfo is the kind-specific part of a billing usage bucket, tagged by Type:
+// "training", "sampling_prefill", "sampling_sample" (TokenCount), "checkpoint" (Count),
+// "storage" (GigabyteHours).
+type BillingEventInfo struct {
+	Type          string   `json:"type"`
+	TokenCount    *int64   `json:"token_count,omitempty"`
+	Cached        *bool    `json:"cached,omitempty"`
+	Count         *int64   `json:"count,omitempty"`
+	GigabyteHours *float64 `json:"gigabyte_hours,omitempty"`
+}
+
+// BillingUsageEvent is one hourly bucket of one tenant's usage of one kind, session and base model.
+type BillingUsageEvent struct {
+	BucketStart    string           `json:"bucket_start"`
+	BucketEnd      string           `json:"bucket_end"`
+	BaseModel      *string          `json:"base_model"`
+	UserID         *string          `json:"user_id"`
+	SessionID      *string          `json:"session_id"`
+	ProjectID      *string          `json:"project_id"`
+	EventInfo      BillingEventInfo `json:"event_info"`
+	ComputeSeconds *float64         `json:"compute_seconds,omitempty"` // skein: engine time of training and sampling
+}
+
+// BillingUsageSession is a session's attributes in a usage answer.
+type BillingUsageSession struct {
+	UserMetadata map[string]string `json:"user_metadata"`
+}
+
+// BillingUsageResponse answers GET /api/v1/billing/usage/events.
+type BillingUsageResponse struct {
+	Data     []BillingUsageEvent            `json:"data"`
+	Sessions map[string]BillingUsageSession `json:"sessions"`
+}
+
+// TraceExportResponse answers GET /api/v1/sessions/{id}/trace_export.
+type TraceExportResponse struct {
+	Status string `json:"status"` // "pending", "ready" or "failed"
+	URL    string `json:"url,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// UnmarshalJSON reads loss_fn_config's values as numbers or booleans (1 and 0): twinkle's
+// clients send {"disable_lora": true}, the tinker SDK sends numbers.
+func (in *ForwardBackwardInput) UnmarshalJSON(b []byte) error {
+	type plain ForwardBackwardInput
+	var aux struct {
+		plain
+		LossFnConfig map[string]configValue `json:"loss_fn_config"`
+	}
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	*in = ForwardBackwardInput(aux.plain)
+	in.LossFnConfig = nil
+	if aux.LossFnConfig != nil {
+		in.LossFnConfig = make(map[string]float64, len(aux.LossFnConfig))
+		for k, v := range aux.LossFnConfig {
+			in.LossFnConfig[k] = float64(v)
+		}
+	}
+	return nil
+}
+
+// configValue is one loss_fn_config value: a number, or a boolean as 1 or 0.
+type configValue float64
+
+func (v *configValue) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*v = 1
+		return nil
+	case "false":
+		*v = 0
+		return nil
+	}
+	var f float64
+	if string(b) == "null" || json.Unmarshal(b, &f) != nil {
+		return fmt.Errorf("loss_fn_config: value %s is not a number or a boolean", b)
+	}
+	*v = configValue(f)
+	return nil
 }

@@ -126,13 +126,15 @@ func checkGradients(t *testing.T, arch Arch) {
 		{"importance_sampling", []Datum{rlDatum(ids, -6.2, 0.7)}, nil},
 		{"ppo", []Datum{rlDatum(ids, -6.2, -0.5)}, map[string]float64{"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}},
 		{"dro", []Datum{rlDatum(ids, -6.0, 0.4)}, map[string]float64{"beta": 0.3}},
+		// as the cookbook sends it: prompt positions padded with target 0, logprob 0, advantage 0
+		{"dro", []Datum{cookbookRLDatum(ids, 4, 0)}, map[string]float64{"beta": 0.3}},
 	}
 	if arch != ArchQwen3 {
 		cases = cases[:1]
 	}
 	for ci, c := range cases {
 		t.Run(c.loss, func(t *testing.T) {
-			id := c.loss
+			id := fmt.Sprintf("%s-%d", c.loss, ci)
 			a := adapterWithB(t, e, id, LoraConfig{Rank: 2, Seed: int64(ci), TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(7*j+i)) })
 			if _, err := e.ForwardBackward(id, c.data, c.loss, c.cfg); err != nil {
 				t.Fatal(err)

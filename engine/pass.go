@@ -132,9 +132,9 @@ func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad
 	case lossCISPO:
 		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
 		return -r * lp * adv, -r * adv
-	case lossDRO:
+	case lossDRO: // w is 1 where dro trains, 0 elsewhere (see droMask)
 		d := lp - q
-		return -(lp*adv - 0.5*beta*d*d), -(adv - beta*d)
+		return -w * (lp*adv - 0.5*beta*d*d), -w * (adv - beta*d)
 	}
 	return 0, 0
 }

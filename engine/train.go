@@ -52,7 +52,7 @@ var lossDefs = map[string]lossDef{
 	lossImportance:   {required: []string{"logprobs", "advantages"}},
 	lossPPO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
 	lossCISPO:        {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0, "clip_high_threshold": 4}},
-	lossDRO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"beta": 0.05}},
+	lossDRO:          {required: []string{"logprobs", "advantages"}, optional: map[string]float64{"mask": 1}, config: map[string]float64{"beta": 0.05}},
 }
 
 // prepared is a validated batch, ready to be cut into passes.
@@ -173,6 +173,11 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 		if err != nil {
 			return nil, err
 		}
+		if loss == lossDRO {
+			if w, err = droMask(i, d, lp, adv); err != nil {
+				return nil, err
+			}
+		}
 		p.tokens = append(p.tokens, d.Tokens)
 		p.targets = append(p.targets, targets)
 		p.weights = append(p.weights, w)
@@ -180,6 +185,35 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 		p.adv = append(p.adv, adv)
 	}
 	return p, nil
+}
+
+// droMask is the weight of each position in the dro loss: 1 where it trains, 0 where it does
+// not. Unlike the other RL losses, dro's quadratic term ½·β·(lp−q)² does not vanish where the
+// advantage is 0, so prompt positions padded with target 0, logprob 0 and advantage 0 (as the
+// tinker-cookbook sends them) would be pulled towards token 0. Without a mask input, a position
+// trains when its advantage or its sampling logprob is non-zero (a sampled token has a negative
+// logprob, unless its probability was exactly 1); a mask of 0s and 1s decides alone.
+func droMask(datum int, d Datum, lp, adv []float64) ([]float64, error) {
+	n := len(lp)
+	if _, ok := d.Inputs["mask"]; ok {
+		m, err := vectorInput(datum, d, "mask", false, n)
+		if err != nil {
+			return nil, err
+		}
+		for j, v := range m {
+			if v != 0 && v != 1 {
+				return nil, inputErr(datum, "loss_fn_inputs.mask", "value %v at position %d, want 0 or 1", v, j)
+			}
+		}
+		return m, nil
+	}
+	w := make([]float64, n)
+	for j := range w {
+		if adv[j] != 0 || lp[j] != 0 {
+			w[j] = 1
+		}
+	}
+	return w, nil
 }
 
 // vectorInput checks one loss input is 1-D of length n, of the right kind, all finite.

@@ -419,7 +419,7 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 		{"asample", j, `{"base_model":"tiny-qwen3","prompt":{"chunks":[{"type":"image","data":"AA=="}]},"sampling_params":{}}`, "tml-dave", 400},
 		{"asample", j, `{"sampling_session_id":"nope","prompt":{"chunks":[]},"sampling_params":{}}`, "tml-dave", 404},
 		{"load_weights", j, `{"model_id":"` + tc.ModelID + `","path":"http://x","optimizer":true}`, "tml-dave", 400},
-		{"load_weights", j, `{"model_id":"` + tc.ModelID + `","path":"tinker://a:train:0/weights/zz","optimizer":true}`, "tml-dave", 400},
+		{"load_weights", j, `{"model_id":"` + tc.ModelID + `","path":"tinker://a:train:0/weights/zz","optimizer":true}`, "tml-dave", 404}, // as the REST calls answer
 		{"weights_info", j, `{"tinker_path":"tinker://../../etc/passwd"}`, "tml-dave", 400},
 		{"save_weights", j, `{"model_id":"` + tc.ModelID + `","path":"../escape"}`, "tml-dave", 400},
 		{"nonexistent", j, `{}`, "tml-dave", 404},

@@ -68,6 +68,11 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"checkpoints", true, s.listAllCheckpoints)
 	s.handle("GET "+v1+"sessions", true, s.listSessions)
 	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
+	s.handle("PUT "+v1+"sessions/{id}/project", true, s.assignSessionProject)
+	s.handle("GET "+v1+"sessions/{id}/trace_export", true, s.exportSessionTrace)
+	s.handle("GET "+v1+"traces/{token}", false, s.downloadTrace)
+	s.handle("GET "+v1+"audit", true, s.getAuditLog)
+	s.handle("GET "+v1+"billing/usage/events", true, s.getBillingUsage)
 	s.handle("GET "+v1+"skein/replicas", true, s.adminOnly(s.listReplicas))
 	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)
 	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
@@ -102,13 +107,21 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	var req struct {
 		Tags         []string       `json:"tags"`
 		UserMetadata map[string]any `json:"user_metadata"`
+		ProjectID    *string        `json:"project_id"`
 	}
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	project := ""
+	if req.ProjectID != nil {
+		if err := validProjectID(*req.ProjectID); err != nil {
+			return nil, err
+		}
+		project = *req.ProjectID
+	}
 	now := time.Now()
 	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
-	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata}
+	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata, project: project}
 	s.mu.Lock()
 	s.sessions[sess.id] = sess
 	s.saveSession(sess, false)
@@ -307,12 +320,13 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	}
 	now := time.Now()
 	run := &trainingRun{id: id, tenant: tenant, session: sess.id, baseModel: req.BaseModel, lora: cfg, created: now,
-		lastRequest: now, metadata: md, ready: true, queue: newRunQueue(1)}
+		lastRequest: now, metadata: md, ready: true, queue: newRunQueue(1), project: sess.project}
 	s.runs[id] = run
 	sess.runs = append(sess.runs, id)
 	s.saveRun(run)
 	s.saveSession(sess, false)
 	s.mu.Unlock()
+	s.audit(tenant, "training_run.create", id, "", "")
 	f, _, err := s.futures.create(tenant, "CreateModel", "")
 	if err != nil {
 		return nil, err
@@ -366,6 +380,7 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 		return nil, err
 	}
 	s.dropAdapter(run)
+	s.audit(tenant, "training_run.unload", run.id, "", "")
 	s.futures.complete(f, map[string]any{"model_id": run.id, "type": "unload_model"})
 	return futureResponse(f, run.id), nil
 }
@@ -399,7 +414,7 @@ func (s *Server) submitOrderedSized(tenant string, run *trainingRun, seq *int, k
 		if errors.As(err, &bug) {
 			return nil, errf(http.StatusInternalServerError, "internal error validating the request: %v", err)
 		}
-		return nil, errf(http.StatusBadRequest, "%v", err)
+		return nil, asBadRequest(err)
 	}
 	f, fresh, err := s.futures.create(tenant, kind, opKey)
 	if err != nil {
@@ -511,6 +526,10 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if err != nil {
 		return nil, err
 	}
+	baseOnly, err := takeDisableLora(&req.Input, req.ForwardOnly)
+	if err != nil {
+		return nil, err
+	}
 	var data []engine.Datum
 	// Validation depends only on the base model; not finding it fails validation, which consumes
 	// the seq_id like any other failure of a sequenced request.
@@ -534,14 +553,16 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	}, func(rep *replica.Replica) (any, error) {
 		var res *engine.ForwardResult
 		var err error
+		start := time.Now()
 		if req.ForwardOnly {
-			res, err = rep.Engine.Forward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Engine.Forward(adapterOrBase(run.id, baseOnly), data, req.Input.LossFn, req.Input.LossFnConfig)
 		} else {
 			res, err = rep.Engine.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
 		}
 		if err != nil {
 			return nil, err
 		}
+		s.recordTraining(run, kind, data, start)
 		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
 		for i := range res.Logprobs {
 			out.LossFnOutputs = append(out.LossFnOutputs, api.LossOutput{
@@ -639,6 +660,7 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 
 // writeCheckpoint saves an adapter's state under the data directory and records it.
 func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
+	start := time.Now()
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
 	if err := rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
@@ -672,6 +694,8 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	s.saveRun(run)
 	s.mu.Unlock()
 	s.dropSamplerCopies(meta.Path) // an overwrite: copies of the old weights are stale
+	s.audit(run.tenant, "checkpoint.save", run.id, meta.Path, p.Kind)
+	s.recordCheckpoint(run, meta.Path, start)
 	return nil
 }
 
@@ -773,6 +797,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		run.grads = gradientLedger{} // the adapter was replaced
 		s.saveRun(run)
 		s.mu.Unlock()
+		s.audit(tenant, "checkpoint.load", run.id, meta.Path, "")
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
@@ -910,6 +935,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	if sp.TopP != nil {
 		sr.Params.TopP = *sp.TopP
+		greedyTopP(&sr.Params)
 	}
 	if sr.Params.StopStrings, sr.Params.StopTokens, err = sp.StopSpec(); err != nil {
 		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
@@ -1029,13 +1055,18 @@ func (s *Server) ckptRow(m *ckptMeta) api.Checkpoint {
 }
 
 func (s *Server) runRow(run *trainingRun) api.TrainingRun {
+	return s.runRowFrom(run, s.indexCheckpoints())
+}
+
+func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
 	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
 		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
-	if m := s.ckpts[run.lastCkpt]; m != nil {
+	tr.ProjectID = run.project
+	if m := idx.newest[[2]string{run.id, checkpoint.KindWeights}]; m != nil {
 		c := s.ckptRow(m)
 		tr.LastCheckpoint = &c
 	}
-	if m := s.ckpts[run.lastSamplerCkpt]; m != nil {
+	if m := idx.newest[[2]string{run.id, checkpoint.KindSamplerWeights}]; m != nil {
 		c := s.ckptRow(m)
 		tr.LastSamplerCheckpoint = &c
 	}
@@ -1047,24 +1078,29 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if err != nil {
 		return nil, err
 	}
+	listed, err := runFilter(r, tenant)
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var runs []*trainingRun
+	idx := s.indexCheckpoints()
 	for _, run := range s.runs {
-		if run.tenant == tenant {
+		if listed(run, idx) {
 			runs = append(runs, run)
 		}
 	}
 	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
 	rows := []api.TrainingRun{}
 	for _, run := range page(runs, offset, limit) {
-		rows = append(rows, s.runRow(run))
+		rows = append(rows, s.runRowFrom(run, idx))
 	}
 	return map[string]any{"training_runs": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	run, err := s.runOf(tenant, r.PathValue("id"))
+	run, err := s.accessibleRun(r, tenant, r.PathValue("id"))
 	if err != nil {
 		return nil, err
 	}
@@ -1133,6 +1169,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant
 		return nil, err
 	}
 	s.removeCheckpoint(m)
+	s.audit(tenant, "checkpoint.delete", m.parsed.ModelID, m.Path, "")
 	return map[string]any{"deleted": m.Path}, nil
 }
 
@@ -1157,6 +1194,7 @@ func (s *Server) publish(public bool) handlerFunc {
 		if err := s.saveMeta(m); err != nil {
 			return nil, err
 		}
+		s.audit(tenant, map[bool]string{true: "checkpoint.publish", false: "checkpoint.unpublish"}[public], m.parsed.ModelID, m.Path, "")
 		return map[string]any{"tinker_path": m.Path, "public": public}, nil
 	}
 }
@@ -1186,6 +1224,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	if err := s.saveMeta(m); err != nil {
 		return nil, err
 	}
+	s.audit(tenant, "checkpoint.set_ttl", m.parsed.ModelID, m.Path, "")
 	return map[string]any{"tinker_path": m.Path}, nil
 }
 

@@ -268,7 +268,7 @@ func KeyInfoOf(k store.APIKey) KeyInfo {
 	return KeyInfo{ID: k.ID, Name: k.Name, Admin: k.Admin, Tenant: KeyTenant(k.ID), Created: k.Created, Revoked: k.Revoked}
 }
 
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req struct {
 		Name  string `json:"name"`
 		Admin bool   `json:"admin"`
@@ -284,6 +284,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, _ string) (an
 		return nil, err
 	}
 	s.log.Info("API key created", "key_id", row.ID, "name", row.Name, "admin", row.Admin)
+	s.audit(tenant, "api_key.create", "", "", "key "+row.ID)
 	return struct {
 		KeyInfo
 		Key string `json:"key"`
@@ -302,7 +303,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any
 	return map[string]any{"keys": out}, nil
 }
 
-func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
 	err := s.st.RevokeKey(r.Context(), id, time.Now())
 	if errors.Is(err, store.ErrNotFound) {
@@ -312,5 +313,6 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, _ string) (an
 		return nil, fmt.Errorf("revoking key %s: %w", id, err)
 	}
 	s.log.Info("API key revoked", "key_id", id)
+	s.audit(tenant, "api_key.revoke", "", "", "key "+id)
 	return map[string]any{"id": id, "revoked": true}, nil
 }

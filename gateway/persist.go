@@ -28,6 +28,7 @@ func (s *Server) sweepCheckpoints(now time.Time) {
 	s.mu.Unlock()
 	for _, m := range gone {
 		s.removeCheckpoint(m)
+		s.audit(m.Owner, "checkpoint.expire", m.parsed.ModelID, m.Path, "")
 	}
 }
 

@@ -27,6 +27,9 @@ type Exchange struct {
 // recordedHeaders are the request headers kept (the API key is replaced by its tenant's label).
 var recordedHeaders = []string{"Content-Type", "Content-Encoding", "Accept", "User-Agent", "X-Tinker-Request-Type"}
 
+// RecordedTenantHeader names the tenant (the hash of the key, never the key) of a recorded request.
+const RecordedTenantHeader = "X-Skein-Recorded-Tenant"
+
 // Recorder wraps a handler and appends every exchange to a JSONL file: the way skein records
 // the real SDK's traffic for the replay tests (`skein serve --record FILE`).
 func Recorder(next http.Handler, path string) (http.Handler, error) {
@@ -49,6 +52,9 @@ func Recorder(next http.Handler, path string) (http.Handler, error) {
 			if v := r.Header.Get(h); v != "" {
 				ex.Headers[h] = v
 			}
+		}
+		if tenant, err := tenantOf(r); err == nil {
+			ex.Headers[RecordedTenantHeader] = tenant // which caller: a replay sends each tenant's requests with its key
 		}
 		if json.Valid(body) && len(body) > 0 {
 			ex.RequestJSON = body

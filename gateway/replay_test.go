@@ -3,27 +3,32 @@ package gateway_test
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/gateway"
 )
 
 // The real tinker SDK's traffic (v0.25.0 and v0.24.1 running scripts/sdk_smoke.py against
-// `skein serve --record`), replayed against a fresh server: every status, every response key
+// `skein serve --record`; -surface: the script with projects, access scopes, the audit log,
+// billing usage, trace export with the SDK's CLI, disable_lora and a DPO loop), replayed against a fresh server: every status, every response key
 // and every number (losses, logprobs, seeded samples) must come out the same. Ids that the
 // server makes up (sessions, requests, samplers) are mapped as they appear.
 func TestReplayRecordedSDKTraffic(t *testing.T) {
-	for _, file := range []string{"testdata/sdk-0.25.0.jsonl", "testdata/sdk-0.24.1.jsonl"} {
+	for _, file := range []string{"testdata/sdk-0.25.0.jsonl", "testdata/sdk-0.24.1.jsonl", "testdata/sdk-0.25.0-surface.jsonl"} {
 		t.Run(file, func(t *testing.T) { replay(t, file) })
 	}
 }
@@ -88,7 +93,10 @@ func (m idMap) applyJSON(v any) any {
 var serverID = regexp.MustCompile(`^((sess|samp)-[0-9a-f]{16}|[0-9a-f]{8}-[0-9]+)$`)
 
 // size_bytes follows the checkpoint file format, not the protocol.
-var unstableKeys = map[string]bool{"time": true, "last_request_time": true, "expires_at": true, "size_bytes": true}
+// Audit times, billing buckets, storage and compute time, and trace event times follow the clock.
+var unstableKeys = map[string]bool{"time": true, "last_request_time": true, "expires_at": true, "size_bytes": true,
+	"timestamp": true, "bucket_start": true, "bucket_end": true, "gigabyte_hours": true, "compute_seconds": true,
+	"ts": true, "dur": true}
 
 // compare walks recorded and fresh JSON together, learning id mappings from differing strings
 // and failing on any other difference.
@@ -104,7 +112,7 @@ func (m idMap) compare(t *testing.T, where string, rec, got any) {
 			t.Fatalf("%s: keys %v, recorded %v", where, keysOf(g), keysOf(r))
 		}
 		for k, rv := range r {
-			gv, ok := g[k]
+			gv, ok := g[m.apply(k)] // keys may be ids too (billing's sessions)
 			if !ok {
 				t.Fatalf("%s: missing key %q", where, k)
 			}
@@ -124,6 +132,11 @@ func (m idMap) compare(t *testing.T, where string, rec, got any) {
 		g, ok := got.(string)
 		if !ok {
 			t.Fatalf("%s: got %v, recorded %q", where, got, r)
+		}
+		if strings.HasSuffix(where, ".url") && strings.Contains(r, "/traces/") {
+			// A signed download link: its token is this server's; the download that follows uses it.
+			m[r[strings.LastIndex(r, "/")+1:]] = g[strings.LastIndex(g, "/")+1:]
+			return
 		}
 		if want := m.apply(r); want != g {
 			if !serverID.MatchString(r) {
@@ -184,11 +197,11 @@ func replayWith(t *testing.T, file string, ts *testServer, apiKey string, ids id
 			req.ModelID = ids.apply(req.ModelID)
 			body = api.EncodeForwardBackwardRequest(req)
 		}
-		req, _ := http.NewRequest(ex.Method, ts.URL+ids.apply(ex.Path), bytes.NewReader(body))
+		req, _ := http.NewRequest(ex.Method, ts.URL+shiftBillingWindow(t, ids.apply(ex.Path)), bytes.NewReader(body))
 		for k, v := range ex.Headers {
 			req.Header.Set(k, v)
 		}
-		req.Header.Set("X-API-Key", apiKey)
+		req.Header.Set("X-API-Key", keyFor(ex.Headers[gateway.RecordedTenantHeader], apiKey))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -257,4 +270,42 @@ func roundTrip(v any) any {
 	var out any
 	_ = json.Unmarshal(b, &out)
 	return out
+}
+
+// otherRecordedKeys are the open-mode keys the smoke script uses besides its main one (for a
+// second tenant); a recorded request names its tenant, the hash of its key.
+var otherRecordedKeys = []string{"tml-sdk-smoke-other"}
+
+func keyFor(tenant, main string) string {
+	for _, k := range otherRecordedKeys {
+		sum := sha256.Sum256([]byte(k))
+		if tenant == "t-"+hex.EncodeToString(sum[:8]) {
+			return k
+		}
+	}
+	return main
+}
+
+// shiftBillingWindow moves a recorded billing query's window (hour−1 to hour+1 around the hour
+// it was recorded in) to the same place around the current hour.
+func shiftBillingWindow(t *testing.T, path string) string {
+	u, err := url.Parse(path)
+	if err != nil || !strings.HasSuffix(u.Path, "/billing/usage/events") {
+		return path
+	}
+	q := u.Query()
+	end, err := time.Parse(time.RFC3339, q.Get("ending_before"))
+	if err != nil {
+		t.Fatalf("recorded billing window %q: %v", path, err)
+	}
+	shift := time.Now().UTC().Truncate(time.Hour).Sub(end.Add(-time.Hour))
+	for _, k := range []string{"starting_on", "ending_before"} {
+		v, err := time.Parse(time.RFC3339, q.Get(k))
+		if err != nil {
+			t.Fatalf("recorded billing window %q: %v", path, err)
+		}
+		q.Set(k, v.Add(shift).UTC().Format(time.RFC3339))
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime/debug"
 	"sync"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
@@ -122,16 +123,19 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
+	start := time.Now()
 	results, err := e.SampleBatch(smp.engineID, reqs)
 	if err != nil {
 		fail(err)
 		return
 	}
+	share := time.Since(start).Seconds() / float64(len(batch))
 	for i, p := range batch {
 		if results[i].Err != nil { // this request failed alone; the others of the batch were served
 			s.finishOn(p.f, rep.ID(), nil, results[i].Err)
 			continue
 		}
+		s.recordSampling(smp, p.req, results[i], start, share)
 		s.finishOn(p.f, rep.ID(), sampleResponse(results[i]), nil)
 	}
 }

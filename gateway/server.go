@@ -124,6 +124,7 @@ type session struct {
 	metadata   map[string]any
 	runs       []string
 	samplers   []string
+	project    string // "" until assigned; its runs follow it
 }
 
 type trainingRun struct {
@@ -136,6 +137,7 @@ type trainingRun struct {
 	ready                          bool      // live: created and not unloaded or expired
 	lastCkpt, lastSamplerCkpt      string
 	grads                          gradientLedger // forward_backwards since the last optim_step
+	project                        string         // its session's project when it was last assigned
 }
 
 type sampler struct {
@@ -302,6 +304,7 @@ func (s *Server) sweeper() {
 			}
 			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
+			s.sweepEvents(now)
 			s.sweepSessions(now)
 			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}

@@ -21,6 +21,7 @@ type sessionData struct {
 	Metadata map[string]any `json:"metadata"`
 	Runs     []string       `json:"runs"`
 	Samplers []string       `json:"samplers"`
+	Project  string         `json:"project,omitempty"`
 }
 
 type runData struct {
@@ -33,6 +34,7 @@ type runData struct {
 	// (recorded before their results are stored; see gradientLedger).
 	PendingForwardBackwards []string `json:"pending_forward_backwards,omitempty"`
 	UntrackedGradients      bool     `json:"untracked_gradients,omitempty"`
+	Project                 string   `json:"project,omitempty"`
 }
 
 type samplerData struct {
@@ -50,7 +52,7 @@ func (s *Server) logErr(what string, err error) {
 
 // saveSession persists a session; call with s.mu held.
 func (s *Server) saveSession(x *session, closed bool) {
-	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers})
+	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers, Project: x.project})
 	s.logErr("session", s.st.PutSession(context.Background(), store.Session{ID: x.id, Tenant: x.tenant,
 		Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}))
 }
@@ -58,7 +60,7 @@ func (s *Server) saveSession(x *session, closed bool) {
 // saveRun persists a training run; call with s.mu held.
 func (s *Server) saveRun(r *trainingRun) {
 	b, _ := json.Marshal(runData{Lora: r.lora, Step: r.step, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt,
-		PendingForwardBackwards: r.grads.pending, UntrackedGradients: r.grads.untracked})
+		PendingForwardBackwards: r.grads.pending, UntrackedGradients: r.grads.untracked, Project: r.project})
 	s.logErr("run", s.st.PutRun(context.Background(), store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
 		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}))
 }
@@ -116,7 +118,7 @@ func (s *Server) restore() error {
 		_ = json.Unmarshal(row.Data, &d)
 		// The heartbeat clock restarts: a client that is still there keeps its session.
 		s.sessions[row.ID] = &session{id: row.ID, tenant: row.Tenant, created: row.Created, heartbeat: now,
-			tags: d.Tags, metadata: d.Metadata, runs: d.Runs, samplers: d.Samplers}
+			tags: d.Tags, metadata: d.Metadata, runs: d.Runs, samplers: d.Samplers, project: d.Project}
 	}
 	runs, err := s.st.Runs(ctx)
 	if err != nil {
@@ -128,7 +130,7 @@ func (s *Server) restore() error {
 		_ = json.Unmarshal(row.Data, &d)
 		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
 			lora: d.Lora, step: d.Step, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
-			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt,
+			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt, project: d.Project,
 			grads: gradientLedger{pending: d.PendingForwardBackwards, untracked: d.UntrackedGradients},
 			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
 	}

@@ -40,6 +40,12 @@ var migrations = []string{
 	// 3: issued API keys (`--auth keys`), found by id; only the key's SHA-256 is kept.
 	`CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL, hash {{BLOB}} NOT NULL,
 		admin {{BOOL}} NOT NULL, created {{INT}} NOT NULL, revoked {{INT}});`,
+	// 4: the audit log and the usage ledger, one row per event, found by tenant and time.
+	`CREATE TABLE events (tenant TEXT NOT NULL, at {{INT}} NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+		model_id TEXT NOT NULL, tinker_path TEXT NOT NULL, session_id TEXT NOT NULL, base_model TEXT NOT NULL,
+		detail TEXT NOT NULL, amount DOUBLE PRECISION NOT NULL, seconds DOUBLE PRECISION NOT NULL);
+	CREATE INDEX events_kind_at ON events(kind, at);
+	CREATE INDEX events_tenant_at ON events(tenant, kind, at);`,
 }
 
 func (s *SQL) ddl(q string) string {

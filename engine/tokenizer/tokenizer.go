@@ -34,7 +34,10 @@ type Tokenizer struct {
 	inverse []string
 	merges  map[[2]int32]merge
 	added   []AddedToken // longest content first, for matching
-	addedID map[int]string
+	// addedByFirst lists added tokens by their first byte, longest first: one pass over the text
+	// finds the leftmost, longest one (Gemma has 6415 added tokens).
+	addedByFirst [256][]AddedToken
+	addedID      map[int]string
 	// ignoreMerges (Llama 3): a pre-token that is itself in the vocabulary is one token, without BPE.
 	ignoreMerges bool
 	byteFallback bool
@@ -143,6 +146,9 @@ func Parse(b []byte) (*Tokenizer, error) {
 		t.addedID[a.ID] = a.Content
 	}
 	sort.SliceStable(t.added, func(i, j int) bool { return len(t.added[i].Content) > len(t.added[j].Content) })
+	for _, a := range t.added {
+		t.addedByFirst[a.Content[0]] = append(t.addedByFirst[a.Content[0]], a)
+	}
 	// Real ids are dense; a sparse one would make the id → token table far larger than the file.
 	if limit := 2*(len(t.vocab)+len(f.AddedTokens)) + 1024; maxID >= limit {
 		return nil, fmt.Errorf("token id %d: ids of %d tokens must stay below %d", maxID, len(t.vocab)+len(f.AddedTokens), limit)
@@ -253,12 +259,7 @@ func (t *Tokenizer) Encode(text string) []int {
 	var ids []int
 	first := true
 	for len(text) > 0 {
-		pos, tok := -1, AddedToken{}
-		for _, a := range t.added {
-			if i := strings.Index(text, a.Content); i >= 0 && (pos < 0 || i < pos) {
-				pos, tok = i, a
-			}
-		}
+		pos, tok := t.nextAdded(text)
 		if pos < 0 {
 			ids = append(ids, t.encodeSection(text, first)...)
 			break
@@ -271,6 +272,18 @@ func (t *Tokenizer) Encode(text string) []int {
 		first = false
 	}
 	return ids
+}
+
+// nextAdded finds the leftmost added token in text, the longest where several start there.
+func (t *Tokenizer) nextAdded(text string) (int, AddedToken) {
+	for i := 0; i < len(text); i++ {
+		for _, a := range t.addedByFirst[text[i]] {
+			if strings.HasPrefix(text[i:], a.Content) {
+				return i, a
+			}
+		}
+	}
+	return -1, AddedToken{}
 }
 
 // EncodeWithSpecialTokens is Encode plus the post-processor's tokens (Hugging Face's default

@@ -65,7 +65,7 @@ func parsePostProcessor(raw json.RawMessage, depth int) (postProcessor, error) {
 		}
 		return postProcessor{prefix: []int{cls}, suffix: []int{sep}}, nil
 	}
-	return postProcessor{}, fmt.Errorf("post-processor %q is not supported", st.Type)
+	return postProcessor{}, fmt.Errorf("post-processor %q: %w", st.Type, ErrUnsupported)
 }
 
 // pairID reads the id of a ["[CLS]", 101] pair.
@@ -342,5 +342,5 @@ func parseDecoder(raw json.RawMessage, depth int) (decoder, error) {
 		}
 		return metaspaceDecoder{replacement: r, dropFirst: scheme != "never"}, nil
 	}
-	return nil, fmt.Errorf("decoder %q is not supported", st.Type)
+	return nil, fmt.Errorf("decoder %q: %w", st.Type, ErrUnsupported)
 }

@@ -21,6 +21,10 @@ const regexTimeout = 5 * time.Second
 
 var errNesting = errors.New("sequences nested too deeply")
 
+// ErrUnsupported is wrapped by Parse's error for a tokenizer.json step (or model) that this
+// package does not implement: it refuses the file rather than encode differently from Hugging Face.
+var ErrUnsupported = errors.New("not supported")
+
 // step is the "type" of a tokenizer.json pipeline section; the rest is read per type.
 type step struct {
 	Type string `json:"type"`
@@ -183,7 +187,7 @@ func parseNormalizer(raw json.RawMessage, depth int) (normalizer, error) {
 		}
 		return strip{s.Left, s.Right}, nil
 	}
-	return nil, fmt.Errorf("normalizer %q is not supported", st.Type)
+	return nil, fmt.Errorf("normalizer %q: %w", st.Type, ErrUnsupported)
 }
 
 func parseReplace(raw json.RawMessage) (replace, error) {
@@ -474,7 +478,7 @@ func parsePreTokenizer(raw json.RawMessage, depth int) (preTokenizer, error) {
 		switch s.Behavior {
 		case behaviorRemoved, behaviorIsolated, behaviorMergedWithPrevious, behaviorMergedWithNext, behaviorContiguous:
 		default:
-			return nil, fmt.Errorf("split behavior %q is not supported", s.Behavior)
+			return nil, fmt.Errorf("split behavior %q: %w", s.Behavior, ErrUnsupported)
 		}
 		re, err := s.Pattern.compile()
 		if err != nil {
@@ -528,5 +532,5 @@ func parsePreTokenizer(raw json.RawMessage, depth int) (preTokenizer, error) {
 		re.MatchTimeout = regexTimeout
 		return splitter{re: re, behavior: behaviorRemoved}, nil
 	}
-	return nil, fmt.Errorf("pre-tokenizer %q is not supported", st.Type)
+	return nil, fmt.Errorf("pre-tokenizer %q: %w", st.Type, ErrUnsupported)
 }

@@ -2,6 +2,7 @@ package tokenizer_test
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -186,8 +187,12 @@ func TestParseRejects(t *testing.T) {
 		"bad template id":  `{"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"x"}}],"special_tokens":{"x":{"ids":[-5]}}},"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}`,
 		"deep nesting":     `{"normalizer":` + strings.Repeat(`{"type":"Sequence","normalizers":[`, 20) + strings.Repeat(`]}`, 20) + `,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}`,
 	} {
-		if _, err := tokenizer.Parse([]byte(doc)); err == nil {
+		_, err := tokenizer.Parse([]byte(doc))
+		if err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+		if strings.HasPrefix(name, "unknown") && !errors.Is(err, tokenizer.ErrUnsupported) {
+			t.Errorf("%s: %v does not wrap ErrUnsupported", name, err)
 		}
 	}
 }

@@ -118,10 +118,10 @@ func Parse(b []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	if f.Model.Type != "BPE" {
-		return nil, fmt.Errorf("model type %q: only BPE is supported", f.Model.Type)
+		return nil, fmt.Errorf("model type %q (only BPE): %w", f.Model.Type, ErrUnsupported)
 	}
 	if f.Model.ContinuingSubwordPrefix != "" || f.Model.EndOfWordSuffix != "" {
-		return nil, fmt.Errorf("BPE continuing_subword_prefix/end_of_word_suffix are not supported")
+		return nil, fmt.Errorf("BPE continuing_subword_prefix/end_of_word_suffix: %w", ErrUnsupported)
 	}
 	t := &Tokenizer{vocab: f.Model.Vocab, addedID: map[int]string{}, cache: map[string][]int{}, unkID: -1}
 	if t.vocab == nil {

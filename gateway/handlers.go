@@ -36,6 +36,7 @@ func (s *Server) routes() {
 		return map[string]string{"status": "ok"}, nil
 	})
 	s.handle("GET "+v1+"get_server_capabilities", false, s.capabilities)
+	s.handle("GET "+v1+"models/{rest...}", true, s.modelTokenizer) // gateway/tokenizer.go
 	s.handle("POST "+v1+"create_session", true, s.createSession)
 	s.handle("POST "+v1+"session_heartbeat", true, s.heartbeat)
 	s.handle("POST "+v1+"telemetry", true, func(w http.ResponseWriter, r *http.Request, _ string) (any, error) {

@@ -1,17 +1,17 @@
-// Package tokenizer implements Hugging Face byte-level BPE tokenizers (tokenizer.json), the kind
-// used by Llama 3, Qwen2 and Qwen3, giving the same ids as the reference implementation.
+// Package tokenizer implements Hugging Face BPE tokenizers (tokenizer.json): the byte-level kind
+// used by Llama 3, Qwen2/Qwen3 and DeepSeek, and the SentencePiece-style kind of Llama 2, Mistral
+// and Gemma (Prepend/Replace/NFKC normalizers, Metaspace, byte_fallback, TemplateProcessing),
+// giving the same ids and text as the reference implementation.
 package tokenizer
 
 import (
+	"container/heap"
 	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
 	"sync"
-
-	"github.com/dlclark/regexp2"
-	"golang.org/x/text/unicode/norm"
 )
 
 // QwenPattern is the pre-tokenizer split used by Qwen2/Qwen3 (and, with \p{N}{1,3}, Llama 3).
@@ -31,21 +31,34 @@ type AddedToken struct {
 	Special bool   `json:"special"`
 }
 
-// Tokenizer encodes text to ids and back.
+// Tokenizer encodes text to ids and back, following tokenizer.json's pipeline: added tokens,
+// normalizer, pre-tokenizer, BPE model (with byte_fallback and unk), post-processor, decoder.
 type Tokenizer struct {
 	vocab   map[string]int
 	inverse []string
-	ranks   map[[2]string]int
+	merges  map[[2]int32]merge
 	added   []AddedToken // longest content first, for matching
-	addedID map[int]string
-	split   *regexp2.Regexp
-	nfc     bool
+	// addedByFirst lists added tokens by their first byte, longest first: one pass over the text
+	// finds the leftmost, longest one (Gemma has 6415 added tokens).
+	addedByFirst [256][]AddedToken
+	addedID      map[int]string
 	// ignoreMerges (Llama 3): a pre-token that is itself in the vocabulary is one token, without BPE.
 	ignoreMerges bool
+	byteFallback bool
+	byteIDs      [256]int32 // <0xNN> tokens for byte_fallback; -1 where absent
+	unkID        int        // -1: no unk token
+	fuseUnk      bool
+
+	normalizer normalizer
+	preTok     preTokenizer
+	post       postProcessor
+	decoder    decoder
 
 	cacheMu sync.Mutex
 	cache   map[string][]int
 }
+
+type merge struct{ rank, id int32 }
 
 // File mirrors the parts of tokenizer.json that we read and write.
 type File struct {
@@ -98,6 +111,7 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
+
 // Parse builds a tokenizer from tokenizer.json bytes.
 func Parse(b []byte) (*Tokenizer, error) {
 	var f File
@@ -105,17 +119,14 @@ func Parse(b []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	if f.Model.Type != "BPE" {
-		return nil, fmt.Errorf("model type %q: only byte-level BPE is supported", f.Model.Type)
+		return nil, fmt.Errorf("model type %q (only BPE): %w", f.Model.Type, ErrUnsupported)
 	}
-	t := &Tokenizer{vocab: f.Model.Vocab, ranks: map[[2]string]int{}, addedID: map[int]string{}, cache: map[string][]int{}}
-	merges, err := parseMerges(f.Model.Merges)
-	if err != nil {
-		return nil, err
+	if f.Model.ContinuingSubwordPrefix != "" || f.Model.EndOfWordSuffix != "" {
+		return nil, fmt.Errorf("BPE continuing_subword_prefix/end_of_word_suffix: %w", ErrUnsupported)
 	}
-	for i, m := range merges {
-		if _, dup := t.ranks[m]; !dup {
-			t.ranks[m] = i
-		}
+	t := &Tokenizer{vocab: f.Model.Vocab, addedID: map[int]string{}, cache: map[string][]int{}, unkID: -1}
+	if t.vocab == nil {
+		t.vocab = map[string]int{}
 	}
 	maxID := -1
 	for s, id := range t.vocab {
@@ -136,30 +147,67 @@ func Parse(b []byte) (*Tokenizer, error) {
 		t.addedID[a.ID] = a.Content
 	}
 	sort.SliceStable(t.added, func(i, j int) bool { return len(t.added[i].Content) > len(t.added[j].Content) })
+	for _, a := range t.added {
+		t.addedByFirst[a.Content[0]] = append(t.addedByFirst[a.Content[0]], a)
+	}
+	// Real ids are dense; a sparse one would make the id → token table far larger than the file.
+	if limit := 2*(len(t.vocab)+len(f.AddedTokens)) + 1024; maxID >= limit {
+		return nil, fmt.Errorf("token id %d: ids of %d tokens must stay below %d", maxID, len(t.vocab)+len(f.AddedTokens), limit)
+	}
 	t.inverse = make([]string, maxID+1)
 	for s, id := range t.vocab {
 		t.inverse[id] = s
 	}
-	pattern, useByteLevelRegex, err := splitPattern(f.PreTokenizer)
+	merges, err := parseMerges(f.Model.Merges)
 	if err != nil {
 		return nil, err
 	}
-	if pattern == "" && useByteLevelRegex {
-		pattern = gpt2Pattern
-	}
-	if pattern != "" {
-		t.split, err = regexp2.Compile(pattern, regexp2.Unicode)
-		if err != nil {
-			return nil, fmt.Errorf("pre-tokenizer pattern: %w", err)
+	t.merges = make(map[[2]int32]merge, len(merges))
+	for i, m := range merges {
+		a, okA := t.vocab[m[0]]
+		b, okB := t.vocab[m[1]]
+		ab, okAB := t.vocab[m[0]+m[1]]
+		if !okA || !okB || !okAB {
+			continue // a merge whose tokens are not all in the vocabulary can never apply
+		}
+		key := [2]int32{int32(a), int32(b)}
+		if _, dup := t.merges[key]; !dup {
+			t.merges[key] = merge{rank: int32(i), id: int32(ab)}
 		}
 	}
-	t.nfc = strings.Contains(string(f.Normalizer), `"NFC"`)
 	t.ignoreMerges = f.Model.IgnoreMerges
+	t.byteFallback = f.Model.ByteFallback
+	for b := range 256 {
+		t.byteIDs[b] = -1
+		if id, ok := t.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+			t.byteIDs[b] = int32(id)
+		}
+	}
+	if unk, ok := f.Model.UnkToken.(string); ok && unk != "" {
+		id, ok := t.vocab[unk]
+		if !ok {
+			return nil, fmt.Errorf("unk_token %q is not in the vocabulary", unk)
+		}
+		t.unkID = id
+	}
+	t.fuseUnk = f.Model.FuseUnk
+	if t.normalizer, err = parseNormalizer(f.Normalizer, 0); err != nil {
+		return nil, fmt.Errorf("normalizer: %w", err)
+	}
+	if t.preTok, err = parsePreTokenizer(f.PreTokenizer, 0); err != nil {
+		return nil, fmt.Errorf("pre_tokenizer: %w", err)
+	}
+	if t.post, err = parsePostProcessor(f.PostProcessor, 0); err != nil {
+		return nil, fmt.Errorf("post_processor: %w", err)
+	}
+	if t.decoder, err = parseDecoder(f.Decoder, 0); err != nil {
+		return nil, fmt.Errorf("decoder: %w", err)
+	}
 	return t, nil
 }
 
 func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	if len(raw) == 0 {
+	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
 	var asStrings []string
@@ -181,49 +229,6 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return asPairs, nil
 }
 
-// splitPattern finds the Split regex (and whether a ByteLevel step splits by itself).
-func splitPattern(raw json.RawMessage) (string, bool, error) {
-	type pre struct {
-		Type          string          `json:"type"`
-		Pattern       json.RawMessage `json:"pattern"`
-		UseRegex      *bool           `json:"use_regex"`
-		Pretokenizers []pre           `json:"pretokenizers"`
-	}
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", false, nil
-	}
-	var p pre
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return "", false, err
-	}
-	steps := []pre{p}
-	if p.Type == "Sequence" {
-		steps = p.Pretokenizers
-	}
-	pattern, byteRegex := "", false
-	for _, s := range steps {
-		switch s.Type {
-		case "Split":
-			var pat struct {
-				Regex  string `json:"Regex"`
-				String string `json:"String"`
-			}
-			if err := json.Unmarshal(s.Pattern, &pat); err != nil {
-				return "", false, err
-			}
-			pattern = pat.Regex
-			if pattern == "" {
-				pattern = regexp2.Escape(pat.String)
-			}
-		case "ByteLevel":
-			byteRegex = s.UseRegex == nil || *s.UseRegex
-		case "Digits", "Punctuation", "Whitespace":
-			return "", false, fmt.Errorf("pre-tokenizer %s is not supported", s.Type)
-		}
-	}
-	return pattern, byteRegex, nil
-}
-
 // VocabSize is one more than the largest id.
 func (t *Tokenizer) VocabSize() int { return len(t.inverse) }
 
@@ -238,148 +243,250 @@ func (t *Tokenizer) TokenID(s string) (int, bool) {
 	return id, ok
 }
 
-// Encode tokenizes text; added tokens in the text are recognised.
+// TokenString is the vocabulary (or added-token) string of id, "" for an unknown id.
+func (t *Tokenizer) TokenString(id int) string {
+	if s, ok := t.addedID[id]; ok {
+		return s
+	}
+	if id < 0 || id >= len(t.inverse) {
+		return ""
+	}
+	return t.inverse[id]
+}
+
+// Encode tokenizes text without the post-processor's special tokens (Hugging Face's
+// add_special_tokens=False); added tokens written in the text are recognised.
 func (t *Tokenizer) Encode(text string) []int {
 	var ids []int
+	first := true
 	for len(text) > 0 {
-		pos, tok := -1, AddedToken{}
-		for _, a := range t.added {
-			if i := strings.Index(text, a.Content); i >= 0 && (pos < 0 || i < pos) {
-				pos, tok = i, a
-			}
-		}
+		pos, tok := t.nextAdded(text)
 		if pos < 0 {
-			ids = append(ids, t.encodePlain(text)...)
+			ids = append(ids, t.encodeSection(text, first)...)
 			break
 		}
-		ids = append(ids, t.encodePlain(text[:pos])...)
+		if pos > 0 {
+			ids = append(ids, t.encodeSection(text[:pos], first)...)
+		}
 		ids = append(ids, tok.ID)
 		text = text[pos+len(tok.Content):]
+		first = false
 	}
 	return ids
 }
 
-func (t *Tokenizer) encodePlain(text string) []int {
+// nextAdded finds the leftmost added token in text, the longest where several start there.
+func (t *Tokenizer) nextAdded(text string) (int, AddedToken) {
+	for i := 0; i < len(text); i++ {
+		for _, a := range t.addedByFirst[text[i]] {
+			if strings.HasPrefix(text[i:], a.Content) {
+				return i, a
+			}
+		}
+	}
+	return -1, AddedToken{}
+}
+
+// EncodeWithSpecialTokens is Encode plus the post-processor's tokens (Hugging Face's default
+// add_special_tokens=True), e.g. the BOS that Llama-family TemplateProcessing puts first.
+func (t *Tokenizer) EncodeWithSpecialTokens(text string) []int {
+	ids := t.Encode(text)
+	out := make([]int, 0, len(t.post.prefix)+len(ids)+len(t.post.suffix))
+	out = append(out, t.post.prefix...)
+	out = append(out, ids...)
+	return append(out, t.post.suffix...)
+}
+
+// encodeSection runs one stretch of text between added tokens through the pipeline; first says
+// whether it starts the input (Metaspace's prepend_scheme "first").
+func (t *Tokenizer) encodeSection(text string, first bool) []int {
+	if t.normalizer != nil {
+		text = t.normalizer.normalize(text)
+	}
 	if text == "" {
 		return nil
 	}
-	if t.nfc {
-		text = norm.NFC.String(text)
+	pieces := []piece{{text: text, first: first}}
+	if t.preTok != nil {
+		pieces = t.preTok.split(pieces)
 	}
 	var ids []int
-	for _, piece := range t.pieces(text) {
-		ids = append(ids, t.bpe(piece)...)
+	for _, p := range pieces {
+		ids = append(ids, t.bpe(p.text)...)
 	}
 	return ids
 }
 
-// pieces applies the pre-tokenizer split; text between matches is kept as its own piece.
-func (t *Tokenizer) pieces(text string) []string {
-	if t.split == nil {
-		return []string{text}
+// maxCachedPiece keeps the cache to short pieces: without a splitting pre-tokenizer (Llama 2's
+// pipeline) a piece is the whole input.
+const maxCachedPiece = 256
+
+// bpe applies the model to one pre-token: its characters are the first symbols (a character
+// missing from the vocabulary becomes its <0xNN> byte tokens under byte_fallback, else unk), then
+// merges apply lowest rank first, leftmost first among equals, as Hugging Face's BPE does.
+func (t *Tokenizer) bpe(piece string) []int {
+	if piece == "" {
+		return nil
 	}
-	runes := []rune(text)
-	var out []string
-	last := 0
-	m, _ := t.split.FindRunesMatch(runes)
-	for m != nil {
-		if m.Index > last {
-			out = append(out, string(runes[last:m.Index]))
+	cacheable := len(piece) <= maxCachedPiece
+	if cacheable {
+		t.cacheMu.Lock()
+		ids, ok := t.cache[piece]
+		t.cacheMu.Unlock()
+		if ok {
+			return ids
 		}
-		out = append(out, string(runes[m.Index:m.Index+m.Length]))
-		last = m.Index + m.Length
-		m, _ = t.split.FindNextMatch(m)
 	}
-	if last < len(runes) {
-		out = append(out, string(runes[last:]))
+	if t.ignoreMerges {
+		if id, ok := t.vocab[piece]; ok {
+			return []int{id}
+		}
+	}
+	syms := make([]int32, 0, len(piece))
+	unk, unkPending := int32(0), false
+	for _, r := range piece {
+		if id, ok := t.vocab[string(r)]; ok {
+			if unkPending {
+				syms = append(syms, unk)
+				unkPending = false
+			}
+			syms = append(syms, int32(id))
+			continue
+		}
+		if t.byteFallback && t.appendBytes(&syms, string(r)) {
+			continue // a pending unk stays pending here, exactly as in Hugging Face's BPE
+		}
+		if t.unkID >= 0 {
+			if unkPending && !t.fuseUnk {
+				syms = append(syms, unk)
+			}
+			unk, unkPending = int32(t.unkID), true
+		}
+	}
+	if unkPending {
+		syms = append(syms, unk)
+	}
+	syms = t.mergeAll(syms)
+	ids := make([]int, len(syms))
+	for i, s := range syms {
+		ids[i] = int(s)
+	}
+	if cacheable {
+		t.cacheMu.Lock()
+		if len(t.cache) < 100000 {
+			t.cache[piece] = ids
+		}
+		t.cacheMu.Unlock()
+	}
+	return ids
+}
+
+// appendBytes adds the <0xNN> tokens of s, if the vocabulary has all of them.
+func (t *Tokenizer) appendBytes(syms *[]int32, s string) bool {
+	for i := 0; i < len(s); i++ {
+		if t.byteIDs[s[i]] < 0 {
+			return false
+		}
+	}
+	for i := 0; i < len(s); i++ {
+		*syms = append(*syms, t.byteIDs[s[i]])
+	}
+	return true
+}
+
+// mergeAll merges adjacent symbols by rank with a heap over a linked list: O(n log n), so a long
+// piece (Llama 2 does not split its input) costs no more than its length calls for.
+func (t *Tokenizer) mergeAll(syms []int32) []int32 {
+	if len(syms) < 2 || len(t.merges) == 0 {
+		return syms
+	}
+	n := len(syms)
+	prev, next := make([]int, n), make([]int, n)
+	alive := make([]bool, n)
+	for i := range n {
+		prev[i], next[i], alive[i] = i-1, i+1, true
+	}
+	next[n-1] = -1
+	h := &mergeHeap{}
+	for i := 0; i+1 < n; i++ {
+		if m, ok := t.merges[[2]int32{syms[i], syms[i+1]}]; ok {
+			heap.Push(h, candidate{pos: i, rank: m.rank, id: m.id})
+		}
+	}
+	for h.Len() > 0 {
+		c := heap.Pop(h).(candidate)
+		if !alive[c.pos] || next[c.pos] < 0 {
+			continue
+		}
+		right := next[c.pos]
+		if m, ok := t.merges[[2]int32{syms[c.pos], syms[right]}]; !ok || m.id != c.id {
+			continue // stale: a neighbour changed since this candidate was queued
+		}
+		syms[c.pos] = c.id
+		alive[right] = false
+		next[c.pos] = next[right]
+		if next[right] >= 0 {
+			prev[next[right]] = c.pos
+		}
+		if p := prev[c.pos]; p >= 0 {
+			if m, ok := t.merges[[2]int32{syms[p], syms[c.pos]}]; ok {
+				heap.Push(h, candidate{pos: p, rank: m.rank, id: m.id})
+			}
+		}
+		if nx := next[c.pos]; nx >= 0 {
+			if m, ok := t.merges[[2]int32{syms[c.pos], syms[nx]}]; ok {
+				heap.Push(h, candidate{pos: c.pos, rank: m.rank, id: m.id})
+			}
+		}
+	}
+	out := syms[:0]
+	for i := 0; i >= 0; i = next[i] {
+		out = append(out, syms[i])
 	}
 	return out
 }
 
-// bpe merges the byte-level symbols of one piece by merge rank.
-func (t *Tokenizer) bpe(piece string) []int {
-	t.cacheMu.Lock()
-	if ids, ok := t.cache[piece]; ok {
-		t.cacheMu.Unlock()
-		return ids
-	}
-	t.cacheMu.Unlock()
-	syms := make([]string, 0, len(piece))
-	for _, b := range []byte(piece) {
-		syms = append(syms, string(byteToRune[b]))
-	}
-	if t.ignoreMerges {
-		if id, ok := t.vocab[strings.Join(syms, "")]; ok {
-			return []int{id}
-		}
-	}
-	for len(syms) > 1 {
-		best, bestRank := -1, int(^uint(0)>>1)
-		for i := 0; i+1 < len(syms); i++ {
-			if r, ok := t.ranks[[2]string{syms[i], syms[i+1]}]; ok && r < bestRank {
-				best, bestRank = i, r
-			}
-		}
-		if best < 0 {
-			break
-		}
-		a, b := syms[best], syms[best+1]
-		merged := syms[:0:0]
-		for i := 0; i < len(syms); i++ {
-			if i+1 < len(syms) && syms[i] == a && syms[i+1] == b {
-				merged = append(merged, a+b)
-				i++
-			} else {
-				merged = append(merged, syms[i])
-			}
-		}
-		syms = merged
-	}
-	ids := make([]int, 0, len(syms))
-	for _, s := range syms {
-		if id, ok := t.vocab[s]; ok {
-			ids = append(ids, id)
-			continue
-		}
-		for _, r := range s { // unknown merged symbol: fall back to single bytes
-			if id, ok := t.vocab[string(r)]; ok {
-				ids = append(ids, id)
-			}
-		}
-	}
-	t.cacheMu.Lock()
-	if len(t.cache) < 100000 {
-		t.cache[piece] = ids
-	}
-	t.cacheMu.Unlock()
-	return ids
+type candidate struct {
+	pos      int
+	rank, id int32
 }
 
-// Decode turns ids back into text; ids outside the vocabulary are skipped.
-func (t *Tokenizer) Decode(ids []int) string {
-	var sb strings.Builder
-	var buf []byte
-	flush := func() {
-		sb.Write(buf)
-		buf = buf[:0]
+type mergeHeap []candidate
+
+func (h mergeHeap) Len() int { return len(h) }
+func (h mergeHeap) Less(i, j int) bool {
+	if h[i].rank != h[j].rank {
+		return h[i].rank < h[j].rank
 	}
+	return h[i].pos < h[j].pos
+}
+func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(candidate)) }
+func (h *mergeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Decode turns ids back into text through the decoder; ids outside the vocabulary are skipped.
+// Special tokens are kept (Hugging Face's skip_special_tokens=False).
+func (t *Tokenizer) Decode(ids []int) string {
+	tokens := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if s, ok := t.addedID[id]; ok {
-			flush()
-			sb.WriteString(s)
+			tokens = append(tokens, s)
 			continue
 		}
 		if id < 0 || id >= len(t.inverse) {
 			continue
 		}
-		for _, r := range t.inverse[id] {
-			if b, ok := runeToByte[r]; ok {
-				buf = append(buf, b)
-			}
-		}
+		tokens = append(tokens, t.inverse[id])
 	}
-	flush()
-	return sb.String()
+	if t.decoder == nil {
+		return strings.Join(tokens, " ")
+	}
+	return strings.Join(t.decoder.decode(tokens), "")
 }
 
 // byteToRune is GPT-2's reversible byte → printable-unicode map used by ByteLevel.

@@ -19,3 +19,8 @@ func rmsBack32(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
 func softmaxBackRow32(p, dr []float32, d, scale float32) { softmaxBackRowScalar(p, dr, d, scale) }
 func siluGate32(g, u, sig, out []float32)                { siluGateScalar(g, u, sig, out) }
 func siluGateBack32(da, g, u, sig, dg, du []float32)     { siluGateBackScalar(da, g, u, sig, dg, du) }
+
+// Without archsimd every float32 kernel is scalar.
+func kernelPathSupported(p kernelPath) bool { return p == pathScalar }
+func setKernelPath(p kernelPath) bool       { return p == pathScalar }
+func activeKernelPath() kernelPath          { return pathScalar }

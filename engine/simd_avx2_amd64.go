@@ -46,21 +46,36 @@ func activeKernelPath() kernelPath {
 }
 
 // The 8-lane kernels below are the AVX2+FMA versions of the 16-lane ones in simd_amd64.go, for
-// CPUs without AVX-512 (AMD before Zen 4, Intel client parts). Each leaves a tail of fewer than
-// 8 elements to the scalar version (kernels_scalar.go). They use only AVX, AVX2 and FMA
+// CPUs without AVX-512 (AMD before Zen 4, Intel client parts). They use only AVX, AVX2 and FMA
 // instructions: several Float32x8 methods (RoundToEvenScaled, Scale, ConvertToFloat64) are
 // AVX-512 instructions and would fault here.
+//
+// Go compiles scalar float code to legacy SSE and does not yet clear the upper halves of the
+// vector registers between the two; on the CI machine (AMD EPYC, virtualised) an SSE
+// instruction run while they are dirty costs about a hundred nanoseconds (a 15-float dot took
+// 136 ns against 16). So a kernel runs no scalar float code between its first vector
+// instruction and ClearAVXUpperBits (VZEROUPPER), which it calls once its last vector is
+// stored: the last partial vector goes through masked loads and stores (VMASKMOVPS) instead
+// of a scalar tail (whose float32 arguments the compiler would spill with a legacy MOVSS where
+// the loop ends), exp8 is inlined (a call spills around it), no array literal is copied
+// inside a loop, and a zero accumulator is declared (bcast8(0) is a legacy XORPS). To check after a change: go build -gcflags=-S, and look in each kernel for an
+// instruction on an X register without the V prefix before its VZEROUPPER.
 
 func load8(v []float32) archsimd.Float32x8 { return archsimd.LoadFloat32x8Slice(v) }
 
+// part8 loads the first min(len(v), 8) elements of v, zeros after them.
+func part8(v []float32) archsimd.Float32x8 { return archsimd.LoadFloat32x8SlicePart(v) }
+
 func bcast8(x float32) archsimd.Float32x8 { return archsimd.BroadcastFloat32x8(x) }
 
+// lanesSum8 stores x, clears the upper halves and adds up the lanes in float64.
 func lanesSum8(x archsimd.Float32x8) float64 {
 	var l [8]float32
 	x.Store(&l)
+	archsimd.ClearAVXUpperBits()
 	var s float64
-	for _, v := range l {
-		s += float64(v)
+	for i := range l {
+		s += float64(l[i])
 	}
 	return s
 }
@@ -77,139 +92,151 @@ func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
 	r := k.MulAdd(bcast8(-0.693145751953125), c)
 	r = k.MulAdd(bcast8(-1.42860682030941723212e-6), r)
 	p := bcast8(1.0 / 720)
-	for _, f := range [...]float32{1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1, 1} {
-		p = p.MulAdd(r, bcast8(f))
+	for i := range expPoly {
+		p = p.MulAdd(r, bcast8(expPoly[i]))
 	}
 	e := p.AsInt32x8().Add(k.ConvertToInt32().ShiftAllLeft(23)).AsFloat32x8()
 	return x.Merge(e, x.IsNaN())
 }
 
+// expPoly are the Taylor coefficients of e^r after the 1/720 of r⁶, highest first. A package
+// array indexed in place (not a literal ranged over, which is copied with SSE moves on every
+// call) keeps exp8 small enough to inline.
+var expPoly = [...]float32{1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1, 1}
+
 func expScaledShift8(v []float32, scale, shift float32) float64 {
 	sc, sh := bcast8(scale), bcast8(-shift)
-	acc := bcast8(0)
+	var acc archsimd.Float32x8
 	i := 0
 	for ; i+8 <= len(v); i += 8 {
 		e := exp8(load8(v[i:]).MulAdd(sc, sh))
 		e.StoreSlice(v[i:])
 		acc = acc.Add(e)
 	}
-	return lanesSum8(acc) + expScaledShiftScalar(v[i:], scale, shift)
+	if i < len(v) {
+		// The zero lanes after the tail would add e^−shift each: the tail is summed from v.
+		exp8(part8(v[i:]).MulAdd(sc, sh)).StoreSlicePart(v[i:])
+	}
+	sum := lanesSum8(acc)
+	for _, x := range v[i:] {
+		sum += float64(x)
+	}
+	return sum
 }
 
 func sigmoid8(dst, src []float32) {
+	dst = dst[:len(src)]
 	one, neg := bcast8(1), bcast8(-1)
-	i := 0
-	for ; i+8 <= len(src); i += 8 {
-		e := exp8(load8(src[i:]).Mul(neg))
-		one.Div(e.Add(one)).StoreSlice(dst[i:])
+	for i := 0; i < len(src); i += 8 {
+		e := exp8(part8(src[i:]).Mul(neg))
+		one.Div(e.Add(one)).StoreSlicePart(dst[i:])
 	}
-	sigmoidScalar(dst[i:], src[i:])
+	archsimd.ClearAVXUpperBits()
 }
 
 func max8(v []float32) float32 {
 	if len(v) < 8 {
 		return maxScalar(v)
 	}
-	acc := load8(v)
-	i := 8
-	for ; i+8 <= len(v); i += 8 {
+	acc := load8(v[len(v)-8:]) // the last 8, overlapping the loop's last vector where n%8 ≠ 0
+	for i := 0; i+8 <= len(v); i += 8 {
 		acc = acc.Max(load8(v[i:]))
 	}
 	var l [8]float32
 	acc.Store(&l)
-	m := maxScalar(l[:])
-	if i < len(v) {
-		m = max(m, maxScalar(v[i:]))
-	}
-	return m
+	archsimd.ClearAVXUpperBits()
+	return maxScalar(l[:])
 }
 
+// The rest run one loop whose last vector may be partial: part8 and StoreSlicePart cost a
+// length check per vector, and zero lanes add nothing to a dot product.
+
 func dot8(a, b []float32) float64 {
-	acc := bcast8(0)
-	i := 0
-	for ; i+8 <= len(a); i += 8 {
-		acc = load8(a[i:]).MulAdd(load8(b[i:]), acc)
+	b = b[:len(a)]
+	var acc archsimd.Float32x8
+	for i := 0; i < len(a); i += 8 {
+		acc = part8(a[i:]).MulAdd(part8(b[i:]), acc)
 	}
-	return lanesSum8(acc) + dotScalar(a[i:], b[i:])
+	return lanesSum8(acc)
 }
 
 func dot3_8(a, b, c []float32) float64 {
-	acc := bcast8(0)
-	i := 0
-	for ; i+8 <= len(a); i += 8 {
-		acc = load8(a[i:]).Mul(load8(b[i:])).MulAdd(load8(c[i:]), acc)
+	b, c = b[:len(a)], c[:len(a)]
+	var acc archsimd.Float32x8
+	for i := 0; i < len(a); i += 8 {
+		acc = part8(a[i:]).Mul(part8(b[i:])).MulAdd(part8(c[i:]), acc)
 	}
-	return lanesSum8(acc) + dot3Scalar(a[i:], b[i:], c[i:])
+	return lanesSum8(acc)
 }
 
 func axpby8(dst, x []float32, alpha float32) {
+	x = x[:len(dst)]
 	al := bcast8(alpha)
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		load8(dst[i:]).MulAdd(al, load8(x[i:])).StoreSlice(dst[i:])
+	for i := 0; i < len(dst); i += 8 {
+		part8(dst[i:]).MulAdd(al, part8(x[i:])).StoreSlicePart(dst[i:])
 	}
-	axpbyScalar(dst[i:], x[i:], alpha)
+	archsimd.ClearAVXUpperBits()
 }
 
 func axpy8(dst, x []float32, alpha float32) {
+	x = x[:len(dst)]
 	al := bcast8(alpha)
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		load8(x[i:]).MulAdd(al, load8(dst[i:])).StoreSlice(dst[i:])
+	for i := 0; i < len(dst); i += 8 {
+		part8(x[i:]).MulAdd(al, part8(dst[i:])).StoreSlicePart(dst[i:])
 	}
-	axpyScalar(dst[i:], x[i:], alpha)
+	archsimd.ClearAVXUpperBits()
 }
 
 func mulScaled8(dst, a, b []float32, s float32) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	sc := bcast8(s)
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		load8(a[i:]).Mul(load8(b[i:])).Mul(sc).StoreSlice(dst[i:])
+	for i := 0; i < len(dst); i += 8 {
+		part8(a[i:]).Mul(part8(b[i:])).Mul(sc).StoreSlicePart(dst[i:])
 	}
-	mulScaledScalar(dst[i:], a[i:], b[i:], s)
+	archsimd.ClearAVXUpperBits()
 }
 
 func rmsBack8(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
+	dy, w, x = dy[:len(dx)], w[:len(dx)], x[:len(dx)]
 	iv, cc := bcast8(inv), bcast8(-c)
-	i := 0
-	for ; i+8 <= len(dx); i += 8 {
-		g := load8(dy[i:]).Mul(load8(w[i:])).Mul(iv)
-		g = load8(x[i:]).MulAdd(cc, g)
+	for i := 0; i < len(dx); i += 8 {
+		g := part8(dy[i:]).Mul(part8(w[i:])).Mul(iv)
+		g = part8(x[i:]).MulAdd(cc, g)
 		if accumulate {
-			g = g.Add(load8(dx[i:]))
+			g = g.Add(part8(dx[i:]))
 		}
-		g.StoreSlice(dx[i:])
+		g.StoreSlicePart(dx[i:])
 	}
-	rmsBackScalar(dx[i:], dy[i:], w[i:], x[i:], inv, c, accumulate)
+	archsimd.ClearAVXUpperBits()
 }
 
 func softmaxBackRow8(p, dr []float32, d, scale float32) {
+	dr = dr[:len(p)]
 	dd, sc := bcast8(d), bcast8(scale)
-	i := 0
-	for ; i+8 <= len(p); i += 8 {
-		load8(dr[i:]).Sub(dd).Mul(load8(p[i:])).Mul(sc).StoreSlice(dr[i:])
+	for i := 0; i < len(p); i += 8 {
+		part8(dr[i:]).Sub(dd).Mul(part8(p[i:])).Mul(sc).StoreSlicePart(dr[i:])
 	}
-	softmaxBackRowScalar(p[i:], dr[i:], d, scale)
+	archsimd.ClearAVXUpperBits()
 }
 
 func siluGate8(g, u, sig, out []float32) {
-	i := 0
-	for ; i+8 <= len(g); i += 8 {
-		load8(g[i:]).Mul(load8(sig[i:])).Mul(load8(u[i:])).StoreSlice(out[i:])
+	u, sig, out = u[:len(g)], sig[:len(g)], out[:len(g)]
+	for i := 0; i < len(g); i += 8 {
+		part8(g[i:]).Mul(part8(sig[i:])).Mul(part8(u[i:])).StoreSlicePart(out[i:])
 	}
-	siluGateScalar(g[i:], u[i:], sig[i:], out[i:])
+	archsimd.ClearAVXUpperBits()
 }
 
 func siluGateBack8(da, g, u, sig, dg, du []float32) {
+	da, u, sig, dg, du = da[:len(g)], u[:len(g)], sig[:len(g)], dg[:len(g)], du[:len(g)]
 	one := bcast8(1)
-	i := 0
-	for ; i+8 <= len(g); i += 8 {
-		a, gg, s := load8(da[i:]), load8(g[i:]), load8(sig[i:])
+	for i := 0; i < len(g); i += 8 {
+		a, gg, s := part8(da[i:]), part8(g[i:]), part8(sig[i:])
 		as := a.Mul(s)
-		as.Mul(gg).StoreSlice(du[i:])
+		as.Mul(gg).StoreSlicePart(du[i:])
 		// 1 + g·(1−σ)
 		f := gg.MulAdd(one.Sub(s), one)
-		as.Mul(load8(u[i:])).Mul(f).StoreSlice(dg[i:])
+		as.Mul(part8(u[i:])).Mul(f).StoreSlicePart(dg[i:])
 	}
-	siluGateBackScalar(da[i:], g[i:], u[i:], sig[i:], dg[i:], du[i:])
+	archsimd.ClearAVXUpperBits()
 }

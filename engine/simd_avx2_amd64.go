@@ -55,16 +55,29 @@ func activeKernelPath() kernelPath {
 // instruction run while they are dirty costs about a hundred nanoseconds (a 15-float dot took
 // 136 ns against 16). So a kernel runs no scalar float code between its first vector
 // instruction and ClearAVXUpperBits (VZEROUPPER), which it calls once its last vector is
-// stored: the last partial vector goes through masked loads and stores (VMASKMOVPS) instead
-// of a scalar tail (whose float32 arguments the compiler would spill with a legacy MOVSS where
-// the loop ends), exp8 is inlined (a call spills around it), no array literal is copied
-// inside a loop, and a zero accumulator is declared (bcast8(0) is a legacy XORPS). To check after a change: go build -gcflags=-S, and look in each kernel for an
-// instruction on an X register without the V prefix before its VZEROUPPER.
+// stored. A row of n ≥ 8 has no scalar tail: its last 8 elements are one more vector,
+// overlapping the loop's last one where n%8 ≠ 0, computed before the loop from the inputs and
+// stored after it (so an in-place kernel writes the overlap twice with the same values); a
+// reduction masks out the lanes the loop already counted. Rows shorter than 8 run scalar,
+// with no vector code at all. (Masked loads of the tail, LoadFloat32x8SlicePart, would also
+// do, but they convert a short slice to *[8]float32, which checkptr, on under -race, rejects.)
+// Also: exp8 is inlined (a call spills around it), no array literal is copied inside a loop
+// and a zero accumulator is declared (bcast8(0) is a legacy XORPS). TestAVX2KernelsStayVEX
+// checks the compiled code for all of this.
 
 func load8(v []float32) archsimd.Float32x8 { return archsimd.LoadFloat32x8Slice(v) }
 
-// part8 loads the first min(len(v), 8) elements of v, zeros after them.
-func part8(v []float32) archsimd.Float32x8 { return archsimd.LoadFloat32x8SlicePart(v) }
+// last8 loads the last 8 elements of v (len(v) ≥ 8).
+func last8(v []float32) archsimd.Float32x8 { return load8(v[len(v)-8:]) }
+
+// iota8 numbers the lanes, for newLanes8.
+var iota8 = [8]int32{0, 1, 2, 3, 4, 5, 6, 7}
+
+// newLanes8 marks, in the vector of the last 8 elements of a row of n, the lanes that the
+// loop's full vectors did not cover: the top n%8 (none when n%8 = 0).
+func newLanes8(n int) archsimd.Mask32x8 {
+	return archsimd.LoadInt32x8Slice(iota8[:]).Greater(archsimd.BroadcastInt32x8(int32(7 - n%8)))
+}
 
 func bcast8(x float32) archsimd.Float32x8 { return archsimd.BroadcastFloat32x8(x) }
 
@@ -105,32 +118,36 @@ func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
 var expPoly = [...]float32{1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1, 1}
 
 func expScaledShift8(v []float32, scale, shift float32) float64 {
+	n := len(v)
+	if n < 8 {
+		return expScaledShiftScalar(v, scale, shift)
+	}
 	sc, sh := bcast8(scale), bcast8(-shift)
+	last := exp8(last8(v).MulAdd(sc, sh))
 	var acc archsimd.Float32x8
-	i := 0
-	for ; i+8 <= len(v); i += 8 {
+	for i := 0; i+8 <= n; i += 8 {
 		e := exp8(load8(v[i:]).MulAdd(sc, sh))
 		e.StoreSlice(v[i:])
 		acc = acc.Add(e)
 	}
-	if i < len(v) {
-		// The zero lanes after the tail would add e^−shift each: the tail is summed from v.
-		exp8(part8(v[i:]).MulAdd(sc, sh)).StoreSlicePart(v[i:])
-	}
-	sum := lanesSum8(acc)
-	for _, x := range v[i:] {
-		sum += float64(x)
-	}
-	return sum
+	last.StoreSlice(v[n-8:])
+	return lanesSum8(acc.Add(last.Masked(newLanes8(n))))
 }
 
 func sigmoid8(dst, src []float32) {
-	dst = dst[:len(src)]
-	one, neg := bcast8(1), bcast8(-1)
-	for i := 0; i < len(src); i += 8 {
-		e := exp8(part8(src[i:]).Mul(neg))
-		one.Div(e.Add(one)).StoreSlicePart(dst[i:])
+	n := len(src)
+	if n < 8 {
+		sigmoidScalar(dst, src)
+		return
 	}
+	dst = dst[:n]
+	one, neg := bcast8(1), bcast8(-1)
+	sig := func(x archsimd.Float32x8) archsimd.Float32x8 { return one.Div(exp8(x.Mul(neg)).Add(one)) }
+	last := sig(last8(src))
+	for i := 0; i+8 <= n; i += 8 {
+		sig(load8(src[i:])).StoreSlice(dst[i:])
+	}
+	last.StoreSlice(dst[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
@@ -138,7 +155,7 @@ func max8(v []float32) float32 {
 	if len(v) < 8 {
 		return maxScalar(v)
 	}
-	acc := load8(v[len(v)-8:]) // the last 8, overlapping the loop's last vector where n%8 ≠ 0
+	acc := last8(v) // max minds no overlap
 	for i := 0; i+8 <= len(v); i += 8 {
 		acc = acc.Max(load8(v[i:]))
 	}
@@ -148,95 +165,157 @@ func max8(v []float32) float32 {
 	return maxScalar(l[:])
 }
 
-// The rest run one loop whose last vector may be partial: part8 and StoreSlicePart cost a
-// length check per vector, and zero lanes add nothing to a dot product.
-
 func dot8(a, b []float32) float64 {
-	b = b[:len(a)]
-	var acc archsimd.Float32x8
-	for i := 0; i < len(a); i += 8 {
-		acc = part8(a[i:]).MulAdd(part8(b[i:]), acc)
+	n := len(a)
+	if n < 8 {
+		return dotScalar(a, b)
 	}
-	return lanesSum8(acc)
+	b = b[:n]
+	var acc archsimd.Float32x8
+	for i := 0; i+8 <= n; i += 8 {
+		acc = load8(a[i:]).MulAdd(load8(b[i:]), acc)
+	}
+	return lanesSum8(acc.Add(last8(a).Mul(last8(b)).Masked(newLanes8(n))))
 }
 
 func dot3_8(a, b, c []float32) float64 {
-	b, c = b[:len(a)], c[:len(a)]
-	var acc archsimd.Float32x8
-	for i := 0; i < len(a); i += 8 {
-		acc = part8(a[i:]).Mul(part8(b[i:])).MulAdd(part8(c[i:]), acc)
+	n := len(a)
+	if n < 8 {
+		return dot3Scalar(a, b, c)
 	}
-	return lanesSum8(acc)
+	b, c = b[:n], c[:n]
+	var acc archsimd.Float32x8
+	for i := 0; i+8 <= n; i += 8 {
+		acc = load8(a[i:]).Mul(load8(b[i:])).MulAdd(load8(c[i:]), acc)
+	}
+	return lanesSum8(acc.Add(last8(a).Mul(last8(b)).Mul(last8(c)).Masked(newLanes8(n))))
 }
 
+// The element-wise kernels compute their last vector before the loop (see above): in place,
+// the loop overwrites inputs of the overlap.
+
 func axpby8(dst, x []float32, alpha float32) {
-	x = x[:len(dst)]
-	al := bcast8(alpha)
-	for i := 0; i < len(dst); i += 8 {
-		part8(dst[i:]).MulAdd(al, part8(x[i:])).StoreSlicePart(dst[i:])
+	n := len(dst)
+	if n < 8 {
+		axpbyScalar(dst, x, alpha)
+		return
 	}
+	x = x[:n]
+	al := bcast8(alpha)
+	last := last8(dst).MulAdd(al, last8(x))
+	for i := 0; i+8 <= n; i += 8 {
+		load8(dst[i:]).MulAdd(al, load8(x[i:])).StoreSlice(dst[i:])
+	}
+	last.StoreSlice(dst[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func axpy8(dst, x []float32, alpha float32) {
-	x = x[:len(dst)]
-	al := bcast8(alpha)
-	for i := 0; i < len(dst); i += 8 {
-		part8(x[i:]).MulAdd(al, part8(dst[i:])).StoreSlicePart(dst[i:])
+	n := len(dst)
+	if n < 8 {
+		axpyScalar(dst, x, alpha)
+		return
 	}
+	x = x[:n]
+	al := bcast8(alpha)
+	last := last8(x).MulAdd(al, last8(dst))
+	for i := 0; i+8 <= n; i += 8 {
+		load8(x[i:]).MulAdd(al, load8(dst[i:])).StoreSlice(dst[i:])
+	}
+	last.StoreSlice(dst[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func mulScaled8(dst, a, b []float32, s float32) {
-	a, b = a[:len(dst)], b[:len(dst)]
-	sc := bcast8(s)
-	for i := 0; i < len(dst); i += 8 {
-		part8(a[i:]).Mul(part8(b[i:])).Mul(sc).StoreSlicePart(dst[i:])
+	n := len(dst)
+	if n < 8 {
+		mulScaledScalar(dst, a, b, s)
+		return
 	}
+	a, b = a[:n], b[:n]
+	sc := bcast8(s)
+	last := last8(a).Mul(last8(b)).Mul(sc)
+	for i := 0; i+8 <= n; i += 8 {
+		load8(a[i:]).Mul(load8(b[i:])).Mul(sc).StoreSlice(dst[i:])
+	}
+	last.StoreSlice(dst[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func rmsBack8(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
-	dy, w, x = dy[:len(dx)], w[:len(dx)], x[:len(dx)]
-	iv, cc := bcast8(inv), bcast8(-c)
-	for i := 0; i < len(dx); i += 8 {
-		g := part8(dy[i:]).Mul(part8(w[i:])).Mul(iv)
-		g = part8(x[i:]).MulAdd(cc, g)
-		if accumulate {
-			g = g.Add(part8(dx[i:]))
-		}
-		g.StoreSlicePart(dx[i:])
+	n := len(dx)
+	if n < 8 {
+		rmsBackScalar(dx, dy, w, x, inv, c, accumulate)
+		return
 	}
+	dy, w, x = dy[:n], w[:n], x[:n]
+	iv, cc := bcast8(inv), bcast8(-c)
+	grad := func(dy, w, x, dx archsimd.Float32x8) archsimd.Float32x8 {
+		g := x.MulAdd(cc, dy.Mul(w).Mul(iv))
+		if accumulate {
+			g = g.Add(dx)
+		}
+		return g
+	}
+	last := grad(last8(dy), last8(w), last8(x), last8(dx))
+	for i := 0; i+8 <= n; i += 8 {
+		grad(load8(dy[i:]), load8(w[i:]), load8(x[i:]), load8(dx[i:])).StoreSlice(dx[i:])
+	}
+	last.StoreSlice(dx[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func softmaxBackRow8(p, dr []float32, d, scale float32) {
-	dr = dr[:len(p)]
-	dd, sc := bcast8(d), bcast8(scale)
-	for i := 0; i < len(p); i += 8 {
-		part8(dr[i:]).Sub(dd).Mul(part8(p[i:])).Mul(sc).StoreSlicePart(dr[i:])
+	n := len(p)
+	if n < 8 {
+		softmaxBackRowScalar(p, dr, d, scale)
+		return
 	}
+	dr = dr[:n]
+	dd, sc := bcast8(d), bcast8(scale)
+	last := last8(dr).Sub(dd).Mul(last8(p)).Mul(sc)
+	for i := 0; i+8 <= n; i += 8 {
+		load8(dr[i:]).Sub(dd).Mul(load8(p[i:])).Mul(sc).StoreSlice(dr[i:])
+	}
+	last.StoreSlice(dr[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func siluGate8(g, u, sig, out []float32) {
-	u, sig, out = u[:len(g)], sig[:len(g)], out[:len(g)]
-	for i := 0; i < len(g); i += 8 {
-		part8(g[i:]).Mul(part8(sig[i:])).Mul(part8(u[i:])).StoreSlicePart(out[i:])
+	n := len(g)
+	if n < 8 {
+		siluGateScalar(g, u, sig, out)
+		return
 	}
+	u, sig, out = u[:n], sig[:n], out[:n]
+	last := last8(g).Mul(last8(sig)).Mul(last8(u))
+	for i := 0; i+8 <= n; i += 8 {
+		load8(g[i:]).Mul(load8(sig[i:])).Mul(load8(u[i:])).StoreSlice(out[i:])
+	}
+	last.StoreSlice(out[n-8:])
 	archsimd.ClearAVXUpperBits()
 }
 
 func siluGateBack8(da, g, u, sig, dg, du []float32) {
-	da, u, sig, dg, du = da[:len(g)], u[:len(g)], sig[:len(g)], dg[:len(g)], du[:len(g)]
-	one := bcast8(1)
-	for i := 0; i < len(g); i += 8 {
-		a, gg, s := part8(da[i:]), part8(g[i:]), part8(sig[i:])
-		as := a.Mul(s)
-		as.Mul(gg).StoreSlicePart(du[i:])
-		// 1 + g·(1−σ)
-		f := gg.MulAdd(one.Sub(s), one)
-		as.Mul(part8(u[i:])).Mul(f).StoreSlicePart(dg[i:])
+	n := len(g)
+	if n < 8 {
+		siluGateBackScalar(da, g, u, sig, dg, du)
+		return
 	}
+	da, u, sig, dg, du = da[:n], u[:n], sig[:n], dg[:n], du[:n]
+	one := bcast8(1)
+	// dg = da·u·σ·(1 + g·(1−σ)), du = da·g·σ
+	back := func(a, gg, uu, s archsimd.Float32x8) (dg, du archsimd.Float32x8) {
+		as := a.Mul(s)
+		return as.Mul(uu).Mul(gg.MulAdd(one.Sub(s), one)), as.Mul(gg)
+	}
+	lastG, lastU := back(last8(da), last8(g), last8(u), last8(sig))
+	for i := 0; i+8 <= n; i += 8 {
+		vg, vu := back(load8(da[i:]), load8(g[i:]), load8(u[i:]), load8(sig[i:]))
+		vu.StoreSlice(du[i:])
+		vg.StoreSlice(dg[i:])
+	}
+	lastU.StoreSlice(du[n-8:])
+	lastG.StoreSlice(dg[n-8:])
 	archsimd.ClearAVXUpperBits()
 }

@@ -232,8 +232,8 @@ var rowKernels = []struct {
 }
 
 // Each vector path of every row kernel gives what its scalar version gives, to float32
-// rounding, for every length 0..70 (so every tail length of the 8- and 16-lane loops, with
-// and without full vectors before it) and a few long rows.
+// rounding, for every length 0..70 (every n%8 and n%16, with one to four full vectors before
+// the partial one; rows below 8 and 16 are scalar) and a few long rows.
 func TestKernelPathsMatchScalar(t *testing.T) {
 	for _, p := range kernelPaths[1:] {
 		t.Run(p.String(), func(t *testing.T) {
@@ -303,9 +303,9 @@ func TestKernelPathsExpMatchesMathExp(t *testing.T) {
 				}
 			}
 			if p == pathAVX512 {
-				return // exp16's clamp turns NaN into a bound; not checked here (no AVX-512 CPU to test on)
+				return // exp16 has no NaN rule, and no AVX-512 CPU was at hand to settle what it does
 			}
-			for n := 1; n <= 20; n++ { // a NaN in every lane position and in the tail
+			for n := 1; n <= 20; n++ { // NaN last: in a scalar row, a full vector, an overlapping last one
 				v := make([]float32, n)
 				v[n-1] = nan
 				expScaledShift32(v, 1, 0)
@@ -321,7 +321,7 @@ func TestKernelPathsExpMatchesMathExp(t *testing.T) {
 // BenchmarkKernels compares the paths kernel by kernel on one row of 1024 floats (a hidden
 // width; three operands fit in L1), e.g.
 //
-//	GOEXPERIMENT=simd go test ./engine -run '^$' -bench 'Kernels/dot/' -benchtime 200ms
+//	GOEXPERIMENT=simd go test ./engine -run '^$' -bench 'Kernels/^dot$/' -benchtime 200ms
 func BenchmarkKernels(b *testing.B) {
 	const n = 1024
 	for _, k := range rowKernels {

@@ -114,7 +114,8 @@ func siluGateBack[T float](da, g, u, sig, dg, du []T) {
 }
 
 // exp32 is e^x in float32: x = k·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
-// (relative error < 2e-7), times 2^k built in the exponent bits.
+// (relative error < 2e-7), times 2^k added to its exponent bits: e^r is in [0.7, 1.42], so the
+// product stays a normal float32 for every k of the range, even k = 128 just below overflow.
 func exp32(x float32) float32 {
 	const (
 		log2e = 1.44269504088896341
@@ -138,7 +139,7 @@ func exp32(x float32) float32 {
 	}
 	r := x - float32(k)*ln2hi - float32(k)*ln2lo
 	p := 1 + r*(1+r*(0.5+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720))))))
-	return p * math.Float32frombits(uint32(k+127)<<23)
+	return math.Float32frombits(math.Float32bits(p) + uint32(k)<<23)
 }
 
 func expScaledShiftScalar(v []float32, scale, shift float32) float64 {

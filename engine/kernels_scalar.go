@@ -1,7 +1,7 @@
 package engine
 
-// Scalar row kernels: the float64 path, machines without AVX-512, and the tails of the 16-lane
-// versions in simd_amd64.go.
+// Scalar row kernels: the float64 path, machines without AVX2, and the tails of the 8- and
+// 16-lane versions in simd_avx2_amd64.go and simd_amd64.go.
 
 func maxScalar[T float](v []T) T {
 	m := v[0]
@@ -75,7 +75,7 @@ func siluGateBackScalar[T float](da, g, u, sig, dg, du []T) {
 	}
 }
 
-// The dispatchers below send float32 rows to the 16-lane kernels.
+// The dispatchers below send float32 rows to the vector kernels (kernelPath picks which).
 
 func rowMax[T float](v []T) T {
 	if f, ok := any(v).([]float32); ok {

@@ -4,10 +4,9 @@ package engine
 
 import "simd/archsimd"
 
-var (
-	haveAVX512 = archsimd.X86.AVX512()
-	haveAVX2   = archsimd.X86.AVX2()
-)
+// haveAVX2 is the CPU's support, whatever kernel path is forced (see setKernelPath): widening
+// bf16 has no scalar-vs-vector accuracy question, so it always takes the vector path.
+var haveAVX2 = archsimd.X86.AVX2()
 
 // widenBF16To32 writes dst[i] = src[i] (bfloat16 bits) as float32, 8 lanes at a time: each
 // value zero-extended to 32 bits and shifted into the high half.
@@ -39,6 +38,9 @@ func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
 
 // expScaledShift32 sets v[i] = e^(v[i]·scale − shift) and returns their sum.
 func expScaledShift32(v []float32, scale, shift float32) float64 {
+	if useAVX2 {
+		return expScaledShift8(v, scale, shift)
+	}
 	if !haveAVX512 {
 		return expScaledShiftScalar(v, scale, shift)
 	}
@@ -61,6 +63,10 @@ func expScaledShift32(v []float32, scale, shift float32) float64 {
 
 // sigmoid32 sets dst[i] = 1/(1+e^(−src[i])).
 func sigmoid32(dst, src []float32) {
+	if useAVX2 {
+		sigmoid8(dst, src)
+		return
+	}
 	if !haveAVX512 {
 		sigmoidScalar(dst, src)
 		return
@@ -75,8 +81,8 @@ func sigmoid32(dst, src []float32) {
 }
 
 // The row kernels below are 16-lane versions of loops in kernels.go; each leaves a tail of
-// fewer than 16 elements to the scalar version (kernels_scalar.go), which other machines use
-// for everything.
+// fewer than 16 elements to the scalar version (kernels_scalar.go), which machines without
+// AVX2 use for everything; simd_avx2_amd64.go has the 8-lane versions.
 
 func load(v []float32) archsimd.Float32x16 { return archsimd.LoadFloat32x16Slice(v) }
 
@@ -94,6 +100,9 @@ func lanesSum(x archsimd.Float32x16) float64 {
 
 // max32 returns the largest element of v (not empty).
 func max32(v []float32) float32 {
+	if useAVX2 {
+		return max8(v)
+	}
 	if !haveAVX512 || len(v) < 16 {
 		return maxScalar(v)
 	}
@@ -113,6 +122,9 @@ func max32(v []float32) float32 {
 
 // dot32 returns Σ a·b (float32 lanes, summed in float64).
 func dot32(a, b []float32) float64 {
+	if useAVX2 {
+		return dot8(a, b)
+	}
 	if !haveAVX512 {
 		return dotScalar(a, b)
 	}
@@ -126,6 +138,9 @@ func dot32(a, b []float32) float64 {
 
 // dot3_32 returns Σ a·b·c.
 func dot3_32(a, b, c []float32) float64 {
+	if useAVX2 {
+		return dot3_8(a, b, c)
+	}
 	if !haveAVX512 {
 		return dot3Scalar(a, b, c)
 	}
@@ -139,6 +154,10 @@ func dot3_32(a, b, c []float32) float64 {
 
 // axpby32 sets dst = x + alpha·dst.
 func axpby32(dst, x []float32, alpha float32) {
+	if useAVX2 {
+		axpby8(dst, x, alpha)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		al := bcast(alpha)
@@ -151,6 +170,10 @@ func axpby32(dst, x []float32, alpha float32) {
 
 // axpy32 sets dst += alpha·x.
 func axpy32(dst, x []float32, alpha float32) {
+	if useAVX2 {
+		axpy8(dst, x, alpha)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		al := bcast(alpha)
@@ -163,6 +186,10 @@ func axpy32(dst, x []float32, alpha float32) {
 
 // mulScaled32 sets dst = a·b·s (RMSNorm: x·w·inv).
 func mulScaled32(dst, a, b []float32, s float32) {
+	if useAVX2 {
+		mulScaled8(dst, a, b, s)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		sc := bcast(s)
@@ -175,6 +202,10 @@ func mulScaled32(dst, a, b []float32, s float32) {
 
 // rmsBack32 sets (or adds to) dx the RMSNorm input gradient inv·dy·w − x·c.
 func rmsBack32(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
+	if useAVX2 {
+		rmsBack8(dx, dy, w, x, inv, c, accumulate)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		iv, cc := bcast(inv), bcast(-c)
@@ -192,6 +223,10 @@ func rmsBack32(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
 
 // softmaxBackRow32 sets dr = p·(dr − d)·scale.
 func softmaxBackRow32(p, dr []float32, d, scale float32) {
+	if useAVX2 {
+		softmaxBackRow8(p, dr, d, scale)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		dd, sc := bcast(d), bcast(scale)
@@ -204,6 +239,10 @@ func softmaxBackRow32(p, dr []float32, d, scale float32) {
 
 // siluGate32 sets out = g·σ·u.
 func siluGate32(g, u, sig, out []float32) {
+	if useAVX2 {
+		siluGate8(g, u, sig, out)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		for ; i+16 <= len(g); i += 16 {
@@ -215,6 +254,10 @@ func siluGate32(g, u, sig, out []float32) {
 
 // siluGateBack32 sets dg = da·u·σ·(1 + g·(1−σ)) and du = da·g·σ.
 func siluGateBack32(da, g, u, sig, dg, du []float32) {
+	if useAVX2 {
+		siluGateBack8(da, g, u, sig, dg, du)
+		return
+	}
 	i := 0
 	if haveAVX512 {
 		one := bcast(1)

@@ -20,3 +20,8 @@ func softmaxBackRow32(p, dr []float32, d, scale float32) { softmaxBackRowScalar(
 func siluGate32(g, u, sig, out []float32)                { siluGateScalar(g, u, sig, out) }
 func siluGateBack32(da, g, u, sig, dg, du []float32)     { siluGateBackScalar(da, g, u, sig, dg, du) }
 func widenBF16To32(dst []float32, src []uint16)          { widenBF16Scalar(dst, src) }
+
+// Without archsimd every float32 kernel is scalar.
+func kernelPathSupported(p kernelPath) bool { return p == pathScalar }
+func setKernelPath(p kernelPath) bool       { return p == pathScalar }
+func activeKernelPath() kernelPath          { return pathScalar }

@@ -111,7 +111,6 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-
 // Parse builds a tokenizer from tokenizer.json bytes.
 func Parse(b []byte) (*Tokenizer, error) {
 	var f File

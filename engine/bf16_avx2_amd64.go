@@ -10,13 +10,24 @@ var haveBF16Kernel = archsimd.X86.AVX2() && archsimd.X86.FMA()
 
 // The tiles below keep their 8 accumulators (8 lanes each) in registers and widen each weight
 // vector once per tile: bf16 bits zero-extended to 32 bits and shifted into the high half are
-// the float32 bits. A tile of 4 rows reuses each widened vector for 4 FMAs; a single row needs
-// 8 independent accumulators to keep the FMA units busy, so its tiles are 8 vectors wide.
+// the float32 bits. A tile of several rows reuses each widened vector for several FMAs; a single
+// row needs 8 independent accumulators to keep the FMA units busy, so its tiles are 8 vectors
+// wide.
 
-// widen8 returns the 8 bf16 values at the head of w as float32 lanes.
-func widen8(w []uint16) archsimd.Float32x8 {
-	return archsimd.LoadUint16x8Slice(w).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
+// widen8 returns the 8 bf16 values w[i:i+8] as float32 lanes. Loads go through full slice
+// expressions of exactly 8 elements: one bounds check and no pointer masking, which halved the
+// instructions of the loops (wide8 and ld8 take such a slice from loops whose bound the
+// compiler proves, and then check nothing).
+func widen8(w []uint16, i int) archsimd.Float32x8 { return wide8(w[i : i+8 : i+8]) }
+
+func wide8(w []uint16) archsimd.Float32x8 {
+	return archsimd.LoadUint16x8((*[8]uint16)(w)).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
 }
+
+func ld8(x []float32) archsimd.Float32x8 { return archsimd.LoadFloat32x8((*[8]float32)(x)) }
+
+// store8 writes a to y[i:i+8].
+func store8(a archsimd.Float32x8, y []float32, i int) { a.Store((*[8]float32)(y[i : i+8 : i+8])) }
 
 func zero8() archsimd.Float32x8 { return archsimd.BroadcastFloat32x8(0) }
 
@@ -63,28 +74,32 @@ func bf16NN(y, x []float32, w []uint16, R, K, N, j0, j1 int) {
 }
 
 func nn4x16(y, x []float32, w []uint16, r, K, N, j int) {
-	x0, x1, x2, x3 := x[r*K:][:K], x[(r+1)*K:][:K], x[(r+2)*K:][:K], x[(r+3)*K:][:K]
+	x0, x1, x2, x3 := r*K, (r+1)*K, (r+2)*K, (r+3)*K
+	_ = x[x3+K-1]
 	a00, a01, a10, a11 := zero8(), zero8(), zero8(), zero8()
 	a20, a21, a30, a31 := zero8(), zero8(), zero8(), zero8()
 	o := j
 	for k := range K {
-		wk := w[o : o+16]
-		w0, w1 := widen8(wk), widen8(wk[8:])
-		b := bcast8(x0[k])
+		w0, w1 := widen8(w, o), widen8(w, o+8)
+		b := bcast8(x[x0+k])
 		a00, a01 = w0.MulAdd(b, a00), w1.MulAdd(b, a01)
-		b = bcast8(x1[k])
+		b = bcast8(x[x1+k])
 		a10, a11 = w0.MulAdd(b, a10), w1.MulAdd(b, a11)
-		b = bcast8(x2[k])
+		b = bcast8(x[x2+k])
 		a20, a21 = w0.MulAdd(b, a20), w1.MulAdd(b, a21)
-		b = bcast8(x3[k])
+		b = bcast8(x[x3+k])
 		a30, a31 = w0.MulAdd(b, a30), w1.MulAdd(b, a31)
 		o += N
 	}
-	for i, a := range [4][2]archsimd.Float32x8{{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}} {
-		yr := y[(r+i)*N+j:][:16]
-		a[0].StoreSlice(yr)
-		a[1].StoreSlice(yr[8:])
-	}
+	o = r*N + j
+	store8(a00, y, o)
+	store8(a01, y, o+8)
+	store8(a10, y, o+N)
+	store8(a11, y, o+N+8)
+	store8(a20, y, o+2*N)
+	store8(a21, y, o+2*N+8)
+	store8(a30, y, o+3*N)
+	store8(a31, y, o+3*N+8)
 }
 
 func nn1x64(y, x []float32, w []uint16, r, K, N, j int) {
@@ -92,65 +107,66 @@ func nn1x64(y, x []float32, w []uint16, r, K, N, j int) {
 	a0, a1, a2, a3 := zero8(), zero8(), zero8(), zero8()
 	a4, a5, a6, a7 := zero8(), zero8(), zero8(), zero8()
 	o := j
-	for k := range K {
-		wk := w[o : o+64]
-		b := bcast8(xr[k])
-		a0, a1 = widen8(wk).MulAdd(b, a0), widen8(wk[8:]).MulAdd(b, a1)
-		a2, a3 = widen8(wk[16:]).MulAdd(b, a2), widen8(wk[24:]).MulAdd(b, a3)
-		a4, a5 = widen8(wk[32:]).MulAdd(b, a4), widen8(wk[40:]).MulAdd(b, a5)
-		a6, a7 = widen8(wk[48:]).MulAdd(b, a6), widen8(wk[56:]).MulAdd(b, a7)
+	for _, xk := range xr {
+		b := bcast8(xk)
+		a0, a1 = widen8(w, o).MulAdd(b, a0), widen8(w, o+8).MulAdd(b, a1)
+		a2, a3 = widen8(w, o+16).MulAdd(b, a2), widen8(w, o+24).MulAdd(b, a3)
+		a4, a5 = widen8(w, o+32).MulAdd(b, a4), widen8(w, o+40).MulAdd(b, a5)
+		a6, a7 = widen8(w, o+48).MulAdd(b, a6), widen8(w, o+56).MulAdd(b, a7)
 		o += N
 	}
-	yr := y[r*N+j:][:64]
-	for i, a := range [8]archsimd.Float32x8{a0, a1, a2, a3, a4, a5, a6, a7} {
-		a.StoreSlice(yr[8*i:])
-	}
+	o = r*N + j
+	store8(a0, y, o)
+	store8(a1, y, o+8)
+	store8(a2, y, o+16)
+	store8(a3, y, o+24)
+	store8(a4, y, o+32)
+	store8(a5, y, o+40)
+	store8(a6, y, o+48)
+	store8(a7, y, o+56)
 }
 
 func nn1x16(y, x []float32, w []uint16, r, K, N, j int) {
 	xr := x[r*K:][:K]
 	a0, a1 := zero8(), zero8()
 	o := j
-	for k := range K {
-		wk := w[o : o+16]
-		b := bcast8(xr[k])
-		a0, a1 = widen8(wk).MulAdd(b, a0), widen8(wk[8:]).MulAdd(b, a1)
+	for _, xk := range xr {
+		b := bcast8(xk)
+		a0, a1 = widen8(w, o).MulAdd(b, a0), widen8(w, o+8).MulAdd(b, a1)
 		o += N
 	}
-	yr := y[r*N+j:][:16]
-	a0.StoreSlice(yr)
-	a1.StoreSlice(yr[8:])
+	store8(a0, y, r*N+j)
+	store8(a1, y, r*N+j+8)
 }
 
 func nn1x8(y, x []float32, w []uint16, r, K, N, j int) {
 	xr := x[r*K:][:K]
 	a := zero8()
 	o := j
-	for k := range K {
-		a = widen8(w[o:o+8]).MulAdd(bcast8(xr[k]), a)
+	for _, xk := range xr {
+		a = widen8(w, o).MulAdd(bcast8(xk), a)
 		o += N
 	}
-	a.StoreSlice(y[r*N+j:][:8])
+	store8(a, y, r*N+j)
 }
 
 // bf16NT sets y[r, n] = Σ_k x[r, k]·W[n, k] for n0 ≤ n < n1, W [N, K] as bf16 bits: dot
-// products along rows of W, 8 k at a time, lanes summed at the end. W rows go in blocks of 8;
-// a block takes x rows four at a time in tiles of two W rows, and the rows left over one at a
-// time against all 8 W rows.
+// products along rows of W, 8 k at a time, the lanes summed at the end. W rows go in blocks of
+// 8; a block takes x rows two at a time in tiles of four W rows, and a row left over alone
+// against all 8. The lanes are summed in vectors (hsum4) and stored as vectors: summing them
+// through memory (a vector stored, read back as scalars) tripled the time of K=512 products.
 func bf16NT(y, x []float32, w []uint16, R, K, N, n0, n1 int) {
 	if !haveBF16Kernel {
 		bf16NTScalar(y, x, w, R, K, N, n0, n1)
 		return
 	}
-	R4 := R / 4 * 4
 	for nb := n0; nb < n1; nb += 8 {
 		ne := min(nb+8, n1)
 		r := 0
 		if ne-nb == 8 {
-			for ; r < R4; r += 4 {
-				for n := nb; n < ne; n += 2 {
-					nt4x2(y, x, w, r, K, N, n)
-				}
+			for ; r+2 <= R; r += 2 {
+				nt2x4(y, x, w, r, K, N, nb)
+				nt2x4(y, x, w, r, K, N, nb+4)
 			}
 			for ; r < R; r++ {
 				nt1x8(y, x, w, r, K, N, nb)
@@ -171,48 +187,67 @@ func lanes8(a archsimd.Float32x8) float32 {
 	return (l[0] + l[1]) + (l[2] + l[3])
 }
 
-func nt4x2(y, x []float32, w []uint16, r, K, N, n int) {
-	x0, x1, x2, x3 := x[r*K:][:K], x[(r+1)*K:][:K], x[(r+2)*K:][:K], x[(r+3)*K:][:K]
-	w0, w1 := w[n*K:][:K], w[(n+1)*K:][:K]
-	a00, a01, a10, a11 := zero8(), zero8(), zero8(), zero8()
-	a20, a21, a30, a31 := zero8(), zero8(), zero8(), zero8()
+// hsum4 returns the sums of the lanes of a0…a3.
+func hsum4(a0, a1, a2, a3 archsimd.Float32x8) archsimd.Float32x4 {
+	u := a0.AddPairsGrouped(a1).AddPairsGrouped(a2.AddPairsGrouped(a3))
+	return u.GetLo().Add(u.GetHi())
+}
+
+// tails4 returns x·w0…x·w3 over the last K%8 elements (odd shapes only).
+func tails4(x []float32, w0, w1, w2, w3 []uint16) archsimd.Float32x4 {
+	t := [4]float32{dotBF16Scalar(x, w0), dotBF16Scalar(x, w1), dotBF16Scalar(x, w2), dotBF16Scalar(x, w3)}
+	return archsimd.LoadFloat32x4(&t)
+}
+
+func nt2x4(y, x []float32, w []uint16, r, K, N, n int) {
+	x0 := x[r*K:][:K]
+	x1 := x[(r+1)*K:][:len(x0)]
+	w0, w1 := w[n*K:][:len(x0)], w[(n+1)*K:][:len(x0)]
+	w2, w3 := w[(n+2)*K:][:len(x0)], w[(n+3)*K:][:len(x0)]
+	a00, a01, a02, a03 := zero8(), zero8(), zero8(), zero8()
+	a10, a11, a12, a13 := zero8(), zero8(), zero8(), zero8()
 	k := 0
-	for ; k+8 <= K; k += 8 {
-		v0, v1 := widen8(w0[k:]), widen8(w1[k:])
-		b := archsimd.LoadFloat32x8Slice(x0[k:])
-		a00, a01 = v0.MulAdd(b, a00), v1.MulAdd(b, a01)
-		b = archsimd.LoadFloat32x8Slice(x1[k:])
-		a10, a11 = v0.MulAdd(b, a10), v1.MulAdd(b, a11)
-		b = archsimd.LoadFloat32x8Slice(x2[k:])
-		a20, a21 = v0.MulAdd(b, a20), v1.MulAdd(b, a21)
-		b = archsimd.LoadFloat32x8Slice(x3[k:])
-		a30, a31 = v0.MulAdd(b, a30), v1.MulAdd(b, a31)
+	for ; k+8 <= len(x0); k += 8 {
+		v0, v1 := wide8(w0[k:k+8:k+8]), wide8(w1[k:k+8:k+8])
+		v2, v3 := wide8(w2[k:k+8:k+8]), wide8(w3[k:k+8:k+8])
+		b := ld8(x0[k : k+8 : k+8])
+		a00, a01, a02, a03 = v0.MulAdd(b, a00), v1.MulAdd(b, a01), v2.MulAdd(b, a02), v3.MulAdd(b, a03)
+		b = ld8(x1[k : k+8 : k+8])
+		a10, a11, a12, a13 = v0.MulAdd(b, a10), v1.MulAdd(b, a11), v2.MulAdd(b, a12), v3.MulAdd(b, a13)
 	}
-	for i, a := range [4][2]archsimd.Float32x8{{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}} {
-		xr := x[(r+i)*K+k : (r+i+1)*K]
-		y[(r+i)*N+n] = lanes8(a[0]) + dotBF16Scalar(xr, w0[k:])
-		y[(r+i)*N+n+1] = lanes8(a[1]) + dotBF16Scalar(xr, w1[k:])
+	s0, s1 := hsum4(a00, a01, a02, a03), hsum4(a10, a11, a12, a13)
+	if k < K {
+		s0 = s0.Add(tails4(x0[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
+		s1 = s1.Add(tails4(x1[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
 	}
+	s0.StoreSlice(y[r*N+n:][:4])
+	s1.StoreSlice(y[(r+1)*N+n:][:4])
 }
 
 func nt1x8(y, x []float32, w []uint16, r, K, N, n int) {
 	xr := x[r*K:][:K]
-	w0, w1, w2, w3 := w[n*K:][:K], w[(n+1)*K:][:K], w[(n+2)*K:][:K], w[(n+3)*K:][:K]
-	w4, w5, w6, w7 := w[(n+4)*K:][:K], w[(n+5)*K:][:K], w[(n+6)*K:][:K], w[(n+7)*K:][:K]
+	w0, w1 := w[n*K:][:len(xr)], w[(n+1)*K:][:len(xr)]
+	w2, w3 := w[(n+2)*K:][:len(xr)], w[(n+3)*K:][:len(xr)]
+	w4, w5 := w[(n+4)*K:][:len(xr)], w[(n+5)*K:][:len(xr)]
+	w6, w7 := w[(n+6)*K:][:len(xr)], w[(n+7)*K:][:len(xr)]
 	a0, a1, a2, a3 := zero8(), zero8(), zero8(), zero8()
 	a4, a5, a6, a7 := zero8(), zero8(), zero8(), zero8()
 	k := 0
-	for ; k+8 <= K; k += 8 {
-		b := archsimd.LoadFloat32x8Slice(xr[k:])
-		a0, a1 = widen8(w0[k:]).MulAdd(b, a0), widen8(w1[k:]).MulAdd(b, a1)
-		a2, a3 = widen8(w2[k:]).MulAdd(b, a2), widen8(w3[k:]).MulAdd(b, a3)
-		a4, a5 = widen8(w4[k:]).MulAdd(b, a4), widen8(w5[k:]).MulAdd(b, a5)
-		a6, a7 = widen8(w6[k:]).MulAdd(b, a6), widen8(w7[k:]).MulAdd(b, a7)
+	for ; k+8 <= len(xr); k += 8 {
+		b := ld8(xr[k : k+8 : k+8])
+		a0, a1 = wide8(w0[k:k+8:k+8]).MulAdd(b, a0), wide8(w1[k:k+8:k+8]).MulAdd(b, a1)
+		a2, a3 = wide8(w2[k:k+8:k+8]).MulAdd(b, a2), wide8(w3[k:k+8:k+8]).MulAdd(b, a3)
+		a4, a5 = wide8(w4[k:k+8:k+8]).MulAdd(b, a4), wide8(w5[k:k+8:k+8]).MulAdd(b, a5)
+		a6, a7 = wide8(w6[k:k+8:k+8]).MulAdd(b, a6), wide8(w7[k:k+8:k+8]).MulAdd(b, a7)
+	}
+	s0, s1 := hsum4(a0, a1, a2, a3), hsum4(a4, a5, a6, a7)
+	if k < K {
+		s0 = s0.Add(tails4(xr[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
+		s1 = s1.Add(tails4(xr[k:], w4[k:], w5[k:], w6[k:], w7[k:]))
 	}
 	yr := y[r*N+n:][:8]
-	for i, a := range [8]archsimd.Float32x8{a0, a1, a2, a3, a4, a5, a6, a7} {
-		yr[i] = lanes8(a) + dotBF16Scalar(xr[k:], w[(n+i)*K+k:(n+i+1)*K])
-	}
+	s0.StoreSlice(yr)
+	s1.StoreSlice(yr[4:])
 }
 
 // dotBF16 returns Σ x[k]·w[k], w as bf16 bits.
@@ -221,7 +256,7 @@ func dotBF16(x []float32, w []uint16) float32 {
 	a := zero8()
 	k := 0
 	for ; k+8 <= len(x); k += 8 {
-		a = widen8(w[k:]).MulAdd(archsimd.LoadFloat32x8Slice(x[k:]), a)
+		a = wide8(w[k:k+8:k+8]).MulAdd(ld8(x[k:k+8:k+8]), a)
 	}
 	return lanes8(a) + dotBF16Scalar(x[k:], w[k:])
 }

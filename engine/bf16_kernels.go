@@ -27,7 +27,9 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 	if xf, ok := any(x.v).([]float32); ok && lin.w16 != nil && haveBF16Kernel &&
 		len(x.dims) == 2 && x.dims[0] <= directBF16Rows && x.dims[1] == k {
 		y := s.ar.alloc(x.dims[0], n)
-		bf16Product(any(y.v).([]float32), xf, lin.w16, x.dims[0], k, n, transB)
+		if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
+			bf16Product(any(y.v).([]float32), xf, lin.w16, x.dims[0], k, n, transB)
+		}
 		return y
 	}
 	w, done := s.weight(lin)

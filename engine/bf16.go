@@ -8,11 +8,12 @@ import (
 )
 
 // Base weights may be kept in bfloat16 (Options.Precision "bf16"): the projections and the
-// embedding, which are nearly all of a model, at half the memory of float32. Each product
-// widens its weight into a step buffer of the pass's dtype just before the matmul and gives it
-// back right after, so a pass holds at most one widened weight at a time besides merged LoRA
-// weights; norms and biases stay in the pass's dtype. Widening is exact, so a bf16 engine
-// computes what a float32 engine computes over the same bf16-rounded weights, bit for bit.
+// embedding, which are nearly all of a model, at half the memory of float32. A product of many
+// rows widens its weight into a step buffer of the pass's dtype just before the matmul and gives
+// it back right after, so a pass holds at most one widened weight at a time besides merged LoRA
+// weights; norms and biases stay in the pass's dtype. Widening is exact, so such a product is a
+// float32 engine's over the same bf16-rounded weights, bit for bit. Few-row products read the
+// bf16 bits directly instead (bf16_kernels.go).
 
 // Precisions of base weights.
 const (

@@ -100,9 +100,7 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 type addedLoRA[E float] struct{}
 
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	w, done := s.weight(lin)
-	y := s.ar.matmul(x, w, 0, lin.outIn)
-	done()
+	y := s.baseProduct(x, lin, false)
 	xa := s.ar.matmul(x, lm.a, 0, true) // [N, r]
 	addScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
 	if s.train != nil {
@@ -112,9 +110,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 }
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	w, done := s.weight(lin)
-	dx := s.ar.matmul(dy, w, 0, !lin.outIn)
-	done()
+	dx := s.baseProduct(dy, lin, true)
 	addScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
 	return dx
 }
@@ -134,9 +130,7 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 	if lm != nil {
 		d = s.loraWay(lin, dy.dims[0]).inputGrad(s, dy, dyB, lin, lm)
 	} else {
-		w, done := s.weight(lin)
-		d = s.ar.matmul(dy, w, 0, !lin.outIn)
-		done()
+		d = s.baseProduct(dy, lin, true)
 	}
 	return &d
 }

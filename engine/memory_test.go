@@ -33,11 +33,7 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 		cfg := e.Config
 		T := padLen(c.n)
 		perToken := cfg.stepElemsPerToken(T)
-		fixed := cfg.layerWeightElems()
-		if e.keepsMerged() {
-			fixed *= cfg.NumHiddenLayers
-		}
-		estimate := 4 * (fixed + 3*T*(perToken+perToken/10))
+		estimate := 4 * (e.stepFixedElems() + 3*T*(perToken+perToken/10))
 		got := e.PeakStepBytes()
 		t.Logf("%s, 3×%d tokens (probabilities recomputed: %v): peak %d bytes, estimate %d", arch, T, cfg.recomputesProbs(T), got, estimate)
 		if got > estimate || got < estimate*2/3 {

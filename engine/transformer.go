@@ -232,9 +232,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 	if lm := s.lora[lin.id]; lm != nil {
 		y = s.loraWay(lin, x.dims[0]).forward(s, x, lin, lm)
 	} else {
-		w, done := s.weight(lin)
-		y = s.ar.matmul(x, w, 0, lin.outIn)
-		done()
+		y = s.baseProduct(x, lin, false)
 	}
 	if lin.bias != nil {
 		addBias(y.v, lin.bias)

@@ -20,12 +20,16 @@ var corpus string
 // Preset is a size for generated models.
 type Preset struct {
 	Hidden, Layers, Heads, KVHeads, FFN, Vocab, Context int
+	// BF16 writes the weights as bfloat16, as real checkpoints ship (f32 otherwise).
+	BF16 bool
 }
 
-// Presets: tiny for tests, small for benchmarks.
+// Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
+// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, a 2.4 GB bf16 file).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
 	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048},
+	"1b":    {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -36,7 +40,7 @@ var SpecialTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, small)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, small, 1b)", presetName)
 	}
 	tokJSON, err := tokenizer.Train(corpus, p.Vocab, SpecialTokens)
 	if err != nil {
@@ -55,7 +59,7 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		"vocab_size": p.Vocab, "hidden_size": p.Hidden, "intermediate_size": p.FFN,
 		"num_hidden_layers": p.Layers, "num_attention_heads": p.Heads, "num_key_value_heads": p.KVHeads,
 		"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": p.Context,
-		"hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
+		"hidden_act": "silu", "torch_dtype": map[bool]string{false: "float32", true: "bfloat16"}[p.BF16], "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
 		"initializer_range": 0.02, "use_cache": true, "transformers_version": "4.51.0",
 	}
 	f, ok := families[arch]
@@ -102,7 +106,11 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 				v[i] = float32(std * rng.NormFloat64())
 			}
 		}
-		tensors[name] = safetensors.FromFloat32(v, shape...)
+		if p.BF16 {
+			tensors[name] = bf16Tensor(v, shape)
+		} else {
+			tensors[name] = safetensors.FromFloat32(v, shape...)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -119,4 +127,14 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		return err
 	}
 	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+// bf16Tensor rounds v to a BF16 tensor (to nearest, ties to even).
+func bf16Tensor(v []float32, shape []int) safetensors.Tensor {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		h := bf16Of(x)
+		b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+	}
+	return safetensors.Tensor{DType: "BF16", Shape: shape, Data: b}
 }

@@ -147,6 +147,7 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	var drop []*trainingRun
 	for _, sess := range expired {
+		s.log.Info("session expired", "session", sess.id, "tenant", sess.tenant, "runs", len(sess.runs), "samplers", len(sess.samplers), "idle", now.Sub(sess.heartbeat).Round(time.Millisecond))
 		s.saveSession(sess, true)
 		for _, id := range sess.samplers {
 			delete(s.samplers, id)
@@ -950,6 +951,7 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	noteFuture(r, req.RequestID)
 	f := s.futures.get(tenant, req.RequestID)
 	if f == nil {
 		return nil, errf(http.StatusNotFound, "request %q not found", req.RequestID)

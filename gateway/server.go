@@ -314,12 +314,12 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// ServeHTTP implements http.Handler with panic recovery: a panic is a bug, answered as a 500
+// serveRecovered serves a request with panic recovery: a panic is a bug, answered as a 500
 // with a message, never a dropped connection.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveRecovered(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
-			s.log.Error("handler panic", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			s.log.Error("handler panic", "path", r.URL.Path, "request_id", RequestID(r.Context()), "panic", v, "stack", string(debug.Stack()))
 			writeError(w, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
 		}
 	}()
@@ -368,12 +368,14 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 			var c caller
 			var err error
 			if r, c, err = s.withCaller(r); err != nil {
+				noteResult(r, "", nil, err)
 				writeAuthError(w, err)
 				return
 			}
 			tenant = c.tenant
 		}
 		v, err := fn(w, r, tenant)
+		noteResult(r, tenant, v, err)
 		if err != nil {
 			var he *httpError
 			if errors.As(err, &he) {

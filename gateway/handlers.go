@@ -298,9 +298,9 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 			live++
 		}
 	}
-	if live >= s.opts.MaxLoras {
+	if live >= s.opts.MaxAdaptersPerTenant {
 		s.mu.Unlock()
-		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxLoras)
+		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxAdaptersPerTenant)
 	}
 	md := map[string]string{}
 	for k, v := range req.UserMetadata {

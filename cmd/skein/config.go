@@ -63,6 +63,11 @@ func parseSettings(fs *flag.FlagSet, args []string, synopsis string) ([]string, 
 	if err := applyConfigFile(fs, set); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Usage, deprecatedPrefix) {
+			fmt.Fprintf(os.Stderr, "skein: --%s is %s\n", f.Name, f.Usage)
+		}
+	})
 	return pos, nil
 }
 

@@ -3,8 +3,11 @@ export GOEXPERIMENT := simd
 
 .PHONY: build serve test bench vet
 
+# The version `skein version` prints; -buildvcs=auto records the git revision even where GOFLAGS turns it off.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 build:
-	go build -o skein ./cmd/skein
+	go build -buildvcs=auto -ldflags "-X main.version=$(VERSION)" -o skein ./cmd/skein
 
 serve: build
 	./skein serve

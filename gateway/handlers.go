@@ -161,6 +161,7 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	var drop []*trainingRun
 	for _, sess := range expired {
+		s.log.Info("session expired", "session", sess.id, "tenant", sess.tenant, "runs", len(sess.runs), "samplers", len(sess.samplers), "idle", now.Sub(sess.heartbeat).Round(time.Millisecond))
 		s.saveSession(sess, true)
 		for _, id := range sess.samplers {
 			delete(s.samplers, id)
@@ -311,9 +312,9 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 			live++
 		}
 	}
-	if live >= s.opts.MaxLoras {
+	if live >= s.opts.MaxAdaptersPerTenant {
 		s.mu.Unlock()
-		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxLoras)
+		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxAdaptersPerTenant)
 	}
 	md := map[string]string{}
 	for k, v := range req.UserMetadata {
@@ -977,6 +978,7 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	noteFuture(r, req.RequestID)
 	f := s.futures.get(tenant, req.RequestID)
 	if f == nil {
 		return nil, errf(http.StatusNotFound, "request %q not found", req.RequestID)

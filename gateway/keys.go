@@ -231,7 +231,7 @@ func (s *Server) capacityFor(w http.ResponseWriter, r *http.Request, tenant stri
 		}
 	}
 	s.mu.Unlock()
-	return map[string]any{"tenant": tenant, "live_loras": live, "max_loras": s.opts.MaxLoras}, nil
+	return map[string]any{"tenant": tenant, "live_loras": live, "max_loras": s.opts.MaxAdaptersPerTenant}, nil
 }
 
 // keyRoutes serve remote key management, for admin keys in keys mode.

@@ -223,7 +223,7 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 // A session that stops heartbeating expires within one sweep: its adapters are saved and released
 // (their slots free) and its samplers closed; and a tenant's live adapters are limited.
 func TestSessionExpiryAndTenantLimit(t *testing.T) {
-	ts, reps := newClusterWith(t, 1, 4, gateway.Options{SessionTimeout: 300 * time.Millisecond, MaxLoras: 2})
+	ts, reps := newClusterWith(t, 1, 4, gateway.Options{SessionTimeout: 300 * time.Millisecond, MaxAdaptersPerTenant: 2})
 	rep := reps[0]
 	ctx := context.Background()
 	c := client.New(ts.URL, "tml-expiry")

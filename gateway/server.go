@@ -38,7 +38,6 @@ type Options struct {
 	LongPoll       time.Duration // how long retrieve_future holds a request (default 30 s)
 	FutureTTL      time.Duration // how long results are kept (default 24 h)
 	SessionTimeout time.Duration // sessions without heartbeat expire (default 5 min)
-	MaxLoras       int           // live adapters per tenant (default 30)
 	Logger         *slog.Logger
 	// Store holds durable state; nil opens SQLite at DataDir/state.db.
 	Store store.Store
@@ -83,6 +82,9 @@ type Options struct {
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
+	// MaxAdaptersPerTenant is how many live adapters (training runs) one tenant may hold, all
+	// replicas together (default DefaultMaxAdaptersPerTenant); not a replica's LoRA slots.
+	MaxAdaptersPerTenant int
 }
 
 // Server serves the Tinker API over a set of base models.
@@ -165,25 +167,25 @@ type ckptMeta struct {
 // the store.
 func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 64 << 20
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.LongPoll == 0 {
-		opts.LongPoll = 30 * time.Second
+		opts.LongPoll = DefaultLongPoll
 	}
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = opts.LongPoll + time.Minute
 	}
 	if opts.FutureTTL == 0 {
-		opts.FutureTTL = 24 * time.Hour
+		opts.FutureTTL = DefaultFutureTTL
 	}
 	if opts.SessionTimeout == 0 {
-		opts.SessionTimeout = 5 * time.Minute
+		opts.SessionTimeout = DefaultSessionTimeout
 	}
-	if opts.MaxLoras == 0 {
-		opts.MaxLoras = 30
+	if opts.MaxAdaptersPerTenant == 0 {
+		opts.MaxAdaptersPerTenant = DefaultMaxAdaptersPerTenant
 	}
 	if opts.QueueTimeout == 0 {
-		opts.QueueTimeout = 10 * time.Minute
+		opts.QueueTimeout = DefaultQueueTimeout
 	}
 	if opts.MaxQueuedSamples == 0 {
 		opts.MaxQueuedSamples = DefaultMaxQueuedSamples
@@ -317,12 +319,12 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// ServeHTTP implements http.Handler with panic recovery: a panic is a bug, answered as a 500
+// serveRecovered serves a request with panic recovery: a panic is a bug, answered as a 500
 // with a message, never a dropped connection.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveRecovered(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
-			s.log.Error("handler panic", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			s.log.Error("handler panic", "path", r.URL.Path, "request_id", RequestID(r.Context()), "panic", v, "stack", string(debug.Stack()))
 			writeError(w, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
 		}
 	}()
@@ -371,12 +373,14 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 			var c caller
 			var err error
 			if r, c, err = s.withCaller(r); err != nil {
+				noteResult(r, "", nil, err)
 				writeAuthError(w, err)
 				return
 			}
 			tenant = c.tenant
 		}
 		v, err := fn(w, r, tenant)
+		noteResult(r, tenant, v, err)
 		if err != nil {
 			var he *httpError
 			if errors.As(err, &he) {

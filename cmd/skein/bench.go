@@ -23,7 +23,7 @@ func benchEngine(args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	precision := fs.String("precision", engine.PrecisionF32, "base weights in memory: f32 or bf16")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
-	if _, err := parseInterspersed(fs, args); err != nil {
+	if _, err := parseArgs(fs, args, "skein bench engine --model DIR [flags]"); err != nil {
 		return err
 	}
 	if *model == "" {

@@ -50,7 +50,7 @@ func keysCommand(args []string, out, msgs io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(keysUsage)
 	}
-	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if isHelp(args[0]) {
 		fmt.Fprintln(out, keysUsage)
 		return nil
 	}
@@ -60,7 +60,7 @@ func keysCommand(args []string, out, msgs io.Writer) error {
 	stateURL := fs.String("state", envDefault("state", ""), "the server's postgres:// state store, if it has one")
 	name := fs.String("name", "", "label of the new key (who or what uses it)")
 	admin := fs.Bool("admin", false, "the new key may use the fleet and key-management endpoints")
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := parseArgs(fs, args[1:], "skein keys "+args[0]+" [flags]")
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -25,12 +24,15 @@ import (
 
 const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
 
-  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--accept-workers [--worker-token T]]
+  skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--max-adapters-per-tenant N] [--accept-workers [--worker-token T]]
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3] [--preset tiny|small] [--seed N]
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
+  skein version
+
+  skein COMMAND --help lists a command's flags, each with its SKEIN_* variable and default.
 `
 
 func main() {
@@ -41,6 +43,14 @@ func main() {
 }
 
 func run(args []string) error {
+	err := runCommand(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // --help printed the usage: a success
+	}
+	return err
+}
+
+func runCommand(args []string) error {
 	if len(args) == 0 {
 		fmt.Print(usage)
 		return errors.New("no command")
@@ -52,23 +62,39 @@ func run(args []string) error {
 		return serve(args[1:], true)
 	case "worker":
 		return runWorker(args[1:])
+	case "version", "--version", "-version":
+		fmt.Fprintln(usageOutput, versionString())
+		return nil
 	case "model":
+		if len(args) == 2 && isHelp(args[1]) {
+			fmt.Fprintln(usageOutput, "usage: skein model init-tiny DIR [flags] (see skein model init-tiny --help)")
+			return nil
+		}
 		if len(args) < 2 || args[1] != "init-tiny" {
 			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P]")
 		}
 		return initTiny(args[2:])
 	case "bench":
+		if len(args) == 2 && isHelp(args[1]) {
+			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)")
+			return nil
+		}
 		if len(args) < 2 || args[1] != "engine" {
 			return errors.New("usage: skein bench engine --model DIR")
 		}
 		return benchEngine(args[2:])
 	case "keys":
-		return keysCommand(args[1:], os.Stdout, os.Stderr)
-	case "help", "-h", "--help":
-		fmt.Print(usage)
+		return keysCommand(args[1:], usageOutput, os.Stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(usageOutput, usage)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+// isHelp says whether a subcommand's argument asks for its usage.
+func isHelp(arg string) bool {
+	return arg == "help" || arg == "-h" || arg == "-help" || arg == "--help"
 }
 
 // envDefault reads SKEIN_<NAME> for a flag default.
@@ -105,7 +131,7 @@ func initTiny(args []string) error {
 	arch := fs.String("arch", "qwen3", "llama, qwen2 or qwen3")
 	preset := fs.String("preset", "tiny", "tiny or small")
 	seed := fs.Uint64("seed", 1, "random seed")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
 		return err
 	}
@@ -121,50 +147,29 @@ func initTiny(args []string) error {
 
 // serve runs the gateway; with gatewayOnly it loads no model and waits for workers.
 func serve(args []string, gatewayOnly bool) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	addr := fs.String("addr", envDefault("addr", "127.0.0.1:8000"), "listen address")
-	data := fs.String("data", envDefault("data", "./skein-data"), "data directory")
-	var models, names multiFlag
-	fs.Var(&models, "model", "Hugging Face model directory (repeatable); default: a generated tiny model")
-	fs.Var(&names, "name", "base-model name clients use for the matching --model (default: directory name)")
-	maxBody := fs.Int64("max-body-bytes", 64<<20, "largest request body")
-	nReplicas := fs.Int("replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
-	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
-	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
-	precision := fs.String("precision", envDefault("precision", engine.PrecisionF32), "base weights in memory: f32, or bf16 (half the memory, widened per product)")
-	queueTimeout := fs.Duration("queue-timeout", 10*time.Minute, "how long an op waits for a free LoRA slot")
-	futureTTL := fs.Duration("future-ttl", 24*time.Hour, "how long request results are kept")
-	sessionTimeout := fs.Duration("session-timeout", 5*time.Minute, "sessions without a heartbeat for this long expire")
-	maxPerTenant := fs.Int("tenant-max-loras", 30, "live adapters per tenant")
-	weights := fs.String("router-weights", "", "router scorer weights, e.g. capacity=4,queue=1,held=2")
-	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
-	workerToken := fs.String("worker-token", envDefault("worker_token", ""), "shared secret of workers (register, heartbeat, calls)")
-	stateURL := fs.String("state", envDefault("state", ""), "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
-	auth := fs.String("auth", envDefault("auth", ""), "open (any key is a tenant; loopback only, the default there) or keys (keys from `skein keys create`)")
-	publicURL := fs.String("public-url", envDefault("public_url", ""), "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
-	record := fs.String("record", "", "append every request and response to this JSONL file (for replay tests)")
-	acceptWorkers := fs.Bool("accept-workers", false, "let `skein worker` processes register (skein gateway always does); without --worker-token a cluster token is generated into the data directory")
-	limits := addLimitFlags(fs)
-	if err := applyConfigFile(fs, args); err != nil {
-		return err
-	}
-	if _, err := parseInterspersed(fs, args); err != nil {
-		return err
-	}
-	mode, err := authMode(*auth, *addr)
+	cfg, err := parseServeConfig(args)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err = os.MkdirAll(*data, 0o755); err != nil {
-		return err
-	}
-	token, err := settleWorkerToken(gatewayOnly || *acceptWorkers, *data, *workerToken, *addr, os.Stderr)
+	limits := cfg.Limits
+	mode, err := authMode(cfg.Auth, cfg.Addr)
 	if err != nil {
 		return err
 	}
+	log, err := cfg.Log.logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
+		return err
+	}
+	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, os.Stderr)
+	if err != nil {
+		return err
+	}
+	models, names := cfg.Models, cfg.Names
 	if len(models) == 0 && !gatewayOnly {
-		dir := filepath.Join(*data, "models", "tiny-qwen3")
+		dir := filepath.Join(cfg.Data, "models", "tiny-qwen3")
 		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 			log.Info("no --model given: generating the tiny model", "dir", dir)
 			if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
@@ -173,10 +178,10 @@ func serve(args []string, gatewayOnly bool) error {
 		}
 		models = append(models, dir)
 	}
-	if *nReplicas < 1 || *maxLoras < 1 {
+	if cfg.Replicas < 1 || cfg.MaxLoras < 1 {
 		return errors.New("--replicas and --max-loras must be at least 1")
 	}
-	if *stepMemory < 1 {
+	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
 	if err := limits.check(); err != nil {
@@ -190,7 +195,7 @@ func serve(args []string, gatewayOnly bool) error {
 			name = names[i]
 		}
 		start := time.Now()
-		e, err := engine.Load(dir, engine.Options{MaxStepBytes: *stepMemory << 20, Precision: *precision})
+		e, err := engine.Load(dir, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
 		if err != nil {
 			return err
 		}
@@ -198,59 +203,57 @@ func serve(args []string, gatewayOnly bool) error {
 			return fmt.Errorf("two models named %q: use --name", name)
 		}
 		names2[name] = true
-		for k := range *nReplicas {
+		for k := range cfg.Replicas {
 			eng := e
 			if k > 0 {
 				eng = e.Fork() // same weights in memory, its own adapters
 			}
-			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, eng, *maxLoras))
+			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, eng, cfg.MaxLoras))
 		}
-		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", *nReplicas,
-			"max_loras", *maxLoras, "took", time.Since(start).Round(time.Millisecond))
+		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", cfg.Replicas,
+			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))
 	}
 	var st store.Store
-	if *stateURL != "" {
-		if !strings.HasPrefix(*stateURL, "postgres://") && !strings.HasPrefix(*stateURL, "postgresql://") {
-			return fmt.Errorf("--state: want a postgres:// URL, got %q", *stateURL)
+	if cfg.State != "" {
+		if !strings.HasPrefix(cfg.State, "postgres://") && !strings.HasPrefix(cfg.State, "postgresql://") {
+			return fmt.Errorf("--state: want a postgres:// URL, got %q", cfg.State)
 		}
-		pg, err := store.OpenPostgres(*stateURL)
+		pg, err := store.OpenPostgres(cfg.State)
 		if err != nil {
 			return err
 		}
 		defer pg.Close()
 		st = pg
 	}
-	w, err := parseWeights(*weights)
+	w, err := parseWeights(cfg.RouterWeights)
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: *data, MaxBodyBytes: *maxBody, Logger: log, Store: st,
-		QueueTimeout: *queueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || *acceptWorkers, FutureTTL: *futureTTL,
-		SessionTimeout: *sessionTimeout, MaxLoras: *maxPerTenant, Weights: w, Auth: mode, PublicURL: *publicURL}), reps...)
+	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
+		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
+		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL}), reps...)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 	var handler http.Handler = srv
-	if *record != "" {
-		if handler, err = gateway.Recorder(srv, *record); err != nil {
+	if cfg.Record != "" {
+		if handler, err = gateway.Recorder(srv, cfg.Record); err != nil {
 			return err
 		}
 	}
-	hs := limits.httpServer(*addr, handler)
+	hs := limits.httpServer(cfg.Addr, handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.ListenAndServe() }()
-	log.Info("skein serving the Tinker API", "addr", "http://"+*addr, "data", *data, "auth", mode)
+	log.Info("skein serving the Tinker API", "addr", "http://"+cfg.Addr, "data", cfg.Data, "auth", mode)
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return hs.Shutdown(shutdown)
+	return shutdownOnSignal(ctx, hs, log, cfg.ShutdownTimeout, srv.Close)
 }
 
 // parseWeights reads "capacity=4,queue=1,held=2" (any subset; the rest keep their defaults).

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -22,26 +21,46 @@ import (
 // runWorker serves one replica of a model to a gateway: it registers, heartbeats every second,
 // and runs the gateway's calls on its engine. Checkpoint and state paths in the calls are on
 // storage it shares with the gateway.
-func runWorker(args []string) error {
+// workerConfig is the whole configuration of `skein worker`, one field per flag.
+type workerConfig struct {
+	Gateway, Model, Name   string
+	MaxLoras, StepMemoryMB int
+	Precision, Addr        string
+	WorkerToken, Data      string
+	Config                 string
+	ShutdownTimeout        time.Duration
+	Log                    logConfig
+}
+
+// workerFlags defines the worker's flags, each with its default once.
+func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	gw := fs.String("gateway", envDefault("gateway", ""), "gateway base URL, e.g. http://127.0.0.1:8000")
-	model := fs.String("model", "", "Hugging Face model directory")
-	name := fs.String("name", "", "base-model name (default: the directory name)")
-	maxLoras := fs.Int("max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
-	stepMemory := fs.Int("step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
-	precision := fs.String("precision", envDefault("precision", engine.PrecisionF32), "base weights in memory: f32, or bf16 (half the memory, widened per product)")
-	addr := fs.String("addr", "127.0.0.1:0", "listen address for the gateway's calls")
-	token := fs.String("worker-token", envDefault("worker_token", ""), "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
-	data := fs.String("data", envDefault("data", "./skein-data"), "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
-	fs.String("config", "", "YAML file of flag: value settings (also SKEIN_CONFIG)")
-	if err := applyConfigFile(fs, args); err != nil {
+	c := &workerConfig{}
+	fs.StringVar(&c.Gateway, "gateway", "", "gateway base URL, e.g. http://127.0.0.1:8000")
+	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory")
+	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name)")
+	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
+	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
+	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32, or bf16 (half the memory, widened per product)")
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:0", "listen address for the gateway's calls")
+	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
+	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
+	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long calls in flight may finish before their connections are closed")
+	c.Log.register(fs)
+	return fs, c
+}
+
+const workerSynopsis = "skein worker --gateway URL --model DIR --worker-token T [flags]"
+
+func runWorker(args []string) error {
+	fs, c := workerFlags()
+	if _, err := parseSettings(fs, args, workerSynopsis); err != nil {
 		return err
 	}
-	if _, err := parseInterspersed(fs, args); err != nil {
-		return err
-	}
+	gw, model, name, token, data, maxLoras := &c.Gateway, &c.Model, &c.Name, &c.WorkerToken, &c.Data, &c.MaxLoras
 	if *gw == "" || *model == "" {
-		return errors.New("usage: skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--max-loras K]")
+		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
 	}
 	if *token == "" {
 		t, err := readToken(filepath.Join(*data, tokenFile))
@@ -53,15 +72,18 @@ func runWorker(args []string) error {
 	if *name == "" {
 		*name = filepath.Base(filepath.Clean(*model))
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if *stepMemory < 1 {
-		return errors.New("--step-memory-mb must be at least 1")
-	}
-	e, err := engine.Load(*model, engine.Options{MaxStepBytes: *stepMemory << 20, Precision: *precision})
+	log, err := c.Log.logger(os.Stderr)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *addr)
+	if c.StepMemoryMB < 1 {
+		return errors.New("--step-memory-mb must be at least 1")
+	}
+	e, err := engine.Load(*model, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return err
 	}
@@ -75,7 +97,5 @@ func runWorker(args []string) error {
 	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
 	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
 	worker.Announce(ctx, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return hs.Shutdown(shutdown)
+	return shutdownOnSignal(ctx, hs, log, c.ShutdownTimeout, func() {})
 }

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+)
+
+const serveSynopsis = "skein serve|gateway [flags]"
+
+// serveConfig is the whole configuration of `skein serve` and `skein gateway`: one field per
+// flag, each registered with its default once in register (defaults the gateway also applies
+// come from its Default* constants).
+type serveConfig struct {
+	Addr, Data           string
+	Models, Names        multiFlag
+	MaxBodyBytes         int64
+	Replicas, MaxLoras   int
+	StepMemoryMB         int
+	Precision            string
+	QueueTimeout         time.Duration
+	FutureTTL            time.Duration
+	SessionTimeout       time.Duration
+	MaxAdaptersPerTenant int
+	RouterWeights        string
+	Config               string
+	WorkerToken, State   string
+	Auth, PublicURL      string
+	Record               string
+	AcceptWorkers        bool
+	ShutdownTimeout      time.Duration
+	Limits               *limitFlags
+	Log                  logConfig
+}
+
+// register defines the flags of c on fs.
+func (c *serveConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8000", "listen address")
+	fs.StringVar(&c.Data, "data", "./skein-data", "data directory")
+	fs.Var(&c.Models, "model", "Hugging Face model directory (repeatable; a comma-separated list in the variable); default: a generated tiny model")
+	fs.Var(&c.Names, "name", "base-model name clients use for the matching --model (repeatable; default: directory name)")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body")
+	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
+	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
+	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
+	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32, or bf16 (half the memory, widened per product)")
+	fs.DurationVar(&c.QueueTimeout, "queue-timeout", gateway.DefaultQueueTimeout, "how long an op waits for a free LoRA slot")
+	fs.DurationVar(&c.FutureTTL, "future-ttl", gateway.DefaultFutureTTL, "how long request results are kept")
+	fs.DurationVar(&c.SessionTimeout, "session-timeout", gateway.DefaultSessionTimeout, "a session without a heartbeat for this long expires: its samplers go and its adapters are unloaded (checkpoints stay)")
+	fs.IntVar(&c.MaxAdaptersPerTenant, "max-adapters-per-tenant", gateway.DefaultMaxAdaptersPerTenant, "live LoRA adapters (training runs) one tenant may hold, all replicas together; past it create_model is refused")
+	aliasFlag(fs, "tenant-max-loras", "max-adapters-per-tenant")
+	fs.StringVar(&c.RouterWeights, "router-weights", "", "router scorer weights, e.g. capacity=4,queue=1,held=2")
+	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
+	fs.StringVar(&c.WorkerToken, "worker-token", "", "shared secret of workers (register, heartbeat, calls)")
+	fs.StringVar(&c.State, "state", "", "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
+	fs.StringVar(&c.Auth, "auth", "", "open (any key is a tenant; loopback only, the default there) or keys (keys from 'skein keys create')")
+	fs.StringVar(&c.PublicURL, "public-url", "", "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
+	fs.StringVar(&c.Record, "record", "", "append every request and response to this JSONL file (for replay tests)")
+	fs.BoolVar(&c.AcceptWorkers, "accept-workers", false, "let 'skein worker' processes register ('skein gateway' always does); without --worker-token a cluster token is generated into the data directory")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long requests in flight may finish before their connections are closed")
+	c.Limits = addLimitFlags(fs)
+	c.Log.register(fs)
+}
+
+// serveFlags is the flag set of `skein serve` over a new configuration.
+func serveFlags() (*flag.FlagSet, *serveConfig) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	c := &serveConfig{}
+	c.register(fs)
+	return fs, c
+}
+
+// parseServeConfig reads the configuration of `skein serve` from args, SKEIN_* variables and the
+// YAML file.
+func parseServeConfig(args []string) (*serveConfig, error) {
+	fs, c := serveFlags()
+	pos, err := parseSettings(fs, args, serveSynopsis)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (flags only; see skein serve --help)", pos)
+	}
+	return c, nil
+}
+
+// logConfig chooses the process's log output (always stderr).
+type logConfig struct {
+	Level, Format string
+}
+
+func (c *logConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.Level, "log-level", "info", "least severe log lines written: debug, info, warn or error")
+	fs.StringVar(&c.Format, "log-format", "text", "log lines as text (key=value) or json")
+}
+
+// logger builds the slog logger of c, writing to w.
+func (c logConfig) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.Level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.Level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(c.Format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", c.Format)
+}

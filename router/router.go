@@ -420,7 +420,13 @@ func (r *Router) scoreLocked(prof *Profile, req Request, cands []Candidate) []fl
 		clear(part)
 		s.Score(req, cands, part)
 		for i, v := range part {
-			sum[i] += s.Weight * min(max(v, 0), 1) // NaN clamps to 0 too
+			switch {
+			case !(v > 0): // also NaN (the built-in max would keep it)
+				v = 0
+			case v > 1:
+				v = 1
+			}
+			sum[i] += s.Weight * v
 		}
 	}
 	return sum

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/router/picker/maxscore"
 	"github.com/skein-ai/skein/router/pipeline"
 )
 
@@ -482,5 +483,48 @@ func TestSamplingBacklog(t *testing.T) {
 			t.Fatalf("picked %v, want r000", ep)
 		}
 		backlog = map[string]int{"r000": 9}
+	}
+}
+
+type fixedScorer map[string]float64
+
+func (fixedScorer) Name() string { return "fixed" }
+func (s fixedScorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {
+	for i, c := range cands {
+		scores[i] = s[c.Endpoint.ID()]
+	}
+}
+
+// A plugin's score counts as if clamped to [0,1] (NaN as 0): a faulty scorer cannot outweigh
+// the others by returning huge, negative or NaN values.
+func TestScoresAreClamped(t *testing.T) {
+	zero := 0.0
+	nan, inf := zero/zero, 1/zero
+	cases := []struct {
+		name   string
+		faulty fixedScorer
+		want   string
+	}{
+		{"+Inf counts as 1", fixedScorer{"r000": inf}, "r001"},
+		{"huge counts as 1", fixedScorer{"r000": 1e300}, "r001"},
+		{"NaN counts as 0", fixedScorer{"r000": nan, "r001": 0}, "r001"},
+		{"negative counts as 0", fixedScorer{"r000": 0, "r001": -1e300}, "r000"},
+	}
+	for _, c := range cases {
+		// The fair scorer gives r001 1 and r000 0, with twice the faulty one's weight.
+		fair := fixedScorer{"r000": 0, "r001": 1}
+		if c.want == "r000" {
+			fair = fixedScorer{"r000": 1, "r001": 0}
+		}
+		prof := router.Profile{Scorers: []router.WeightedScorer{{Scorer: c.faulty, Weight: 1}, {Scorer: fair, Weight: 2}}, Picker: maxscore.Picker{}}
+		r := router.New(prof, prof, router.Hooks{})
+		for _, id := range []string{"r000", "r001"} {
+			f := &fakeReplica{id: id, base: "m", max: 1, resident: map[string]bool{}}
+			f.healthy.Store(true)
+			r.AddEndpoint(f)
+		}
+		if ep, err := r.Pick(router.Request{BaseModel: "m"}); err != nil || ep.ID() != c.want {
+			t.Errorf("%s: picked %v %v, want %s", c.name, ep, err, c.want)
+		}
 	}
 }

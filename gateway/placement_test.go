@@ -214,3 +214,44 @@ func TestIdleAdapterGivesWayToActiveOnes(t *testing.T) {
 		t.Fatalf("want exactly one eviction (the idle adapter):\n%s", m)
 	}
 }
+
+// Sampling counts every replica holding a sampler's weights in memory, not only the one the
+// sampler was created on: when that one is down, the samples stay on the replica that loaded a
+// copy instead of following the shortest queue and loading the weights again elsewhere.
+func TestSamplingStaysWithAReplicaHoldingACopy(t *testing.T) {
+	ts, reps := newCluster(t, 3, 2)
+	ctx := context.Background()
+	_, tc := newRun(t, ts.URL, "tml-copy", 2)
+	f, err := tc.SaveWeightsForSampler(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		ID string `json:"sampling_session_id"`
+	}
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"sampling_session_id":"` + out.ID + `","prompt":{"chunks":[{"type":"encoded_text","tokens":[1,2]}]},"sampling_params":{"max_tokens":1}}`
+	byID := map[string]int{}
+	for i, r := range reps {
+		byID[r.ID()] = i
+	}
+	created := sampleOn(t, ts.URL, "tml-copy", nil, body)
+	reps[byID[created]].SetHealthy(false)
+	copyOn := sampleOn(t, ts.URL, "tml-copy", nil, body) // loads a copy of the weights there
+	if copyOn == created {
+		t.Fatalf("sampled on %s, which is down", created)
+	}
+	for round := range 3 {
+		block := make(chan struct{})
+		for range 3 { // the copy's replica has the longest queue now
+			_ = reps[byID[copyOn]].Run(func() { <-block })
+		}
+		id := submitSample(t, ts.URL, "tml-copy", nil, body)
+		close(block)
+		if got := awaitSample(t, ts.URL, "tml-copy", id); got != copyOn {
+			t.Fatalf("round %d: sampled on %s, not on %s which holds a copy of the weights", round, got, copyOn)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -359,16 +360,17 @@ func (s *Server) removeReplica(id string) {
 	s.router.RemoveEndpoint(id)
 }
 
-// samplingReplica asks the router's sampling profile where a sampler runs: the replica holding
-// the weights if any (where), else the request's routing key's replica (rendezvous, so one key
-// sticks to one replica), else the shortest queue, counting the sampling requests batched here.
-func (s *Server) samplingReplica(base, where, key string) (*replica.Replica, error) {
+// samplingReplica asks the router's sampling profile where a sampler runs: a replica holding
+// the weights if any (where, and the holders given), else the request's routing key's replica
+// (rendezvous, so one key sticks to one replica), else the shortest queue, counting the sampling
+// requests batched here.
+func (s *Server) samplingReplica(base, where, key string, holders ...string) (*replica.Replica, error) {
 	if _, err := s.replicasOf(base); err != nil { // an unknown base model is the client's error
 		return nil, err
 	}
-	req := router.Request{BaseModel: base, Key: key, Backlog: s.samplingBacklog()}
+	req := router.Request{BaseModel: base, Key: key, Backlog: s.samplingBacklog(), Holders: holders}
 	if where != "" {
-		req.Holders = []string{where}
+		req.Holders = append(req.Holders, where)
 	}
 	ep, err := s.router.Pick(req)
 	if err != nil {
@@ -382,6 +384,24 @@ func (s *Server) samplingReplica(base, where, key string) (*replica.Replica, err
 		return nil, fmt.Errorf("router endpoint %s is a %T, not a replica", ep.ID(), ep)
 	}
 	return rep, nil
+}
+
+// copyHolders lists the replicas keeping a copy of a sampler's weights in memory (see
+// keepSamplerCopy); none for the base model, which every replica holds.
+func (s *Server) copyHolders(smp *sampler) []string {
+	if smp.engineID == "" {
+		return nil
+	}
+	c := &s.copies
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for repID, ids := range c.lru {
+		if slices.Contains(ids, smp.engineID) {
+			out = append(out, repID)
+		}
+	}
+	return out
 }
 
 // samplingBacklog snapshots the sampling requests batched here per replica (taken before the

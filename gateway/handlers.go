@@ -948,7 +948,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if smp.rep != nil {
 		prefer = smp.rep.ID()
 	}
-	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r))
+	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r), s.copyHolders(smp)...)
 	if err != nil {
 		return nil, err
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -358,31 +360,75 @@ func (s *Server) removeReplica(id string) {
 	s.router.RemoveEndpoint(id)
 }
 
-// samplingReplica picks where a sampler runs: the replica holding the weights if any (where),
-// else by the request's routing key (rendezvous, so one key sticks to one replica), else the
-// shortest queue.
-func (s *Server) samplingReplica(base, where, key string) (*replica.Replica, error) {
-	reps, err := s.replicasOf(base)
-	if err != nil {
+// samplingReplica asks the router's sampling profile where a sampler runs: a replica holding
+// the weights if any (where, and the holders given), else the request's routing key's replica
+// (rendezvous, so one key sticks to one replica), else the shortest queue, counting the sampling
+// requests batched here.
+func (s *Server) samplingReplica(base, where, key string, holders ...string) (*replica.Replica, error) {
+	if _, err := s.replicasOf(base); err != nil { // an unknown base model is the client's error
 		return nil, err
 	}
-	var best *replica.Replica
-	for _, r := range reps {
-		if !r.Healthy() {
-			continue
+	req := router.Request{BaseModel: base, Key: key, Backlog: s.samplingBacklog(), Holders: holders}
+	if where != "" {
+		req.Holders = append(req.Holders, where)
+	}
+	ep, err := s.router.Pick(req)
+	if err != nil {
+		if errors.Is(err, router.ErrNoEndpoint) {
+			return nil, errf(http.StatusServiceUnavailable, "no healthy replica of %s", base)
 		}
-		if r.ID() == where {
-			return r, nil
-		}
-		if best == nil || (key != "" && router.Rendezvous(key, r.ID()) > router.Rendezvous(key, best.ID())) ||
-			(key == "" && r.QueueDepth() < best.QueueDepth()) {
-			best = r
+		return nil, fmt.Errorf("choosing a replica to sample on: %w", err)
+	}
+	rep, ok := ep.(*replica.Replica)
+	if !ok {
+		return nil, fmt.Errorf("router endpoint %s is a %T, not a replica", ep.ID(), ep)
+	}
+	return rep, nil
+}
+
+// copyHolders lists the replicas keeping a copy of a sampler's weights in memory (see
+// keepSamplerCopy); none for the base model, which every replica holds.
+func (s *Server) copyHolders(smp *sampler) []string {
+	if smp.engineID == "" {
+		return nil
+	}
+	c := &s.copies
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for repID, ids := range c.lru {
+		if slices.Contains(ids, smp.engineID) {
+			out = append(out, repID)
 		}
 	}
-	if best == nil {
-		return nil, errf(http.StatusServiceUnavailable, "no healthy replica of %s", base)
+	return out
+}
+
+// samplingBacklog snapshots the sampling requests batched here per replica (taken before the
+// router's lock, so the two locks never nest).
+func (s *Server) samplingBacklog() func(replicaID string) int {
+	s.sampling.mu.Lock()
+	snap := maps.Clone(s.sampling.waiting)
+	s.sampling.mu.Unlock()
+	return func(id string) int { return snap[id] }
+}
+
+// runQueueBacklog counts, per replica, the ops waiting in the run queues of the adapters placed
+// there: ordered behind the op running, they wait here for that replica.
+func (s *Server) runQueueBacklog(placed map[string][]string) map[string]int {
+	out := map[string]int{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for repID, adapters := range placed {
+		for _, a := range adapters {
+			if run := s.runs[a]; run != nil && run.queue != nil {
+				run.queue.mu.Lock()
+				out[repID] += max(run.queue.ops, 0)
+				run.queue.mu.Unlock()
+			}
+		}
 	}
-	return best, nil
+	return out
 }
 
 // routingKey reads the sticky routing header, accepting every spelling of Ray Serve's multiplexed
@@ -397,12 +443,26 @@ func routingKey(r *http.Request) string {
 	return ""
 }
 
+// listReplicas reports each replica, the adapters placed on it, and its queue depth: everything
+// waiting for it, on the replica or here (the replica alone sees only what has reached it).
 func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	placed := s.router.Adapters()
+	backlog := s.runQueueBacklog(placed)
+	batched := s.samplingBacklog()
 	var rows []map[string]any
 	for _, u := range s.router.Usage() {
 		ep := u.Endpoint
+		adapters := placed[ep.ID()]
+		if adapters == nil {
+			adapters = []string{}
+		}
+		onReplica, sampling := ep.QueueDepth(), batched(ep.ID())
+		// A routed op that reached the replica is in both counts: the larger counts, not the sum.
+		depth := max(onReplica, u.Ops, 0) + backlog[ep.ID()] + sampling
 		row := map[string]any{"id": ep.ID(), "base_model": ep.BaseModel(), "healthy": ep.Healthy(),
-			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "queue_depth": ep.QueueDepth()}
+			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "adapters": adapters,
+			"queue_depth": depth,
+			"queue":       map[string]int{"on_replica": onReplica, "routed": u.Ops, "run_queues": backlog[ep.ID()], "sampling_batched": sampling}}
 		if hb, ok := s.reported(ep.ID()); ok {
 			row["worker_reported"] = map[string]any{"adapters": len(hb.Adapters), "free_slots": hb.FreeSlots, "queue_depth": hb.QueueDepth}
 		}

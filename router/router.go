@@ -1,19 +1,23 @@
-// Package router places LoRA adapters on replicas and keeps them there. Its placement map is
-// authoritative: a placed adapter's requests go to its replica every time, with no timeout
-// fallback. New (or evicted, or orphaned) adapters are placed by a pipeline in the style of the
-// Kubernetes inference gateway's endpoint picker: filters → weighted scorers in [0,1] → picker
-// (highest score, rendezvous hash of adapter and replica to break ties, so placement is stable).
-// Concurrent first requests for one adapter place it once; no replica ever holds more than its
-// max_loras; when every slot is taken the least recently used idle adapter is evicted (its state
-// saved first), and if none is idle the request waits for a slot.
+// Package router places LoRA adapters on replicas and keeps them there, and chooses where
+// sampling runs. Its placement map is authoritative: a placed adapter's requests go to its
+// replica every time, with no timeout fallback. Both choices run a profile in the style of the
+// Kubernetes inference gateway's endpoint picker: filters → weighted scorers in [0,1], each seeing
+// the whole candidate list → picker (router/picker/maxscore: highest score, rendezvous hash of the
+// routing key and replica to break ties, so choices are stable).
+//
+// Placement: concurrent first requests for one adapter place it once; no replica ever holds more
+// than its max_loras; when every slot of every candidate is taken, the least recently used idle
+// adapter across all those candidates is evicted (its state saved first), so an idle adapter never
+// keeps a replica to itself while active ones evict each other elsewhere; if none is idle the
+// request waits for a slot.
 package router
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
-	"time"
 )
 
 // Endpoint is what the router needs of a replica.
@@ -25,39 +29,78 @@ type Endpoint interface {
 	QueueDepth() int
 }
 
-// Candidate is an endpoint as the pipeline sees it, with the router's own counts.
+// Candidate is an endpoint as a profile sees it, with the router's own counts.
 type Candidate struct {
 	Endpoint Endpoint
 	Held     int // adapters placed on it
 	Idle     int // of those, adapters with no queued or running op (evictable)
+	Ops      int // ops at the router holding or waiting for a lease on it
+	Backlog  int // work waiting for it at the caller, outside the router (Request.Backlog)
+
+	state *endpointState
 }
 
 // Free reports free LoRA slots.
 func (c Candidate) Free() int { return c.Endpoint.MaxLoras() - c.Held }
 
-// Request is a placement request.
+// Load is the work waiting for the endpoint: what it has accepted or what the gateway has routed
+// to it, whichever is more (a leased op sits in both), plus the caller's backlog for it.
+func (c Candidate) Load() int { return max(c.Endpoint.QueueDepth(), c.Ops, 0) + max(c.Backlog, 0) }
+
+// Request is a placement or sampling request.
 type Request struct {
 	Adapter   string
 	BaseModel string
+	// Key is the sticky routing key (a session header); empty: the adapter's id.
+	Key string
+	// Holders are the endpoints known to hold the weights already (sampling).
+	Holders []string
+	// Backlog, if set, reports work for an endpoint waiting outside the router (sampling
+	// requests batched for it), for the queue-depth scorer.
+	Backlog func(endpointID string) int
 }
 
-// Filter drops candidates that cannot take the request. It may filter in place (reusing the
+// RoutingKey is the key ties are broken by: Key, else the adapter.
+func (r Request) RoutingKey() string {
+	if r.Key != "" {
+		return r.Key
+	}
+	return r.Adapter
+}
+
+// Filter drops candidates that cannot take the request: it returns a subset of cands, never
+// candidates of its own making. It may filter in place (reusing the
 // backing array of cands), so callers pass a slice they own.
 type Filter interface {
 	Name() string
 	Filter(req Request, cands []Candidate) []Candidate
 }
 
-// Scorer rates a candidate in [0,1]; higher is better.
+// Scorer rates every candidate at once (so it may compare them): it sets scores[i] in [0,1] for
+// cands[i], higher better. scores has len(cands) and arrives zeroed. (The inference gateway's
+// scorers return map[endpoint]float64; a slice parallel to cands allocates nothing per decision.)
 type Scorer interface {
 	Name() string
-	Score(req Request, c Candidate) float64
+	Score(req Request, cands []Candidate, scores []float64)
 }
 
 // WeightedScorer is a scorer and its weight in the sum.
 type WeightedScorer struct {
 	Scorer
 	Weight float64
+}
+
+// Picker chooses one candidate from the summed scores; -1 chooses none.
+type Picker interface {
+	Name() string
+	Pick(req Request, cands []Candidate, scores []float64) int
+}
+
+// Profile is one routing decision's pipeline.
+type Profile struct {
+	Filters []Filter
+	Scorers []WeightedScorer
+	Picker  Picker
 }
 
 // Hooks are the side effects of placement, done by the owner of the replicas.
@@ -74,45 +117,57 @@ type Hooks struct {
 var (
 	ErrNoEndpoint = errors.New("no healthy replica serves this base model")
 	ErrCapacity   = errors.New("no LoRA slot became free before the queue timeout")
+	ErrNoPicker   = errors.New("the routing profile has no picker")
 )
 
 type placement struct {
-	ep       Endpoint
-	active   int // queued or running ops
-	lastUsed time.Time
+	ep       *endpointState
+	active   int           // queued or running ops
+	lastUsed uint64        // the router's use clock: larger is more recent
 	loading  chan struct{} // closed when the initial load finished
 	loadErr  error
 }
 
+// endpointState is one endpoint and the router's counts for it (one map lookup per candidate).
+type endpointState struct {
+	ep   Endpoint
+	held int // adapters placed
+	idle int // placed adapters with active == 0
+	ops  int // sum of active over the adapters placed (or once placed) here
+}
+
 // Router is safe for concurrent use.
 type Router struct {
-	filters []Filter
-	scorers []WeightedScorer
-	hooks   Hooks
+	place, sample Profile
+	hooks         Hooks
 
 	mu        sync.Mutex
-	endpoints map[string]Endpoint
+	endpoints map[string]*endpointState
 	placed    map[string]*placement
-	held      map[string]int           // endpoint id -> adapters placed
-	idle      map[string]int           // endpoint id -> placed adapters with active == 0
 	changed   chan struct{}            // closed and replaced whenever capacity may have freed
 	evicting  map[string]chan struct{} // adapters being saved and evicted: requests wait for that
-	now       func() time.Time
-	scratch   []Candidate // reused by pickLocked (under mu)
+	clock     uint64                   // counts uses, for LRU (deterministic, unlike wall time)
+	scratch   []Candidate              // reused under mu
+	scores    []float64                // reused under mu: summed scores
+	partial   []float64                // reused under mu: one scorer's scores
+	full      map[string]bool          // reused under mu: endpoints that must evict to place
 }
 
-// New makes a router with a pipeline.
-func New(filters []Filter, scorers []WeightedScorer, hooks Hooks) *Router {
-	return &Router{filters: filters, scorers: scorers, hooks: hooks, endpoints: map[string]Endpoint{},
-		placed: map[string]*placement{}, held: map[string]int{}, idle: map[string]int{},
-		changed: make(chan struct{}), evicting: map[string]chan struct{}{}, now: time.Now}
+// New makes a router with a placement profile and a sampling profile.
+func New(place, sample Profile, hooks Hooks) *Router {
+	return &Router{place: place, sample: sample, hooks: hooks, endpoints: map[string]*endpointState{},
+		placed: map[string]*placement{}, changed: make(chan struct{}), evicting: map[string]chan struct{}{},
+		full: map[string]bool{}}
 }
 
-// AddEndpoint registers a replica.
+// AddEndpoint registers a replica (again: its counts restart).
 func (r *Router) AddEndpoint(ep Endpoint) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.endpoints[ep.ID()] = ep
+	if old := r.endpoints[ep.ID()]; old != nil {
+		r.dropLocked(old)
+	}
+	r.endpoints[ep.ID()] = &endpointState{ep: ep}
 	r.broadcast()
 }
 
@@ -120,15 +175,19 @@ func (r *Router) AddEndpoint(ep Endpoint) {
 func (r *Router) RemoveEndpoint(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if es := r.endpoints[id]; es != nil {
+		r.dropLocked(es)
+	}
 	delete(r.endpoints, id)
+	r.broadcast()
+}
+
+func (r *Router) dropLocked(es *endpointState) {
 	for a, p := range r.placed {
-		if p.ep.ID() == id {
+		if p.ep == es {
 			delete(r.placed, a)
 		}
 	}
-	delete(r.held, id)
-	delete(r.idle, id)
-	r.broadcast()
 }
 
 func (r *Router) broadcast() {
@@ -136,11 +195,17 @@ func (r *Router) broadcast() {
 	r.changed = make(chan struct{})
 }
 
+func (r *Router) tick() uint64 {
+	r.clock++
+	return r.clock
+}
+
 // Lease is a granted route: the op runs on Endpoint, then Release must be called.
 type Lease struct {
 	Endpoint Endpoint
 	r        *Router
 	adapter  string
+	p        *placement
 	once     sync.Once
 }
 
@@ -150,15 +215,22 @@ func (l *Lease) Release() {
 		r := l.r
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if p := r.placed[l.adapter]; p != nil && p.ep.ID() == l.Endpoint.ID() {
-			p.active--
-			p.lastUsed = r.now()
-			if p.active == 0 {
-				r.idle[p.ep.ID()]++
-				r.broadcast()
-			}
-		}
+		r.endOpLocked(l.adapter, l.p)
 	})
+}
+
+// endOpLocked ends one op of p (released, or given up while waiting for the load).
+func (r *Router) endOpLocked(adapter string, p *placement) {
+	p.active--
+	p.ep.ops--
+	if r.placed[adapter] != p {
+		return // unplaced meanwhile: its slot was already given back
+	}
+	p.lastUsed = r.tick()
+	if p.active == 0 && p.loading == nil {
+		p.ep.idle++
+		r.broadcast()
+	}
 }
 
 // Where reports an adapter's replica, if placed.
@@ -169,11 +241,11 @@ func (r *Router) Where(adapter string) (Endpoint, bool) {
 	if p == nil {
 		return nil, false
 	}
-	return p.ep, true
+	return p.ep.ep, true
 }
 
 // Acquire routes one op of an adapter: to its replica if placed (and healthy), else it places it
-// (loading it, evicting an idle adapter if the chosen replica is full, or waiting for a slot).
+// (loading it, evicting an idle adapter if every candidate is full, or waiting for a slot).
 // The adapter is not evictable until the lease is released.
 func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	waiting := false
@@ -194,13 +266,14 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 			}
 		}
 		if p := r.placed[req.Adapter]; p != nil {
-			if !p.ep.Healthy() {
+			if !p.ep.ep.Healthy() {
 				r.unplaceLocked(req.Adapter, p)
 			} else {
 				if p.active == 0 && p.loading == nil {
-					r.idle[p.ep.ID()]--
+					p.ep.idle--
 				}
 				p.active++
+				p.ep.ops++
 				loading := p.loading
 				r.mu.Unlock()
 				if loading != nil { // another request is placing it: wait for that one load
@@ -215,15 +288,15 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 						return nil, p.loadErr
 					}
 				}
-				return &Lease{Endpoint: p.ep, r: r, adapter: req.Adapter}, nil
+				return &Lease{Endpoint: p.ep.ep, r: r, adapter: req.Adapter, p: p}, nil
 			}
 		}
-		ep, victim, err := r.pickLocked(req)
+		es, victim, err := r.pickLocked(req)
 		if err != nil {
 			r.mu.Unlock()
 			return nil, err
 		}
-		if ep == nil { // everything is full and busy: wait for a release
+		if es == nil { // everything is full and busy: wait for a release
 			ch := r.changed
 			r.mu.Unlock()
 			if !waiting && r.hooks.Waiting != nil {
@@ -237,17 +310,20 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 				return nil, fmt.Errorf("%w: %v", ErrCapacity, ctx.Err())
 			}
 		}
+		ep := es.ep
 		// Reserve the slot (and the victim's) before unlocking, so concurrent placements count it.
-		p := &placement{ep: ep, active: 1, lastUsed: r.now(), loading: make(chan struct{})}
+		p := &placement{ep: es, active: 1, lastUsed: r.tick(), loading: make(chan struct{})}
 		r.placed[req.Adapter] = p
-		r.held[ep.ID()]++
+		es.held++
+		es.ops++
 		var vp *placement
 		if victim != "" {
 			vp = r.placed[victim]
 			delete(r.placed, victim) // requests for it now wait, then place it afresh
 			r.evicting[victim] = make(chan struct{})
 			vp.active++ // keep its slot counted until the eviction finishes
-			r.idle[ep.ID()]--
+			es.ops++
+			es.idle--
 		}
 		r.mu.Unlock()
 		err = nil
@@ -256,12 +332,13 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		}
 		r.mu.Lock()
 		if victim != "" {
-			r.held[ep.ID()]--
-			if err != nil { // the victim stays where it was
-				vp.active--
+			es.held--
+			vp.active--
+			es.ops--
+			if err != nil && r.endpoints[ep.ID()] == es { // the victim stays where it was
 				r.placed[victim] = vp
-				r.held[ep.ID()]++
-				r.idle[ep.ID()]++
+				es.held++
+				es.idle++
 			}
 			close(r.evicting[victim])
 			delete(r.evicting, victim)
@@ -276,21 +353,20 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		p.loading = nil
 		if err != nil {
 			r.unplaceLocked(req.Adapter, p)
+			p.active--
+			es.ops--
 			r.mu.Unlock()
 			return nil, fmt.Errorf("placing %s on %s: %w", req.Adapter, ep.ID(), err)
 		}
 		r.mu.Unlock()
-		return &Lease{Endpoint: ep, r: r, adapter: req.Adapter}, nil
+		return &Lease{Endpoint: ep, r: r, adapter: req.Adapter, p: p}, nil
 	}
 }
 
 func (r *Router) releaseFailed(adapter string, p *placement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p.active--
-	if r.placed[adapter] == p && p.active == 0 && p.loading == nil {
-		r.idle[p.ep.ID()]++
-	}
+	r.endOpLocked(adapter, p)
 	r.broadcast()
 }
 
@@ -299,9 +375,9 @@ func (r *Router) unplaceLocked(adapter string, p *placement) {
 		return
 	}
 	delete(r.placed, adapter)
-	r.held[p.ep.ID()]--
+	p.ep.held--
 	if p.active == 0 && p.loading == nil {
-		r.idle[p.ep.ID()]--
+		p.ep.idle--
 	}
 	r.broadcast()
 }
@@ -315,55 +391,113 @@ func (r *Router) Forget(adapter string) {
 	}
 }
 
-// pickLocked runs the pipeline. It returns the endpoint and, if that endpoint is full, the idle
-// adapter to evict from it; (nil, "", nil) means wait.
-func (r *Router) pickLocked(req Request) (Endpoint, string, error) {
+// candidatesLocked lists the endpoints as candidates, through a profile's filters.
+func (r *Router) candidatesLocked(prof *Profile, req Request) []Candidate {
 	cands := r.scratch[:0]
-	for _, ep := range r.endpoints {
-		cands = append(cands, Candidate{Endpoint: ep, Held: r.held[ep.ID()], Idle: r.idle[ep.ID()]})
+	for _, es := range r.endpoints {
+		c := Candidate{Endpoint: es.ep, Held: es.held, Idle: es.idle, Ops: es.ops, state: es}
+		if req.Backlog != nil {
+			c.Backlog = req.Backlog(es.ep.ID())
+		}
+		cands = append(cands, c)
 	}
-	for _, f := range r.filters {
+	for _, f := range prof.Filters {
 		cands = f.Filter(req, cands)
 	}
 	r.scratch = cands[:0]
+	return cands
+}
+
+// scoreLocked sums the profile's weighted scores, each clamped to [0,1].
+func (r *Router) scoreLocked(prof *Profile, req Request, cands []Candidate) []float64 {
+	n := len(cands)
+	if cap(r.scores) < n {
+		r.scores, r.partial = make([]float64, n), make([]float64, n)
+	}
+	sum, part := r.scores[:n], r.partial[:n]
+	clear(sum)
+	for _, s := range prof.Scorers {
+		clear(part)
+		s.Score(req, cands, part)
+		for i, v := range part {
+			switch {
+			case !(v > 0): // also NaN (the built-in max would keep it)
+				v = 0
+			case v > 1:
+				v = 1
+			}
+			sum[i] += s.Weight * v
+		}
+	}
+	return sum
+}
+
+// pickLocked runs the placement profile. It returns the endpoint and, if it is full, the idle
+// adapter to evict from it; (nil, "", nil) means wait.
+func (r *Router) pickLocked(req Request) (*endpointState, string, error) {
+	cands := r.candidatesLocked(&r.place, req)
 	if len(cands) == 0 {
 		return nil, "", fmt.Errorf("%w (%s)", ErrNoEndpoint, req.BaseModel)
 	}
-	var best *Candidate
-	var bestScore float64
-	var bestHash uint64
-	for i := range cands {
-		c := &cands[i]
-		if c.Free() <= 0 && c.Idle <= 0 {
-			continue // full and nothing evictable
-		}
-		score := 0.0
-		for _, s := range r.scorers {
-			score += s.Weight * s.Score(req, *c)
-		}
-		h := Rendezvous(req.Adapter, c.Endpoint.ID())
-		if best == nil || score > bestScore || (score == bestScore && h > bestHash) {
-			best, bestScore, bestHash = c, score, h
+	// Only a free slot or an idle adapter to evict can take a new adapter.
+	open := cands[:0]
+	for _, c := range cands {
+		if c.Free() > 0 || c.Idle > 0 {
+			open = append(open, c)
 		}
 	}
-	if best == nil {
+	if len(open) == 0 {
 		return nil, "", nil
 	}
-	if best.Free() > 0 {
-		return best.Endpoint, "", nil
+	if r.place.Picker == nil {
+		return nil, "", ErrNoPicker
 	}
-	// Full: evict the least recently used idle adapter there.
+	i := r.place.Picker.Pick(req, open, r.scoreLocked(&r.place, req, open))
+	if i < 0 || i >= len(open) {
+		return nil, "", nil
+	}
+	if open[i].Free() > 0 {
+		return open[i].state, "", nil
+	}
+	// Full: evict the least recently used idle adapter of every candidate that is full, not only
+	// of the one picked, so that an idle adapter cannot keep a replica to itself while active
+	// adapters evict each other on another. The adapter goes where its victim was.
+	clear(r.full)
+	for _, c := range open {
+		if c.Free() <= 0 && c.Idle > 0 {
+			r.full[c.Endpoint.ID()] = true
+		}
+	}
 	var victim string
-	var oldest time.Time
+	var vp *placement
 	for a, p := range r.placed {
-		if p.ep.ID() == best.Endpoint.ID() && p.active == 0 && p.loading == nil && (victim == "" || p.lastUsed.Before(oldest)) {
-			victim, oldest = a, p.lastUsed
+		if p.active == 0 && p.loading == nil && r.full[p.ep.ep.ID()] && (vp == nil || p.lastUsed < vp.lastUsed) {
+			victim, vp = a, p
 		}
 	}
-	if victim == "" {
+	if vp == nil {
 		return nil, "", nil
 	}
-	return best.Endpoint, victim, nil
+	return vp.ep, victim, nil
+}
+
+// Pick chooses an endpoint for work that needs no slot (sampling: the weights are read-only)
+// with the sampling profile: no lease, nothing placed.
+func (r *Router) Pick(req Request) (Endpoint, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cands := r.candidatesLocked(&r.sample, req)
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("%w (%s)", ErrNoEndpoint, req.BaseModel)
+	}
+	if r.sample.Picker == nil {
+		return nil, ErrNoPicker
+	}
+	i := r.sample.Picker.Pick(req, cands, r.scoreLocked(&r.sample, req, cands))
+	if i < 0 || i >= len(cands) {
+		return nil, fmt.Errorf("%w (%s)", ErrNoEndpoint, req.BaseModel)
+	}
+	return cands[i].Endpoint, nil
 }
 
 // Rendezvous is the highest-random-weight hash of (key, endpoint): FNV-1a over both strings
@@ -390,6 +524,7 @@ type Usage struct {
 	Endpoint Endpoint
 	Held     int
 	Idle     int
+	Ops      int // ops at the router holding or waiting for a lease on it
 }
 
 // Usage reports every endpoint's load.
@@ -397,8 +532,24 @@ func (r *Router) Usage() []Usage {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]Usage, 0, len(r.endpoints))
-	for _, ep := range r.endpoints {
-		out = append(out, Usage{Endpoint: ep, Held: r.held[ep.ID()], Idle: r.idle[ep.ID()]})
+	for _, es := range r.endpoints {
+		out = append(out, Usage{Endpoint: es.ep, Held: es.held, Idle: es.idle, Ops: es.ops})
+	}
+	return out
+}
+
+// Adapters lists the adapters placed on each endpoint, sorted (for the admin API; it walks every
+// placement).
+func (r *Router) Adapters() map[string][]string {
+	r.mu.Lock()
+	out := make(map[string][]string, len(r.endpoints))
+	for a, p := range r.placed {
+		id := p.ep.ep.ID()
+		out[id] = append(out[id], a)
+	}
+	r.mu.Unlock()
+	for _, as := range out {
+		sort.Strings(as)
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/router/picker/maxscore"
 	"github.com/skein-ai/skein/router/pipeline"
 )
 
@@ -306,5 +307,224 @@ func BenchmarkRouting(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1000, "p50-µs")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1000, "p99-µs")
 		})
+	}
+}
+
+// The fault seen with two replicas of one slot each and busy training clients: an idle adapter
+// held one replica while the active adapters, all hashing to the other, evicted each other there
+// every step. Eviction takes the least recently used idle adapter across every full candidate, so
+// the idle one goes first and the active ones use both replicas.
+func TestIdleAdapterNeverMakesActiveOnesThrash(t *testing.T) {
+	for _, active := range []int{2, 3} {
+		t.Run(fmt.Sprint(active, " active"), func(t *testing.T) {
+			fl := newFleet(t, 2, 1, "m")
+			fl.acquire("idle").Release()
+			idleOn, _ := fl.r.Where("idle")
+			other := "r000"
+			if idleOn.ID() == other {
+				other = "r001"
+			}
+			// Active adapters whose rendezvous ties all go to the other replica: the worst case.
+			var names []string
+			for i := 0; len(names) < active; i++ {
+				n := fmt.Sprint("active-", i)
+				if router.Rendezvous(n, other) > router.Rendezvous(n, idleOn.ID()) {
+					names = append(names, n)
+				}
+			}
+			used := map[string]bool{}
+			for range 10 { // training steps, each client's op in turn
+				for _, n := range names {
+					l := fl.acquire(n)
+					used[l.Endpoint.ID()] = true
+					l.Release()
+				}
+			}
+			fl.mu.Lock()
+			defer fl.mu.Unlock()
+			if len(fl.evicted) == 0 || fl.evicted[0] != "idle" {
+				t.Fatalf("evicted %v; the idle adapter should go first", fl.evicted)
+			}
+			if len(used) != 2 {
+				t.Fatalf("active adapters ran on %v only", used)
+			}
+			if active == 2 && len(fl.evicted) != 1 {
+				t.Fatalf("two active adapters in two slots still evicted each other: %v", fl.evicted)
+			}
+		})
+	}
+}
+
+// Ops the gateway has routed to a replica count as its queue, even before the replica sees them
+// (a fake replica's own queue stays 0 here): a new adapter goes to the replica with none waiting.
+func TestQueueDepthCountsOpsRoutedByTheRouter(t *testing.T) {
+	fl := newFleet(t, 2, 4, "m")
+	var leases []*router.Lease
+	for range 3 {
+		leases = append(leases, fl.acquire("hot"))
+	}
+	hot, _ := fl.r.Where("hot")
+	// One idle adapter on the other replica, so both hold one.
+	for i := 0; ; i++ {
+		n := fmt.Sprint("cold-", i)
+		l := fl.acquire(n)
+		l.Release()
+		if l.Endpoint.ID() != hot.ID() {
+			break
+		}
+		fl.r.Forget(n)
+	}
+	for _, u := range fl.r.Usage() {
+		if want := map[bool]int{true: 3, false: 0}[u.Endpoint.ID() == hot.ID()]; u.Ops != want {
+			t.Fatalf("%s: %d ops, want %d", u.Endpoint.ID(), u.Ops, want)
+		}
+	}
+	var name string // would tie-break to the busy replica
+	for i := 0; name == ""; i++ {
+		if n := fmt.Sprint("new-", i); router.Rendezvous(n, hot.ID()) > router.Rendezvous(n, other(hot.ID())) {
+			name = n
+		}
+	}
+	l := fl.acquire(name)
+	l.Release()
+	if l.Endpoint.ID() == hot.ID() {
+		t.Fatalf("%s placed on %s, which has 3 ops waiting, over an idle replica", name, hot.ID())
+	}
+	for _, l := range leases {
+		l.Release()
+	}
+	for _, u := range fl.r.Usage() {
+		if u.Ops != 0 {
+			t.Fatalf("%s: %d ops after every release", u.Endpoint.ID(), u.Ops)
+		}
+	}
+}
+
+func other(id string) string {
+	if id == "r000" {
+		return "r001"
+	}
+	return "r000"
+}
+
+// The admin view lists each replica's adapters.
+func TestAdaptersPerReplica(t *testing.T) {
+	fl := newFleet(t, 3, 4, "m")
+	want := map[string][]string{}
+	for i := range 7 {
+		l := fl.acquire(fmt.Sprint("a", i))
+		want[l.Endpoint.ID()] = append(want[l.Endpoint.ID()], fmt.Sprint("a", i))
+		l.Release()
+	}
+	got := fl.r.Adapters()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("adapters %v, want %v", got, want)
+	}
+}
+
+// The sampling profile: the replica holding the weights first, then the session key's replica,
+// then the shortest queue; never an unhealthy replica or another base model's.
+func TestSamplingProfile(t *testing.T) {
+	fl := newFleet(t, 3, 2, "m")
+	fl.replicas["r002"].base = "other" // set before any read; not re-registered: the fake reads it live
+	keyed := func(key string) string { // the key's rendezvous winner among r000 and r001
+		if router.Rendezvous(key, "r000") > router.Rendezvous(key, "r001") {
+			return "r000"
+		}
+		return "r001"
+	}
+	cases := []struct {
+		name    string
+		queues  [2]int32
+		down    string
+		req     router.Request
+		want    string
+		wantErr error
+	}{
+		{"holder beats a shorter queue", [2]int32{50, 0}, "", router.Request{Holders: []string{"r000"}}, "r000", nil},
+		{"holder beats the key", [2]int32{0, 0}, "", router.Request{Holders: []string{other(keyed("s"))}, Key: "s"}, other(keyed("s")), nil},
+		{"key beats a shorter queue", [2]int32{0, 0}, "", router.Request{Key: "s"}, keyed("s"), nil},
+		{"key, its replica busy", [2]int32{50, 50}, "", router.Request{Key: "s"}, keyed("s"), nil},
+		{"no key: shorter queue", [2]int32{5, 1}, "", router.Request{}, "r001", nil},
+		{"no key: shorter queue, other way", [2]int32{1, 5}, "", router.Request{}, "r000", nil},
+		{"holder down", [2]int32{0, 9}, "r000", router.Request{Holders: []string{"r000"}}, "r001", nil},
+		{"another base model", [2]int32{0, 0}, "", router.Request{BaseModel: "nope"}, "", router.ErrNoEndpoint},
+	}
+	for _, c := range cases {
+		for i, q := range c.queues {
+			f := fl.replicas[fmt.Sprintf("r%03d", i)]
+			f.queue.Store(q)
+			f.healthy.Store(f.id != c.down)
+		}
+		if c.req.BaseModel == "" {
+			c.req.BaseModel = "m"
+		}
+		// Sticky: the same answer every time.
+		for range 3 {
+			ep, err := fl.r.Pick(c.req)
+			if !errors.Is(err, c.wantErr) || (err == nil && ep.ID() != c.want) {
+				t.Fatalf("%s: %v %v, want %s %v", c.name, ep, err, c.want, c.wantErr)
+			}
+		}
+	}
+}
+
+// Work batched outside the router (Request.Backlog) steers an unkeyed choice.
+func TestSamplingBacklog(t *testing.T) {
+	fl := newFleet(t, 2, 2, "m")
+	backlog := map[string]int{"r000": 9}
+	for range 3 {
+		ep, err := fl.r.Pick(router.Request{BaseModel: "m", Backlog: func(id string) int { return backlog[id] }})
+		if err != nil || ep.ID() != "r001" {
+			t.Fatalf("picked %v %v, want r001", ep, err)
+		}
+		backlog = map[string]int{"r001": 9}
+		if ep, _ = fl.r.Pick(router.Request{BaseModel: "m", Backlog: func(id string) int { return backlog[id] }}); ep.ID() != "r000" {
+			t.Fatalf("picked %v, want r000", ep)
+		}
+		backlog = map[string]int{"r000": 9}
+	}
+}
+
+type fixedScorer map[string]float64
+
+func (fixedScorer) Name() string { return "fixed" }
+func (s fixedScorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {
+	for i, c := range cands {
+		scores[i] = s[c.Endpoint.ID()]
+	}
+}
+
+// A plugin's score counts as if clamped to [0,1] (NaN as 0): a faulty scorer cannot outweigh
+// the others by returning huge, negative or NaN values.
+func TestScoresAreClamped(t *testing.T) {
+	zero := 0.0
+	nan, inf := zero/zero, 1/zero
+	cases := []struct {
+		name   string
+		faulty fixedScorer
+		want   string
+	}{
+		{"+Inf counts as 1", fixedScorer{"r000": inf}, "r001"},
+		{"huge counts as 1", fixedScorer{"r000": 1e300}, "r001"},
+		{"NaN counts as 0", fixedScorer{"r000": nan, "r001": 0}, "r001"},
+		{"negative counts as 0", fixedScorer{"r000": 0, "r001": -1e300}, "r000"},
+	}
+	for _, c := range cases {
+		// The fair scorer gives r001 1 and r000 0, with twice the faulty one's weight.
+		fair := fixedScorer{"r000": 0, "r001": 1}
+		if c.want == "r000" {
+			fair = fixedScorer{"r000": 1, "r001": 0}
+		}
+		prof := router.Profile{Scorers: []router.WeightedScorer{{Scorer: c.faulty, Weight: 1}, {Scorer: fair, Weight: 2}}, Picker: maxscore.Picker{}}
+		r := router.New(prof, prof, router.Hooks{})
+		for _, id := range []string{"r000", "r001"} {
+			f := &fakeReplica{id: id, base: "m", max: 1, resident: map[string]bool{}}
+			f.healthy.Store(true)
+			r.AddEndpoint(f)
+		}
+		if ep, err := r.Pick(router.Request{BaseModel: "m"}); err != nil || ep.ID() != c.want {
+			t.Errorf("%s: picked %v %v, want %s", c.name, ep, err, c.want)
+		}
 	}
 }

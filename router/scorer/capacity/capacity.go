@@ -16,12 +16,15 @@ type Scorer struct{}
 
 func (Scorer) Name() string { return "lora-capacity" }
 
-func (Scorer) Score(_ router.Request, c router.Candidate) float64 {
-	switch {
-	case c.Free() > 0:
-		return FreeSlot
-	case c.Idle > 0:
-		return Evictable
+func (Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {
+	for i, c := range cands {
+		switch {
+		case c.Free() > 0:
+			scores[i] = FreeSlot
+		case c.Idle > 0:
+			scores[i] = Evictable
+		default:
+			scores[i] = Full
+		}
 	}
-	return Full
 }

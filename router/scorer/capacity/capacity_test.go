@@ -20,7 +20,7 @@ func TestScore(t *testing.T) {
 		{"full and busy", 4, 0, Full},
 	}
 	for _, c := range cases {
-		if got := (Scorer{}).Score(router.Request{}, router.Candidate{Endpoint: ep, Held: c.held, Idle: c.idle}); got != c.want {
+		if got := routertest.Score(Scorer{}, router.Request{}, router.Candidate{Endpoint: ep, Held: c.held, Idle: c.idle})[0]; got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -9,10 +9,13 @@ type Scorer struct{}
 
 func (Scorer) Name() string { return "adapters-held" }
 
-func (Scorer) Score(_ router.Request, c router.Candidate) float64 {
-	m := c.Endpoint.MaxLoras()
-	if m <= 0 {
-		return 0
+func (Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {
+	for i, c := range cands {
+		m := c.Endpoint.MaxLoras()
+		if m <= 0 {
+			scores[i] = 0
+			continue
+		}
+		scores[i] = 1 - float64(min(max(c.Held, 0), m))/float64(m)
 	}
-	return 1 - float64(min(c.Held, m))/float64(m)
 }

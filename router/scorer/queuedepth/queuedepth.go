@@ -1,4 +1,7 @@
-// Package queuedepth is a router scorer that prefers replicas with shorter queues.
+// Package queuedepth is a router scorer that prefers replicas with less work waiting for them:
+// router.Candidate.Load, which counts what the replica has accepted, the ops the gateway has
+// routed to it (leased, or waiting for their adapter to load there), and the caller's backlog
+// for it (sampling requests batched at the gateway).
 package queuedepth
 
 import "github.com/skein-ai/skein/router"
@@ -10,10 +13,12 @@ type Scorer struct {
 
 func (Scorer) Name() string { return "queue-depth" }
 
-func (s Scorer) Score(_ router.Request, c router.Candidate) float64 {
+func (s Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {
 	scale := s.Scale
-	if scale <= 0 {
+	if !(scale > 0) { // also NaN
 		scale = 8
 	}
-	return 1 / (1 + float64(max(0, c.Endpoint.QueueDepth()))/scale)
+	for i, c := range cands {
+		scores[i] = 1 / (1 + float64(c.Load())/scale)
+	}
 }

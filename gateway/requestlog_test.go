@@ -66,7 +66,7 @@ func logServer(t *testing.T, opts gateway.Options) (*httptest.Server, *lockedBuf
 	return ts, logs
 }
 
-func post(t *testing.T, url, key, requestID, body string) *http.Response {
+func postWithID(t *testing.T, url, key, requestID, body string) *http.Response {
 	t.Helper()
 	req, err := http.NewRequest("POST", url, strings.NewReader(body))
 	if err != nil {
@@ -103,7 +103,7 @@ func TestRequestLog(t *testing.T) {
 	ts, logs := logServer(t, gateway.Options{})
 	const key, secretBody = "tml-very-secret-key-42", "secret-body-marker"
 
-	resp := post(t, ts.URL+"/api/v1/create_session", key, "client-req.1", `{"tags":["`+secretBody+`"]}`)
+	resp := postWithID(t, ts.URL+"/api/v1/create_session", key, "client-req.1", `{"tags":["`+secretBody+`"]}`)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(gateway.RequestIDHeader) != "client-req.1" {
 		t.Fatalf("create_session: %d, X-Request-Id %q", resp.StatusCode, resp.Header.Get(gateway.RequestIDHeader))
 	}
@@ -121,7 +121,7 @@ func TestRequestLog(t *testing.T) {
 
 	// A malformed or long id is replaced by one of ours.
 	for _, bad := range []string{"two words", "line\"break", strings.Repeat("a", 65)} {
-		resp = post(t, ts.URL+"/api/v1/retrieve_future", key, bad, `{"request_id":"no-such-future"}`)
+		resp = postWithID(t, ts.URL+"/api/v1/retrieve_future", key, bad, `{"request_id":"no-such-future"}`)
 		got := resp.Header.Get(gateway.RequestIDHeader)
 		if got == "" || got == bad || resp.StatusCode != http.StatusNotFound {
 			t.Fatalf("bad id %q: answered %d with X-Request-Id %q", bad, resp.StatusCode, got)
@@ -133,7 +133,7 @@ func TestRequestLog(t *testing.T) {
 	}
 
 	// A request without a key is logged with its error and no tenant.
-	resp = post(t, ts.URL+"/api/v1/create_session", "", "no-key", `{}`)
+	resp = postWithID(t, ts.URL+"/api/v1/create_session", "", "no-key", `{}`)
 	l = requestLine(t, logs, "no-key")
 	if resp.StatusCode != http.StatusUnauthorized || l["err"] == nil || l["tenant"] != nil {
 		t.Fatalf("unauthenticated: %d, %v", resp.StatusCode, l)
@@ -157,7 +157,7 @@ func TestRequestLog(t *testing.T) {
 // A session that stops heartbeating is logged when it expires.
 func TestSessionExpiryIsLogged(t *testing.T) {
 	ts, logs := logServer(t, gateway.Options{SessionTimeout: 50 * time.Millisecond})
-	if resp := post(t, ts.URL+"/api/v1/create_session", "tml-a", "", `{}`); resp.StatusCode != http.StatusOK {
+	if resp := postWithID(t, ts.URL+"/api/v1/create_session", "tml-a", "", `{}`); resp.StatusCode != http.StatusOK {
 		t.Fatalf("create_session: %d", resp.StatusCode)
 	}
 	deadline := time.Now().Add(20 * time.Second)

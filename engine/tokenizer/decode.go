@@ -273,35 +273,14 @@ func (d metaspaceDecoder) decode(toks []string) []string {
 }
 
 func parseDecoder(raw json.RawMessage, depth int) (decoder, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	if depth > maxNesting {
-		return nil, errNesting
-	}
-	var st step
-	if err := json.Unmarshal(raw, &st); err != nil {
+	typ, err := stepType(raw, depth)
+	if err != nil || typ == "" {
 		return nil, err
 	}
-	switch st.Type {
+	switch typ {
 	case "Sequence":
-		var s struct {
-			Decoders []json.RawMessage `json:"decoders"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, err
-		}
-		seq := decoderSeq{}
-		for _, r := range s.Decoders {
-			d, err := parseDecoder(r, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			if d != nil {
-				seq = append(seq, d)
-			}
-		}
-		return seq, nil
+		seq, err := sequenceOf(raw, "decoders", depth, parseDecoder)
+		return decoderSeq(seq), err
 	case "ByteLevel":
 		return byteLevelDecoder{}, nil
 	case "Replace":
@@ -342,5 +321,5 @@ func parseDecoder(raw json.RawMessage, depth int) (decoder, error) {
 		}
 		return metaspaceDecoder{replacement: r, dropFirst: scheme != "never"}, nil
 	}
-	return nil, fmt.Errorf("decoder %q: %w", st.Type, ErrUnsupported)
+	return nil, fmt.Errorf("decoder %q: %w", typ, ErrUnsupported)
 }

@@ -32,6 +32,49 @@ type step struct {
 
 func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
 
+// stepType reads the type of one pipeline step; null steps are absent (""), and steps nested
+// deeper than maxNesting are refused.
+func stepType(raw json.RawMessage, depth int) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	if depth > maxNesting {
+		return "", errNesting
+	}
+	var st step
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return "", err
+	}
+	return st.Type, nil
+}
+
+// sequenceOf parses the steps of a Sequence (the list under key) one level deeper, leaving out
+// null ones.
+func sequenceOf[T comparable](raw json.RawMessage, key string, depth int, parse func(json.RawMessage, int) (T, error)) ([]T, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	var steps []json.RawMessage
+	if f, ok := fields[key]; ok {
+		if err := json.Unmarshal(f, &steps); err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	var zero T // a null step parses to the zero value (a nil interface)
+	var seq []T
+	for _, r := range steps {
+		x, err := parse(r, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		if x != zero {
+			seq = append(seq, x)
+		}
+	}
+	return seq, nil
+}
+
 // pattern is tokenizer.json's {"String": "..."} or {"Regex": "..."}.
 type pattern struct {
 	String *string `json:"String"`
@@ -124,35 +167,14 @@ func (s strip) normalize(x string) string {
 }
 
 func parseNormalizer(raw json.RawMessage, depth int) (normalizer, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	if depth > maxNesting {
-		return nil, errNesting
-	}
-	var st step
-	if err := json.Unmarshal(raw, &st); err != nil {
+	typ, err := stepType(raw, depth)
+	if err != nil || typ == "" {
 		return nil, err
 	}
-	switch st.Type {
+	switch typ {
 	case "Sequence":
-		var s struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, err
-		}
-		var seq normalizerSeq
-		for _, r := range s.Normalizers {
-			n, err := parseNormalizer(r, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
-		return seq, nil
+		seq, err := sequenceOf(raw, "normalizers", depth, parseNormalizer)
+		return normalizerSeq(seq), err
 	case "NFC":
 		return unicodeForm{norm.NFC}, nil
 	case "NFD":
@@ -187,7 +209,7 @@ func parseNormalizer(raw json.RawMessage, depth int) (normalizer, error) {
 		}
 		return strip{s.Left, s.Right}, nil
 	}
-	return nil, fmt.Errorf("normalizer %q: %w", st.Type, ErrUnsupported)
+	return nil, fmt.Errorf("normalizer %q: %w", typ, ErrUnsupported)
 }
 
 func parseReplace(raw json.RawMessage) (replace, error) {
@@ -437,35 +459,14 @@ func parseMetaspace(raw json.RawMessage) (metaspaceConfig, string, error) {
 }
 
 func parsePreTokenizer(raw json.RawMessage, depth int) (preTokenizer, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	if depth > maxNesting {
-		return nil, errNesting
-	}
-	var st step
-	if err := json.Unmarshal(raw, &st); err != nil {
+	typ, err := stepType(raw, depth)
+	if err != nil || typ == "" {
 		return nil, err
 	}
-	switch st.Type {
+	switch typ {
 	case "Sequence":
-		var s struct {
-			PreTokenizers []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, err
-		}
-		var seq preTokSeq
-		for _, r := range s.PreTokenizers {
-			p, err := parsePreTokenizer(r, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		seq, err := sequenceOf(raw, "pretokenizers", depth, parsePreTokenizer)
+		return preTokSeq(seq), err
 	case "Split":
 		var s struct {
 			Pattern  pattern `json:"pattern"`
@@ -532,5 +533,5 @@ func parsePreTokenizer(raw json.RawMessage, depth int) (preTokenizer, error) {
 		re.MatchTimeout = regexTimeout
 		return splitter{re: re, behavior: behaviorRemoved}, nil
 	}
-	return nil, fmt.Errorf("pre-tokenizer %q: %w", st.Type, ErrUnsupported)
+	return nil, fmt.Errorf("pre-tokenizer %q: %w", typ, ErrUnsupported)
 }

@@ -13,6 +13,10 @@ var haveBF16Kernel = archsimd.X86.AVX2() && archsimd.X86.FMA()
 // the float32 bits. A tile of several rows reuses each widened vector for several FMAs; a single
 // row needs 8 independent accumulators to keep the FMA units busy, so its tiles are 8 vectors
 // wide.
+//
+// Like the row kernels (see the note above load8), every function here that runs 256-bit code
+// clears the upper halves (VZEROUPPER) after its last vector and before any scalar float code:
+// the scalar tails, a lane sum in scalar, its return. TestArchsimdKernelsStayVEX checks it.
 
 // bfWiden8 returns the 8 bf16 values w[i:i+8] as float32 lanes. Loads go through full slice
 // expressions of exactly 8 elements: one bounds check and no pointer masking, which halved the
@@ -100,6 +104,7 @@ func nn4x16(y, x []float32, w []uint16, r, K, N, j int) {
 	bfStore8(a21, y, o+2*N+8)
 	bfStore8(a30, y, o+3*N)
 	bfStore8(a31, y, o+3*N+8)
+	archsimd.ClearAVXUpperBits()
 }
 
 func nn1x64(y, x []float32, w []uint16, r, K, N, j int) {
@@ -124,6 +129,7 @@ func nn1x64(y, x []float32, w []uint16, r, K, N, j int) {
 	bfStore8(a5, y, o+40)
 	bfStore8(a6, y, o+48)
 	bfStore8(a7, y, o+56)
+	archsimd.ClearAVXUpperBits()
 }
 
 func nn1x16(y, x []float32, w []uint16, r, K, N, j int) {
@@ -137,6 +143,7 @@ func nn1x16(y, x []float32, w []uint16, r, K, N, j int) {
 	}
 	bfStore8(a0, y, r*N+j)
 	bfStore8(a1, y, r*N+j+8)
+	archsimd.ClearAVXUpperBits()
 }
 
 func nn1x8(y, x []float32, w []uint16, r, K, N, j int) {
@@ -148,6 +155,7 @@ func nn1x8(y, x []float32, w []uint16, r, K, N, j int) {
 		o += N
 	}
 	bfStore8(a, y, r*N+j)
+	archsimd.ClearAVXUpperBits()
 }
 
 // bf16NT sets y[r, n] = Σ_k x[r, k]·W[n, k] for n0 ≤ n < n1, W [N, K] as bf16 bits: dot
@@ -180,10 +188,13 @@ func bf16NT(y, x []float32, w []uint16, R, K, N, n0, n1 int) {
 	}
 }
 
-// bfLanes8 returns the sum of a's lanes.
+// bfLanes8 returns the sum of a's lanes. It is its caller's last vector code: it clears the
+// upper halves once the lanes are in memory (a value left in a register across the clear is
+// spilled with a legacy-SSE move before it) and adds them in scalar.
 func bfLanes8(a archsimd.Float32x8) float32 {
 	var l [4]float32
 	a.GetLo().Add(a.GetHi()).Store(&l)
+	archsimd.ClearAVXUpperBits()
 	return (l[0] + l[1]) + (l[2] + l[3])
 }
 
@@ -193,10 +204,14 @@ func bfHsum4(a0, a1, a2, a3 archsimd.Float32x8) archsimd.Float32x4 {
 	return u.GetLo().Add(u.GetHi())
 }
 
-// bfTails4 returns x·w0…x·w3 over the last K%8 elements (odd shapes only).
-func bfTails4(x []float32, w0, w1, w2, w3 []uint16) archsimd.Float32x4 {
-	t := [4]float32{dotBF16Scalar(x, w0), dotBF16Scalar(x, w1), dotBF16Scalar(x, w2), dotBF16Scalar(x, w3)}
-	return archsimd.LoadFloat32x4(&t)
+// bfAddTails4 adds x·w0…x·w3 over the last K%8 elements (odd shapes only) to y[0:4], in
+// scalar: the caller has stored its vectors and cleared the upper halves.
+func bfAddTails4(y, x []float32, w0, w1, w2, w3 []uint16) {
+	y = y[:4]
+	y[0] += dotBF16Scalar(x, w0)
+	y[1] += dotBF16Scalar(x, w1)
+	y[2] += dotBF16Scalar(x, w2)
+	y[3] += dotBF16Scalar(x, w3)
 }
 
 func nt2x4(y, x []float32, w []uint16, r, K, N, n int) {
@@ -215,13 +230,14 @@ func nt2x4(y, x []float32, w []uint16, r, K, N, n int) {
 		b = bfLoad8(x1[k : k+8 : k+8])
 		a10, a11, a12, a13 = v0.MulAdd(b, a10), v1.MulAdd(b, a11), v2.MulAdd(b, a12), v3.MulAdd(b, a13)
 	}
-	s0, s1 := bfHsum4(a00, a01, a02, a03), bfHsum4(a10, a11, a12, a13)
+	y0, y1 := y[r*N+n:][:4], y[(r+1)*N+n:][:4]
+	bfHsum4(a00, a01, a02, a03).StoreSlice(y0)
+	bfHsum4(a10, a11, a12, a13).StoreSlice(y1)
+	archsimd.ClearAVXUpperBits()
 	if k < K {
-		s0 = s0.Add(bfTails4(x0[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
-		s1 = s1.Add(bfTails4(x1[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
+		bfAddTails4(y0, x0[k:], w0[k:], w1[k:], w2[k:], w3[k:])
+		bfAddTails4(y1, x1[k:], w0[k:], w1[k:], w2[k:], w3[k:])
 	}
-	s0.StoreSlice(y[r*N+n:][:4])
-	s1.StoreSlice(y[(r+1)*N+n:][:4])
 }
 
 func nt1x8(y, x []float32, w []uint16, r, K, N, n int) {
@@ -240,14 +256,14 @@ func nt1x8(y, x []float32, w []uint16, r, K, N, n int) {
 		a4, a5 = bfWide8(w4[k:k+8:k+8]).MulAdd(b, a4), bfWide8(w5[k:k+8:k+8]).MulAdd(b, a5)
 		a6, a7 = bfWide8(w6[k:k+8:k+8]).MulAdd(b, a6), bfWide8(w7[k:k+8:k+8]).MulAdd(b, a7)
 	}
-	s0, s1 := bfHsum4(a0, a1, a2, a3), bfHsum4(a4, a5, a6, a7)
-	if k < K {
-		s0 = s0.Add(bfTails4(xr[k:], w0[k:], w1[k:], w2[k:], w3[k:]))
-		s1 = s1.Add(bfTails4(xr[k:], w4[k:], w5[k:], w6[k:], w7[k:]))
-	}
 	yr := y[r*N+n:][:8]
-	s0.StoreSlice(yr)
-	s1.StoreSlice(yr[4:])
+	bfHsum4(a0, a1, a2, a3).StoreSlice(yr)
+	bfHsum4(a4, a5, a6, a7).StoreSlice(yr[4:])
+	archsimd.ClearAVXUpperBits()
+	if k < K {
+		bfAddTails4(yr, xr[k:], w0[k:], w1[k:], w2[k:], w3[k:])
+		bfAddTails4(yr[4:], xr[k:], w4[k:], w5[k:], w6[k:], w7[k:])
+	}
 }
 
 // dotBF16 returns Σ x[k]·w[k], w as bf16 bits.

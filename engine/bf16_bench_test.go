@@ -10,7 +10,7 @@ import (
 // float32 weight in the backend matmul (f32), a bf16 weight widened into a step buffer for that
 // matmul (widen), and the direct kernel over the bf16 bits (direct). Shapes are decode steps of
 // the small preset (D 512, FFN 1536, tied head of 8192) and one of Qwen3-0.6B (D 1024, FFN
-// 3072), at 1, 8 and 64 rows. Run one shape at a time, e.g.
+// 3072), at 1, 8 and 64 rows, and two odd shapes for the tails. Run one shape at a time, e.g.
 //
 //	GOEXPERIMENT=simd go test ./engine -run '^$' -bench 'BF16Product/up_1x' -benchtime 300ms
 func BenchmarkBF16Product(b *testing.B) {
@@ -29,6 +29,9 @@ func BenchmarkBF16Product(b *testing.B) {
 		{name: "down", K: 1536, N: 512},
 		{name: "head", K: 512, N: 8192, transB: true},
 		{name: "qwen06up", K: 1024, N: 3072},
+		// Odd shapes run the kernels' tails: K%8 = 5 in x·Wᵀ, N%16 = 10 in x·W.
+		{name: "oddup", K: 509, N: 1530},
+		{name: "oddhead", K: 509, N: 8190, transB: true},
 	} {
 		wf := make([]float64, sh.K*sh.N)
 		w16 := make([]uint16, len(wf))

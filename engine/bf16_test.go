@@ -173,6 +173,21 @@ func TestBF16Conversions(t *testing.T) {
 			t.Fatalf("bits %#04x widened to %#08x (scalar %#08x)", src[i], math.Float32bits(fast[i]), math.Float32bits(slow[i]))
 		}
 	}
+	// Short rows: scalar under 8, a last vector overlapping the loop's from 9 on. Nothing past
+	// the row is written.
+	for n := range 41 {
+		dst := make([]float32, n+1)
+		dst[n] = -1
+		widenBF16To32(dst[:n], src[1000:1000+n])
+		for i := range n {
+			if math.Float32bits(dst[i]) != uint32(src[1000+i])<<16 {
+				t.Fatalf("row of %d: element %d widened to %#08x", n, i, math.Float32bits(dst[i]))
+			}
+		}
+		if dst[n] != -1 {
+			t.Fatalf("row of %d: wrote past its end", n)
+		}
+	}
 	for _, c := range []struct {
 		f    uint32
 		want uint16

@@ -9,17 +9,25 @@ import "simd/archsimd"
 var haveAVX2 = archsimd.X86.AVX2()
 
 // widenBF16To32 writes dst[i] = src[i] (bfloat16 bits) as float32, 8 lanes at a time: each
-// value zero-extended to 32 bits and shifted into the high half.
+// value zero-extended to 32 bits and shifted into the high half. As the 8-lane row kernels
+// (see the note above load8) it has no scalar tail: the last 8 elements are one more vector,
+// overlapping the loop's last one (widening is exact, so the overlap is written twice with the
+// same values), and it clears the upper halves before returning. Fewer than 8 run scalar.
 func widenBF16To32(dst []float32, src []uint16) {
-	if !haveAVX2 {
+	n := len(src)
+	if !haveAVX2 || n < 8 {
 		widenBF16Scalar(dst, src)
 		return
 	}
-	i := 0
-	for ; i+8 <= len(src); i += 8 {
+	dst = dst[:n]
+	widen := func(i int) {
 		archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[i:])
 	}
-	widenBF16Scalar(dst[i:], src[i:])
+	for i := 0; i+8 <= n; i += 8 {
+		widen(i)
+	}
+	widen(n - 8)
+	archsimd.ClearAVXUpperBits()
 }
 
 // exp16 is exp32 on 16 lanes: the same range reduction and polynomial, with 2^k applied by
@@ -30,8 +38,8 @@ func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
 	r := k.MulAdd(archsimd.BroadcastFloat32x16(-0.693145751953125), x)
 	r = k.MulAdd(archsimd.BroadcastFloat32x16(-1.42860682030941723212e-6), r)
 	p := archsimd.BroadcastFloat32x16(1.0 / 720)
-	for _, c := range [...]float32{1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1, 1} {
-		p = p.MulAdd(r, archsimd.BroadcastFloat32x16(c))
+	for i := range expPoly { // not a literal, which is copied with legacy SSE on every call
+		p = p.MulAdd(r, archsimd.BroadcastFloat32x16(expPoly[i]))
 	}
 	return p.Scale(k)
 }
@@ -44,21 +52,29 @@ func expScaledShift32(v []float32, scale, shift float32) float64 {
 	if !haveAVX512 {
 		return expScaledShiftScalar(v, scale, shift)
 	}
+	// The tail first (see axpby32); its sum is taken again after the clear, as a float kept in
+	// a register across it would be spilled with legacy SSE.
+	m := len(v) / 16 * 16
+	expScaledShiftScalar(v[m:], scale, shift)
 	sc, sh := archsimd.BroadcastFloat32x16(scale), archsimd.BroadcastFloat32x16(-shift)
-	acc := archsimd.BroadcastFloat32x16(0)
-	i := 0
-	for ; i+16 <= len(v); i += 16 {
+	var acc archsimd.Float32x16 // zero (a broadcast of 0 is a legacy XORPS)
+	for i := 0; i < m; i += 16 {
 		e := exp16(archsimd.LoadFloat32x16Slice(v[i:]).MulAdd(sc, sh))
 		e.StoreSlice(v[i:])
 		acc = acc.Add(e)
 	}
 	var lanes [16]float32
 	acc.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
 	var sum float64
 	for _, x := range lanes {
 		sum += float64(x)
 	}
-	return sum + expScaledShiftScalar(v[i:], scale, shift)
+	var tail float64 // as expScaledShiftScalar summed it
+	for _, e := range v[m:] {
+		tail += float64(e)
+	}
+	return sum + tail
 }
 
 // sigmoid32 sets dst[i] = 1/(1+e^(−src[i])).
@@ -77,12 +93,14 @@ func sigmoid32(dst, src []float32) {
 		e := exp16(archsimd.LoadFloat32x16Slice(src[i:]).Mul(neg))
 		one.Div(e.Add(one)).StoreSlice(dst[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 	sigmoidScalar(dst[i:], src[i:])
 }
 
 // The row kernels below are 16-lane versions of loops in kernels.go; each leaves a tail of
 // fewer than 16 elements to the scalar version (kernels_scalar.go), which machines without
-// AVX2 use for everything; simd_avx2_amd64.go has the 8-lane versions.
+// AVX2 use for everything; simd_avx2_amd64.go has the 8-lane versions. Each clears the upper
+// halves (VZEROUPPER) after its last vector, before scalar code (see the note above load8).
 
 func load(v []float32) archsimd.Float32x16 { return archsimd.LoadFloat32x16Slice(v) }
 
@@ -91,6 +109,7 @@ func bcast(x float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(
 func lanesSum(x archsimd.Float32x16) float64 {
 	var l [16]float32
 	x.Store(&l)
+	archsimd.ClearAVXUpperBits()
 	var s float64
 	for _, v := range l {
 		s += float64(v)
@@ -113,6 +132,7 @@ func max32(v []float32) float32 {
 	}
 	var l [16]float32
 	acc.Store(&l)
+	archsimd.ClearAVXUpperBits()
 	m := maxScalar(l[:])
 	if i < len(v) {
 		m = max(m, maxScalar(v[i:]))
@@ -158,14 +178,19 @@ func axpby32(dst, x []float32, alpha float32) {
 		axpby8(dst, x, alpha)
 		return
 	}
-	i := 0
-	if haveAVX512 {
-		al := bcast(alpha)
-		for ; i+16 <= len(dst); i += 16 {
-			load(dst[i:]).MulAdd(al, load(x[i:])).StoreSlice(dst[i:])
-		}
+	if !haveAVX512 {
+		axpbyScalar(dst, x, alpha)
+		return
 	}
-	axpbyScalar(dst[i:], x[i:], alpha)
+	// The tail goes first, while the upper halves are clean: a float argument kept for after
+	// ClearAVXUpperBits is spilled with a legacy-SSE move right before it.
+	m := len(dst) / 16 * 16
+	axpbyScalar(dst[m:], x[m:], alpha)
+	al := bcast(alpha)
+	for i := 0; i < m; i += 16 {
+		load(dst[i:]).MulAdd(al, load(x[i:])).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // axpy32 sets dst += alpha·x.
@@ -174,14 +199,17 @@ func axpy32(dst, x []float32, alpha float32) {
 		axpy8(dst, x, alpha)
 		return
 	}
-	i := 0
-	if haveAVX512 {
-		al := bcast(alpha)
-		for ; i+16 <= len(dst); i += 16 {
-			load(x[i:]).MulAdd(al, load(dst[i:])).StoreSlice(dst[i:])
-		}
+	if !haveAVX512 {
+		axpyScalar(dst, x, alpha)
+		return
 	}
-	axpyScalar(dst[i:], x[i:], alpha)
+	m := len(dst) / 16 * 16
+	axpyScalar(dst[m:], x[m:], alpha) // first: see axpby32
+	al := bcast(alpha)
+	for i := 0; i < m; i += 16 {
+		load(x[i:]).MulAdd(al, load(dst[i:])).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // mulScaled32 sets dst = a·b·s (RMSNorm: x·w·inv).
@@ -190,14 +218,17 @@ func mulScaled32(dst, a, b []float32, s float32) {
 		mulScaled8(dst, a, b, s)
 		return
 	}
-	i := 0
-	if haveAVX512 {
-		sc := bcast(s)
-		for ; i+16 <= len(dst); i += 16 {
-			load(a[i:]).Mul(load(b[i:])).Mul(sc).StoreSlice(dst[i:])
-		}
+	if !haveAVX512 {
+		mulScaledScalar(dst, a, b, s)
+		return
 	}
-	mulScaledScalar(dst[i:], a[i:], b[i:], s)
+	m := len(dst) / 16 * 16
+	mulScaledScalar(dst[m:], a[m:], b[m:], s) // first: see axpby32
+	sc := bcast(s)
+	for i := 0; i < m; i += 16 {
+		load(a[i:]).Mul(load(b[i:])).Mul(sc).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // rmsBack32 sets (or adds to) dx the RMSNorm input gradient inv·dy·w − x·c.
@@ -206,19 +237,22 @@ func rmsBack32(dx, dy, w, x []float32, inv, c float32, accumulate bool) {
 		rmsBack8(dx, dy, w, x, inv, c, accumulate)
 		return
 	}
-	i := 0
-	if haveAVX512 {
-		iv, cc := bcast(inv), bcast(-c)
-		for ; i+16 <= len(dx); i += 16 {
-			g := load(dy[i:]).Mul(load(w[i:])).Mul(iv)
-			g = load(x[i:]).MulAdd(cc, g)
-			if accumulate {
-				g = g.Add(load(dx[i:]))
-			}
-			g.StoreSlice(dx[i:])
-		}
+	if !haveAVX512 {
+		rmsBackScalar(dx, dy, w, x, inv, c, accumulate)
+		return
 	}
-	rmsBackScalar(dx[i:], dy[i:], w[i:], x[i:], inv, c, accumulate)
+	m := len(dx) / 16 * 16
+	rmsBackScalar(dx[m:], dy[m:], w[m:], x[m:], inv, c, accumulate) // first: see axpby32
+	iv, cc := bcast(inv), bcast(-c)
+	for i := 0; i < m; i += 16 {
+		g := load(dy[i:]).Mul(load(w[i:])).Mul(iv)
+		g = load(x[i:]).MulAdd(cc, g)
+		if accumulate {
+			g = g.Add(load(dx[i:]))
+		}
+		g.StoreSlice(dx[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // softmaxBackRow32 sets dr = p·(dr − d)·scale.
@@ -227,14 +261,17 @@ func softmaxBackRow32(p, dr []float32, d, scale float32) {
 		softmaxBackRow8(p, dr, d, scale)
 		return
 	}
-	i := 0
-	if haveAVX512 {
-		dd, sc := bcast(d), bcast(scale)
-		for ; i+16 <= len(p); i += 16 {
-			load(dr[i:]).Sub(dd).Mul(load(p[i:])).Mul(sc).StoreSlice(dr[i:])
-		}
+	if !haveAVX512 {
+		softmaxBackRowScalar(p, dr, d, scale)
+		return
 	}
-	softmaxBackRowScalar(p[i:], dr[i:], d, scale)
+	m := len(p) / 16 * 16
+	softmaxBackRowScalar(p[m:], dr[m:], d, scale) // first: see axpby32
+	dd, sc := bcast(d), bcast(scale)
+	for i := 0; i < m; i += 16 {
+		load(dr[i:]).Sub(dd).Mul(load(p[i:])).Mul(sc).StoreSlice(dr[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // siluGate32 sets out = g·σ·u.
@@ -248,6 +285,7 @@ func siluGate32(g, u, sig, out []float32) {
 		for ; i+16 <= len(g); i += 16 {
 			load(g[i:]).Mul(load(sig[i:])).Mul(load(u[i:])).StoreSlice(out[i:])
 		}
+		archsimd.ClearAVXUpperBits()
 	}
 	siluGateScalar(g[i:], u[i:], sig[i:], out[i:])
 }
@@ -269,6 +307,7 @@ func siluGateBack32(da, g, u, sig, dg, du []float32) {
 			f := gg.MulAdd(one.Sub(s), one)
 			as.Mul(load(u[i:])).Mul(f).StoreSlice(dg[i:])
 		}
+		archsimd.ClearAVXUpperBits()
 	}
 	siluGateBackScalar(da[i:], g[i:], u[i:], sig[i:], dg[i:], du[i:])
 }

@@ -5,6 +5,7 @@ package engine
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -24,21 +26,32 @@ func TestAVX2KernelsStayVEX(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the package again")
 	}
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		t.Skipf("no go tool to compile with: %v", err)
+	checkStayVEX(t, "expScaledShift8", "sigmoid8", "max8", "dot8", "dot3_8", "axpby8", "axpy8",
+		"mulScaled8", "rmsBack8", "softmaxBackRow8", "siluGate8", "siluGateBack8")
+}
+
+// The other archsimd code holds to the same rules: the direct bf16 products and their tiles
+// (bf16_avx2_amd64.go), the bf16 widening and the 16-lane kernels of simd_amd64.go (compiled
+// on every amd64 machine, so checked here even where the CPU cannot run them).
+func TestArchsimdKernelsStayVEX(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles the package again")
 	}
-	const pkg = "github.com/skein-ai/skein/engine"
-	cmd := exec.Command(goTool, "build", "-gcflags="+pkg+"=-S", "-o", os.DevNull, ".")
-	cmd.Env = append(os.Environ(), "GOEXPERIMENT=simd")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build -S: %v\n%.2000s", err, out)
-	}
-	kernels := []string{"expScaledShift8", "sigmoid8", "max8", "dot8", "dot3_8", "axpby8", "axpy8",
-		"mulScaled8", "rmsBack8", "softmaxBackRow8", "siluGate8", "siluGateBack8"}
-	for _, k := range kernels {
-		insns := kernelAsm(out, pkg+"."+k)
+	checkStayVEX(t, "bf16NN", "nn4x16", "nn1x64", "nn1x16", "nn1x8", "bf16NT", "nt2x4", "nt1x8",
+		"dotBF16", "widenBF16To32",
+		"expScaledShift32", "sigmoid32", "max32", "dot32", "dot3_32", "axpby32", "axpy32",
+		"mulScaled32", "rmsBack32", "softmaxBackRow32", "siluGate32", "siluGateBack32")
+}
+
+// checkStayVEX fails t for each legacy-SSE instruction that a path from a Y or Z register
+// reaches before a VZEROUPPER in the compiled code of the engine functions named, and for each
+// call (bar a panic) and return reached that way: the callee or the caller may run scalar
+// float code next.
+func checkStayVEX(t *testing.T, funcs ...string) {
+	t.Helper()
+	out := engineAsm(t)
+	for _, k := range funcs {
+		insns := kernelAsm(out, enginePkg+"."+k)
 		if len(insns) == 0 {
 			t.Errorf("%s: no code in the -S output (inlined? then check its caller)", k)
 			continue
@@ -46,7 +59,43 @@ func TestAVX2KernelsStayVEX(t *testing.T) {
 		for _, bad := range sseWhileDirty(insns) {
 			t.Errorf("%s: legacy SSE at %s: %s", k, bad.loc, bad.text)
 		}
+		for _, bad := range leavesDirty(insns) {
+			t.Errorf("%s: upper halves dirty at %s: %s", k, bad.loc, bad.text)
+		}
 	}
+}
+
+const enginePkg = "github.com/skein-ai/skein/engine"
+
+var engineAsmOnce struct {
+	sync.Once
+	out []byte
+	err error
+	why string // set when there is no go tool to compile with
+}
+
+// engineAsm returns the compiler's -S output for the engine package, compiled once per test
+// binary.
+func engineAsm(t *testing.T) []byte {
+	t.Helper()
+	a := &engineAsmOnce
+	a.Do(func() {
+		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goTool); err != nil {
+			a.why = fmt.Sprintf("no go tool to compile with: %v", err)
+			return
+		}
+		cmd := exec.Command(goTool, "build", "-gcflags="+enginePkg+"=-S", "-o", os.DevNull, ".")
+		cmd.Env = append(os.Environ(), "GOEXPERIMENT=simd")
+		a.out, a.err = cmd.CombinedOutput()
+	})
+	if a.why != "" {
+		t.Skip(a.why)
+	}
+	if a.err != nil {
+		t.Fatalf("go build -S: %v\n%.2000s", a.err, a.out)
+	}
+	return a.out
 }
 
 type asmInsn struct {
@@ -88,9 +137,36 @@ var (
 	jumpArg = regexp.MustCompile(`^J\w+\s+(\d+)$`)
 )
 
-// sseWhileDirty returns the legacy-SSE instructions some path reaches with dirty upper halves:
-// a forward dataflow over the fallthroughs and jumps (a panic call ends its path).
+// sseWhileDirty returns the legacy-SSE instructions some path reaches with dirty upper halves.
 func sseWhileDirty(insns []asmInsn) []asmInsn {
+	dirtyIn := dirtyBefore(insns)
+	var bad []asmInsn
+	for i, in := range insns {
+		if dirtyIn[i] && !strings.HasPrefix(in.text, "V") && xmmReg.MatchString(in.text) {
+			bad = append(bad, in)
+		}
+	}
+	return slices.Clip(bad)
+}
+
+// leavesDirty returns the calls (other than to a panic) and returns that some path reaches
+// with dirty upper halves, or that leave them dirty by using a Y or Z register themselves.
+func leavesDirty(insns []asmInsn) []asmInsn {
+	dirtyIn := dirtyBefore(insns)
+	var bad []asmInsn
+	for i, in := range insns {
+		op := strings.Fields(in.text)[0]
+		exits := op == "RET" || (op == "CALL" && !strings.Contains(in.text, "panic"))
+		if exits && (dirtyIn[i] || vecReg.MatchString(in.text)) {
+			bad = append(bad, in)
+		}
+	}
+	return slices.Clip(bad)
+}
+
+// dirtyBefore reports, for each instruction, whether some path reaches it with dirty upper
+// halves: a forward dataflow over the fallthroughs and jumps (a panic call ends its path).
+func dirtyBefore(insns []asmInsn) []bool {
 	at := map[int]int{}
 	for i, in := range insns {
 		at[in.offset] = i
@@ -127,11 +203,5 @@ func sseWhileDirty(insns []asmInsn) []asmInsn {
 			}
 		}
 	}
-	var bad []asmInsn
-	for i, in := range insns {
-		if dirtyIn[i] && !strings.HasPrefix(in.text, "V") && xmmReg.MatchString(in.text) {
-			bad = append(bad, in)
-		}
-	}
-	return slices.Clip(bad)
+	return dirtyIn
 }

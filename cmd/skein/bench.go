@@ -124,7 +124,14 @@ func benchEngine(args []string) error {
 	res["compiles"] = float64(cs.Count)
 	res["compile_s"] = cs.Total.Seconds()
 	if *asJSON {
-		b, _ := json.Marshal(res)
+		out := map[string]any{"precision": *precision,
+			// The GEMM that many-row products run in either precision: bf16 weights are widened into
+			// it (this machine kind has no bf16 matrix units; see docs/design-notes.md).
+			"peak_gemm": "f32 backend matmul"}
+		for k, v := range res {
+			out[k] = v
+		}
+		b, _ := json.Marshal(out)
 		fmt.Println(string(b))
 		return nil
 	}

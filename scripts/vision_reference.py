@@ -173,6 +173,26 @@ def main():
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
+    # smart_resize alone, over sizes that hit every branch: Python's round-half-to-even
+    # (80/32 = 2.5 rounds to 2), the max_pixels and min_pixels branches, Qwen3-VL's and
+    # Qwen2-VL's bounds, and aspect ratios at and over 200.
+    cases = []
+    bounds = [(32, 64 * 64, 128 * 128), (32, 65536, 16777216), (28, 56 * 56, 28 * 28 * 1280)]
+    sizes = [(48, 80), (80, 48), (80, 80), (112, 176), (1, 1), (1, 200), (1, 201), (3, 600), (7, 1500),
+             (1080, 1920), (4000, 3000), (4096, 4096), (10000, 50), (37, 53), (9, 13), (150, 210),
+             (16, 16), (33, 31), (6000, 6000), (224, 224), (479, 641)]
+    for factor, lo, hi in bounds:
+        for h, w in sizes:
+            try:
+                rh, rw = smart_resize(h, w, factor, lo, hi)
+                cases.append({"height": h, "width": w, "factor": factor, "min_pixels": lo, "max_pixels": hi,
+                              "resized_height": rh, "resized_width": rw})
+            except ValueError:
+                cases.append({"height": h, "width": w, "factor": factor, "min_pixels": lo, "max_pixels": hi,
+                              "error": True})
+    with open(os.path.join(out, "smart_resize.json"), "w") as f:
+        json.dump(cases, f)
+
 
 if __name__ == "__main__":
     main()

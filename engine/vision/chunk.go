@@ -205,3 +205,19 @@ func readUnder(dir, loc string, limit int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// CheckImageDir checks, at startup, that an --image-dir setting names a directory (empty:
+// no image directory, file pointers refused).
+func CheckImageDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("--image-dir: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("--image-dir %s is not a directory", dir)
+	}
+	return nil
+}

@@ -173,6 +173,27 @@ def main():
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
+    # Qwen3-VL's own configuration (min_pixels 65536: every test image is scaled up, to about
+    # 256×256, so only samples and sums are kept).
+    qwen3 = dict(cfg, min_pixels=65536, max_pixels=16777216, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    expected_qwen3 = {}
+    for name, fmt in sorted(images.items()):
+        if fmt != "png":
+            continue
+        u8, flat, grid, (rh, rw) = preprocess(os.path.join(out, name), qwen3)
+        rows, cols = flat.shape
+        idx = rng.integers(0, rows * cols, 300)
+        expected_qwen3[name] = {
+            "format": fmt, "resized_height": rh, "resized_width": rw, "grid_thw": list(grid),
+            "tokens": grid[0] * grid[1] * grid[2] // (qwen3["merge_size"] ** 2), "shape": [rows, cols],
+            "sample_index": [int(i) for i in idx],
+            "sample_value": [float(flat.reshape(-1)[i]) for i in idx],
+            "sum": float(flat.astype(np.float64).sum()),
+            "abs_sum": float(np.abs(flat.astype(np.float64)).sum()),
+        }
+    with open(os.path.join(out, "expected_qwen3.json"), "w") as f:
+        json.dump(expected_qwen3, f, indent=1)
+
     # smart_resize alone, over sizes that hit every branch: Python's round-half-to-even
     # (80/32 = 2.5 rounds to 2), the max_pixels and min_pixels branches, Qwen3-VL's and
     # Qwen2-VL's bounds, and aspect ratios at and over 200.

@@ -148,3 +148,46 @@ func resizedRGB(t *testing.T, data []byte, format string, info Info) []uint8 {
 	}
 	return resizeBicubic(toRGB(img), info.Width, info.Height, info.ResizedWidth, info.ResizedHeight)
 }
+
+// TestQwen3DefaultsMatchReference runs DefaultConfig (Qwen3-VL's released processor settings)
+// on the PNG fixtures, which its min_pixels scales up, against the reference's samples and sums
+// (testdata/expected_qwen3.json). PNG tolerance: one uint8 level per sampled value.
+func TestQwen3DefaultsMatchReference(t *testing.T) {
+	b, err := os.ReadFile("testdata/expected_qwen3.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref map[string]referenceImage
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	level := 1 / (255 * float64(cfg.ImageStd[0]))
+	for name, want := range ref {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := Preprocess(data, want.Format, cfg, DefaultLimits())
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if img.ResizedHeight != want.ResizedHeight || img.ResizedWidth != want.ResizedWidth || img.GridTHW != want.GridTHW || img.Tokens != want.Tokens || img.Patches() != want.Shape[0] {
+			t.Fatalf("%s: %+v, want %d×%d grid %v tokens %d", name, img.Info, want.ResizedHeight, want.ResizedWidth, want.GridTHW, want.Tokens)
+		}
+		for i, idx := range want.SampleIndex {
+			if got := float64(img.PixelValues[idx]); math.Abs(got-want.SampleValue[i]) > level*(pngMaxLevelDiff+1e-3) {
+				t.Fatalf("%s: pixel_values[%d] = %v, want %v", name, idx, got, want.SampleValue[i])
+			}
+		}
+		var sum, abs float64
+		for _, v := range img.PixelValues {
+			sum += float64(v)
+			abs += math.Abs(float64(v))
+		}
+		tol := float64(len(img.PixelValues)) * level * 0.05
+		if math.Abs(sum-want.Sum) > tol || math.Abs(abs-want.AbsSum) > tol {
+			t.Fatalf("%s: sum %v abs-sum %v, want %v %v", name, sum, abs, want.Sum, want.AbsSum)
+		}
+	}
+}

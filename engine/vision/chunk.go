@@ -112,6 +112,7 @@ func FromChunk(in api.ImageInput, cfg Config, lim Limits, src Source) (Image, er
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*:`)
 
 func resolve(in api.ImageInput, lim Limits, src Source) ([]byte, error) {
+	lim = lim.orDefault()
 	if !in.Pointer {
 		return in.Data, nil // Inspect checks its size
 	}

@@ -19,7 +19,8 @@ func badImage(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadImage, fmt.Sprintf(format, args...))
 }
 
-// Limits bound what one image may cost the server, checked before it is decoded.
+// Limits bound what one image may cost the server, checked before it is decoded. A zero field
+// takes its DefaultLimits value.
 type Limits struct {
 	MaxBytes  int // encoded size
 	MaxPixels int // width·height as the image's header states it
@@ -29,6 +30,21 @@ type Limits struct {
 // DefaultLimits admit anything Qwen3-VL's own processor admits (16 Mpixel, 16384 tokens).
 func DefaultLimits() Limits {
 	return Limits{MaxBytes: 32 << 20, MaxPixels: 16 << 20, MaxTokens: 16384}
+}
+
+// orDefault fills the fields a caller left zero (or negative) from DefaultLimits.
+func (l Limits) orDefault() Limits {
+	d := DefaultLimits()
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = d.MaxBytes
+	}
+	if l.MaxPixels <= 0 {
+		l.MaxPixels = d.MaxPixels
+	}
+	if l.MaxTokens <= 0 {
+		l.MaxTokens = d.MaxTokens
+	}
+	return l
 }
 
 // Formats are the image formats of the Tinker API (ImageChunk.format).
@@ -58,6 +74,7 @@ func Inspect(data []byte, format string, cfg Config, lim Limits) (Info, error) {
 	if err := cfg.Validate(); err != nil {
 		return Info{}, err
 	}
+	lim = lim.orDefault()
 	if len(data) == 0 {
 		return Info{}, badImage("no image data")
 	}

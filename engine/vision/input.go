@@ -71,6 +71,7 @@ func FromTensors(pixelValues, gridTHW api.TensorData, cfg Config, lim Limits) ([
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	lim = lim.orDefault()
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: loss_fn_inputs.%s: %s", ErrBadImage, field, fmt.Sprintf(format, args...))
 	}

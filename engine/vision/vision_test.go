@@ -310,3 +310,15 @@ func FuzzPreprocess(f *testing.F) {
 		}
 	})
 }
+
+// TestZeroLimitsAreDefaults: a zero Limits (a caller that set none) means DefaultLimits, not
+// "refuse everything" and not "no limit".
+func TestZeroLimitsAreDefaults(t *testing.T) {
+	good := encodePNG(t, solid(40, 30, color.White))
+	if _, err := Preprocess(good, "png", smallConfig(), Limits{}); err != nil {
+		t.Fatalf("zero limits: %v", err)
+	}
+	if _, err := Preprocess(pngHeader(100000, 100000), "png", smallConfig(), Limits{}); !errors.Is(err, ErrBadImage) {
+		t.Fatalf("zero limits let a 100k×100k image through: %v", err)
+	}
+}

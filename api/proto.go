@@ -202,6 +202,10 @@ func decodeChunk(b []byte, idx int) (Chunk, error) {
 			})
 		case 2:
 			c.Type = "image"
+			if typ != protowire.BytesType {
+				return protoErr("datum %d: image chunk has wrong wire type", idx)
+			}
+			return decodeImageChunk(val, idx, &c)
 		case 3:
 			c.Type = "dmel"
 		}
@@ -368,6 +372,10 @@ func EncodeForwardBackwardRequest(r *ForwardBackwardRequest) []byte {
 	for _, d := range r.Input.Data {
 		var db []byte
 		for _, c := range d.ModelInput.Chunks {
+			if c.Type == "image" {
+				db = appendBytesField(db, 1, appendImageChunk(c))
+				continue
+			}
 			var tok []byte
 			for _, t := range c.Tokens {
 				tok = binary.LittleEndian.AppendUint32(tok, uint32(int32(t)))

@@ -50,6 +50,7 @@ func TestForwardBackwardOutputRoundTrip(t *testing.T) {
 // Arbitrary bytes never panic the decoder; whatever decodes re-encodes to the same request.
 func FuzzDecodeForwardBackwardRequest(f *testing.F) {
 	f.Add(EncodeForwardBackwardRequest(sampleRequest()))
+	f.Add(EncodeForwardBackwardRequest(imageRequest()))
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Add([]byte{0x1a, 0x04, 0x12, 0x02, 0x0a, 0x00})

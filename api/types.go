@@ -8,13 +8,17 @@ import (
 	"fmt"
 )
 
-// Chunk is one ModelInput chunk. Only encoded_text carries tokens we can train on.
+// Chunk is one ModelInput chunk: encoded_text carries tokens; image (ImageChunk) and
+// image_asset_pointer (ImageAssetPointerChunk) carry an image, read through Parts (image.go);
+// dmel is recognised and rejected.
 type Chunk struct {
 	Type   string `json:"type"`
 	Tokens []int  `json:"tokens,omitempty"`
-	// Other chunk kinds (image, image_asset_pointer, dmel) are recognised and rejected.
-	Data   string `json:"data,omitempty"`
-	Format string `json:"format,omitempty"`
+	// Data is an ImageChunk's bytes, base64 as in JSON (the protobuf decoder encodes them so).
+	Data           string `json:"data,omitempty"`
+	Format         string `json:"format,omitempty"`
+	Location       string `json:"location,omitempty"`        // image_asset_pointer
+	ExpectedTokens *int   `json:"expected_tokens,omitempty"` // image kinds; advisory
 }
 
 // ModelInput is {"chunks": [...]}.

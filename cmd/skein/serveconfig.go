@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/engine/vision"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 )
@@ -34,6 +35,7 @@ type serveConfig struct {
 	WorkerToken, State   string
 	Auth, PublicURL      string
 	Record               string
+	ImageDir             string
 	AcceptWorkers        bool
 	ShutdownTimeout      time.Duration
 	Limits               *limitFlags
@@ -63,6 +65,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Auth, "auth", "", "open (any key is a tenant; loopback only, the default there) or keys (keys from 'skein keys create')")
 	fs.StringVar(&c.PublicURL, "public-url", "", "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
 	fs.StringVar(&c.Record, "record", "", "append every request and response to this JSONL file (for replay tests)")
+	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused; data: URIs always work, URLs never)")
 	fs.BoolVar(&c.AcceptWorkers, "accept-workers", false, "let 'skein worker' processes register ('skein gateway' always does); without --worker-token a cluster token is generated into the data directory")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long requests in flight may finish before their connections are closed")
 	c.Limits = addLimitFlags(fs)
@@ -87,6 +90,9 @@ func parseServeConfig(args []string) (*serveConfig, error) {
 	}
 	if len(pos) != 0 {
 		return nil, fmt.Errorf("unexpected arguments %q (flags only; see skein serve --help)", pos)
+	}
+	if err := vision.CheckImageDir(c.ImageDir); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/engine/vision"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
 )
@@ -27,7 +28,7 @@ type workerConfig struct {
 	MaxLoras, StepMemoryMB int
 	Precision, Addr        string
 	WorkerToken, Data      string
-	Config                 string
+	Config, ImageDir       string
 	ShutdownTimeout        time.Duration
 	Log                    logConfig
 }
@@ -46,6 +47,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
 	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
 	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
+	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long calls in flight may finish before their connections are closed")
 	c.Log.register(fs)
 	return fs, c
@@ -61,6 +63,9 @@ func runWorker(args []string) error {
 	gw, model, name, token, data, maxLoras := &c.Gateway, &c.Model, &c.Name, &c.WorkerToken, &c.Data, &c.MaxLoras
 	if *gw == "" || *model == "" {
 		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
+	}
+	if err := vision.CheckImageDir(c.ImageDir); err != nil {
+		return err
 	}
 	if *token == "" {
 		t, err := readToken(filepath.Join(*data, tokenFile))

@@ -30,10 +30,10 @@ func (s *Server) routes() {
 	})
 	s.handle("POST "+v1+"client/config", false, s.clientConfig)
 	s.handle("POST "+v1+"client/dynamic_config", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
-		return map[string]any{"refresh_interval_sec": 300}, nil
+		return api.DynamicConfigResponse{RefreshIntervalSec: 300}, nil
 	})
 	s.handle("GET "+v1+"healthz", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
-		return map[string]string{"status": "ok"}, nil
+		return api.StatusResponse{Status: "ok"}, nil
 	})
 	s.handle("GET "+v1+"get_server_capabilities", false, s.capabilities)
 	s.handle("GET "+v1+"models/{rest...}", true, s.modelTokenizer) // gateway/tokenizer.go
@@ -41,7 +41,7 @@ func (s *Server) routes() {
 	s.handle("POST "+v1+"session_heartbeat", true, s.heartbeat)
 	s.handle("POST "+v1+"telemetry", true, func(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
 		_, err := s.readBody(r)
-		return map[string]string{"status": "accepted"}, err
+		return api.StatusResponse{Status: "accepted"}, err
 	})
 	s.handle("POST "+v1+"create_model", true, s.createModel)
 	s.handle("POST "+v1+"get_info", true, s.getInfo)
@@ -83,33 +83,29 @@ func (s *Server) routes() {
 
 func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
 	_, _ = s.readBody(r)
-	return map[string]any{
-		"use_pyqwest_transport": false, "pjwt_auth_enabled": false, "credential_default_source": "api_key",
-		"proto_compress_fwdbwd": false, "parallel_fwdbwd_chunks": true,
+	return api.ClientConfigResponse{
+		UsePyqwestTransport: false, PjwtAuthEnabled: false, CredentialDefaultSource: "api_key",
+		ProtoCompressFwdbwd: false, ParallelFwdbwdChunks: true,
 		// SDK 0.22.3–0.24: send forward_backward (and forward) as protobuf.
-		"proto_write_fwdbwd": true, "fwd_via_fwdbwd": true,
-		"sample_enable_stuck_detection": true,
+		ProtoWriteFwdbwd: true, FwdViaFwdbwd: true,
+		SampleEnableStuckDetection: true,
 	}, nil
 }
 
 func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, error) {
-	var models []map[string]any
+	var models []api.SupportedModel
 	for _, name := range s.baseModels() {
 		info, err := s.infoOf(name)
 		if err != nil {
 			continue
 		}
-		models = append(models, map[string]any{"model_name": name, "max_context_length": info.Config.MaxPositionEmbeddings})
+		models = append(models, api.SupportedModel{ModelName: name, MaxContextLength: info.Config.MaxPositionEmbeddings})
 	}
-	return map[string]any{"supported_models": models}, nil
+	return api.ServerCapabilities{SupportedModels: models}, nil
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		Tags         []string       `json:"tags"`
-		UserMetadata map[string]any `json:"user_metadata"`
-		ProjectID    *string        `json:"project_id"`
-	}
+	var req api.CreateSessionRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -127,13 +123,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	s.sessions[sess.id] = sess
 	s.saveSession(sess, false)
 	s.mu.Unlock()
-	return map[string]any{"session_id": sess.id, "type": "create_session"}, nil
+	return api.CreateSessionResponse{SessionID: sess.id, Type: "create_session"}, nil
 }
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		SessionID string `json:"session_id"`
-	}
+	var req api.SessionHeartbeatRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -145,7 +139,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 	}
 	sess.heartbeat = time.Now()
 	s.saveSession(sess, false)
-	return map[string]any{"type": "session_heartbeat"}, nil
+	return api.TypeResponse{Type: "session_heartbeat"}, nil
 }
 
 // sweepSessions closes sessions that stopped heartbeating: their samplers go, their runs' adapters
@@ -226,12 +220,8 @@ func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
 }
 
 // futureResponse is what every async submit returns.
-func futureResponse(f *future, modelID string) map[string]any {
-	out := map[string]any{"request_id": f.id}
-	if modelID != "" {
-		out["model_id"] = modelID
-	}
-	return out
+func futureResponse(f *future, modelID string) api.FutureResponse {
+	return api.FutureResponse{RequestID: f.id, ModelID: modelID}
 }
 
 // userFault maps engine errors to the future's category.
@@ -336,15 +326,13 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	// taken it waits, reporting paused_capacity.
 	go func() {
 		_, repID, err := s.onReplica(f, run, func(*replica.Replica) (any, error) { return nil, nil })
-		s.finishOn(f, repID, map[string]any{"model_id": id, "type": "create_model"}, err)
+		s.finishOn(f, repID, api.CreateModelResponse{ModelID: id, Type: "create_model"}, err)
 	}()
 	return futureResponse(f, id), nil
 }
 
 func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		ModelID string `json:"model_id"`
-	}
+	var req api.ModelIDRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -356,15 +344,13 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"model_id": run.id, "type": "get_info", "is_lora": true, "lora_rank": run.lora.Rank,
-		"model_name": run.baseModel,
-		"model_data": map[string]any{"arch": string(info.Config.Arch), "model_name": run.baseModel, "tokenizer_id": run.baseModel}}, nil
+	return api.GetInfoResponse{ModelID: run.id, Type: "get_info", IsLora: true, LoraRank: run.lora.Rank,
+		ModelName: run.baseModel,
+		ModelData: api.ModelData{Arch: string(info.Config.Arch), ModelName: run.baseModel, TokenizerID: run.baseModel}}, nil
 }
 
 func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		ModelID string `json:"model_id"`
-	}
+	var req api.ModelIDRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -382,7 +368,7 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	}
 	s.dropAdapter(run)
 	s.audit(tenant, "training_run.unload", run.id, "", "")
-	s.futures.complete(f, map[string]any{"model_id": run.id, "type": "unload_model"})
+	s.futures.complete(f, api.UnloadModelResponse{ModelID: run.id, Type: "unload_model"})
 	return futureResponse(f, run.id), nil
 }
 
@@ -610,7 +596,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		run.step, run.lastRequest = step, time.Now()
 		s.saveRun(run)
 		s.mu.Unlock()
-		return map[string]any{"metrics": m, "type": "optim_step"}, nil
+		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil
 	})
 }
 
@@ -635,7 +621,7 @@ func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if err := s.writeCheckpoint(run, rep, p, true, req.TTLSeconds); err != nil {
 			return nil, err
 		}
-		return map[string]any{"path": p.String(), "type": "save_weights"}, nil
+		return api.SaveWeightsResponse{Path: p.String(), Type: "save_weights"}, nil
 	})
 }
 
@@ -717,7 +703,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 			if err := s.writeCheckpoint(run, rep, p, false, req.TTLSeconds); err != nil {
 				return nil, err
 			}
-			return map[string]any{"path": p.String(), "type": "save_weights_for_sampler"}, nil
+			return api.SaveWeightsForSamplerResponse{Path: p.String(), Type: "save_weights_for_sampler"}, nil
 		})
 	}
 	// Ephemeral: a sampler over a snapshot of the adapter as it is at this seq_id.
@@ -742,7 +728,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 		}
 		s.mu.Unlock()
 		s.keepSamplerCopy(rep, smp.engineID)
-		return map[string]any{"sampling_session_id": smp.id, "type": "save_weights_for_sampler"}, nil
+		return api.SaveWeightsForSamplerResponse{SamplingSessionID: smp.id, Type: "save_weights_for_sampler"}, nil
 	})
 }
 
@@ -802,14 +788,12 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
-		return map[string]any{"path": req.Path, "type": "load_weights"}, nil
+		return api.LoadWeightsResponse{Path: req.Path, Type: "load_weights"}, nil
 	})
 }
 
 func (s *Server) weightsInfo(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		TinkerPath string `json:"tinker_path"`
-	}
+	var req api.WeightsInfoRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -817,8 +801,8 @@ func (s *Server) weightsInfo(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"base_model": m.BaseModel, "is_lora": true, "lora_rank": m.Lora.Rank,
-		"train_unembed": m.Lora.TrainUnembed, "train_mlp": m.Lora.TrainMLP, "train_attn": m.Lora.TrainAttn}, nil
+	return api.WeightsInfoResponse{BaseModel: m.BaseModel, IsLora: true, LoraRank: m.Lora.Rank,
+		TrainUnembed: m.Lora.TrainUnembed, TrainMLP: m.Lora.TrainMLP, TrainAttn: m.Lora.TrainAttn}, nil
 }
 
 // newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
@@ -867,7 +851,7 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 		s.saveSession(sess, false)
 	}
 	s.mu.Unlock()
-	return map[string]any{"sampling_session_id": smp.id, "type": "create_sampling_session"}, nil
+	return api.CreateSamplingSessionResponse{SamplingSessionID: smp.id, Type: "create_sampling_session"}, nil
 }
 
 func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -878,11 +862,7 @@ func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant strin
 	if smp == nil || smp.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "sampler %q not found", id)
 	}
-	out := map[string]any{"sampler_id": smp.id, "base_model": smp.baseModel}
-	if smp.modelPath != "" {
-		out["model_path"] = smp.modelPath
-	}
-	return out, nil
+	return api.SamplerInfo{SamplerID: smp.id, BaseModel: smp.baseModel, ModelPath: smp.modelPath}, nil
 }
 
 func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -1097,7 +1077,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	for _, run := range page(runs, offset, limit) {
 		rows = append(rows, s.runRowFrom(run, idx))
 	}
-	return map[string]any{"training_runs": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
+	return api.TrainingRunsResponse{TrainingRuns: rows, Cursor: api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -1136,7 +1116,7 @@ func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tena
 	for _, m := range s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }) {
 		rows = append(rows, s.ckptRow(m))
 	}
-	return map[string]any{"checkpoints": rows}, nil
+	return api.CheckpointsResponse{Checkpoints: rows}, nil
 }
 
 func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -1149,7 +1129,7 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 	for _, m := range page(all, offset, limit) {
 		rows = append(rows, s.ckptRow(m))
 	}
-	return map[string]any{"checkpoints": rows, "cursor": api.Cursor{Offset: offset, Limit: limit, TotalCount: len(all)}}, nil
+	return api.CheckpointsResponse{Checkpoints: rows, Cursor: &api.Cursor{Offset: offset, Limit: limit, TotalCount: len(all)}}, nil
 }
 
 // ownedCheckpoint resolves {id}/{kind}/{name} to a checkpoint the tenant owns.
@@ -1171,7 +1151,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant
 	}
 	s.removeCheckpoint(m)
 	s.audit(tenant, "checkpoint.delete", m.parsed.ModelID, m.Path, "")
-	return map[string]any{"deleted": m.Path}, nil
+	return api.DeleteCheckpointResponse{Deleted: m.Path}, nil
 }
 
 func (s *Server) removeCheckpoint(m *ckptMeta) {
@@ -1196,7 +1176,7 @@ func (s *Server) publish(public bool) handlerFunc {
 			return nil, err
 		}
 		s.audit(tenant, map[bool]string{true: "checkpoint.publish", false: "checkpoint.unpublish"}[public], m.parsed.ModelID, m.Path, "")
-		return map[string]any{"tinker_path": m.Path, "public": public}, nil
+		return api.PublishResponse{TinkerPath: m.Path, Public: public}, nil
 	}
 }
 
@@ -1205,9 +1185,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	if err != nil {
 		return nil, err
 	}
-	var req struct {
-		TTLSeconds *int64 `json:"ttl_seconds"`
-	}
+	var req api.SetTTLRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -1226,7 +1204,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 		return nil, err
 	}
 	s.audit(tenant, "checkpoint.set_ttl", m.parsed.ModelID, m.Path, "")
-	return map[string]any{"tinker_path": m.Path}, nil
+	return api.SetTTLResponse{TinkerPath: m.Path}, nil
 }
 
 // archiveCheckpoint answers with a signed download URL, valid for 15 minutes and usable without
@@ -1244,11 +1222,11 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 	}
 	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(m.Path, m.Generation, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
-		return map[string]any{"url": url, "expires": expires.Format(time.RFC3339)}, nil
+		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
 	}
 	w.Header().Set("Location", url)
 	w.Header().Set("Expires", expires.Format(http.TimeFormat))
-	writeJSON(w, http.StatusFound, map[string]any{"url": url, "expires": expires.Format(time.RFC3339)})
+	writeJSON(w, http.StatusFound, api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)})
 	return nil, nil
 }
 
@@ -1295,7 +1273,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant str
 	for _, sess := range page(all, offset, limit) {
 		ids = append(ids, sess.id)
 	}
-	return map[string]any{"sessions": ids}, nil
+	return api.SessionsResponse{Sessions: ids}, nil
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -1305,5 +1283,5 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant strin
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return map[string]any{"training_run_ids": append([]string{}, sess.runs...), "sampler_ids": append([]string{}, sess.samplers...)}, nil
+	return api.SessionResponse{TrainingRunIDs: append([]string{}, sess.runs...), SamplerIDs: append([]string{}, sess.samplers...)}, nil
 }

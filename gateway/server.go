@@ -23,6 +23,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
@@ -354,7 +355,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // writeError sends a non-empty JSON error body; the SDK treats an empty 400 as a network glitch.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"detail": msg, "message": msg})
+	writeJSON(w, status, api.ErrorResponse{Detail: msg, Message: msg})
 }
 
 // handler adapts a handler that returns (value, error) to http.HandlerFunc.

@@ -235,13 +235,6 @@ func (s *Server) capacityFor(w http.ResponseWriter, r *http.Request, tenant stri
 	return api.CapacityResponse{Tenant: tenant, LiveLoras: live, MaxLoras: s.opts.MaxLoras}, nil
 }
 
-// keyRoutes serve remote key management, for admin keys in keys mode.
-func (s *Server) keyRoutes() {
-	s.handle("POST "+v1+"skein/keys", true, s.keysOnly(s.createKey))
-	s.handle("GET "+v1+"skein/keys", true, s.keysOnly(s.listKeys))
-	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.keysOnly(s.revokeKey))
-}
-
 // keysOnly refuses key management in open mode, where anyone reaching the port could otherwise
 // mint the admin key a later `--auth keys` start would honour.
 func (s *Server) keysOnly(fn handlerFunc) handlerFunc {

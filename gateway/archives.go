@@ -52,12 +52,12 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 	if err != nil {
 		return nil, errf(http.StatusForbidden, "%v", err)
 	}
-	s.mu.Lock()
-	m := s.ckpts[path]
+	s.ckpts.mu.Lock()
+	m := s.ckpts.m[path]
 	if m != nil && m.Generation != generation {
 		m = nil // deleted or overwritten since the link was made: the link was for the old one
 	}
-	s.mu.Unlock()
+	s.ckpts.mu.Unlock()
 	if m == nil {
 		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
 	}

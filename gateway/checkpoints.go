@@ -19,9 +19,9 @@ func (s *Server) checkpointFor(tenant, path string) (*ckptMeta, error) {
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.ckpts[p.String()]
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	m := s.ckpts.m[p.String()]
 	if m == nil || (m.Owner != tenant && !m.Public) || m.expired(time.Now()) {
 		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
 	}
@@ -45,11 +45,11 @@ func (s *Server) ckptRow(m *ckptMeta) api.Checkpoint {
 }
 
 func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool) []*ckptMeta {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
 	now := time.Now()
 	var out []*ckptMeta
-	for _, m := range s.ckpts {
+	for _, m := range s.ckpts.m {
 		if !m.expired(now) && keep(m) {
 			out = append(out, m)
 		}
@@ -60,16 +60,11 @@ func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool) []*ckptMeta {
 
 func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
-	s.mu.Lock()
-	run := s.runs[id]
-	s.mu.Unlock()
+	run := s.runs.get(id)
 	if run == nil || run.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "training run %q not found", id)
 	}
-	rows := []api.Checkpoint{}
-	for _, m := range s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }) {
-		rows = append(rows, s.ckptRow(m))
-	}
+	rows := s.ckptRows(s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }))
 	return api.CheckpointsResponse{Checkpoints: rows}, nil
 }
 
@@ -79,23 +74,45 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 		return nil, err
 	}
 	all := s.checkpointsWhere(func(m *ckptMeta) bool { return m.Owner == tenant })
-	rows := []api.Checkpoint{}
-	for _, m := range page(all, offset, limit) {
-		rows = append(rows, s.ckptRow(m))
-	}
+	rows := s.ckptRows(page(all, offset, limit))
 	return api.CheckpointsResponse{Checkpoints: rows, Cursor: &api.Cursor{Offset: offset, Limit: limit, TotalCount: len(all)}}, nil
 }
 
 // ownedCheckpoint resolves {id}/{kind}/{name} to a checkpoint the tenant owns.
 func (s *Server) ownedCheckpoint(r *http.Request, tenant string) (*ckptMeta, error) {
 	p := checkpoint.Path{ModelID: r.PathValue("id"), Kind: r.PathValue("kind"), Name: r.PathValue("name")}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.ckpts[p.String()]
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	m := s.ckpts.m[p.String()]
 	if m == nil || m.Owner != tenant || m.expired(time.Now()) {
 		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
 	}
 	return m, nil
+}
+
+// ckptRows are the listing rows of checkpoints (read under s.ckpts.mu: publish and TTL change them).
+func (s *Server) ckptRows(ms []*ckptMeta) []api.Checkpoint {
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	rows := []api.Checkpoint{}
+	for _, m := range ms {
+		rows = append(rows, s.ckptRow(m))
+	}
+	return rows
+}
+
+// updateMeta changes a registered checkpoint's metadata under s.ckpts.mu and stores it after;
+// one deleted (or replaced by an overwrite) meanwhile is not found.
+func (s *Server) updateMeta(m *ckptMeta, change func(*ckptMeta)) error {
+	s.ckpts.mu.Lock()
+	if s.ckpts.m[m.Path] != m {
+		s.ckpts.mu.Unlock()
+		return errf(http.StatusNotFound, "checkpoint %s not found", m.Path)
+	}
+	change(m)
+	w := s.metaSnapshot(m)
+	s.ckpts.mu.Unlock()
+	return w.store()
 }
 
 func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -109,10 +126,14 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant
 }
 
 func (s *Server) removeCheckpoint(m *ckptMeta) {
-	s.mu.Lock()
-	delete(s.ckpts, m.Path)
-	s.mu.Unlock()
-	s.logErr("checkpoint", s.st.DeleteCheckpoint(context.Background(), m.Path))
+	s.ckpts.mu.Lock()
+	if s.ckpts.m[m.Path] == m {
+		delete(s.ckpts.m, m.Path)
+	}
+	// The delete is the row's newest write: a publish or TTL change that raced it is not stored after it.
+	del := rowWrite{what: "checkpoint", ver: &m.ver, n: m.ver.bump(), put: func(ctx context.Context) error { return s.st.DeleteCheckpoint(ctx, m.Path) }}
+	s.ckpts.mu.Unlock()
+	s.persist(del)
 	os.RemoveAll(m.parsed.Dir(s.opts.DataDir))
 	s.dropSamplerCopies(m.Path)
 }
@@ -123,10 +144,7 @@ func (s *Server) publish(public bool) handlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		s.mu.Lock()
-		m.Public = public
-		s.mu.Unlock()
-		if err := s.saveMeta(m); err != nil {
+		if err := s.updateMeta(m, func(m *ckptMeta) { m.Public = public }); err != nil {
 			return nil, err
 		}
 		s.audit(tenant, map[bool]string{true: "checkpoint.publish", false: "checkpoint.unpublish"}[public], m.parsed.ModelID, m.Path, "")
@@ -146,15 +164,14 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	if err := checkTTL(req.TTLSeconds); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
-	s.mu.Lock()
-	if req.TTLSeconds == nil {
-		m.ExpiresAt = nil
-	} else {
-		t := time.Now().UTC().Add(time.Duration(*req.TTLSeconds) * time.Second)
-		m.ExpiresAt = &t
-	}
-	s.mu.Unlock()
-	if err := s.saveMeta(m); err != nil {
+	if err := s.updateMeta(m, func(m *ckptMeta) {
+		if req.TTLSeconds == nil {
+			m.ExpiresAt = nil
+		} else {
+			t := time.Now().UTC().Add(time.Duration(*req.TTLSeconds) * time.Second)
+			m.ExpiresAt = &t
+		}
+	}); err != nil {
 		return nil, err
 	}
 	s.audit(tenant, "checkpoint.set_ttl", m.parsed.ModelID, m.Path, "")
@@ -163,13 +180,13 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 
 func (s *Server) sweepCheckpoints(now time.Time) {
 	var gone []*ckptMeta
-	s.mu.Lock()
-	for _, m := range s.ckpts {
+	s.ckpts.mu.Lock()
+	for _, m := range s.ckpts.m {
 		if m.expired(now) {
 			gone = append(gone, m)
 		}
 	}
-	s.mu.Unlock()
+	s.ckpts.mu.Unlock()
 	for _, m := range gone {
 		s.removeCheckpoint(m)
 		s.audit(m.Owner, "checkpoint.expire", m.parsed.ModelID, m.Path, "")

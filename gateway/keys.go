@@ -225,13 +225,13 @@ func (s *Server) capacityFor(w http.ResponseWriter, r *http.Request, tenant stri
 		return s.capacity(w, r, tenant)
 	}
 	live := 0
-	s.mu.Lock()
-	for _, run := range s.runs {
+	s.runs.mu.Lock()
+	for _, run := range s.runs.m {
 		if run.tenant == tenant && run.ready {
 			live++
 		}
 	}
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
 	return api.CapacityResponse{Tenant: tenant, LiveLoras: live, MaxLoras: s.opts.MaxLoras}, nil
 }
 

@@ -154,8 +154,8 @@ func runRecovered(op func()) {
 }
 
 func (s *Server) queueOf(run *trainingRun) *runQueue {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
 	if run.queue == nil {
 		run.queue = newRunQueue(1)
 	}
@@ -172,9 +172,7 @@ func (s *Server) routerHooks() router.Hooks {
 	return router.Hooks{
 		Load: func(ctx context.Context, adapter string, ep router.Endpoint) error {
 			rep := ep.(*replica.Replica)
-			s.mu.Lock()
-			run := s.runs[adapter]
-			s.mu.Unlock()
+			run := s.runs.get(adapter)
 			if run == nil {
 				return fmt.Errorf("unknown training run %s", adapter)
 			}
@@ -191,9 +189,7 @@ func (s *Server) routerHooks() router.Hooks {
 		},
 		Evict: func(ctx context.Context, adapter string, ep router.Endpoint) error {
 			rep := ep.(*replica.Replica)
-			s.mu.Lock()
-			run := s.runs[adapter]
-			s.mu.Unlock()
+			run := s.runs.get(adapter)
 			var err error
 			if derr := rep.Do(ctx, func() {
 				if run != nil && rep.Engine.HasAdapter(adapter) {

@@ -34,6 +34,7 @@ func page[T any](items []T, offset, limit int) []T {
 	return items[offset:min(len(items), offset+limit)]
 }
 
+// runRow and runRowFrom are called with s.runs.mu and s.ckpts.mu held.
 func (s *Server) runRow(run *trainingRun) api.TrainingRun {
 	return s.runRowFrom(run, s.indexCheckpoints())
 }
@@ -62,11 +63,13 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
 	var runs []*trainingRun
 	idx := s.indexCheckpoints()
-	for _, run := range s.runs {
+	for _, run := range s.runs.m {
 		if listed(run, idx) {
 			runs = append(runs, run)
 		}
@@ -84,7 +87,9 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
 	return s.runRow(run), nil
 }

@@ -47,22 +47,13 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	s.samplers[smp.id] = smp
-	s.saveSampler(smp)
-	if sess := s.sessions[req.SessionID]; sess != nil {
-		sess.samplers = append(sess.samplers, smp.id)
-		s.saveSession(sess, false)
-	}
-	s.mu.Unlock()
+	s.registerSampler(smp, req.SessionID)
 	return api.CreateSamplingSessionResponse{SamplingSessionID: smp.id, Type: "create_sampling_session"}, nil
 }
 
 func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
-	s.mu.Lock()
-	smp := s.samplers[id]
-	s.mu.Unlock()
+	smp := s.samplers.get(id)
 	if smp == nil || smp.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "sampler %q not found", id)
 	}
@@ -76,9 +67,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	var smp *sampler
 	if req.SamplingSessionID != "" {
-		s.mu.Lock()
-		smp = s.samplers[req.SamplingSessionID]
-		s.mu.Unlock()
+		smp = s.samplers.get(req.SamplingSessionID)
 		if smp == nil || smp.tenant != tenant {
 			return nil, errf(http.StatusNotFound, "sampling session %q not found", req.SamplingSessionID)
 		}

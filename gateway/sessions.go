@@ -26,10 +26,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	now := time.Now()
 	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
 	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata, project: project}
-	s.mu.Lock()
-	s.sessions[sess.id] = sess
-	s.saveSession(sess, false)
-	s.mu.Unlock()
+	s.sessions.mu.Lock()
+	s.sessions.m[sess.id] = sess
+	write := s.sessionSnapshot(sess, false)
+	s.sessions.mu.Unlock()
+	s.persist(write)
 	return api.CreateSessionResponse{SessionID: sess.id, Type: "create_session"}, nil
 }
 
@@ -38,59 +39,68 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[req.SessionID]
+	s.sessions.mu.Lock()
+	sess := s.sessions.m[req.SessionID]
 	if sess == nil || sess.tenant != tenant {
+		s.sessions.mu.Unlock()
 		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
 	}
 	sess.heartbeat = time.Now()
-	s.saveSession(sess, false)
+	write := s.sessionSnapshot(sess, false)
+	s.sessions.mu.Unlock()
+	s.persist(write)
 	return api.TypeResponse{Type: "session_heartbeat"}, nil
 }
 
 // sweepSessions closes sessions that stopped heartbeating: their samplers go, their runs' adapters
 // are unloaded (their checkpoints stay).
 func (s *Server) sweepSessions(now time.Time) {
-	s.mu.Lock()
-	var expired []*session
-	for id, sess := range s.sessions {
+	var writes []rowWrite
+	var samplerIDs, runIDs []string
+	s.sessions.mu.Lock()
+	for id, sess := range s.sessions.m {
 		if now.Sub(sess.heartbeat) > s.opts.SessionTimeout {
-			expired = append(expired, sess)
-			delete(s.sessions, id)
+			delete(s.sessions.m, id)
+			writes = append(writes, s.sessionSnapshot(sess, true))
+			samplerIDs = append(samplerIDs, sess.samplers...)
+			runIDs = append(runIDs, sess.runs...)
 		}
 	}
+	s.sessions.mu.Unlock()
+	// Gone from the registry, the sessions get no new runs or samplers (createModel and
+	// registerSampler look their session up under its lock).
+	s.samplers.mu.Lock()
+	for _, id := range samplerIDs {
+		delete(s.samplers.m, id)
+	}
+	s.samplers.mu.Unlock()
 	var drop []*trainingRun
-	for _, sess := range expired {
-		s.saveSession(sess, true)
-		for _, id := range sess.samplers {
-			delete(s.samplers, id)
-			s.logErr("sampler", s.st.DeleteSampler(context.Background(), id))
-		}
-		for _, id := range sess.runs {
-			if run := s.runs[id]; run != nil && run.ready {
-				drop = append(drop, run)
-				run.ready = false
-				s.saveRun(run)
-			}
+	s.runs.mu.Lock()
+	for _, id := range runIDs {
+		if run := s.runs.m[id]; run != nil && run.ready {
+			drop = append(drop, run)
+			run.ready = false
+			writes = append(writes, s.runSnapshot(run))
 		}
 	}
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
+	s.persist(writes...)
+	for _, id := range samplerIDs {
+		s.logErr("sampler", s.st.DeleteSampler(context.Background(), id))
+	}
 	for _, run := range drop {
 		s.dropAdapter(run)
 	}
 }
 
 func (s *Server) isLive(run *trainingRun) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
 	return run.ready
 }
 
 func (s *Server) sessionOf(tenant, id string) (*session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[id]
+	sess := s.sessions.get(id)
 	if sess == nil || sess.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "session %q not found", id)
 	}
@@ -102,14 +112,14 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant str
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
+	s.sessions.mu.Lock()
 	var all []*session
-	for _, sess := range s.sessions {
+	for _, sess := range s.sessions.m {
 		if sess.tenant == tenant {
 			all = append(all, sess)
 		}
 	}
-	s.mu.Unlock()
+	s.sessions.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].created.Before(all[j].created) })
 	ids := []string{}
 	for _, sess := range page(all, offset, limit) {
@@ -123,7 +133,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant strin
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.sessions.mu.Lock()
+	defer s.sessions.mu.Unlock()
 	return api.SessionResponse{TrainingRunIDs: append([]string{}, sess.runs...), SamplerIDs: append([]string{}, sess.samplers...)}, nil
 }

@@ -33,9 +33,9 @@ func (s *Server) dropAdapter(run *trainingRun) {
 
 // runOf finds a tenant's training run; another tenant's is a 404.
 func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	run := s.runs[id]
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	run := s.runs.m[id]
 	if run == nil || run.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "model %q not found", id)
 	}
@@ -76,19 +76,30 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
-	s.mu.Lock()
-	if existing := s.runs[id]; existing != nil {
-		s.mu.Unlock()
+	// The session's lock, then the runs': the run joins its session atomically, so a session
+	// that expires meanwhile cannot leave it live.
+	s.sessions.mu.Lock()
+	if s.sessions.m[sess.id] != sess {
+		s.sessions.mu.Unlock()
+		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
+	}
+	s.runs.mu.Lock()
+	unlock := func() {
+		s.runs.mu.Unlock()
+		s.sessions.mu.Unlock()
+	}
+	if existing := s.runs.m[id]; existing != nil {
+		unlock()
 		return nil, errf(http.StatusBadRequest, "model %q already exists (model_seq_id %d reused)", id, req.ModelSeqID)
 	}
 	live := 0
-	for _, run := range s.runs {
+	for _, run := range s.runs.m {
 		if run.tenant == tenant && run.ready {
 			live++
 		}
 	}
 	if live >= s.opts.MaxLoras {
-		s.mu.Unlock()
+		unlock()
 		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxLoras)
 	}
 	md := map[string]string{}
@@ -98,11 +109,11 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	now := time.Now()
 	run := &trainingRun{id: id, tenant: tenant, session: sess.id, baseModel: req.BaseModel, lora: cfg, created: now,
 		lastRequest: now, metadata: md, ready: true, queue: newRunQueue(1), project: sess.project}
-	s.runs[id] = run
+	s.runs.m[id] = run
 	sess.runs = append(sess.runs, id)
-	s.saveRun(run)
-	s.saveSession(sess, false)
-	s.mu.Unlock()
+	writes := []rowWrite{s.runSnapshot(run), s.sessionSnapshot(sess, false)}
+	unlock()
+	s.persist(writes...)
 	s.audit(tenant, "training_run.create", id, "", "")
 	f, _, err := s.futures.create(tenant, "CreateModel", "")
 	if err != nil {
@@ -144,10 +155,7 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	run.ready = false
-	s.saveRun(run)
-	s.mu.Unlock()
+	s.updateRun(run, func(run *trainingRun) { run.ready = false })
 	f, _, err := s.futures.create(tenant, "Unload", "")
 	if err != nil {
 		return nil, err
@@ -301,10 +309,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
 		_, step, _ := rep.Engine.AdapterInfo(run.id)
-		s.mu.Lock()
-		run.step, run.lastRequest = step, time.Now()
-		s.saveRun(run)
-		s.mu.Unlock()
+		s.updateRun(run, func(run *trainingRun) { run.step, run.lastRequest = step, time.Now() })
 		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil
 	})
 }

@@ -47,10 +47,8 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 	if err := checkTTL(ttl); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	_, exists := s.ckpts[p.String()]
-	run := s.runs[p.ModelID]
-	s.mu.Unlock()
+	exists := s.ckpts.get(p.String()) != nil
+	run := s.runs.get(p.ModelID)
 	if exists && !overwrite {
 		return fmt.Errorf("checkpoint %s already exists (set overwrite to replace it)", p)
 	}
@@ -86,15 +84,14 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	if err := s.saveMeta(meta); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.ckpts[meta.Path] = meta
-	if p.Kind == checkpoint.KindWeights {
-		run.lastCkpt = meta.Path
-	} else {
-		run.lastSamplerCkpt = meta.Path
-	}
-	s.saveRun(run)
-	s.mu.Unlock()
+	s.ckpts.add(meta.Path, meta)
+	s.updateRun(run, func(run *trainingRun) {
+		if p.Kind == checkpoint.KindWeights {
+			run.lastCkpt = meta.Path
+		} else {
+			run.lastSamplerCkpt = meta.Path
+		}
+	})
 	s.dropSamplerCopies(meta.Path) // an overwrite: copies of the old weights are stale
 	s.audit(run.tenant, "checkpoint.save", run.id, meta.Path, p.Kind)
 	s.recordCheckpoint(run, meta.Path, start)
@@ -134,14 +131,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 		if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
 			return nil, err
 		}
-		s.mu.Lock()
-		s.samplers[smp.id] = smp
-		s.saveSampler(smp)
-		if sess := s.sessions[run.session]; sess != nil {
-			sess.samplers = append(sess.samplers, smp.id)
-			s.saveSession(sess, false)
-		}
-		s.mu.Unlock()
+		s.registerSampler(smp, run.session)
 		s.keepSamplerCopy(rep, smp.engineID)
 		return api.SaveWeightsForSamplerResponse{SamplingSessionID: smp.id, Type: "save_weights_for_sampler"}, nil
 	})
@@ -177,11 +167,10 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if err != nil { // a worker's unusable answer: keep the run as it was
 			return nil, fmt.Errorf("reading the loaded adapter: %w", err)
 		}
-		s.mu.Lock()
-		run.lora, run.step = cfg, step
-		run.grads = gradientLedger{} // the adapter was replaced
-		s.saveRun(run)
-		s.mu.Unlock()
+		s.updateRun(run, func(run *trainingRun) {
+			run.lora, run.step = cfg, step
+			run.grads = gradientLedger{} // the adapter was replaced
+		})
 		s.audit(tenant, "checkpoint.load", run.id, meta.Path, "")
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)

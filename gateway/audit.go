@@ -25,11 +25,6 @@ func (s *Server) audit(tenant, event, modelID, tinkerPath, purpose string) {
 		Name: event, ModelID: modelID, TinkerPath: tinkerPath, Detail: purpose}))
 }
 
-// auditLocked is audit for callers holding s.mu (it touches only the store).
-func (s *Server) auditLocked(tenant, event, modelID, tinkerPath, purpose string) {
-	s.audit(tenant, event, modelID, tinkerPath, purpose)
-}
-
 // getAuditLog answers GET /api/v1/audit?event_type=all|checkpoints&day=YYYY-MM-DD: one UTC day
 // (today by default) of the caller's events, oldest first; an admin key sees every tenant's.
 func (s *Server) getAuditLog(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {

@@ -80,8 +80,12 @@ func (s *Server) getBillingUsage(w http.ResponseWriter, r *http.Request, tenant 
 	}
 	out := api.BillingUsageResponse{Data: []api.BillingUsageEvent{}, Sessions: map[string]api.BillingUsageSession{}}
 	projects := map[string]string{}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.sessions.mu.Lock()
+	defer s.sessions.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
 	for _, b := range buckets {
 		ev := api.BillingUsageEvent{BucketStart: b.Hour.Format(time.RFC3339), BucketEnd: b.Hour.Add(time.Hour).Format(time.RFC3339),
 			UserID: strPtr(b.Tenant), BaseModel: strPtr(b.BaseModel), SessionID: strPtr(b.SessionID)}
@@ -154,7 +158,7 @@ func billingWindow(r *http.Request, now time.Time) (from, to time.Time, err erro
 }
 
 // storageBuckets are the gigabyte-hours of the checkpoints that exist now, over the hours of the
-// window they existed in (deleted checkpoints' storage is not kept). Call with s.mu held.
+// window they existed in (deleted checkpoints' storage is not kept). Call with s.ckpts.mu held.
 func (s *Server) storageBuckets(who string, from, to time.Time) []api.BillingUsageEvent {
 	type key struct {
 		hour      time.Time
@@ -164,7 +168,7 @@ func (s *Server) storageBuckets(who string, from, to time.Time) []api.BillingUsa
 	sums := map[key]float64{}
 	var keys []key
 	now := time.Now()
-	for _, m := range s.ckpts {
+	for _, m := range s.ckpts.m {
 		if who != "" && m.Owner != who {
 			continue
 		}
@@ -195,12 +199,12 @@ func (s *Server) storageBuckets(who string, from, to time.Time) []api.BillingUsa
 }
 
 // projectOfSession is the project a session is in now (its runs keep it once it closes).
-// Call with s.mu held.
+// Call with s.sessions.mu and s.runs.mu held.
 func (s *Server) projectOfSession(id string) string {
-	if sess := s.sessions[id]; sess != nil {
+	if sess := s.sessions.m[id]; sess != nil {
 		return sess.project
 	}
-	for _, run := range s.runs {
+	for _, run := range s.runs.m {
 		if run.session == id {
 			return run.project
 		}
@@ -208,9 +212,9 @@ func (s *Server) projectOfSession(id string) string {
 	return ""
 }
 
-// billingSession is a session's user metadata as strings. Call with s.mu held.
+// billingSession is a session's user metadata as strings. Call with s.sessions.mu held.
 func (s *Server) billingSession(id string) api.BillingUsageSession {
-	sess := s.sessions[id]
+	sess := s.sessions.m[id]
 	if sess == nil || len(sess.metadata) == 0 {
 		return api.BillingUsageSession{}
 	}

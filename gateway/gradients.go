@@ -42,36 +42,33 @@ type gradientLedger struct {
 // noteGradients records a forward_backward whose gradients the adapter now holds. It runs on the
 // replica, right after the engine accumulated them and before the result is stored.
 func (s *Server) noteGradients(run *trainingRun, futureID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g := &run.grads
-	if g.untracked || len(g.pending) >= maxTrackedForwardBackwards {
-		if !g.untracked {
-			s.log.Warn("too many forward_backwards since the last optim_step to detect their loss in a crash",
-				"run", run.id, "limit", maxTrackedForwardBackwards)
+	// Stored before it returns, and so before the result is: see gradientLedger.
+	s.updateRun(run, func(run *trainingRun) {
+		g := &run.grads
+		if g.untracked || len(g.pending) >= maxTrackedForwardBackwards {
+			if !g.untracked {
+				s.log.Warn("too many forward_backwards since the last optim_step to detect their loss in a crash",
+					"run", run.id, "limit", maxTrackedForwardBackwards)
+			}
+			g.untracked, g.pending, g.held = true, nil, nil
+		} else {
+			g.pending = append(g.pending, futureID)
+			g.held = append(g.held, futureID)
 		}
-		g.untracked, g.pending, g.held = true, nil, nil
-	} else {
-		g.pending = append(g.pending, futureID)
-		g.held = append(g.held, futureID)
-	}
-	s.saveRun(run)
+	})
 }
 
 // resetGradients forgets the ledger: optim_step consumed the gradients, or load_weights replaced
 // the adapter.
 func (s *Server) resetGradients(run *trainingRun) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	run.grads = gradientLedger{}
-	s.saveRun(run)
+	s.updateRun(run, func(run *trainingRun) { run.grads = gradientLedger{} })
 }
 
 // lostGradients checks, before an optim_step, that the adapter holds the gradients of every
 // acknowledged forward_backward since the last step; if not, the lost ones leave the ledger and
 // the error names them.
 func (s *Server) lostGradients(ctx context.Context, run *trainingRun) error {
-	s.mu.Lock()
+	s.runs.mu.Lock()
 	g := run.grads
 	var missing []string
 	for _, id := range g.pending {
@@ -79,7 +76,7 @@ func (s *Server) lostGradients(ctx context.Context, run *trainingRun) error {
 			missing = append(missing, id)
 		}
 	}
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
 	if len(missing) == 0 || g.untracked {
 		return nil
 	}
@@ -94,11 +91,11 @@ func (s *Server) lostGradients(ctx context.Context, run *trainingRun) error {
 			lost = append(lost, id)
 		}
 	}
-	s.mu.Lock()
-	run.grads.pending = slices.DeleteFunc(run.grads.pending, func(id string) bool { return slices.Contains(missing, id) })
-	s.saveRun(run)
-	kept := len(run.grads.held)
-	s.mu.Unlock()
+	var kept int
+	s.updateRun(run, func(run *trainingRun) {
+		run.grads.pending = slices.DeleteFunc(run.grads.pending, func(id string) bool { return slices.Contains(missing, id) })
+		kept = len(run.grads.held)
+	})
 	if len(lost) == 0 {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -224,21 +225,14 @@ func (s *Server) capacityFor(w http.ResponseWriter, r *http.Request, tenant stri
 		return s.capacity(w, r, tenant)
 	}
 	live := 0
-	s.mu.Lock()
-	for _, run := range s.runs {
+	s.runs.mu.Lock()
+	for _, run := range s.runs.m {
 		if run.tenant == tenant && run.ready {
 			live++
 		}
 	}
-	s.mu.Unlock()
-	return map[string]any{"tenant": tenant, "live_loras": live, "max_loras": s.opts.MaxAdaptersPerTenant}, nil
-}
-
-// keyRoutes serve remote key management, for admin keys in keys mode.
-func (s *Server) keyRoutes() {
-	s.handle("POST "+v1+"skein/keys", true, s.keysOnly(s.createKey))
-	s.handle("GET "+v1+"skein/keys", true, s.keysOnly(s.listKeys))
-	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.keysOnly(s.revokeKey))
+	s.runs.mu.Unlock()
+	return api.CapacityResponse{Tenant: tenant, LiveLoras: live, MaxLoras: s.opts.MaxAdaptersPerTenant}, nil
 }
 
 // keysOnly refuses key management in open mode, where anyone reaching the port could otherwise
@@ -254,14 +248,7 @@ func (s *Server) keysOnly(fn handlerFunc) handlerFunc {
 }
 
 // KeyInfo is a key as listed: never its secret or hash.
-type KeyInfo struct {
-	ID      string     `json:"id"`
-	Name    string     `json:"name"`
-	Admin   bool       `json:"admin"`
-	Tenant  string     `json:"tenant"`
-	Created time.Time  `json:"created"`
-	Revoked *time.Time `json:"revoked,omitempty"`
-}
+type KeyInfo = api.KeyInfo
 
 // KeyInfoOf lists a stored key.
 func KeyInfoOf(k store.APIKey) KeyInfo {
@@ -269,10 +256,7 @@ func KeyInfoOf(k store.APIKey) KeyInfo {
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-	var req struct {
-		Name  string `json:"name"`
-		Admin bool   `json:"admin"`
-	}
+	var req api.CreateKeyRequest
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
@@ -285,10 +269,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, tenant string
 	}
 	s.log.Info("API key created", "key_id", row.ID, "name", row.Name, "admin", row.Admin)
 	s.audit(tenant, "api_key.create", "", "", "key "+row.ID)
-	return struct {
-		KeyInfo
-		Key string `json:"key"`
-	}{KeyInfoOf(row), key}, nil
+	return api.CreatedKey{KeyInfo: KeyInfoOf(row), Key: key}, nil
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
@@ -300,7 +281,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any
 	for _, k := range rows {
 		out = append(out, KeyInfoOf(k))
 	}
-	return map[string]any{"keys": out}, nil
+	return api.KeysResponse{Keys: out}, nil
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -314,5 +295,5 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, tenant string
 	}
 	s.log.Info("API key revoked", "key_id", id)
 	s.audit(tenant, "api_key.revoke", "", "", "key "+id)
-	return map[string]any{"id": id, "revoked": true}, nil
+	return api.RevokeKeyResponse{ID: id, Revoked: true}, nil
 }

@@ -99,11 +99,11 @@ func (s *Server) sweepClosedSessions(ctx context.Context, now time.Time) {
 		if hasCkpt[row.ID] {
 			continue
 		}
-		s.mu.Lock()
-		if run := s.runs[row.ID]; run != nil && !run.ready {
-			delete(s.runs, row.ID)
+		s.runs.mu.Lock()
+		if run := s.runs.m[row.ID]; run != nil && !run.ready {
+			delete(s.runs.m, row.ID)
 		}
-		s.mu.Unlock()
+		s.runs.mu.Unlock()
 		s.logErr("run", s.st.DeleteRun(ctx, row.ID))
 	}
 	for id := range old {

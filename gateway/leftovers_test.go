@@ -105,19 +105,23 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 	oldSess, recentSess := newSession(), newSession()
 	now := time.Now()
 	// Two dead runs of the old session (one with a checkpoint), one of the recent session.
-	s.mu.Lock()
-	tenant := s.sessions[oldSess].tenant
+	s.sessions.mu.Lock()
+	s.runs.mu.Lock()
+	tenant := s.sessions.m[oldSess].tenant
 	for _, id := range []string{oldSess + ":train:0", oldSess + ":train:1", recentSess + ":train:0"} {
 		sess := strings.Split(id, ":")[0]
 		run := &trainingRun{id: id, tenant: tenant, session: sess, created: now, lastRequest: now, queue: newRunQueue(1)}
-		s.runs[id] = run
-		s.sessions[sess].runs = append(s.sessions[sess].runs, id)
-		s.saveRun(run)
+		s.runs.m[id] = run
+		s.sessions.m[sess].runs = append(s.sessions.m[sess].runs, id)
+		if err := s.runSnapshot(run).store(); err != nil {
+			t.Fatal(err)
+		}
 		if err := s.writeSavedState(id, nil, func(dir string) error { return os.MkdirAll(dir, 0o755) }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
+	s.sessions.mu.Unlock()
 	ctx := context.Background()
 	if err := s.st.PutCheckpoint(ctx, store.Checkpoint{Path: "tinker://" + oldSess + ":train:1/weights/w", Owner: tenant,
 		ModelID: oldSess + ":train:1", Created: now}); err != nil {
@@ -128,10 +132,10 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 	s.logErr("sampler", s.st.PutSampler(ctx, store.Sampler{ID: "samp-live", Tenant: tenant, SessionID: recentSess}))
 
 	// The old session expires two days ago, the recent one an hour ago.
-	s.mu.Lock()
-	s.sessions[oldSess].heartbeat = now.Add(-49 * time.Hour)
-	s.sessions[recentSess].heartbeat = now.Add(-2 * time.Hour)
-	s.mu.Unlock()
+	s.sessions.mu.Lock()
+	s.sessions.m[oldSess].heartbeat = now.Add(-49 * time.Hour)
+	s.sessions.m[recentSess].heartbeat = now.Add(-2 * time.Hour)
+	s.sessions.mu.Unlock()
 	s.sweepSessions(now)
 	s.sweepLeftovers(now)
 
@@ -155,10 +159,10 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 		stored[r.ID] = true
 	}
 	stateDir := func(id string) string { d, _ := s.savedState(id); return d } // "" when none
-	s.mu.Lock()
-	_, inMemory := s.runs[oldSess+":train:0"]
-	_, withCkpt := s.runs[oldSess+":train:1"]
-	s.mu.Unlock()
+	s.runs.mu.Lock()
+	_, inMemory := s.runs.m[oldSess+":train:0"]
+	_, withCkpt := s.runs.m[oldSess+":train:1"]
+	s.runs.mu.Unlock()
 	if inMemory || stored[oldSess+":train:0"] || exists(stateDir(oldSess+":train:0")) {
 		t.Fatalf("the old session's dead run is still there (memory %v, store %v)", inMemory, stored[oldSess+":train:0"])
 	}

@@ -40,27 +40,31 @@ func (s *Server) assignSessionProject(w http.ResponseWriter, r *http.Request, te
 		return nil, err
 	}
 	id := r.PathValue("id")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[id]
+	s.sessions.mu.Lock()
+	sess := s.sessions.m[id]
 	if sess == nil || sess.tenant != tenant {
+		s.sessions.mu.Unlock()
 		return nil, errf(http.StatusNotFound, "session %q not found", id)
 	}
 	sess.project = req.ProjectID
-	s.saveSession(sess, false)
+	writes := []rowWrite{s.sessionSnapshot(sess, false)}
+	s.runs.mu.Lock()
 	for _, rid := range sess.runs {
-		if run := s.runs[rid]; run != nil {
+		if run := s.runs.m[rid]; run != nil {
 			run.project = req.ProjectID
-			s.saveRun(run)
+			writes = append(writes, s.runSnapshot(run))
 		}
 	}
-	s.auditLocked(tenant, "session.assign_project", "", "", "session "+id+" to project "+req.ProjectID)
+	s.runs.mu.Unlock()
+	s.sessions.mu.Unlock()
+	s.persist(writes...)
+	s.audit(tenant, "session.assign_project", "", "", "session "+id+" to project "+req.ProjectID)
 	return api.AssignProjectResponse{SessionID: id, ProjectID: req.ProjectID}, nil
 }
 
 // runFilter reads list_training_runs' access_scope and project_id: "owned" (the default) lists
 // the tenant's runs; "accessible" adds other tenants' runs that have a published checkpoint.
-// The returned function is called with s.mu held.
+// The returned function is called with s.runs.mu and s.ckpts.mu held.
 func runFilter(r *http.Request, tenant string) (func(*trainingRun, ckptIndex) bool, error) {
 	q := r.URL.Query()
 	accessible, err := accessScope(r)
@@ -101,11 +105,11 @@ type ckptIndex struct {
 	public map[string]bool
 }
 
-// indexCheckpoints builds the index; call with s.mu held.
+// indexCheckpoints builds the index; call with s.ckpts.mu held.
 func (s *Server) indexCheckpoints() ckptIndex {
 	idx := ckptIndex{newest: map[[2]string]*ckptMeta{}, public: map[string]bool{}}
 	now := time.Now()
-	for _, m := range s.ckpts {
+	for _, m := range s.ckpts.m {
 		if m.expired(now) {
 			continue
 		}
@@ -130,9 +134,11 @@ func (s *Server) accessibleRun(r *http.Request, tenant, id string) (*trainingRun
 	if !accessible {
 		return s.runOf(tenant, id)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	run := s.runs[id]
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	run := s.runs.m[id]
 	if run == nil || (run.tenant != tenant && !s.indexCheckpoints().public[id]) {
 		return nil, errf(http.StatusNotFound, "model %q not found", id)
 	}

@@ -156,8 +156,8 @@ func runRecovered(op func()) {
 }
 
 func (s *Server) queueOf(run *trainingRun) *runQueue {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
 	if run.queue == nil {
 		run.queue = newRunQueue(1)
 	}
@@ -174,9 +174,7 @@ func (s *Server) routerHooks() router.Hooks {
 	return router.Hooks{
 		Load: func(ctx context.Context, adapter string, ep router.Endpoint) error {
 			rep := ep.(*replica.Replica)
-			s.mu.Lock()
-			run := s.runs[adapter]
-			s.mu.Unlock()
+			run := s.runs.get(adapter)
 			if run == nil {
 				return fmt.Errorf("unknown training run %s", adapter)
 			}
@@ -193,9 +191,7 @@ func (s *Server) routerHooks() router.Hooks {
 		},
 		Evict: func(ctx context.Context, adapter string, ep router.Endpoint) error {
 			rep := ep.(*replica.Replica)
-			s.mu.Lock()
-			run := s.runs[adapter]
-			s.mu.Unlock()
+			run := s.runs.get(adapter)
 			var err error
 			if derr := rep.Do(ctx, func() {
 				if run != nil && rep.Engine.HasAdapter(adapter) {
@@ -417,11 +413,11 @@ func (s *Server) samplingBacklog() func(replicaID string) int {
 // there: ordered behind the op running, they wait here for that replica.
 func (s *Server) runQueueBacklog(placed map[string][]string) map[string]int {
 	out := map[string]int{}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
 	for repID, adapters := range placed {
 		for _, a := range adapters {
-			if run := s.runs[a]; run != nil && run.queue != nil {
+			if run := s.runs.m[a]; run != nil && run.queue != nil {
 				run.queue.mu.Lock()
 				out[repID] += max(run.queue.ops, 0)
 				run.queue.mu.Unlock()

@@ -43,9 +43,7 @@ func TestUnservedBaseModelConsumesTheSeqID(t *testing.T) {
 	now := time.Now()
 	run := &trainingRun{id: "sess-x:train:0", tenant: tenant, session: "sess-x", baseModel: "gone", created: now,
 		lastRequest: now, ready: true, queue: newRunQueue(1)}
-	s.mu.Lock()
-	s.runs[run.id] = run
-	s.mu.Unlock()
+	s.runs.add(run.id, run)
 	fb := post("forward_backward", map[string]any{"model_id": run.id, "seq_id": 1,
 		"forward_backward_input": map[string]any{"loss_fn": "cross_entropy", "data": []any{}}})
 	if fb["status"].(float64) != 400 {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
@@ -103,11 +104,11 @@ type Server struct {
 	st       store.Store
 	ownsSt   bool
 
-	mu        sync.Mutex
-	sessions  map[string]*session
-	runs      map[string]*trainingRun
-	samplers  map[string]*sampler
-	ckpts     map[string]*ckptMeta // tinker path -> meta
+	// One registry, with its own lock, per resource (see registry.go for the lock order).
+	sessions  *registry[session]
+	runs      *registry[trainingRun]
+	samplers  *registry[sampler]
+	ckpts     *registry[ckptMeta] // by tinker path
 	stop      chan struct{}
 	closeOnce sync.Once
 
@@ -127,6 +128,7 @@ type session struct {
 	runs       []string
 	samplers   []string
 	project    string // "" until assigned; its runs follow it
+	ver        rowVersion
 }
 
 type trainingRun struct {
@@ -140,6 +142,7 @@ type trainingRun struct {
 	lastCkpt, lastSamplerCkpt      string
 	grads                          gradientLedger // forward_backwards since the last optim_step
 	project                        string         // its session's project when it was last assigned
+	ver                            rowVersion
 }
 
 type sampler struct {
@@ -161,6 +164,7 @@ type ckptMeta struct {
 	// Generation is new at every write of the checkpoint (see versions.go).
 	Generation string `json:"generation,omitempty"`
 	parsed     checkpoint.Path
+	ver        rowVersion
 }
 
 // New builds a server over replicas (several may serve one base model), restoring the state in
@@ -237,8 +241,8 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
 		st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
-		sessions: map[string]*session{}, runs: map[string]*trainingRun{}, samplers: map[string]*sampler{},
-		ckpts: map[string]*ckptMeta{}, stop: make(chan struct{})}
+		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
+		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{})}
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)
@@ -356,7 +360,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // writeError sends a non-empty JSON error body; the SDK treats an empty 400 as a network glitch.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"detail": msg, "message": msg})
+	writeJSON(w, status, api.ErrorResponse{Detail: msg, Message: msg})
 }
 
 // handler adapts a handler that returns (value, error) to http.HandlerFunc.

@@ -50,34 +50,73 @@ func (s *Server) logErr(what string, err error) {
 	}
 }
 
-// saveSession persists a session; call with s.mu held.
-func (s *Server) saveSession(x *session, closed bool) {
+// sessionSnapshot is the session's row as it is now, to store once s.sessions.mu is released;
+// call with it held.
+func (s *Server) sessionSnapshot(x *session, closed bool) rowWrite {
 	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers, Project: x.project})
-	s.logErr("session", s.st.PutSession(context.Background(), store.Session{ID: x.id, Tenant: x.tenant,
-		Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}))
+	row := store.Session{ID: x.id, Tenant: x.tenant, Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}
+	return rowWrite{what: "session", ver: &x.ver, n: x.ver.bump(), put: func(ctx context.Context) error { return s.st.PutSession(ctx, row) }}
 }
 
-// saveRun persists a training run; call with s.mu held.
-func (s *Server) saveRun(r *trainingRun) {
+// runSnapshot is the training run's row as it is now, to store once s.runs.mu is released; call
+// with it held.
+func (s *Server) runSnapshot(r *trainingRun) rowWrite {
 	b, _ := json.Marshal(runData{Lora: r.lora, Step: r.step, Metadata: r.metadata, LastCkpt: r.lastCkpt, LastSamplerCkpt: r.lastSamplerCkpt,
 		PendingForwardBackwards: r.grads.pending, UntrackedGradients: r.grads.untracked, Project: r.project})
-	s.logErr("run", s.st.PutRun(context.Background(), store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
-		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}))
+	row := store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
+		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}
+	return rowWrite{what: "run", ver: &r.ver, n: r.ver.bump(), put: func(ctx context.Context) error { return s.st.PutRun(ctx, row) }}
 }
 
+// updateRun changes a run under s.runs.mu, then stores it (after the lock is released).
+func (s *Server) updateRun(run *trainingRun, change func(*trainingRun)) {
+	s.runs.mu.Lock()
+	change(run)
+	w := s.runSnapshot(run)
+	s.runs.mu.Unlock()
+	s.persist(w)
+}
+
+// saveSampler stores a sampler's row. A sampler does not change once made: this is called once,
+// before the sampler is registered (so that the session sweep cannot delete the row before it is
+// written).
 func (s *Server) saveSampler(x *sampler) {
 	b, _ := json.Marshal(samplerData{BaseModel: x.baseModel, ModelPath: x.modelPath, EngineID: x.engineID, Dir: x.dir})
 	s.logErr("sampler", s.st.PutSampler(context.Background(), store.Sampler{ID: x.id, Tenant: x.tenant, SessionID: x.session, Data: b}))
 }
 
-// saveMeta persists a checkpoint's metadata.
-func (s *Server) saveMeta(m *ckptMeta) error {
-	s.mu.Lock()
+// registerSampler records a new sampler and adds it to its session (if that is still open).
+func (s *Server) registerSampler(smp *sampler, sessionID string) {
+	s.saveSampler(smp)
+	s.samplers.add(smp.id, smp)
+	s.sessions.mu.Lock()
+	sess := s.sessions.m[sessionID]
+	var w rowWrite
+	if sess != nil {
+		sess.samplers = append(sess.samplers, smp.id)
+		w = s.sessionSnapshot(sess, false)
+	}
+	s.sessions.mu.Unlock()
+	if sess != nil {
+		s.persist(w)
+	}
+}
+
+// metaSnapshot is the checkpoint's row as it is now, to store once s.ckpts.mu is released; call
+// with it held.
+func (s *Server) metaSnapshot(m *ckptMeta) rowWrite {
 	b, _ := json.Marshal(m)
 	row := store.Checkpoint{Path: m.Path, Owner: m.Owner, ModelID: m.parsed.ModelID, Created: m.Created,
 		ExpiresAt: m.ExpiresAt, Public: m.Public, Data: b}
-	s.mu.Unlock()
-	return s.st.PutCheckpoint(context.Background(), row)
+	return rowWrite{what: "checkpoint", ver: &m.ver, n: m.ver.bump(), put: func(ctx context.Context) error { return s.st.PutCheckpoint(ctx, row) }}
+}
+
+// saveMeta persists a checkpoint's metadata.
+func (s *Server) saveMeta(m *ckptMeta) error {
+	s.ckpts.mu.Lock()
+	w := s.metaSnapshot(m)
+	s.ckpts.mu.Unlock()
+	return w.store()
 }
 
 // restore rebuilds the in-memory state from the store after a start. Requests that were running
@@ -117,7 +156,7 @@ func (s *Server) restore() error {
 		var d sessionData
 		_ = json.Unmarshal(row.Data, &d)
 		// The heartbeat clock restarts: a client that is still there keeps its session.
-		s.sessions[row.ID] = &session{id: row.ID, tenant: row.Tenant, created: row.Created, heartbeat: now,
+		s.sessions.m[row.ID] = &session{id: row.ID, tenant: row.Tenant, created: row.Created, heartbeat: now,
 			tags: d.Tags, metadata: d.Metadata, runs: d.Runs, samplers: d.Samplers, project: d.Project}
 	}
 	runs, err := s.st.Runs(ctx)
@@ -128,7 +167,7 @@ func (s *Server) restore() error {
 		// Runs of base models not served (yet: workers may register later) are restored too.
 		var d runData
 		_ = json.Unmarshal(row.Data, &d)
-		s.runs[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
+		s.runs.m[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
 			lora: d.Lora, step: d.Step, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
 			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt, project: d.Project,
 			grads: gradientLedger{pending: d.PendingForwardBackwards, untracked: d.UntrackedGradients},
@@ -145,7 +184,7 @@ func (s *Server) restore() error {
 		if err != nil {
 			continue
 		}
-		s.samplers[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
+		s.samplers.m[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
 			modelPath: d.ModelPath, engineID: d.EngineID, dir: d.Dir, rep: rep}
 	}
 	ckpts, err := s.st.Checkpoints(ctx)
@@ -162,7 +201,7 @@ func (s *Server) restore() error {
 			continue
 		}
 		m.parsed = p
-		s.ckpts[m.Path] = &m
+		s.ckpts.m[m.Path] = &m
 	}
 	return nil
 }
@@ -174,9 +213,9 @@ func (s *Server) restore() error {
 func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
 	start := time.Now()
 	defer func() { s.metrics.persisted(time.Since(start)) }()
-	s.mu.Lock()
+	s.runs.mu.Lock()
 	held := slices.Clone(run.grads.held)
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
 	return s.writeSavedState(run.id, held, func(dir string) error { return rep.Engine.SaveAdapter(run.id, dir, true) })
 }
 
@@ -198,15 +237,15 @@ func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 			return err
 		}
 		held := readGradientsRecord(dir)
-		s.mu.Lock()
+		s.runs.mu.Lock()
 		run.grads.held = held
-		s.mu.Unlock()
+		s.runs.mu.Unlock()
 		return nil
 	}
-	s.mu.Lock()
+	s.runs.mu.Lock()
 	step := run.step
 	run.grads.held = nil
-	s.mu.Unlock()
+	s.runs.mu.Unlock()
 	if step > 0 {
 		return fmt.Errorf("%w: model %s has taken %d steps but %s holds no saved state for it; it is not restarted "+
 			"from its seed: create a new model and load_weights from its last checkpoint", errStateLost, run.id, step, s.stateRoot())

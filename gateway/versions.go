@@ -25,9 +25,9 @@ func (s *Server) currentWeights(tenant string, smp *sampler) (*sampler, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
+	s.ckpts.mu.Lock()
 	id := checkpointEngineID(m)
-	s.mu.Unlock()
+	s.ckpts.mu.Unlock()
 	cur := *smp
 	cur.engineID, cur.dir = id, m.parsed.Dir(s.opts.DataDir)
 	return &cur, nil

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
 )
@@ -133,7 +134,7 @@ func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ strin
 	}
 	hb.Secret = ""
 	ws.lastSeen, ws.reported = time.Now(), hb
-	return map[string]any{"ok": true}, nil
+	return api.OKResponse{OK: true}, nil
 }
 
 // reapWorkers removes workers that stopped heartbeating: nothing more is routed to them, and

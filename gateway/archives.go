@@ -1,5 +1,7 @@
 package gateway
 
+// Checkpoint archives: signed download links and the tar.gz they serve.
+
 import (
 	"archive/tar"
 	"compress/gzip"
@@ -10,26 +12,63 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/skein-ai/skein/api"
 )
 
-func (s *Server) sweepCheckpoints(now time.Time) {
-	var gone []*ckptMeta
-	s.mu.Lock()
-	for _, m := range s.ckpts {
-		if m.expired(now) {
-			gone = append(gone, m)
-		}
+// archiveCheckpoint answers with a signed download URL, valid for 15 minutes and usable without
+// the API key (as the SDK's get_checkpoint_archive_url expects): JSON {url, expires} when the client
+// accepts JSON, a 302 to the URL otherwise (so `curl -L` downloads the tar.gz).
+func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	m, err := s.ownedCheckpoint(r, tenant)
+	if err != nil {
+		return nil, err
 	}
-	s.mu.Unlock()
-	for _, m := range gone {
-		s.removeCheckpoint(m)
-		s.audit(m.Owner, "checkpoint.expire", m.parsed.ModelID, m.Path, "")
+	expires := time.Now().Add(15 * time.Minute).UTC()
+	public, err := s.publicBase(r)
+	if err != nil {
+		return nil, err
 	}
+	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(m.Path, m.Generation, expires))
+	if strings.Contains(r.Header.Get("Accept"), "application/json") {
+		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
+	}
+	w.Header().Set("Location", url)
+	w.Header().Set("Expires", expires.Format(http.TimeFormat))
+	writeJSON(w, http.StatusFound, api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)})
+	return nil, nil
+}
+
+// downloadArchive streams a checkpoint as .tar.gz for a valid signed token.
+func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	path, generation, err := s.verifyArchive(r.PathValue("token"), time.Now())
+	if err != nil {
+		return nil, errf(http.StatusForbidden, "%v", err)
+	}
+	s.ckpts.mu.Lock()
+	m := s.ckpts.m[path]
+	if m != nil && m.Generation != generation {
+		m = nil // deleted or overwritten since the link was made: the link was for the old one
+	}
+	s.ckpts.mu.Unlock()
+	if m == nil {
+		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
+	}
+	s.writeWithin(w, ArchiveWriteTimeout) // a big checkpoint takes longer than an answer
+	w.Header().Set("Content-Type", "application/gzip")
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))
+	w.WriteHeader(http.StatusOK)
+	if err := writeTarGz(w, m.parsed.Dir(s.opts.DataDir)); err != nil {
+		s.log.Error("archive", "path", m.Path, "err", err)
+	}
+	return nil, nil
 }
 
 // writeTarGz streams a checkpoint directory as a .tar.gz (files at the archive's top level).

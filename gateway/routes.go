@@ -1,0 +1,74 @@
+package gateway
+
+// Every route the gateway serves, in one list; the handlers live in files named for their resource.
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/skein-ai/skein/api"
+)
+
+const v1 = "/api/v1/"
+
+func (s *Server) routes() {
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("GET /metrics", s.adminHTTP(s.serveMetrics))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	s.handle("POST "+v1+"client/config", false, s.clientConfig)
+	s.handle("POST "+v1+"client/dynamic_config", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
+		return api.DynamicConfigResponse{RefreshIntervalSec: 300}, nil
+	})
+	s.handle("GET "+v1+"healthz", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
+		return api.StatusResponse{Status: "ok"}, nil
+	})
+	s.handle("GET "+v1+"get_server_capabilities", false, s.capabilities)
+	s.handle("GET "+v1+"models/{rest...}", true, s.modelTokenizer) // gateway/tokenizer.go
+	s.handle("POST "+v1+"create_session", true, s.createSession)
+	s.handle("POST "+v1+"session_heartbeat", true, s.heartbeat)
+	s.handle("POST "+v1+"telemetry", true, func(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+		_, err := s.readBody(r)
+		return api.StatusResponse{Status: "accepted"}, err
+	})
+	s.handle("POST "+v1+"create_model", true, s.createModel)
+	s.handle("POST "+v1+"get_info", true, s.getInfo)
+	s.handle("POST "+v1+"unload_model", true, s.unloadModel)
+	s.handle("POST "+v1+"forward_backward", true, s.forwardBackward)
+	s.handle("POST "+v1+"forward", true, s.forwardBackward)
+	s.handle("POST "+v1+"optim_step", true, s.optimStep)
+	s.handle("POST "+v1+"save_weights", true, s.saveWeights)
+	s.handle("POST "+v1+"save_weights_for_sampler", true, s.saveWeightsForSampler)
+	s.handle("POST "+v1+"load_weights", true, s.loadWeights)
+	s.handle("POST "+v1+"weights_info", true, s.weightsInfo)
+	s.handle("POST "+v1+"create_sampling_session", true, s.createSamplingSession)
+	s.handle("POST "+v1+"asample", true, s.asample)
+	s.handle("GET "+v1+"samplers/{id}", true, s.getSampler)
+	s.handle("POST "+v1+"retrieve_future", true, s.retrieveFuture)
+	s.handle("GET "+v1+"training_runs", true, s.listRuns)
+	s.handle("GET "+v1+"training_runs/{id}", true, s.getRun)
+	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
+	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.deleteCheckpoint)
+	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
+	s.handle("GET "+v1+"archives/{token}", false, s.downloadArchive)
+	s.handle("POST "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(true))
+	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/publish", true, s.publish(false))
+	s.handle("PUT "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/ttl", true, s.setTTL)
+	s.handle("GET "+v1+"checkpoints", true, s.listAllCheckpoints)
+	s.handle("GET "+v1+"sessions", true, s.listSessions)
+	s.handle("GET "+v1+"sessions/{id}", true, s.getSession)
+	s.handle("PUT "+v1+"sessions/{id}/project", true, s.assignSessionProject)
+	s.handle("GET "+v1+"sessions/{id}/trace_export", true, s.exportSessionTrace)
+	s.handle("GET "+v1+"traces/{token}", false, s.downloadTrace)
+	s.handle("GET "+v1+"audit", true, s.getAuditLog)
+	s.handle("GET "+v1+"billing/usage/events", true, s.getBillingUsage)
+	s.handle("GET "+v1+"skein/replicas", true, s.adminOnly(s.listReplicas))
+	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)
+	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
+	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
+	// Remote key management, for admin keys in keys mode.
+	s.handle("POST "+v1+"skein/keys", true, s.keysOnly(s.createKey))
+	s.handle("GET "+v1+"skein/keys", true, s.keysOnly(s.listKeys))
+	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.keysOnly(s.revokeKey))
+}

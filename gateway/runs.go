@@ -1,0 +1,95 @@
+package gateway
+
+// REST listings of training runs, and their paging.
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/checkpoint"
+)
+
+func paging(r *http.Request) (offset, limit int, err error) {
+	limit = 20
+	if v := r.URL.Query().Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+			return 0, 0, errf(http.StatusBadRequest, "limit must be an integer in [1, 1000]")
+		}
+	}
+	if v := r.URL.Query().Get("offset"); v != "" {
+		if offset, err = strconv.Atoi(v); err != nil || offset < 0 {
+			return 0, 0, errf(http.StatusBadRequest, "offset must be a non-negative integer")
+		}
+	}
+	return offset, limit, nil
+}
+
+func page[T any](items []T, offset, limit int) []T {
+	if offset >= len(items) {
+		return []T{}
+	}
+	return items[offset:min(len(items), offset+limit)]
+}
+
+// runRow and runRowFrom are called with s.runs.mu and s.ckpts.mu held.
+func (s *Server) runRow(run *trainingRun) api.TrainingRun {
+	return s.runRowFrom(run, s.indexCheckpoints())
+}
+
+func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
+	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
+		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
+	tr.ProjectID = run.project
+	if m := idx.newest[[2]string{run.id, checkpoint.KindWeights}]; m != nil {
+		c := s.ckptRow(m)
+		tr.LastCheckpoint = &c
+	}
+	if m := idx.newest[[2]string{run.id, checkpoint.KindSamplerWeights}]; m != nil {
+		c := s.ckptRow(m)
+		tr.LastSamplerCheckpoint = &c
+	}
+	return tr
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	offset, limit, err := paging(r)
+	if err != nil {
+		return nil, err
+	}
+	listed, err := runFilter(r, tenant)
+	if err != nil {
+		return nil, err
+	}
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	var runs []*trainingRun
+	idx := s.indexCheckpoints()
+	for _, run := range s.runs.m {
+		if listed(run, idx) {
+			runs = append(runs, run)
+		}
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
+	rows := []api.TrainingRun{}
+	for _, run := range page(runs, offset, limit) {
+		rows = append(rows, s.runRowFrom(run, idx))
+	}
+	return api.TrainingRunsResponse{TrainingRuns: rows, Cursor: api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	run, err := s.accessibleRun(r, tenant, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	defer s.ckpts.mu.Unlock()
+	return s.runRow(run), nil
+}

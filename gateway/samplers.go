@@ -1,0 +1,146 @@
+package gateway
+
+// Sampling handlers: sampling sessions and asample (the batching itself is sampling.go).
+
+import (
+	"net/http"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/engine"
+)
+
+// newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
+// routing key (if the request has one).
+func (s *Server) newSampler(tenant, sessionID, base, modelPath, key string) (*sampler, error) {
+	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: sessionID, modelPath: modelPath}
+	if modelPath != "" {
+		m, err := s.checkpointFor(tenant, modelPath)
+		if err != nil {
+			return nil, err
+		}
+		smp.baseModel = m.BaseModel
+		smp.dir = m.parsed.Dir(s.opts.DataDir)
+		smp.engineID = checkpointEngineID(m)
+	} else {
+		if base == "" {
+			return nil, errf(http.StatusBadRequest, "give base_model or model_path")
+		}
+		smp.baseModel = base
+	}
+	rep, err := s.samplingReplica(smp.baseModel, "", key)
+	if err != nil {
+		return nil, err
+	}
+	smp.rep = rep
+	return smp, nil
+}
+
+func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.CreateSamplingSessionRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if _, err := s.sessionOf(tenant, req.SessionID); err != nil {
+		return nil, err
+	}
+	smp, err := s.newSampler(tenant, req.SessionID, req.BaseModel, req.ModelPath, routingKey(r))
+	if err != nil {
+		return nil, err
+	}
+	s.registerSampler(smp, req.SessionID)
+	return api.CreateSamplingSessionResponse{SamplingSessionID: smp.id, Type: "create_sampling_session"}, nil
+}
+
+func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	id := r.PathValue("id")
+	smp := s.samplers.get(id)
+	if smp == nil || smp.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "sampler %q not found", id)
+	}
+	return api.SamplerInfo{SamplerID: smp.id, BaseModel: smp.baseModel, ModelPath: smp.modelPath}, nil
+}
+
+func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.SampleRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	var smp *sampler
+	if req.SamplingSessionID != "" {
+		smp = s.samplers.get(req.SamplingSessionID)
+		if smp == nil || smp.tenant != tenant {
+			return nil, errf(http.StatusNotFound, "sampling session %q not found", req.SamplingSessionID)
+		}
+	} else {
+		var err error
+		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath, routingKey(r)); err != nil {
+			return nil, err
+		}
+	}
+	// A checkpoint may have been overwritten, unpublished or deleted since the sampler was made.
+	smp, err := s.currentWeights(tenant, smp)
+	if err != nil {
+		return nil, err
+	}
+	prompt, err := req.Prompt.Tokens()
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "prompt: %v", err)
+	}
+	sr := engine.SampleRequest{Prompt: prompt, NumSamples: 1, PromptLogprobs: req.PromptLogprobs, TopKPromptLogprobs: req.TopKPromptLogprobs}
+	if req.NumSamples != nil {
+		sr.NumSamples = *req.NumSamples
+		if sr.NumSamples < 1 {
+			return nil, errf(http.StatusBadRequest, "num_samples must be at least 1, got %d", sr.NumSamples)
+		}
+	}
+	sp := req.SamplingParams
+	sr.Params = engine.SampleParams{Temperature: 1, TopK: -1, TopP: 1, Seed: sp.Seed}
+	if sp.MaxTokens != nil {
+		if *sp.MaxTokens < 1 {
+			return nil, errf(http.StatusBadRequest, "sampling_params.max_tokens must be at least 1, got %d", *sp.MaxTokens)
+		}
+		sr.Params.MaxTokens = *sp.MaxTokens
+	}
+	if sp.Temperature != nil {
+		sr.Params.Temperature = *sp.Temperature
+	}
+	if sp.TopK != nil {
+		sr.Params.TopK = *sp.TopK
+	}
+	if sp.TopP != nil {
+		sr.Params.TopP = *sp.TopP
+		greedyTopP(&sr.Params)
+	}
+	if sr.Params.StopStrings, sr.Params.StopTokens, err = sp.StopSpec(); err != nil {
+		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
+	}
+	// Sampling reads the weights only: it may run on any healthy replica of the base model,
+	// preferring the one that already holds them (a read-only copy loads from disk elsewhere).
+	prefer := ""
+	if smp.rep != nil {
+		prefer = smp.rep.ID()
+	}
+	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r), s.copyHolders(smp)...)
+	if err != nil {
+		return nil, err
+	}
+	e := rep.Engine
+	if err := e.Info().ValidateSample(&sr); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	if err := s.checkSampleSize(sr); err != nil {
+		return nil, err
+	}
+	if s.samplingBusy(rep) {
+		w.Header().Set("Retry-After", "1")
+		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), s.opts.MaxQueuedSamples)
+	}
+	f, _, err := s.futures.create(tenant, "Sample", "")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.enqueueSample(rep, smp, sr, f); err != nil {
+		s.finishOn(f, rep.ID(), nil, err)
+	}
+	return futureResponse(f, ""), nil
+}

@@ -1,0 +1,140 @@
+package gateway
+
+// Sessions: create, heartbeat, expiry and listing.
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+)
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.CreateSessionRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	project := ""
+	if req.ProjectID != nil {
+		if err := validProjectID(*req.ProjectID); err != nil {
+			return nil, err
+		}
+		project = *req.ProjectID
+	}
+	now := time.Now()
+	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
+	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata, project: project}
+	s.sessions.mu.Lock()
+	s.sessions.m[sess.id] = sess
+	write := s.sessionSnapshot(sess, false)
+	s.sessions.mu.Unlock()
+	s.persist(write)
+	return api.CreateSessionResponse{SessionID: sess.id, Type: "create_session"}, nil
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.SessionHeartbeatRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	s.sessions.mu.Lock()
+	sess := s.sessions.m[req.SessionID]
+	if sess == nil || sess.tenant != tenant {
+		s.sessions.mu.Unlock()
+		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
+	}
+	sess.heartbeat = time.Now()
+	write := s.sessionSnapshot(sess, false)
+	s.sessions.mu.Unlock()
+	s.persist(write)
+	return api.TypeResponse{Type: "session_heartbeat"}, nil
+}
+
+// sweepSessions closes sessions that stopped heartbeating: their samplers go, their runs' adapters
+// are unloaded (their checkpoints stay).
+func (s *Server) sweepSessions(now time.Time) {
+	var writes []rowWrite
+	var samplerIDs, runIDs []string
+	s.sessions.mu.Lock()
+	for id, sess := range s.sessions.m {
+		if now.Sub(sess.heartbeat) > s.opts.SessionTimeout {
+			s.log.Info("session expired", "session", sess.id, "tenant", sess.tenant, "runs", len(sess.runs), "samplers", len(sess.samplers), "idle", now.Sub(sess.heartbeat).Round(time.Millisecond))
+			delete(s.sessions.m, id)
+			writes = append(writes, s.sessionSnapshot(sess, true))
+			samplerIDs = append(samplerIDs, sess.samplers...)
+			runIDs = append(runIDs, sess.runs...)
+		}
+	}
+	s.sessions.mu.Unlock()
+	// Gone from the registry, the sessions get no new runs or samplers (createModel and
+	// registerSampler look their session up under its lock).
+	s.samplers.mu.Lock()
+	for _, id := range samplerIDs {
+		delete(s.samplers.m, id)
+	}
+	s.samplers.mu.Unlock()
+	var drop []*trainingRun
+	s.runs.mu.Lock()
+	for _, id := range runIDs {
+		if run := s.runs.m[id]; run != nil && run.ready {
+			drop = append(drop, run)
+			run.ready = false
+			writes = append(writes, s.runSnapshot(run))
+		}
+	}
+	s.runs.mu.Unlock()
+	s.persist(writes...)
+	for _, id := range samplerIDs {
+		s.logErr("sampler", s.st.DeleteSampler(context.Background(), id))
+	}
+	for _, run := range drop {
+		s.dropAdapter(run)
+	}
+}
+
+func (s *Server) isLive(run *trainingRun) bool {
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	return run.ready
+}
+
+func (s *Server) sessionOf(tenant, id string) (*session, error) {
+	sess := s.sessions.get(id)
+	if sess == nil || sess.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "session %q not found", id)
+	}
+	return sess, nil
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	offset, limit, err := paging(r)
+	if err != nil {
+		return nil, err
+	}
+	s.sessions.mu.Lock()
+	var all []*session
+	for _, sess := range s.sessions.m {
+		if sess.tenant == tenant {
+			all = append(all, sess)
+		}
+	}
+	s.sessions.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].created.Before(all[j].created) })
+	ids := []string{}
+	for _, sess := range page(all, offset, limit) {
+		ids = append(ids, sess.id)
+	}
+	return api.SessionsResponse{Sessions: ids}, nil
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	sess, err := s.sessionOf(tenant, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	s.sessions.mu.Lock()
+	defer s.sessions.mu.Unlock()
+	return api.SessionResponse{TrainingRunIDs: append([]string{}, sess.runs...), SamplerIDs: append([]string{}, sess.samplers...)}, nil
+}

@@ -1,0 +1,315 @@
+package gateway
+
+// Training runs: create_model, get_info, unload_model, forward and forward_backward, optim_step.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+)
+
+// dropAdapter frees an unloaded or expired run's slot and memory. Its full state (including
+// gradients accumulated since the last step) is saved first, so it can be loaded again.
+func (s *Server) dropAdapter(run *trainingRun) {
+	if ep, ok := s.router.Where(run.id); ok {
+		rep := ep.(*replica.Replica)
+		// In the tenant's lane, so that it runs after the run's ops already queued there.
+		_ = rep.RunIn(run.tenant, func() {
+			if rep.Engine.HasAdapter(run.id) {
+				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
+			}
+			rep.Engine.DeleteAdapter(run.id)
+		})
+	}
+	s.router.Forget(run.id)
+	s.logErr("placement", s.st.DeletePlacement(context.Background(), run.id))
+}
+
+// runOf finds a tenant's training run; another tenant's is a 404.
+func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	run := s.runs.m[id]
+	if run == nil || run.tenant != tenant {
+		return nil, errf(http.StatusNotFound, "model %q not found", id)
+	}
+	run.lastRequest = time.Now()
+	return run, nil
+}
+
+func boolOr(p *bool, d bool) bool {
+	if p == nil {
+		return d
+	}
+	return *p
+}
+
+func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.CreateModelRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	sess, err := s.sessionOf(tenant, req.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	reps, err := s.replicasOf(req.BaseModel)
+	if err != nil {
+		return nil, err
+	}
+	lc := api.LoraConfig{Rank: 32}
+	if req.LoraConfig != nil {
+		lc = *req.LoraConfig
+	}
+	cfg := engine.LoraConfig{Rank: lc.Rank, TrainAttn: boolOr(lc.TrainAttn, true), TrainMLP: boolOr(lc.TrainMLP, true),
+		TrainUnembed: boolOr(lc.TrainUnembed, true)}
+	if lc.Seed != nil {
+		cfg.Seed = *lc.Seed
+	}
+	if err := reps[0].Engine.Info().ValidateLora(cfg); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
+	// The session's lock, then the runs': the run joins its session atomically, so a session
+	// that expires meanwhile cannot leave it live.
+	s.sessions.mu.Lock()
+	if s.sessions.m[sess.id] != sess {
+		s.sessions.mu.Unlock()
+		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
+	}
+	s.runs.mu.Lock()
+	unlock := func() {
+		s.runs.mu.Unlock()
+		s.sessions.mu.Unlock()
+	}
+	if existing := s.runs.m[id]; existing != nil {
+		unlock()
+		return nil, errf(http.StatusBadRequest, "model %q already exists (model_seq_id %d reused)", id, req.ModelSeqID)
+	}
+	live := 0
+	for _, run := range s.runs.m {
+		if run.tenant == tenant && run.ready {
+			live++
+		}
+	}
+	if live >= s.opts.MaxAdaptersPerTenant {
+		unlock()
+		return nil, errf(http.StatusBadRequest, "tenant already has %d live adapters (limit %d): unload one first", live, s.opts.MaxAdaptersPerTenant)
+	}
+	md := map[string]string{}
+	for k, v := range req.UserMetadata {
+		md[k] = fmt.Sprint(v)
+	}
+	now := time.Now()
+	run := &trainingRun{id: id, tenant: tenant, session: sess.id, baseModel: req.BaseModel, lora: cfg, created: now,
+		lastRequest: now, metadata: md, ready: true, queue: newRunQueue(1), project: sess.project}
+	s.runs.m[id] = run
+	sess.runs = append(sess.runs, id)
+	writes := []rowWrite{s.runSnapshot(run), s.sessionSnapshot(sess, false)}
+	unlock()
+	s.persist(writes...)
+	s.audit(tenant, "training_run.create", id, "", "")
+	f, _, err := s.futures.create(tenant, "CreateModel", "")
+	if err != nil {
+		return nil, err
+	}
+	// Placing it creates the adapter on the chosen replica (router Load hook); with every slot
+	// taken it waits, reporting paused_capacity.
+	go func() {
+		_, repID, err := s.onReplica(f, run, func(*replica.Replica) (any, error) { return nil, nil })
+		s.finishOn(f, repID, api.CreateModelResponse{ModelID: id, Type: "create_model"}, err)
+	}()
+	return futureResponse(f, id), nil
+}
+
+func (s *Server) getInfo(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.ModelIDRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.infoOf(run.baseModel)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetInfoResponse{ModelID: run.id, Type: "get_info", IsLora: true, LoraRank: run.lora.Rank,
+		ModelName: run.baseModel,
+		ModelData: api.ModelData{Arch: string(info.Config.Arch), ModelName: run.baseModel, TokenizerID: run.baseModel}}, nil
+}
+
+func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.ModelIDRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	s.updateRun(run, func(run *trainingRun) { run.ready = false })
+	f, _, err := s.futures.create(tenant, "Unload", "")
+	if err != nil {
+		return nil, err
+	}
+	s.dropAdapter(run)
+	s.audit(tenant, "training_run.unload", run.id, "", "")
+	s.futures.complete(f, api.UnloadModelResponse{ModelID: run.id, Type: "unload_model"})
+	return futureResponse(f, run.id), nil
+}
+
+func toEngineData(data []api.Datum) ([]engine.Datum, error) {
+	if err := api.DensifyAll(data); err != nil { // sparse inputs, within the request's budget
+		return nil, err
+	}
+	out := make([]engine.Datum, len(data))
+	for i, d := range data {
+		toks, err := d.ModelInput.Tokens()
+		if err != nil {
+			return nil, fmt.Errorf("datum %d: model_input: %v", i, err)
+		}
+		in := map[string]engine.TensorInput{}
+		for k, t := range d.LossFnInputs {
+			dt, err := t.Dense()
+			if err != nil {
+				return nil, fmt.Errorf("datum %d: loss_fn_inputs.%s: %v", i, k, err)
+			}
+			dtype := dt.DType
+			if dtype == "" { // plain lists: the SDK coerces by key
+				dtype = "float32"
+				if k == "target_tokens" {
+					dtype = "int64"
+				}
+			}
+			var shape []int
+			if len(dt.Shape) > 0 {
+				shape = dt.Shape
+			}
+			in[k] = engine.TensorInput{DType: dtype, Shape: shape, Data: dt.Data}
+		}
+		out[i] = engine.Datum{Tokens: toks, Inputs: in}
+	}
+	return out, nil
+}
+
+func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	body, err := s.readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	var req *api.ForwardBackwardRequest
+	if strings.Contains(r.Header.Get("Content-Type"), "protobuf") {
+		if req, err = api.DecodeForwardBackwardRequest(body); err != nil {
+			return nil, errf(http.StatusBadRequest, "%v", err)
+		}
+	} else {
+		var j api.ForwardBackwardJSON
+		if err := decodeJSONBytes(body, &j); err != nil {
+			return nil, err
+		}
+		req = &api.ForwardBackwardRequest{ModelID: j.ModelID, SeqID: j.SeqID}
+		switch {
+		case j.ForwardBackwardInput != nil:
+			req.Input = *j.ForwardBackwardInput
+		case j.ForwardInput != nil:
+			req.Input = *j.ForwardInput
+		default:
+			return nil, errf(http.StatusBadRequest, "body needs forward_backward_input (or forward_input)")
+		}
+		req.ForwardOnly = strings.HasSuffix(r.URL.Path, "/forward")
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	baseOnly, err := takeDisableLora(&req.Input, req.ForwardOnly)
+	if err != nil {
+		return nil, err
+	}
+	var data []engine.Datum
+	// Validation depends only on the base model; not finding it fails validation, which consumes
+	// the seq_id like any other failure of a sequenced request.
+	info, infoErr := s.infoOf(run.baseModel)
+	kind := "ForwardBackward"
+	if req.ForwardOnly {
+		kind = "Forward"
+	}
+	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+		if infoErr != nil {
+			return infoErr
+		}
+		if err := s.checkBatchSize(req.Input.Data); err != nil {
+			return err
+		}
+		var err error
+		if data, err = toEngineData(req.Input.Data); err != nil {
+			return err
+		}
+		return info.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
+	}, func(rep *replica.Replica) (any, error) {
+		var res *engine.ForwardResult
+		var err error
+		start := time.Now()
+		if req.ForwardOnly {
+			res, err = rep.Engine.Forward(adapterOrBase(run.id, baseOnly), data, req.Input.LossFn, req.Input.LossFnConfig)
+		} else {
+			res, err = rep.Engine.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.recordTraining(run, kind, data, start)
+		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
+		for i := range res.Logprobs {
+			out.LossFnOutputs = append(out.LossFnOutputs, api.LossOutput{
+				"logprobs":         {Data: res.Logprobs[i], DType: "float32", Shape: []int{len(res.Logprobs[i])}},
+				"elementwise_loss": {Data: res.Losses[i], DType: "float32", Shape: []int{len(res.Losses[i])}},
+			})
+		}
+		return out, nil
+	})
+}
+
+func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	var req api.OptimStepRequest
+	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	run, err := s.runOf(tenant, req.ModelID)
+	if err != nil {
+		return nil, err
+	}
+	p := engine.DefaultAdamParams()
+	for dst, src := range map[*float64]*float64{&p.LearningRate: req.AdamParams.LearningRate, &p.Beta1: req.AdamParams.Beta1,
+		&p.Beta2: req.AdamParams.Beta2, &p.Eps: req.AdamParams.Eps, &p.WeightDecay: req.AdamParams.WeightDecay,
+		&p.GradClipNorm: req.AdamParams.GradClipNorm} {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(rep *replica.Replica) (any, error) {
+		if err := s.lostGradients(context.Background(), run); err != nil {
+			return nil, err
+		}
+		m, err := rep.Engine.OptimStep(run.id, p)
+		if err != nil {
+			return nil, err
+		}
+		s.resetGradients(run)
+		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
+		if err := s.persistAdapter(run, rep); err != nil {
+			return nil, fmt.Errorf("saving the adapter state: %w", err)
+		}
+		_, step, _ := rep.Engine.AdapterInfo(run.id)
+		s.updateRun(run, func(run *trainingRun) { run.step, run.lastRequest = step, time.Now() })
+		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil
+	})
+}

@@ -156,6 +156,11 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
 	e.base = &baseModel{mm: newMatmuls(backend, opts.MaxStepBytes)}
+	if cfg.VisionConfig != nil {
+		if e.base.vision, err = loadVisionTower(cfg, host); err != nil {
+			return nil, err
+		}
+	}
 	if e.dtype == dtypes.Float64 {
 		e.base.weights, e.base.bytes, err = loadModel[float64](backend, e.dtype, opts.Precision, cfg, host)
 	} else {

@@ -64,6 +64,8 @@ type prepared struct {
 	oldLP        [][]float64
 	adv          [][]float64
 	lo, hi, beta float64
+	images       []*Images          // per datum; nil entries (or all nil): text only
+	feats        [][]imageFeatures // the tower's output per datum, computed once by run
 }
 
 func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
@@ -131,7 +133,7 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 			allowed[k] = true
 		}
 		for k := range d.Inputs {
-			if !allowed[k] {
+			if !allowed[k] && !imageInput(k) {
 				return nil, inputErr(i, "loss_fn_inputs."+k, "not an input of %s", loss)
 			}
 		}
@@ -178,6 +180,11 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 				return nil, err
 			}
 		}
+		img, err := datumImages(c, i, d.Tokens, d.Inputs, "loss_fn_inputs.")
+		if err != nil {
+			return nil, err
+		}
+		p.images = append(p.images, img)
 		p.tokens = append(p.tokens, d.Tokens)
 		p.targets = append(p.targets, targets)
 		p.weights = append(p.weights, w)
@@ -401,6 +408,10 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 	if err != nil {
 		return nil, err
 	}
+	if err := e.checkImagesFit(p.images); err != nil {
+		return nil, err
+	}
+	p.feats = e.encodeImages(p.images)
 	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}
 	var grads [][]float64
 	if backward {

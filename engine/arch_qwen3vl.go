@@ -248,7 +248,7 @@ func writeQwen3VLFiles(dir string, c *Config) error {
 		"image_mean": []float64{0.5, 0.5, 0.5}, "image_std": []float64{0.5, 0.5, 0.5},
 		"do_rescale": true, "rescale_factor": 1.0 / 255, "do_normalize": true, "do_resize": true,
 		"do_convert_rgb": true, "resample": 3,
-		"size": map[string]int{"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32},
+		"size":       map[string]int{"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32},
 		"min_pixels": 4 * 32 * 32, "max_pixels": 64 * 32 * 32,
 	}
 	pb, _ := json.MarshalIndent(pre, "", "  ")

@@ -62,7 +62,7 @@ func (c *Config) mropeAxes() []int {
 // ropeOverride replaces a pass's rotary angles by slot: per token (a pass over prompts with
 // images) or by a per-row shift of the slot (decode steps after such a prompt).
 type ropeOverride[E float] struct {
-	cos, sin []E  // [B·T, hd/2]; nil: shifted slots
+	cos, sin []E   // [B·T, hd/2]; nil: shifted slots
 	shift    []int // per row
 }
 

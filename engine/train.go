@@ -64,7 +64,7 @@ type prepared struct {
 	oldLP        [][]float64
 	adv          [][]float64
 	lo, hi, beta float64
-	images       []*Images          // per datum; nil entries (or all nil): text only
+	images       []*Images         // per datum; nil entries (or all nil): text only
 	feats        [][]imageFeatures // the tower's output per datum, computed once by run
 }
 

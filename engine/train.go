@@ -180,7 +180,7 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 				return nil, err
 			}
 		}
-		img, err := datumImages(c, i, d.Tokens, d.Inputs, "loss_fn_inputs.")
+		img, err := datumImages(c, i, d.Tokens, d.Inputs)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Images in a pass (twinkle's path): a datum's model_input already holds each image's pad
@@ -31,23 +32,15 @@ type Images struct {
 // imageInput reports the loss_fn_inputs that carry images, allowed beside any loss's inputs.
 func imageInput(name string) bool { return name == PixelValuesInput || name == ImageGridInput }
 
-// datumImages reads and checks datum i's images (nil: it has none). field prefixes error
-// fields ("loss_fn_inputs." for training data).
-func datumImages(c *Config, i int, tokens []int, inputs map[string]TensorInput, field string) (*Images, error) {
+// datumImages reads and checks datum i's images from its loss_fn_inputs (nil: it has none).
+func datumImages(c *Config, i int, tokens []int, inputs map[string]TensorInput) (*Images, error) {
+	const field = "loss_fn_inputs."
 	pv, hasPV := inputs[PixelValuesInput]
 	gr, hasGrid := inputs[ImageGridInput]
-	v := c.VisionConfig
 	if !hasPV && !hasGrid {
-		if v != nil {
-			for j, t := range tokens {
-				if t == *c.ImageTokenID {
-					return nil, inputErr(i, "model_input", "image pad token %d at position %d but no %s%s", t, j, field, PixelValuesInput)
-				}
-			}
-		}
-		return nil, nil
+		return nil, checkImages(c, i, tokens, nil, field)
 	}
-	if v == nil {
+	if c.VisionConfig == nil {
 		return nil, inputErr(i, field+PixelValuesInput, "images sent to a text model (%s)", c.Arch)
 	}
 	if !hasPV || !hasGrid {
@@ -56,55 +49,89 @@ func datumImages(c *Config, i int, tokens []int, inputs map[string]TensorInput, 
 	if gr.DType != "int64" && gr.DType != "int32" {
 		return nil, inputErr(i, field+ImageGridInput, "dtype %q, want int64", gr.DType)
 	}
-	if len(gr.Shape) != 2 || gr.Shape[1] != 3 || gr.Shape[0] < 1 || gr.Shape[0]*3 != len(gr.Data) {
-		return nil, inputErr(i, field+ImageGridInput, "shape %v with %d values, want [images, 3]", gr.Shape, len(gr.Data))
-	}
-	m := v.SpatialMergeSize
-	n := len(tokens)
-	img := &Images{}
-	patches, want := 0, 0
-	for k := range gr.Shape[0] {
-		var g [3]int
-		for a := range 3 {
-			x := gr.Data[3*k+a]
-			// Every image has at least one pad token in the sequence, so no side can exceed the
-			// sequence's length (in merged tokens): bounds the products below.
-			if x != math.Trunc(x) || x < 1 || x > float64(n*m) {
-				return nil, inputErr(i, field+ImageGridInput, "image %d: grid value %v is not an integer in 1…%d", k, x, n*m)
-			}
-			g[a] = int(x)
-		}
-		if g[1]%m != 0 || g[2]%m != 0 {
-			return nil, inputErr(i, field+ImageGridInput, "image %d: grid %v: h and w must be multiples of the merge size %d", k, g, m)
-		}
-		if g[0] != 1 {
-			return nil, inputErr(i, field+ImageGridInput, "image %d: grid %v: images have one temporal patch (t = 1)", k, g)
-		}
-		tokensOf := g[1] / m * (g[2] / m)
-		if tokensOf > n-want {
-			return nil, inputErr(i, field+ImageGridInput, "the grids stand for more image tokens than the %d tokens of model_input", n)
-		}
-		want += tokensOf
-		patches += g[1] * g[2]
-		img.Grids = append(img.Grids, g)
-	}
-	if err := imageRuns(c, i, tokens, img.Grids); err != nil {
-		return nil, err
+	if len(gr.Shape) != 2 || gr.Shape[1] != 3 || gr.Shape[0] < 1 || gr.Shape[0] > len(tokens) || gr.Shape[0]*3 != len(gr.Data) {
+		return nil, inputErr(i, field+ImageGridInput, "shape %v with %d values, want [images, 3], at most one image per token", gr.Shape, len(gr.Data))
 	}
 	if pv.DType != "float32" && pv.DType != "float64" && pv.DType != "bfloat16" {
 		return nil, inputErr(i, field+PixelValuesInput, "dtype %q, want float32", pv.DType)
 	}
-	dim := v.patchDim()
-	if len(pv.Shape) != 2 || pv.Shape[0] != patches || pv.Shape[1] != dim || len(pv.Data) != patches*dim {
-		return nil, inputErr(i, field+PixelValuesInput, "shape %v with %d values, want [%d, %d] (the grids' patches × C·T·P·P)", pv.Shape, len(pv.Data), patches, dim)
+	dim := c.VisionConfig.patchDim()
+	if len(pv.Shape) != 2 || pv.Shape[1] != dim || pv.Shape[0]*dim != len(pv.Data) {
+		return nil, inputErr(i, field+PixelValuesInput, "shape %v with %d values, want [patches, %d] (C·T·P·P)", pv.Shape, len(pv.Data), dim)
 	}
-	for j, x := range pv.Data {
+	img := &Images{PixelValues: pv.Data}
+	for k := range gr.Shape[0] {
+		var g [3]int
+		for a := range 3 {
+			x := gr.Data[3*k+a]
+			if x != math.Trunc(x) || x < 0 || x > math.MaxInt32 {
+				return nil, inputErr(i, field+ImageGridInput, "image %d: grid value %v is not a 32-bit integer ≥ 0", k, x)
+			}
+			g[a] = int(x)
+		}
+		img.Grids = append(img.Grids, g)
+	}
+	return img, checkImages(c, i, tokens, img, field)
+}
+
+// checkImages checks a sequence's images against its tokens: every grid a whole number of
+// merge blocks of one frame, the pad tokens one run of the right length per image in order,
+// pixel rows for exactly the grids' patches, all finite. img nil: the tokens hold no pad
+// token. field prefixes the error's field names.
+func checkImages(c *Config, i int, tokens []int, img *Images, field string) error {
+	v := c.VisionConfig
+	if img == nil {
+		if v != nil {
+			for j, t := range tokens {
+				if t == *c.ImageTokenID {
+					return inputErr(i, "model_input", "image pad token %d at position %d but no %s%s", t, j, field, PixelValuesInput)
+				}
+			}
+		}
+		return nil
+	}
+	if v == nil {
+		return inputErr(i, field+PixelValuesInput, "images sent to a text model (%s)", c.Arch)
+	}
+	if len(img.Grids) == 0 || len(img.Grids) > len(tokens) {
+		return inputErr(i, field+ImageGridInput, "%d images for %d tokens", len(img.Grids), len(tokens))
+	}
+	m, n := v.SpatialMergeSize, len(tokens)
+	patches, want := 0, 0
+	for k, g := range img.Grids {
+		// Every image has at least one pad token in the sequence, so no side can exceed the
+		// sequence's length (in merged tokens): bounds the products below.
+		for _, x := range g {
+			if x < 1 || x > n*m {
+				return inputErr(i, field+ImageGridInput, "image %d: grid %v: values must be in 1…%d", k, g, n*m)
+			}
+		}
+		if g[0] != 1 {
+			return inputErr(i, field+ImageGridInput, "image %d: grid %v: an image has one temporal patch (t = 1)", k, g)
+		}
+		if g[1]%m != 0 || g[2]%m != 0 {
+			return inputErr(i, field+ImageGridInput, "image %d: grid %v: h and w must be multiples of the merge size %d", k, g, m)
+		}
+		tokensOf := g[1] / m * (g[2] / m)
+		if tokensOf > n-want {
+			return inputErr(i, field+ImageGridInput, "the grids stand for more image tokens than the %d tokens of model_input", n)
+		}
+		want += tokensOf
+		patches += g[1] * g[2]
+	}
+	if err := imageRuns(c, i, tokens, img.Grids); err != nil {
+		return err
+	}
+	dim := v.patchDim()
+	if len(img.PixelValues) != patches*dim {
+		return inputErr(i, field+PixelValuesInput, "%d values, want %d patches × %d (the grids' patches × C·T·P·P)", len(img.PixelValues), patches, dim)
+	}
+	for j, x := range img.PixelValues {
 		if math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x) > math.MaxFloat32 {
-			return nil, inputErr(i, field+PixelValuesInput, "value %v at %d is not a finite float32", x, j)
+			return inputErr(i, field+PixelValuesInput, "value %v at %d is not a finite float32", x, j)
 		}
 	}
-	img.PixelValues = pv.Data
-	return img, nil
+	return nil
 }
 
 // imageRuns checks that the image pad tokens are, in order, one contiguous run per image of
@@ -279,4 +306,44 @@ func (p *prepared) imageRows(lo, hi int) []*imageRow {
 		rows[i] = &imageRow{tokens: p.tokens[lo+i], images: p.images[lo+i], feats: p.feats[lo+i]}
 	}
 	return rows
+}
+
+// sampleImageRows are the decode loop's rows with their request's images, each image run
+// through the tower once per request (nil: no request has images).
+func (e *Engine) sampleImageRows(reqs []SampleRequest, rows []*sampleRow) []*imageRow {
+	var seqs []*Images
+	for _, r := range reqs {
+		seqs = append(seqs, r.Images)
+	}
+	if e.base.vision == nil || !slices.ContainsFunc(seqs, func(im *Images) bool { return im != nil }) {
+		return nil
+	}
+	feats := e.encodeImages(seqs)
+	out := make([]*imageRow, len(rows))
+	for b, r := range rows {
+		out[b] = &imageRow{tokens: r.prompt, images: reqs[r.req].Images, feats: feats[r.req]}
+	}
+	return out
+}
+
+// useImages sets up a step of the sampler: a prefill places its rows' images and rotates by
+// their multimodal positions; a decode step's tokens, text after the prompt, turn at their slot
+// plus their row's delta.
+func (d *kvDecoder[E]) useImages(s *pass[E], prefill bool) {
+	if d.images == nil {
+		return
+	}
+	if prefill {
+		useImages(s, d.e, d.images)
+		return
+	}
+	if d.shift == nil {
+		d.shift = make([]int, s.B)
+		for b, r := range d.images {
+			if r != nil && r.images != nil {
+				_, d.shift[b] = mropePositions(r.tokens, *s.c.ImageTokenID, s.c.VisionConfig.SpatialMergeSize, r.images.Grids)
+			}
+		}
+	}
+	s.rope = &ropeOverride[E]{shift: d.shift}
 }

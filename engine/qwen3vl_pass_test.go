@@ -142,7 +142,12 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 		edit  func(d *Datum)
 		field string
 	}{
-		"grid bigger than its pad tokens": {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Data = append([]float64(nil), g.Data...); g.Data[5] = 8; d.Inputs[ImageGridInput] = g }, "model_input"},
+		"grid bigger than its pad tokens": {func(d *Datum) {
+			g := d.Inputs[ImageGridInput]
+			g.Data = append([]float64(nil), g.Data...)
+			g.Data[5] = 8
+			d.Inputs[ImageGridInput] = g
+		}, "model_input"},
 		"one pad token too few": {func(d *Datum) {
 			d.Tokens = append([]int(nil), d.Tokens...)
 			for i, t := range d.Tokens {
@@ -154,14 +159,43 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 		}, "model_input"},
 		"pad tokens without images": {func(d *Datum) { delete(d.Inputs, PixelValuesInput); delete(d.Inputs, ImageGridInput) }, "model_input"},
 		"pixels without grid":       {func(d *Datum) { delete(d.Inputs, ImageGridInput) }, "loss_fn_inputs.pixel_values"},
-		"odd grid":                  {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Data = append([]float64(nil), g.Data...); g.Data[1] = 3; d.Inputs[ImageGridInput] = g }, "loss_fn_inputs.image_grid_thw"},
-		"two frames":                {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Data = append([]float64(nil), g.Data...); g.Data[0] = 2; d.Inputs[ImageGridInput] = g }, "loss_fn_inputs.image_grid_thw"},
-		"enormous grid":             {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Data = append([]float64(nil), g.Data...); g.Data[1] = 1 << 40; d.Inputs[ImageGridInput] = g }, "loss_fn_inputs.image_grid_thw"},
-		"grid shape":                {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Shape = []int{3, 2}; d.Inputs[ImageGridInput] = g }, "loss_fn_inputs.image_grid_thw"},
-		"pixel rows short":          {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.Shape = []int{p.Shape[0] - 1, p.Shape[1]}; p.Data = p.Data[:p.Shape[0]*p.Shape[1]]; d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
-		"pixel row width":           {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.Shape = []int{p.Shape[0] * 2, p.Shape[1] / 2}; d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
-		"non-finite pixel":          {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.Data = append([]float64(nil), p.Data...); p.Data[7] = math.NaN(); d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
-		"integer pixels":            {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.DType = "int64"; d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
+		"odd grid": {func(d *Datum) {
+			g := d.Inputs[ImageGridInput]
+			g.Data = append([]float64(nil), g.Data...)
+			g.Data[1] = 3
+			d.Inputs[ImageGridInput] = g
+		}, "loss_fn_inputs.image_grid_thw"},
+		"two frames": {func(d *Datum) {
+			g := d.Inputs[ImageGridInput]
+			g.Data = append([]float64(nil), g.Data...)
+			g.Data[0] = 2
+			d.Inputs[ImageGridInput] = g
+		}, "loss_fn_inputs.image_grid_thw"},
+		"enormous grid": {func(d *Datum) {
+			g := d.Inputs[ImageGridInput]
+			g.Data = append([]float64(nil), g.Data...)
+			g.Data[1] = 1 << 40
+			d.Inputs[ImageGridInput] = g
+		}, "loss_fn_inputs.image_grid_thw"},
+		"grid shape": {func(d *Datum) { g := d.Inputs[ImageGridInput]; g.Shape = []int{3, 2}; d.Inputs[ImageGridInput] = g }, "loss_fn_inputs.image_grid_thw"},
+		"pixel rows short": {func(d *Datum) {
+			p := d.Inputs[PixelValuesInput]
+			p.Shape = []int{p.Shape[0] - 1, p.Shape[1]}
+			p.Data = p.Data[:p.Shape[0]*p.Shape[1]]
+			d.Inputs[PixelValuesInput] = p
+		}, "loss_fn_inputs.pixel_values"},
+		"pixel row width": {func(d *Datum) {
+			p := d.Inputs[PixelValuesInput]
+			p.Shape = []int{p.Shape[0] * 2, p.Shape[1] / 2}
+			d.Inputs[PixelValuesInput] = p
+		}, "loss_fn_inputs.pixel_values"},
+		"non-finite pixel": {func(d *Datum) {
+			p := d.Inputs[PixelValuesInput]
+			p.Data = append([]float64(nil), p.Data...)
+			p.Data[7] = math.NaN()
+			d.Inputs[PixelValuesInput] = p
+		}, "loss_fn_inputs.pixel_values"},
+		"integer pixels": {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.DType = "int64"; d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
 	}
 	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 1, TrainAttn: true}); err != nil {
 		t.Fatal(err)

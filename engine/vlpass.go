@@ -347,3 +347,6 @@ func (d *kvDecoder[E]) useImages(s *pass[E], prefill bool) {
 	}
 	s.rope = &ropeOverride[E]{shift: d.shift}
 }
+
+// TakesImages reports a vision-language model: its requests may carry images.
+func (m ModelInfo) TakesImages() bool { return m.Config != nil && m.Config.VisionConfig != nil }

@@ -17,7 +17,7 @@ func solidImage(c *Config, g [3]int, rgb [3]float64, seed int) []float64 {
 		for ch := range v.InChannels {
 			for k := range per {
 				noise := 0.05 * math.Sin(float64(seed*7919+i*131+ch*17+k))
-				out[(i*v.InChannels+ch)*per+k] = float64(float32((rgb[ch]+noise-0.5)/0.5))
+				out[(i*v.InChannels+ch)*per+k] = float64(float32((rgb[ch] + noise - 0.5) / 0.5))
 			}
 		}
 	}

@@ -156,11 +156,6 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
 	e.base = &baseModel{mm: newMatmuls(backend, opts.MaxStepBytes)}
-	if cfg.VisionConfig != nil {
-		if e.base.vision, err = loadVisionTower(cfg, host); err != nil {
-			return nil, err
-		}
-	}
 	if e.dtype == dtypes.Float64 {
 		e.base.weights, e.base.bytes, err = loadModel[float64](backend, e.dtype, opts.Precision, cfg, host)
 	} else {
@@ -168,6 +163,18 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	}
 	if err != nil {
 		return nil, err
+	}
+	if cfg.VisionConfig != nil {
+		var n int
+		if e.dtype == dtypes.Float64 {
+			e.base.vision, n, err = loadVisionTower[float64](backend, e.dtype, cfg, host)
+		} else {
+			e.base.vision, n, err = loadVisionTower[float32](backend, e.dtype, cfg, host)
+		}
+		if err != nil {
+			return nil, err
+		}
+		e.base.bytes += n
 	}
 	return e, nil
 }

@@ -15,9 +15,9 @@ import (
 // their pool of step buffers.
 type baseModel struct {
 	mm      *matmuls
-	weights any          // *model[float32] or *model[float64], the engine's dtype
-	vision  *visionTower // a vision-language model's frozen tower (nil: a text model)
-	bytes   int          // resident size of the weights
+	weights any // *model[float32] or *model[float64], the engine's dtype
+	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
+	bytes   int // resident size of the weights
 }
 
 // modelOf is the base model's weights in the pass's element type.

@@ -74,7 +74,11 @@ func vlLogits(t testing.TB, e *Engine, tokens []int, im *Images) []float64 {
 			tok[i] = tokens[i]
 		}
 	}
-	rows := []*imageRow{{tokens: tokens, images: im, feats: e.encodeImages([]*Images{im})[0]}}
+	feats, err := e.encodeImages([]*Images{im})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []*imageRow{{tokens: tokens, images: im, feats: feats[0]}}
 	step, done := e.newDecodeStepImages(nil, 1, S, rows)
 	defer done()
 	out, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T })

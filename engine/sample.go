@@ -220,7 +220,11 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	n := len(rows)
 	B := n // no padding rows: a new row count costs only a few matmul compiles
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
-	step, done := e.newDecodeStepImages(a, B, S, e.sampleImageRows(reqs, rows))
+	images, err := e.sampleImageRows(reqs, rows)
+	if err != nil {
+		return nil, err
+	}
+	step, done := e.newDecodeStepImages(a, B, S, images)
 	defer done()
 
 	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes

@@ -408,10 +408,9 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 	if err != nil {
 		return nil, err
 	}
-	if err := e.checkImagesFit(p.images); err != nil {
+	if p.feats, err = e.encodeImages(p.images); err != nil {
 		return nil, err
 	}
-	p.feats = e.encodeImages(p.images)
 	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}
 	var grads [][]float64
 	if backward {

@@ -4,11 +4,15 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gomlx/compute"
+	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/shapes"
+
 	"github.com/skein-ai/skein/safetensors"
 )
 
 // The Qwen3-VL vision tower (transformers' Qwen3VLVisionModel), frozen: it runs once per image
-// per request, in float64 on the host, and no gradient goes through it. Its output replaces the
+// per request, in the engine's dtype with the backend's matmuls, and no gradient goes through it. Its output replaces the
 // image pad tokens' embeddings; DeepStack's features are added to the first LM layers' outputs
 // at the same positions (vlpass.go).
 //
@@ -16,117 +20,136 @@ import (
 // processor cuts them: frame, then 2×2 merge block in raster order, then the patch within the
 // block. A block of merge² patches becomes one LM token.
 
-// visionTower holds the tower's weights in HF layout ([out, in] for linears).
-type visionTower struct {
+// visionTower holds the tower's weights: linears as backend buffers in the engine's dtype,
+// transposed to [in, out] as the LM's are; norms, biases and the position table in Go memory.
+type visionTower[E float] struct {
 	cfg       VisionConfig
 	lmHidden  int
-	patch     vlinear // the Conv3d over [C, T, P, P] patches with stride = kernel: a linear
-	pos       []float64
+	patch     vlinear[E] // the Conv3d over [C, T, P, P] patches with stride = kernel: a linear
+	pos       []E
 	side      int // the position table is side×side
-	blocks    []visionBlock
-	merger    visionMerger
-	deepstack []visionMerger
+	blocks    []visionBlock[E]
+	merger    visionMerger[E]
+	deepstack []visionMerger[E]
 }
 
-type vlinear struct {
-	w, b    []float64 // [out, in], [out]
-	in, out int
+type vlinear[E float] struct {
+	w mat[E] // [in, out]
+	b []E    // [out]
 }
 
-type visionBlock struct {
-	norm1w, norm1b, norm2w, norm2b []float64
-	qkv, proj, fc1, fc2            vlinear
+type visionBlock[E float] struct {
+	norm1w, norm1b, norm2w, norm2b []E
+	qkv, proj, fc1, fc2            vlinear[E]
 }
 
 // visionMerger is the 2×2 patch merger: LayerNorm per patch (the main merger) or over the
 // merged row (DeepStack's, postShuffle), then fc1, GELU, fc2 into the LM's hidden size.
-type visionMerger struct {
-	normW, normB []float64
-	fc1, fc2     vlinear
+type visionMerger[E float] struct {
+	normW, normB []E
+	fc1, fc2     vlinear[E]
 	postShuffle  bool
 }
 
 // loadVisionTower takes the tower's weights out of host (checked by loadWeights).
-func loadVisionTower(c *Config, host map[string]safetensors.Tensor) (*visionTower, error) {
+func loadVisionTower[E float](backend compute.Backend, dtype dtypes.DType, c *Config, host map[string]safetensors.Tensor) (*visionTower[E], int, error) {
 	v := c.VisionConfig
 	var err error
+	bytes := 0
 	get := func(name string) []float64 {
 		if err != nil {
 			return nil
 		}
 		var x []float64
-		x, err = host[name].Float64()
-		if err != nil {
+		if x, err = host[name].Float64(); err != nil {
 			err = fmt.Errorf("engine: weight %s: %w", name, err)
 		}
 		delete(host, name)
 		return x
 	}
-	lin := func(p string) vlinear {
-		s := c.expectedShape(p + ".weight")
-		return vlinear{w: get(p + ".weight"), b: get(p + ".bias"), out: s[0], in: s[1]}
+	vec := func(name string) []E {
+		x := get(name)
+		out := make([]E, len(x))
+		for i, f := range x {
+			out[i] = E(f)
+		}
+		bytes += len(out) * dtype.Size()
+		return out
 	}
-	vt := &visionTower{cfg: *v, lmHidden: c.HiddenSize}
-	vt.patch = vlinear{w: get("model.visual.patch_embed.proj.weight"), b: get("model.visual.patch_embed.proj.bias"),
-		in: v.patchDim(), out: v.HiddenSize}
-	vt.pos = get("model.visual.pos_embed.weight")
+	lin := func(p string) vlinear[E] {
+		s := c.expectedShape(p + ".weight")
+		out, in := s[0], prod(s[1:])
+		x := get(p + ".weight")
+		l := vlinear[E]{b: vec(p + ".bias")}
+		if err != nil {
+			return l
+		}
+		buf, flat, e := backend.NewSharedBuffer(0, shapes.Make(dtype, in, out))
+		if e != nil {
+			err = fmt.Errorf("engine: placing weight %s: %w", p, e)
+			return l
+		}
+		f := flat.([]E)
+		for o := range out {
+			for i := range in {
+				f[i*out+o] = E(x[o*in+i])
+			}
+		}
+		bytes += len(f) * dtype.Size()
+		l.w = mat[E]{buf: buf, v: f, dims: []int{in, out}}
+		return l
+	}
+	vt := &visionTower[E]{cfg: *v, lmHidden: c.HiddenSize}
+	vt.patch = lin("model.visual.patch_embed.proj")
+	vt.pos = vec("model.visual.pos_embed.weight")
 	vt.side = int(math.Sqrt(float64(v.NumPositionEmbeddings)))
 	for i := range v.Depth {
 		p := fmt.Sprintf("model.visual.blocks.%d.", i)
-		vt.blocks = append(vt.blocks, visionBlock{
-			norm1w: get(p + "norm1.weight"), norm1b: get(p + "norm1.bias"),
-			norm2w: get(p + "norm2.weight"), norm2b: get(p + "norm2.bias"),
+		vt.blocks = append(vt.blocks, visionBlock[E]{
+			norm1w: vec(p + "norm1.weight"), norm1b: vec(p + "norm1.bias"),
+			norm2w: vec(p + "norm2.weight"), norm2b: vec(p + "norm2.bias"),
 			qkv: lin(p + "attn.qkv"), proj: lin(p + "attn.proj"),
 			fc1: lin(p + "mlp.linear_fc1"), fc2: lin(p + "mlp.linear_fc2"),
 		})
 	}
-	merger := func(p string, post bool) visionMerger {
-		return visionMerger{normW: get(p + "norm.weight"), normB: get(p + "norm.bias"),
+	merger := func(p string, post bool) visionMerger[E] {
+		return visionMerger[E]{normW: vec(p + "norm.weight"), normB: vec(p + "norm.bias"),
 			fc1: lin(p + "linear_fc1"), fc2: lin(p + "linear_fc2"), postShuffle: post}
 	}
 	vt.merger = merger("model.visual.merger.", false)
 	for j := range v.DeepstackVisualIndexes {
 		vt.deepstack = append(vt.deepstack, merger(fmt.Sprintf("model.visual.deepstack_merger_list.%d.", j), true))
 	}
-	return vt, err
+	return vt, bytes, err
 }
 
-// apply is x [n, in] · Wᵀ + b.
-func (l *vlinear) apply(x []float64, n int) []float64 {
-	y := make([]float64, n*l.out)
-	parallelRows(n, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			xr := x[r*l.in : (r+1)*l.in]
-			for o := range l.out {
-				w := l.w[o*l.in : (o+1)*l.in]
-				s := l.b[o]
-				for i, xv := range xr {
-					s += xv * w[i]
-				}
-				y[r*l.out+o] = s
-			}
-		}
-	})
+// apply is x [n, in] · W + b.
+func (l *vlinear[E]) apply(ar *arena[E], x mat[E]) mat[E] {
+	y := ar.matmul(x, l.w, 0, false)
+	addBias(y.v, l.b)
 	return y
 }
 
-func layerNorm(x, w, b []float64, dim int, eps float64) []float64 {
-	y := make([]float64, len(x))
-	for r := 0; r < len(x)/dim; r++ {
-		xr, yr := x[r*dim:(r+1)*dim], y[r*dim:(r+1)*dim]
-		var mean, vr float64
-		for _, v := range xr {
-			mean += v
+func layerNorm[E float](ar *arena[E], x mat[E], w, b []E, eps float64) mat[E] {
+	dim := len(w)
+	y := ar.alloc(x.dims...)
+	parallelRows(len(x.v)/dim, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			xr, yr := x.v[r*dim:(r+1)*dim], y.v[r*dim:(r+1)*dim]
+			var mean, vr float64
+			for _, v := range xr {
+				mean += float64(v)
+			}
+			mean /= float64(dim)
+			for _, v := range xr {
+				vr += (float64(v) - mean) * (float64(v) - mean)
+			}
+			inv := 1 / math.Sqrt(vr/float64(dim)+eps)
+			for i, v := range xr {
+				yr[i] = E((float64(v)-mean)*inv)*w[i] + b[i]
+			}
 		}
-		mean /= float64(dim)
-		for _, v := range xr {
-			vr += (v - mean) * (v - mean)
-		}
-		inv := 1 / math.Sqrt(vr/float64(dim)+eps)
-		for i, v := range xr {
-			yr[i] = (v-mean)*inv*w[i] + b[i]
-		}
-	}
+	})
 	return y
 }
 
@@ -135,6 +158,14 @@ func geluTanh(x float64) float64 {
 }
 
 func geluErf(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
+
+func applyGELU[E float](x []E, f func(float64) float64) {
+	parallelRows(len(x)/256+1, func(lo, hi int) {
+		for i := lo * 256; i < min(hi*256, len(x)); i++ {
+			x[i] = E(f(float64(x[i])))
+		}
+	})
+}
 
 // imageFeatures is one image's tower output: the merged embeddings [tokens, D] and DeepStack's
 // features, one [tokens, D] per entry of deepstack_visual_indexes.
@@ -145,12 +176,15 @@ type imageFeatures struct {
 }
 
 // forward runs the tower over one image: patches [t·h·w, C·T·P·P] of grid (t, h, w).
-func (vt *visionTower) forward(patches []float64, grid [3]int) imageFeatures {
+func (vt *visionTower[E]) forward(mm *matmuls, patches []float64, grid [3]int) (_ imageFeatures, err error) {
+	defer recoverCompute(&err)
+	ar := newArena[E](mm)
+	defer ar.free()
 	v := &vt.cfg
 	gt, gh, gw := grid[0], grid[1], grid[2]
 	m := v.SpatialMergeSize
 	n, D := gt*gh*gw, v.HiddenSize
-	h := vt.patch.apply(patches, n)
+	h := vt.patch.apply(ar, ar.from(patches, n, v.patchDim()))
 	rowCol := make([][2]int, n) // each patch's full-resolution row and column
 	for i := range n {
 		j := i % (gh * gw)
@@ -158,19 +192,19 @@ func (vt *visionTower) forward(patches []float64, grid [3]int) imageFeatures {
 		bh, bw := blk/(gw/m), blk%(gw/m)
 		rowCol[i] = [2]int{bh*m + in/m, bw*m + in%m}
 	}
-	vt.addPositions(h, rowCol, gh, gw)
+	vt.addPositions(h.v, rowCol, gh, gw)
 
 	// 2D rotary: the first half of each head's angles turn with the row, the second with the
 	// column (HF's rot_pos_emb, then cat(emb, emb) and rotate_half).
 	hd := D / v.NumHeads
 	quarter := hd / 4
-	cos, sin := make([]float64, n*hd/2), make([]float64, n*hd/2)
+	cos, sin := make([]E, n*hd/2), make([]E, n*hd/2)
 	for i, rc := range rowCol {
 		for k := range quarter {
 			f := 1 / math.Pow(10000, float64(2*k)/float64(hd/2))
 			for a := range 2 {
 				ang := float64(rc[a]) * f
-				cos[i*hd/2+a*quarter+k], sin[i*hd/2+a*quarter+k] = math.Cos(ang), math.Sin(ang)
+				cos[i*hd/2+a*quarter+k], sin[i*hd/2+a*quarter+k] = E(math.Cos(ang)), E(math.Sin(ang))
 			}
 		}
 	}
@@ -178,35 +212,30 @@ func (vt *visionTower) forward(patches []float64, grid [3]int) imageFeatures {
 	var deep [][]float64
 	for bi := range vt.blocks {
 		b := &vt.blocks[bi]
-		x := layerNorm(h, b.norm1w, b.norm1b, D, 1e-6)
-		att := vt.attention(b, x, n, gt, cos, sin)
-		for i, a := range att {
-			h[i] += a
+		mk := ar.mark()
+		att := vt.attention(ar, b, layerNorm(ar, h, b.norm1w, b.norm1b, 1e-6), gt, cos, sin)
+		addScaled(h.v, att.v, 1)
+		u := b.fc1.apply(ar, layerNorm(ar, h, b.norm2w, b.norm2b, 1e-6))
+		if v.HiddenAct == "gelu" {
+			applyGELU(u.v, geluErf)
+		} else {
+			applyGELU(u.v, geluTanh)
 		}
-		x = layerNorm(h, b.norm2w, b.norm2b, D, 1e-6)
-		u := b.fc1.apply(x, n)
-		for i, a := range u {
-			if v.HiddenAct == "gelu" {
-				u[i] = geluErf(a)
-			} else {
-				u[i] = geluTanh(a)
-			}
-		}
-		for i, a := range b.fc2.apply(u, n) {
-			h[i] += a
-		}
+		addScaled(h.v, b.fc2.apply(ar, u).v, 1)
 		for j, l := range v.DeepstackVisualIndexes {
 			if l == bi {
-				deep = append(deep, vt.deepstack[j].merge(h, n, D, m*m))
+				deep = append(deep, vt.deepstack[j].merge(ar, h, m*m))
 			}
 		}
+		ar.releaseExcept(mk, h)
 	}
-	return imageFeatures{embeds: vt.merger.merge(h, n, D, m*m), deepstack: deep, tokens: n / (m * m)}
+	out := imageFeatures{embeds: vt.merger.merge(ar, h, m*m), deepstack: deep, tokens: n / (m * m)}
+	return out, ar.err
 }
 
 // addPositions adds the learned position table, bilinearly interpolated to the gh×gw grid
 // (HF's fast_pos_embed_interpolate: linspace over the table, floor/ceil neighbours).
-func (vt *visionTower) addPositions(h []float64, rowCol [][2]int, gh, gw int) {
+func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
 	D, S := vt.cfg.HiddenSize, vt.side
 	coord := func(i, n int) (lo, hi int, d float64) {
 		x := 0.0
@@ -224,75 +253,71 @@ func (vt *visionTower) addPositions(h []float64, rowCol [][2]int, gh, gw int) {
 			w   float64
 		}{{r0*S + c0, (1 - dr) * (1 - dc)}, {r0*S + c1, (1 - dr) * dc}, {r1*S + c0, dr * (1 - dc)}, {r1*S + c1, dr * dc}}
 		hr := h[i*D : (i+1)*D]
-		for _, c := range corners {
-			p := vt.pos[c.idx*D : (c.idx+1)*D]
-			for k := range hr {
-				hr[k] += c.w * p[k]
+		for k := range hr {
+			var s float64
+			for _, c := range corners {
+				s += c.w * float64(vt.pos[c.idx*D+k])
 			}
+			hr[k] += E(s)
 		}
 	}
 }
 
-// attention is full (non-causal) attention within each frame of the image.
-func (vt *visionTower) attention(b *visionBlock, x []float64, n, frames int, cos, sin []float64) []float64 {
+// attention is full (non-causal) attention within each frame of the image: heads batched
+// through the backend's matmuls.
+func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], frames int, cos, sin []E) mat[E] {
 	D, H := vt.cfg.HiddenSize, vt.cfg.NumHeads
-	hd := D / H
-	qkv := b.qkv.apply(x, n)
-	q, k := make([]float64, n*D), make([]float64, n*D)
-	for i := range n {
-		cs, sn := cos[i*hd/2:(i+1)*hd/2], sin[i*hd/2:(i+1)*hd/2]
-		for hh := range H {
-			ropeRow(qkv[i*3*D+hh*hd:i*3*D+(hh+1)*hd], q[i*D+hh*hd:i*D+(hh+1)*hd], cs, sn)
-			ropeRow(qkv[i*3*D+D+hh*hd:i*3*D+D+(hh+1)*hd], k[i*D+hh*hd:i*D+(hh+1)*hd], cs, sn)
-		}
-	}
-	o := make([]float64, n*D)
-	per := n / frames
-	scale := 1 / math.Sqrt(float64(hd))
-	parallelRows(n*H, func(r0, r1 int) {
-		p := make([]float64, per)
-		for r := r0; r < r1; r++ {
-			i, hh := r/H, r%H
-			f0 := i / per * per
-			qi := q[i*D+hh*hd : i*D+(hh+1)*hd]
-			mx := math.Inf(-1)
-			for j := range per {
-				kj := k[(f0+j)*D+hh*hd : (f0+j)*D+(hh+1)*hd]
-				var s float64
-				for d, qv := range qi {
-					s += qv * kj[d]
-				}
-				p[j] = s * scale
-				mx = max(mx, p[j])
-			}
-			var sum float64
-			for j := range p {
-				p[j] = math.Exp(p[j] - mx)
-				sum += p[j]
-			}
-			oi := o[i*D+hh*hd : i*D+(hh+1)*hd]
-			for j, pj := range p {
-				vj := qkv[(f0+j)*3*D+2*D+hh*hd : (f0+j)*3*D+2*D+(hh+1)*hd]
-				for d, vv := range vj {
-					oi[d] += pj / sum * vv
-				}
+	n := x.dims[0]
+	hd, per := D/H, n/frames
+	qkv := b.qkv.apply(ar, x)
+	BH := frames * H
+	q, k, v := ar.alloc(BH, per, hd), ar.alloc(BH, per, hd), ar.alloc(BH, per, hd)
+	parallelRows(n, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			f, t := i/per, i%per
+			cs, sn := cos[i*hd/2:(i+1)*hd/2], sin[i*hd/2:(i+1)*hd/2]
+			for hh := range H {
+				dst := ((f*H+hh)*per + t) * hd
+				src := qkv.v[i*3*D+hh*hd:]
+				ropeRow(src[:hd], q.v[dst:dst+hd], cs, sn)
+				ropeRow(src[D:D+hd], k.v[dst:dst+hd], cs, sn)
+				copy(v.v[dst:dst+hd], src[2*D:2*D+hd])
 			}
 		}
 	})
-	return b.proj.apply(o, n)
+	p := ar.matmul(q, k, BH, true) // [BH, per, per]
+	scale := E(1 / math.Sqrt(float64(hd)))
+	parallelRows(BH*per, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			softmaxRow(p.v[r*per:(r+1)*per], per-1, scale)
+		}
+	})
+	o := ar.matmul(p, v, BH, false) // [BH, per, hd]
+	ot := ar.alloc(n, D)
+	parallelRows(n, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			f, t := i/per, i%per
+			for hh := range H {
+				src := ((f*H+hh)*per + t) * hd
+				copy(ot.v[i*D+hh*hd:i*D+(hh+1)*hd], o.v[src:src+hd])
+			}
+		}
+	})
+	return b.proj.apply(ar, ot)
 }
 
-// merge turns n patches [n, D] into n/unit LM tokens [n/unit, lmHidden].
-func (mg *visionMerger) merge(h []float64, n, D, unit int) []float64 {
-	var x []float64
-	if mg.postShuffle {
-		x = layerNorm(h, mg.normW, mg.normB, D*unit, 1e-6)
-	} else {
-		x = layerNorm(h, mg.normW, mg.normB, D, 1e-6)
+// merge turns n patches [n, D] into n/unit LM tokens [n/unit, lmHidden], widened to float64.
+func (mg *visionMerger[E]) merge(ar *arena[E], h mat[E], unit int) []float64 {
+	n, D := h.dims[0], h.dims[1]
+	x := layerNorm(ar, h, mg.normW, mg.normB, 1e-6) // per patch, or over the merged row
+	merged := ar.alloc(n/unit, D*unit)              // the same values, as the matmul's shape
+	copy(merged.v, x.v)
+	u := mg.fc1.apply(ar, merged)
+	applyGELU(u.v, geluErf)
+	y := mg.fc2.apply(ar, u)
+	out := make([]float64, len(y.v))
+	for i, v := range y.v {
+		out[i] = float64(v)
 	}
-	u := mg.fc1.apply(x, n/unit)
-	for i, a := range u {
-		u[i] = geluErf(a)
-	}
-	return mg.fc2.apply(u, n/unit)
+	return out
 }

@@ -164,22 +164,35 @@ func imageRuns(c *Config, i int, tokens []int, grids [][3]int) error {
 }
 
 // encodeImages runs the tower over every image of seqs (nil entries: none), once each.
-func (e *Engine) encodeImages(seqs []*Images) [][]imageFeatures {
+func (e *Engine) encodeImages(seqs []*Images) ([][]imageFeatures, error) {
 	out := make([][]imageFeatures, len(seqs))
-	vt := e.base.vision
 	for i, im := range seqs {
 		if im == nil {
 			continue
 		}
-		dim := vt.cfg.patchDim()
 		off := 0
 		for _, g := range im.Grids {
 			np := g[0] * g[1] * g[2]
-			out[i] = append(out[i], vt.forward(im.PixelValues[off*dim:(off+np)*dim], g))
+			var f imageFeatures
+			var err error
+			switch vt := e.base.vision.(type) {
+			case *visionTower[float32]:
+				dim := vt.cfg.patchDim()
+				f, err = vt.forward(e.base.mm, im.PixelValues[off*dim:(off+np)*dim], g)
+			case *visionTower[float64]:
+				dim := vt.cfg.patchDim()
+				f, err = vt.forward(e.base.mm, im.PixelValues[off*dim:(off+np)*dim], g)
+			default:
+				return nil, fmt.Errorf("engine: images given to a model without a vision tower")
+			}
+			if err != nil {
+				return nil, err
+			}
+			out[i] = append(out[i], f)
 			off += np
 		}
 	}
-	return out
+	return out, nil
 }
 
 // visualInputs are the image tokens of a pass: each row (b·T+t) with its merged features and
@@ -282,17 +295,6 @@ func (s *pass[E]) addDeepstack(l int, h mat[E]) {
 	}
 }
 
-// checkImagesFit reports a model without a tower asked to run images (a bug upstream: the
-// inputs are validated against the config first).
-func (e *Engine) checkImagesFit(seqs []*Images) error {
-	for _, im := range seqs {
-		if im != nil && e.base.vision == nil {
-			return fmt.Errorf("engine: images given to a model without a vision tower")
-		}
-	}
-	return nil
-}
-
 // imageRows are datums [lo,hi) as a pass's rows (nil: no datum has images).
 func (p *prepared) imageRows(lo, hi int) []*imageRow {
 	var rows []*imageRow
@@ -310,20 +312,23 @@ func (p *prepared) imageRows(lo, hi int) []*imageRow {
 
 // sampleImageRows are the decode loop's rows with their request's images, each image run
 // through the tower once per request (nil: no request has images).
-func (e *Engine) sampleImageRows(reqs []SampleRequest, rows []*sampleRow) []*imageRow {
+func (e *Engine) sampleImageRows(reqs []SampleRequest, rows []*sampleRow) ([]*imageRow, error) {
 	var seqs []*Images
 	for _, r := range reqs {
 		seqs = append(seqs, r.Images)
 	}
-	if e.base.vision == nil || !slices.ContainsFunc(seqs, func(im *Images) bool { return im != nil }) {
-		return nil
+	if !slices.ContainsFunc(seqs, func(im *Images) bool { return im != nil }) {
+		return nil, nil
 	}
-	feats := e.encodeImages(seqs)
+	feats, err := e.encodeImages(seqs)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*imageRow, len(rows))
 	for b, r := range rows {
 		out[b] = &imageRow{tokens: r.prompt, images: reqs[r.req].Images, feats: feats[r.req]}
 	}
-	return out
+	return out, nil
 }
 
 // useImages sets up a step of the sampler: a prefill places its rows' images and rotates by

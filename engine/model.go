@@ -70,7 +70,8 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 	bytes := 0
 	for _, name := range c.weightNames() {
 		shape := host[name].Shape
-		if precision == PrecisionBF16 && keepsBF16(name) {
+		// A VL model's embedding is the LM's, under its own prefix.
+		if precision == PrecisionBF16 && (keepsBF16(name) || name == c.lm()+"embed_tokens.weight") {
 			v, err := bf16Weight(host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)

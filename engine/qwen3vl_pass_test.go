@@ -246,3 +246,37 @@ func TestImagesToTextModelAreRefused(t *testing.T) {
 		t.Fatalf("sample: %v", err)
 	}
 }
+
+// A bf16 VL checkpoint loads with --precision bf16 (the LM's projections and embedding kept as
+// bf16 bits, the tower in f32) and gives with images what the f32 engine gives on the same file.
+func TestQwen3VLBF16(t *testing.T) {
+	p := Presets["tiny"]
+	p.BF16 = true
+	Presets["tiny-vl-bf16-test"] = p
+	defer delete(Presets, "tiny-vl-bf16-test")
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3VL, "tiny-vl-bf16-test", 1); err != nil {
+		t.Fatal(err)
+	}
+	ref := loadVLReference(t)
+	var lps [][]float64
+	for _, prec := range []string{PrecisionF32, PrecisionBF16} {
+		e, err := Load(dir, Options{Precision: prec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := modelOf[float32](e.base); (m.embed16 != nil) != (prec == PrecisionBF16) {
+			t.Fatalf("%s: embedding kept in bf16: %v", prec, m.embed16 != nil)
+		}
+		r, err := e.Forward("", []Datum{vlDatum(e.Config, ref.Tokens, referenceImages(e.Config, ref.Grids))}, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lps = append(lps, r.Logprobs[0])
+	}
+	for i := range lps[0] {
+		if math.Abs(lps[0][i]-lps[1][i]) > 1e-4 {
+			t.Fatalf("position %d: f32 %.6f, bf16 %.6f", i, lps[0][i], lps[1][i])
+		}
+	}
+}

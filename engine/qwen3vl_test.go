@@ -212,3 +212,54 @@ func equalInts(a, b []int) bool {
 	}
 	return true
 }
+
+// Qwen3-VL-2B-Instruct's config.json (as published; keys we do not read left out) loads: the
+// LM's shape from text_config, the vision tower's, the token ids, mRoPE.
+func TestLoadsQwen3VL2BConfig(t *testing.T) {
+	const cfg = `{
+  "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+  "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+  "tie_word_embeddings": true, "transformers_version": "4.57.0.dev0",
+  "text_config": {
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643, "dtype": "bfloat16", "eos_token_id": 151645,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 262144, "model_type": "qwen3_vl_text", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default"},
+    "rope_theta": 5000000, "tie_word_embeddings": true, "use_cache": true, "vocab_size": 151936
+  },
+  "vision_config": {
+    "deepstack_visual_indexes": [5, 11, 17], "depth": 24, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1024,
+    "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4096, "model_type": "qwen3_vl", "num_heads": 16,
+    "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+    "temporal_patch_size": 2
+  }
+}`
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Arch != ArchQwen3VL || c.HiddenSize != 2048 || c.NumHiddenLayers != 28 || c.HeadDim != 128 || c.VocabSize != 151936 ||
+		!c.TieWordEmbeddings || *c.ImageTokenID != 151655 || c.VisionConfig.Depth != 24 || c.RopeTheta != 5e6 {
+		t.Fatalf("config %+v", c)
+	}
+	if got := c.allWeightNames(); len(got) != len(c.weightNames())+3+24*12+6*4 {
+		t.Fatalf("%d weight names", len(got))
+	}
+	if s := c.expectedShape("model.visual.deepstack_merger_list.2.linear_fc1.weight"); s[0] != 4096 || s[1] != 4096 {
+		t.Fatalf("deepstack fc1 shape %v", s)
+	}
+	if s := c.expectedShape("model.language_model.layers.0.self_attn.q_proj.weight"); s[0] != 2048 || s[1] != 2048 {
+		t.Fatalf("q_proj shape %v", s)
+	}
+	// Every vision_config size is checked before it becomes an allocation.
+	bad := strings.Replace(cfg, `"depth": 24`, `"depth": 100000000`, 1)
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(bad), 0o644)
+	if _, err := LoadConfig(dir); err == nil {
+		t.Fatal("a tower of 10⁸ blocks loaded")
+	}
+}

@@ -195,6 +195,12 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 			p.Data[7] = math.NaN()
 			d.Inputs[PixelValuesInput] = p
 		}, "loss_fn_inputs.pixel_values"},
+		// 40 patches × 1536 wraps around 2⁶⁴ to the true count: the shape must not be trusted.
+		"pixel rows overflowing": {func(d *Datum) {
+			p := d.Inputs[PixelValuesInput]
+			p.Shape = []int{40 + 1<<55, p.Shape[1]}
+			d.Inputs[PixelValuesInput] = p
+		}, "loss_fn_inputs.pixel_values"},
 		"integer pixels": {func(d *Datum) { p := d.Inputs[PixelValuesInput]; p.DType = "int64"; d.Inputs[PixelValuesInput] = p }, "loss_fn_inputs.pixel_values"},
 	}
 	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 1, TrainAttn: true}); err != nil {

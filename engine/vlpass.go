@@ -56,7 +56,7 @@ func datumImages(c *Config, i int, tokens []int, inputs map[string]TensorInput) 
 		return nil, inputErr(i, field+PixelValuesInput, "dtype %q, want float32", pv.DType)
 	}
 	dim := c.VisionConfig.patchDim()
-	if len(pv.Shape) != 2 || pv.Shape[1] != dim || pv.Shape[0]*dim != len(pv.Data) {
+	if len(pv.Shape) != 2 || pv.Shape[1] != dim || pv.Shape[0] < 0 || pv.Shape[0] > len(pv.Data) || pv.Shape[0]*dim != len(pv.Data) {
 		return nil, inputErr(i, field+PixelValuesInput, "shape %v with %d values, want [patches, %d] (C·T·P·P)", pv.Shape, len(pv.Data), dim)
 	}
 	img := &Images{PixelValues: pv.Data}

@@ -29,10 +29,21 @@ func TestQwen3VLForwardWithImagesMatchesReference(t *testing.T) {
 	c := e.Config
 	d := vlDatum(c, ref.Tokens, referenceImages(c, ref.Grids))
 	text := textDatum(e.Tokenizer.Encode("A plain sentence with no image in it at all."))
-	for _, batch := range [][]Datum{{d}, {text, d}} {
+	// A small token budget runs each datum of a batch in its own pass (chunks).
+	chunked, err := Load(tinyModel(t, ArchQwen3VL), Options{MaxBatchTokens: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, batch := range [][]Datum{{d}, {text, d}, {d, text, d}} {
 		r, err := e.Forward("", batch, "cross_entropy", nil)
+		if k == 2 {
+			r, err = chunked.Forward("", batch, "cross_entropy", nil)
+		}
 		if err != nil {
 			t.Fatal(err)
+		}
+		if k == 2 && !equalFloats(r.Logprobs[0], r.Logprobs[2]) {
+			t.Fatal("the same datum gave different logprobs in two chunks")
 		}
 		got := r.Logprobs[len(batch)-1]
 		V := ref.Vocab
@@ -285,4 +296,16 @@ func TestQwen3VLBF16(t *testing.T) {
 			t.Fatalf("position %d: f32 %.6f, bf16 %.6f", i, lps[0][i], lps[1][i])
 		}
 	}
+}
+
+func equalFloats(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }

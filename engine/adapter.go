@@ -271,7 +271,7 @@ func (c *Config) loraModules(s loraSpec) []loraModule {
 	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
 	var mods []loraModule
 	for l := range c.NumHiddenLayers {
-		p := fmt.Sprintf("model.layers.%d.", l)
+		p := c.layerPrefix(l)
 		if s.Attn {
 			mods = append(mods,
 				loraModule{p + "self_attn.q_proj", D, qd},

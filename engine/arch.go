@@ -19,6 +19,18 @@ type family struct {
 	finish func(c *Config)
 	// tinyConfig sets the family's own keys of a generated model's config.json.
 	tinyConfig func(cfg map[string]any, p Preset)
+	// validate checks what the family adds to config.json (nil: nothing).
+	validate func(c *Config) error
+	// lmPrefix is the HF name prefix of the LM's weights ("" : "model.").
+	lmPrefix string
+	// extraWeights lists weights beside the LM's (a vision tower's), with their HF shapes.
+	extraWeights func(c *Config) []string
+	extraShape   func(c *Config, name string) []int
+	// A generated model's special tokens beside SpecialTokens, how the config names their ids,
+	// and the files it has beside config, weights and tokenizer (nil: none).
+	tinySpecials []string
+	tinyTokens   func(cfg map[string]any, id func(string) int)
+	tinyFiles    func(dir string, c *Config) error
 }
 
 var families = map[Arch]*family{}
@@ -62,4 +74,13 @@ func (c *Config) family() *family {
 		return f
 	}
 	return &family{arch: c.Arch}
+}
+
+// lm is the HF name prefix of the LM's weights and modules: "model." for causal LMs,
+// "model.language_model." inside a vision-language model.
+func (c *Config) lm() string {
+	if p := c.family().lmPrefix; p != "" {
+		return p
+	}
+	return "model."
 }

@@ -7,9 +7,9 @@ import "math"
 // tests check on every architecture.
 
 // ropeBack is rope's transpose: rotation by −θ.
-func (s *pass[E]) ropeBack(dy, dx []E, t int) {
+func (s *pass[E]) ropeBack(dy, dx []E, b, t int) {
 	half := len(dy) / 2
-	c, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+	c, sn := s.ropeAt(b, t, t)
 	for i := range half {
 		d1, d2 := dy[i], dy[i+half]
 		dx[i] = d1*c[i] + d2*sn[i]
@@ -90,10 +90,10 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 				row := (b*KVH+kv)*G*T + g*T + t
 				dst := dq.v[(n*H+h)*hd : (n*H+h+1)*hd]
 				if qNorm == nil {
-					s.ropeBack(dQ.v[row*hd:(row+1)*hd], dst, t)
+					s.ropeBack(dQ.v[row*hd:(row+1)*hd], dst, b, t)
 					continue
 				}
-				s.ropeBack(dQ.v[row*hd:(row+1)*hd], buf, t)
+				s.ropeBack(dQ.v[row*hd:(row+1)*hd], buf, b, t)
 				rmsNormRowBack(buf, la.yq.v[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
 			}
 			for kv := range KVH {
@@ -103,9 +103,9 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 				}
 				dst := dk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
 				if kNorm == nil {
-					s.ropeBack(col, dst, t)
+					s.ropeBack(col, dst, b, t)
 				} else {
-					s.ropeBack(col, buf, t)
+					s.ropeBack(col, buf, b, t)
 					rmsNormRowBack(buf, la.yk.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
 				}
 				dvr := dv.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]

@@ -19,6 +19,9 @@ type RopeScaling struct {
 	LowFreqFactor                 float64 `json:"low_freq_factor,omitempty"`
 	HighFreqFactor                float64 `json:"high_freq_factor,omitempty"`
 	OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings,omitempty"`
+	// Multimodal RoPE (Qwen3-VL): frequencies split between the t, h and w position ids.
+	MropeSection     []int `json:"mrope_section,omitempty"`
+	MropeInterleaved bool  `json:"mrope_interleaved,omitempty"`
 }
 
 // Config is the HF config.json of a Llama/Qwen-family causal LM.
@@ -43,6 +46,13 @@ type Config struct {
 	EOSTokenID            any          `json:"eos_token_id,omitempty"` // int or [int]
 	HiddenAct             string       `json:"hidden_act,omitempty"`
 
+	// Vision-language models (arch_qwen3vl.go): the LM's keys live in text_config.
+	TextConfig         json.RawMessage `json:"text_config,omitempty"`
+	VisionConfig       *VisionConfig   `json:"vision_config,omitempty"`
+	ImageTokenID       *int            `json:"image_token_id,omitempty"`
+	VisionStartTokenID *int            `json:"vision_start_token_id,omitempty"`
+	VisionEndTokenID   *int            `json:"vision_end_token_id,omitempty"`
+
 	Arch Arch `json:"-"`
 }
 
@@ -53,13 +63,28 @@ func LoadConfig(dir string) (*Config, error) {
 		return nil, fmt.Errorf("engine: reading model config: %w", err)
 	}
 	var c Config
-	if err := json.Unmarshal(b, &c); err != nil {
+	if err := parseConfig(b, &c); err != nil {
 		return nil, fmt.Errorf("engine: parsing %s/config.json: %w", dir, err)
 	}
 	if err := c.finish(); err != nil {
 		return nil, fmt.Errorf("engine: %s/config.json: %w", dir, err)
 	}
 	return &c, nil
+}
+
+// parseConfig reads a config.json. A composite (vision-language) config keeps its LM's keys in
+// text_config: those are read too, and the top level's keys win where both have one, as in HF.
+func parseConfig(b []byte, c *Config) error {
+	if err := json.Unmarshal(b, c); err != nil {
+		return err
+	}
+	if len(c.TextConfig) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(c.TextConfig, c); err != nil {
+		return fmt.Errorf("text_config: %w", err)
+	}
+	return json.Unmarshal(b, c)
 }
 
 func (c *Config) finish() error {
@@ -104,6 +129,9 @@ func (c *Config) finish() error {
 	}
 	if f.finish != nil {
 		f.finish(c)
+	}
+	if f.validate != nil {
+		return f.validate(c)
 	}
 	return nil
 }

@@ -18,11 +18,19 @@ type stepFunc func(tok, pos [][]int, want func(b, t int) bool) ([][]float64, err
 // newDecodeStep returns the step function of one sampling loop over B rows and S cache slots, and
 // a function that frees its cache.
 func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
+	return e.newDecodeStepImages(a, B, S, nil)
+}
+
+// newDecodeStepImages is newDecodeStep over rows whose prompts may hold images (vlpass.go; nil:
+// none has).
+func (e *Engine) newDecodeStepImages(a *Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
 	if e.dtype == dtypes.Float64 {
 		d := newKVDecoder[float64](e, a, B, S)
+		d.images = images
 		return d.step, d.long.free
 	}
 	d := newKVDecoder[float32](e, a, B, S)
+	d.images = images
 	return d.step, d.long.free
 }
 
@@ -33,7 +41,9 @@ type kvDecoder[E float] struct {
 	cache    *kvCache[E]
 	lora     []*loraMats[E]
 	scale    E
-	cos, sin []E // [S, hd/2]
+	cos, sin []E         // [S, hd/2]
+	images   []*imageRow // per row; nil: no row has images
+	shift    []int       // per row: decode positions' mRoPE delta (set at the first decode step)
 }
 
 func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
@@ -79,6 +89,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	} else {
 		s.kv = &cacheKV[E]{cache: d.cache, pos: pos}
 	}
+	d.useImages(s, fromStart)
 	m0 := ar.mark()
 	h, _ := s.layers(s.embed(tok), m0)
 

@@ -164,6 +164,18 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.VisionConfig != nil {
+		var n int
+		if e.dtype == dtypes.Float64 {
+			e.base.vision, n, err = loadVisionTower[float64](backend, e.dtype, cfg, host)
+		} else {
+			e.base.vision, n, err = loadVisionTower[float32](backend, e.dtype, cfg, host)
+		}
+		if err != nil {
+			return nil, err
+		}
+		e.base.bytes += n
+	}
 	return e, nil
 }
 

@@ -16,6 +16,7 @@ import (
 type baseModel struct {
 	mm      *matmuls
 	weights any // *model[float32] or *model[float64], the engine's dtype
+	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
 }
 
@@ -69,7 +70,8 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 	bytes := 0
 	for _, name := range c.weightNames() {
 		shape := host[name].Shape
-		if precision == PrecisionBF16 && keepsBF16(name) {
+		// A VL model's embedding is the LM's, under its own prefix.
+		if precision == PrecisionBF16 && (keepsBF16(name) || name == c.lm()+"embed_tokens.weight") {
 			v, err := bf16Weight(host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
@@ -111,8 +113,8 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 // resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept
 // in bf16 also in w16) into the model's structs.
 func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16) *model[E] {
-	m := &model[E]{embed: w["model.embed_tokens.weight"], embed16: w16["model.embed_tokens.weight"],
-		norm: w["model.norm.weight"].v, byPath: map[string]*linear[E]{}}
+	m := &model[E]{embed: w[c.lm()+"embed_tokens.weight"], embed16: w16[c.lm()+"embed_tokens.weight"],
+		norm: w[c.lm()+"norm.weight"].v, byPath: map[string]*linear[E]{}}
 	lin := func(path string) *linear[E] {
 		l := &linear[E]{id: len(m.linears), path: path}
 		if path == "lm_head" && c.TieWordEmbeddings {
@@ -130,7 +132,7 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 		return l
 	}
 	for l := range c.NumHiddenLayers {
-		p := layerPrefix(l)
+		p := c.layerPrefix(l)
 		L := decoderLayer[E]{
 			inputNorm: w[p+"input_layernorm.weight"].v, postNorm: w[p+"post_attention_layernorm.weight"].v,
 			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
@@ -147,7 +149,7 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 }
 
 // layerPrefix is the HF name prefix of layer l's weights.
-func layerPrefix(l int) string { return fmt.Sprintf("model.layers.%d.", l) }
+func (c *Config) layerPrefix(l int) string { return fmt.Sprintf("%slayers.%d.", c.lm(), l) }
 
 // isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
 func isLinearWeight(name string) bool {

@@ -25,6 +25,7 @@ func runPass[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss strin
 	defer s.ar.free()
 	s.kv = &passKV[E]{s: s}
 	s.cos, s.sin = ropeTable[E](e.invFreq, T)
+	useImages(s, e, p.imageRows(lo, hi))
 	if grads != nil {
 		s.train = &trainState[E]{acts: make([]layerActs[E], c.NumHiddenLayers),
 			taps: make([]loraTap[E], len(s.m.linears)), grads: grads, keepMerged: e.keepsMerged()}

@@ -26,6 +26,8 @@ type SampleRequest struct {
 	Params             SampleParams
 	PromptLogprobs     bool
 	TopKPromptLogprobs int
+	// Images of a vision-language prompt (vlpass.go): the prompt holds their pad tokens.
+	Images *Images
 }
 
 // SampledSequence is one continuation. Logprobs are the model's own (temperature 1) log-probabilities
@@ -124,7 +126,7 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > min(V, MaxTopKPromptLogprobs) {
 		return inputErr(-1, "topk_prompt_logprobs", "%d out of range [0, %d]", r.TopKPromptLogprobs, min(V, MaxTopKPromptLogprobs))
 	}
-	return nil
+	return checkImages(m.Config, -1, r.Prompt, r.Images, "images.")
 }
 
 // Sample generates continuations with a KV cache; all samples of the request decode together.
@@ -218,7 +220,11 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	n := len(rows)
 	B := n // no padding rows: a new row count costs only a few matmul compiles
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
-	step, done := e.newDecodeStep(a, B, S)
+	images, err := e.sampleImageRows(reqs, rows)
+	if err != nil {
+		return nil, err
+	}
+	step, done := e.newDecodeStepImages(a, B, S, images)
 	defer done()
 
 	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes

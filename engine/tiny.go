@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
@@ -42,7 +43,12 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if !ok {
 		return fmt.Errorf("unknown preset %q (tiny, small, 1b)", presetName)
 	}
-	tokJSON, err := tokenizer.Train(corpus, p.Vocab, SpecialTokens)
+	f, ok := families[arch]
+	if !ok {
+		return fmt.Errorf("unknown architecture %q (%s)", arch, strings.Join(familyNames(), ", "))
+	}
+	specials := append(slices.Clone(SpecialTokens), f.tinySpecials...)
+	tokJSON, err := tokenizer.Train(corpus, p.Vocab, specials)
 	if err != nil {
 		return err
 	}
@@ -62,16 +68,15 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		"hidden_act": "silu", "torch_dtype": map[bool]string{false: "float32", true: "bfloat16"}[p.BF16], "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
 		"initializer_range": 0.02, "use_cache": true, "transformers_version": "4.51.0",
 	}
-	f, ok := families[arch]
-	if !ok {
-		return fmt.Errorf("unknown architecture %q (%s)", arch, strings.Join(familyNames(), ", "))
-	}
 	cfg["architectures"] = []string{f.hfClass}
 	cfg["model_type"] = f.modelType
 	f.tinyConfig(cfg, p)
+	if f.tinyTokens != nil {
+		f.tinyTokens(cfg, func(s string) int { id, _ := tok.TokenID(s); return id })
+	}
 	cb, _ := json.MarshalIndent(cfg, "", "  ")
 	var c Config
-	if err := json.Unmarshal(cb, &c); err != nil {
+	if err := parseConfig(cb, &c); err != nil {
 		return err
 	}
 	if err := c.finish(); err != nil {
@@ -79,7 +84,7 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
 	tensors := map[string]safetensors.Tensor{}
-	for _, name := range c.weightNames() {
+	for _, name := range c.allWeightNames() {
 		shape := c.expectedShape(name)
 		n := 1
 		for _, d := range shape {
@@ -98,8 +103,8 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		default:
 			// Unit-variance projections and modest embeddings: a random model whose attention
 			// and logits are not flat, so tests exercise every part of the network.
-			std := 1 / math.Sqrt(float64(shape[1]))
-			if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+			std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
+			if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
 				std = 0.1
 			}
 			for i := range v {
@@ -125,6 +130,11 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	gb, _ := json.MarshalIndent(gen, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gb, 0o644); err != nil {
 		return err
+	}
+	if f.tinyFiles != nil {
+		if err := f.tinyFiles(dir, &c); err != nil {
+			return err
+		}
 	}
 	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
 }

@@ -64,6 +64,8 @@ type prepared struct {
 	oldLP        [][]float64
 	adv          [][]float64
 	lo, hi, beta float64
+	images       []*Images         // per datum; nil entries (or all nil): text only
+	feats        [][]imageFeatures // the tower's output per datum, computed once by run
 }
 
 func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
@@ -131,7 +133,7 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 			allowed[k] = true
 		}
 		for k := range d.Inputs {
-			if !allowed[k] {
+			if !allowed[k] && !imageInput(k) {
 				return nil, inputErr(i, "loss_fn_inputs."+k, "not an input of %s", loss)
 			}
 		}
@@ -178,6 +180,11 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 				return nil, err
 			}
 		}
+		img, err := datumImages(c, i, d.Tokens, d.Inputs)
+		if err != nil {
+			return nil, err
+		}
+		p.images = append(p.images, img)
 		p.tokens = append(p.tokens, d.Tokens)
 		p.targets = append(p.targets, targets)
 		p.weights = append(p.weights, w)
@@ -399,6 +406,9 @@ func (e *Engine) Forward(id string, data []Datum, loss string, cfg map[string]fl
 func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float64, backward bool) (*ForwardResult, error) {
 	p, err := e.prepare(data, loss, cfg)
 	if err != nil {
+		return nil, err
+	}
+	if p.feats, err = e.encodeImages(p.images); err != nil {
 		return nil, err
 	}
 	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}

@@ -27,6 +27,10 @@ type pass[E float] struct {
 	scale    E              // LoRA alpha/rank
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
+	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image
+	// features placed at and added to the image tokens' rows. nil: a text pass.
+	rope *ropeOverride[E]
+	vis  *visualInputs
 }
 
 // trainState is what a training pass keeps for its backward pass.
@@ -74,6 +78,7 @@ func (s *pass[E]) embed(tok [][]int) mat[E] {
 			}
 		}
 	}
+	s.placeImages(h)
 	return h
 }
 
@@ -86,6 +91,7 @@ func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
 	if s.train == nil {
 		for l := range L {
 			h = s.layer(l, h)
+			s.addDeepstack(l, h)
 			s.ar.releaseExcept(m0, h)
 		}
 		return h, nil
@@ -94,6 +100,7 @@ func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
 	for l := range L {
 		marks[l] = s.ar.mark()
 		h = s.layer(l, h)
+		s.addDeepstack(l, h)
 	}
 	marks[L] = s.ar.mark()
 	return h, marks
@@ -112,7 +119,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	B, T := s.B, s.T
 	N, D := B*T, c.HiddenSize
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK, half := H/KVH, B*KVH, hd/2
+	G, BK := H/KVH, B*KVH
 	start := s.ar.mark()
 	var la *layerActs[E]
 	if s.train != nil {
@@ -144,7 +151,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
 			ps := s.kv.slot(b, t)
-			cs, sn := s.cos[ps*half:(ps+1)*half], s.sin[ps*half:(ps+1)*half]
+			cs, sn := s.ropeAt(b, t, ps)
 			for hh := range H {
 				kv, g := hh/G, hh%G
 				src := yq.v[(n*H+hh)*hd : (n*H+hh+1)*hd]

@@ -21,9 +21,9 @@ type hostTensor struct {
 
 // weightNames lists the HF tensor names the model needs, in a fixed order.
 func (c *Config) weightNames() []string {
-	names := []string{"model.embed_tokens.weight"}
+	names := []string{c.lm() + "embed_tokens.weight"}
 	for l := range c.NumHiddenLayers {
-		p := fmt.Sprintf("model.layers.%d.", l)
+		p := c.layerPrefix(l)
 		names = append(names, p+"input_layernorm.weight")
 		for _, m := range []string{"q_proj", "k_proj", "v_proj", "o_proj"} {
 			names = append(names, p+"self_attn."+m+".weight")
@@ -41,9 +41,18 @@ func (c *Config) weightNames() []string {
 			names = append(names, p+"mlp."+m+".weight")
 		}
 	}
-	names = append(names, "model.norm.weight")
+	names = append(names, c.lm()+"norm.weight")
 	if !c.TieWordEmbeddings {
 		names = append(names, "lm_head.weight")
+	}
+	return names
+}
+
+// allWeightNames is weightNames and the family's other weights (a vision tower's).
+func (c *Config) allWeightNames() []string {
+	names := c.weightNames()
+	if f := c.family(); f.extraWeights != nil {
+		names = append(names, f.extraWeights(c)...)
 	}
 	return names
 }
@@ -53,10 +62,15 @@ func (c *Config) expectedShape(name string) []int {
 	D, F, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
 	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
 	suffix := func(s string) bool { return len(name) >= len(s) && name[len(name)-len(s):] == s }
+	if f := c.family(); f.extraShape != nil {
+		if s := f.extraShape(c, name); s != nil {
+			return s
+		}
+	}
 	switch {
-	case name == "model.embed_tokens.weight", name == "lm_head.weight":
+	case name == c.lm()+"embed_tokens.weight", name == "lm_head.weight":
 		return []int{c.VocabSize, D}
-	case suffix("layernorm.weight"), name == "model.norm.weight":
+	case suffix("layernorm.weight"), name == c.lm()+"norm.weight":
 		return []int{D}
 	case suffix("q_norm.weight"), suffix("k_norm.weight"):
 		return []int{hd}
@@ -101,7 +115,7 @@ func loadWeights(dir string, c *Config) (map[string]safetensors.Tensor, error) {
 		sort.Strings(files)
 	}
 	want := map[string]bool{}
-	for _, n := range c.weightNames() {
+	for _, n := range c.allWeightNames() {
 		want[n] = true
 	}
 	out := map[string]safetensors.Tensor{}

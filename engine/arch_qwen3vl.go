@@ -1,0 +1,265 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ArchQwen3VL is Qwen3VLForConditionalGeneration (the dense variants): a vision tower
+// (vision_tower.go) whose merged patch features replace the image pad tokens' embeddings and,
+// through DeepStack, are added to the first LM layers' outputs; the LM is Qwen3 with
+// interleaved multimodal RoPE (mrope.go). Its LM weights sit under model.language_model.,
+// its tower under model.visual.; config.json keeps the LM's keys in text_config.
+const ArchQwen3VL Arch = "qwen3_vl"
+
+// VisionConfig is config.json's vision_config of Qwen3-VL.
+type VisionConfig struct {
+	Depth                  int    `json:"depth"`
+	HiddenSize             int    `json:"hidden_size"`
+	HiddenAct              string `json:"hidden_act"`
+	IntermediateSize       int    `json:"intermediate_size"`
+	NumHeads               int    `json:"num_heads"`
+	InChannels             int    `json:"in_channels"`
+	PatchSize              int    `json:"patch_size"`
+	SpatialMergeSize       int    `json:"spatial_merge_size"`
+	TemporalPatchSize      int    `json:"temporal_patch_size"`
+	OutHiddenSize          int    `json:"out_hidden_size"`
+	NumPositionEmbeddings  int    `json:"num_position_embeddings"`
+	DeepstackVisualIndexes []int  `json:"deepstack_visual_indexes"`
+}
+
+// patchDim is the length of one pixel_values row: C·T·P·P.
+func (v *VisionConfig) patchDim() int {
+	return v.InChannels * v.TemporalPatchSize * v.PatchSize * v.PatchSize
+}
+
+// Vision special tokens of generated VL tokenizers (Qwen's names).
+const (
+	VisionStartToken = "<|vision_start|>"
+	VisionEndToken   = "<|vision_end|>"
+	ImagePadToken    = "<|image_pad|>"
+)
+
+// Tiny VL tower: 16×16 patches over 2 frames as real checkpoints have, a 4×4 table of learned
+// position embeddings (interpolated to every grid), three blocks of which two feed DeepStack.
+var tinyVision = VisionConfig{Depth: 3, HiddenSize: 32, HiddenAct: "gelu_pytorch_tanh", IntermediateSize: 64,
+	NumHeads: 2, InChannels: 3, PatchSize: 16, SpatialMergeSize: 2, TemporalPatchSize: 2,
+	NumPositionEmbeddings: 16, DeepstackVisualIndexes: []int{0, 1}}
+
+func init() {
+	registerFamily(&family{arch: ArchQwen3VL, hfClass: "Qwen3VLForConditionalGeneration", modelType: "qwen3_vl",
+		headNorm: true, lmPrefix: "model.language_model.", validate: validateQwen3VL,
+		extraWeights: visionWeightNames, extraShape: visionWeightShape,
+		tinyConfig: tinyQwen3VLConfig, tinySpecials: []string{VisionStartToken, VisionEndToken, ImagePadToken},
+		tinyTokens: tinyQwen3VLTokens, tinyFiles: writeQwen3VLFiles})
+}
+
+func validateQwen3VL(c *Config) error {
+	v := c.VisionConfig
+	if v == nil {
+		return fmt.Errorf("qwen3_vl: vision_config missing")
+	}
+	if c.ImageTokenID == nil || *c.ImageTokenID < 0 || *c.ImageTokenID >= c.VocabSize {
+		return fmt.Errorf("qwen3_vl: image_token_id missing or outside the vocabulary")
+	}
+	const most = 1 << 16 // far beyond any released tower; keeps allocations bounded
+	for _, d := range []int{v.Depth, v.HiddenSize, v.IntermediateSize, v.NumHeads, v.InChannels, v.PatchSize,
+		v.SpatialMergeSize, v.TemporalPatchSize, v.OutHiddenSize, v.NumPositionEmbeddings} {
+		if d <= 0 || d > most {
+			return fmt.Errorf("qwen3_vl: vision_config sizes must be in 1…%d", most)
+		}
+	}
+	if v.HiddenSize%v.NumHeads != 0 || (v.HiddenSize/v.NumHeads)%4 != 0 {
+		return fmt.Errorf("qwen3_vl: vision head dim must be a multiple of 4 (2D rotary)")
+	}
+	if v.OutHiddenSize != c.HiddenSize {
+		return fmt.Errorf("qwen3_vl: vision out_hidden_size %d differs from the LM's hidden_size %d", v.OutHiddenSize, c.HiddenSize)
+	}
+	side := int(math.Sqrt(float64(v.NumPositionEmbeddings)))
+	if side*side != v.NumPositionEmbeddings {
+		return fmt.Errorf("qwen3_vl: num_position_embeddings %d is not a square", v.NumPositionEmbeddings)
+	}
+	for i, l := range v.DeepstackVisualIndexes {
+		if l < 0 || l >= v.Depth || i >= c.NumHiddenLayers || (i > 0 && l <= v.DeepstackVisualIndexes[i-1]) {
+			return fmt.Errorf("qwen3_vl: deepstack_visual_indexes %v must rise within the tower's %d blocks, at most one per LM layer", v.DeepstackVisualIndexes, v.Depth)
+		}
+	}
+	switch v.HiddenAct {
+	case "gelu_pytorch_tanh", "gelu":
+	default:
+		return fmt.Errorf("qwen3_vl: unsupported vision hidden_act %q", v.HiddenAct)
+	}
+	rs := c.RopeScaling
+	if rs == nil || len(rs.MropeSection) != 3 {
+		return fmt.Errorf("qwen3_vl: rope_scaling.mrope_section must have 3 entries")
+	}
+	if !rs.MropeInterleaved {
+		return fmt.Errorf("qwen3_vl: only interleaved mRoPE (rope_scaling.mrope_interleaved) is supported")
+	}
+	sum := 0
+	for _, s := range rs.MropeSection {
+		if s < 0 {
+			return fmt.Errorf("qwen3_vl: negative mrope_section")
+		}
+		sum += s
+	}
+	if sum != c.HeadDim/2 {
+		return fmt.Errorf("qwen3_vl: mrope_section %v must sum to head_dim/2 = %d", rs.MropeSection, c.HeadDim/2)
+	}
+	return nil
+}
+
+// visionMergerNames are a patch merger's weights under prefix p.
+func visionMergerNames(p string) []string {
+	return []string{p + "norm.weight", p + "norm.bias", p + "linear_fc1.weight", p + "linear_fc1.bias",
+		p + "linear_fc2.weight", p + "linear_fc2.bias"}
+}
+
+func visionWeightNames(c *Config) []string {
+	v := c.VisionConfig
+	names := []string{"model.visual.patch_embed.proj.weight", "model.visual.patch_embed.proj.bias", "model.visual.pos_embed.weight"}
+	for i := range v.Depth {
+		p := fmt.Sprintf("model.visual.blocks.%d.", i)
+		for _, n := range []string{"norm1", "norm2", "attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"} {
+			names = append(names, p+n+".weight", p+n+".bias")
+		}
+	}
+	names = append(names, visionMergerNames("model.visual.merger.")...)
+	for j := range v.DeepstackVisualIndexes {
+		names = append(names, visionMergerNames(fmt.Sprintf("model.visual.deepstack_merger_list.%d.", j))...)
+	}
+	return names
+}
+
+func visionWeightShape(c *Config, name string) []int {
+	if !strings.HasPrefix(name, "model.visual.") {
+		return nil
+	}
+	v := c.VisionConfig
+	Dv, F, M := v.HiddenSize, v.IntermediateSize, v.HiddenSize*v.SpatialMergeSize*v.SpatialMergeSize
+	rest := strings.TrimPrefix(name, "model.visual.")
+	switch rest {
+	case "patch_embed.proj.weight":
+		return []int{Dv, v.InChannels, v.TemporalPatchSize, v.PatchSize, v.PatchSize}
+	case "patch_embed.proj.bias":
+		return []int{Dv}
+	case "pos_embed.weight":
+		return []int{v.NumPositionEmbeddings, Dv}
+	}
+	if strings.HasPrefix(rest, "blocks.") {
+		switch {
+		case strings.HasSuffix(rest, "norm1.weight"), strings.HasSuffix(rest, "norm1.bias"),
+			strings.HasSuffix(rest, "norm2.weight"), strings.HasSuffix(rest, "norm2.bias"),
+			strings.HasSuffix(rest, "attn.proj.bias"), strings.HasSuffix(rest, "mlp.linear_fc2.bias"):
+			return []int{Dv}
+		case strings.HasSuffix(rest, "attn.qkv.weight"):
+			return []int{3 * Dv, Dv}
+		case strings.HasSuffix(rest, "attn.qkv.bias"):
+			return []int{3 * Dv}
+		case strings.HasSuffix(rest, "attn.proj.weight"):
+			return []int{Dv, Dv}
+		case strings.HasSuffix(rest, "mlp.linear_fc1.weight"):
+			return []int{F, Dv}
+		case strings.HasSuffix(rest, "mlp.linear_fc1.bias"):
+			return []int{F}
+		case strings.HasSuffix(rest, "mlp.linear_fc2.weight"):
+			return []int{Dv, F}
+		}
+		return nil
+	}
+	// A merger: the main one normalises each patch before the 2×2 shuffle, DeepStack's after.
+	normDim := Dv
+	if strings.HasPrefix(rest, "deepstack_merger_list.") {
+		normDim = M
+	}
+	switch {
+	case strings.HasSuffix(rest, "norm.weight"), strings.HasSuffix(rest, "norm.bias"):
+		return []int{normDim}
+	case strings.HasSuffix(rest, "linear_fc1.weight"):
+		return []int{M, M}
+	case strings.HasSuffix(rest, "linear_fc1.bias"):
+		return []int{M}
+	case strings.HasSuffix(rest, "linear_fc2.weight"):
+		return []int{c.HiddenSize, M}
+	case strings.HasSuffix(rest, "linear_fc2.bias"):
+		return []int{c.HiddenSize}
+	}
+	return nil
+}
+
+// tinyTopLevel are the keys a Qwen3-VL config.json keeps at its top level; the rest go to
+// text_config.
+var tinyTopLevel = map[string]bool{"architectures": true, "model_type": true, "transformers_version": true}
+
+func tinyQwen3VLConfig(cfg map[string]any, p Preset) {
+	cfg["head_dim"] = 2 * p.Hidden / p.Heads
+	cfg["attention_bias"] = false
+	cfg["rope_theta"] = 5000000.0
+	half := p.Hidden / p.Heads // head_dim/2
+	hs := half * 5 / 16        // Qwen3-VL's 24/20/20 of 64, scaled
+	cfg["rope_scaling"] = map[string]any{"rope_type": "default", "mrope_interleaved": true,
+		"mrope_section": []int{half - 2*hs, hs, hs}}
+	text := map[string]any{"model_type": "qwen3_vl_text"}
+	for k, v := range cfg {
+		if !tinyTopLevel[k] {
+			text[k] = v
+			delete(cfg, k)
+		}
+	}
+	cfg["text_config"] = text
+	vc := tinyVision
+	vc.OutHiddenSize = p.Hidden
+	cfg["vision_config"] = map[string]any{"model_type": "qwen3_vl", "depth": vc.Depth, "hidden_size": vc.HiddenSize,
+		"hidden_act": vc.HiddenAct, "intermediate_size": vc.IntermediateSize, "num_heads": vc.NumHeads,
+		"in_channels": vc.InChannels, "patch_size": vc.PatchSize, "spatial_merge_size": vc.SpatialMergeSize,
+		"temporal_patch_size": vc.TemporalPatchSize, "out_hidden_size": vc.OutHiddenSize,
+		"num_position_embeddings": vc.NumPositionEmbeddings, "deepstack_visual_indexes": vc.DeepstackVisualIndexes,
+		"initializer_range": 0.02}
+	cfg["tie_word_embeddings"] = true
+}
+
+// tinyQwen3VLTokens sets the vision token ids of a generated config from its tokenizer.
+func tinyQwen3VLTokens(cfg map[string]any, id func(string) int) {
+	cfg["image_token_id"] = id(ImagePadToken)
+	cfg["vision_start_token_id"] = id(VisionStartToken)
+	cfg["vision_end_token_id"] = id(VisionEndToken)
+}
+
+// qwen3VLChatTemplate is a ChatML template that renders image content parts the way Qwen-VL's
+// does: <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad to the
+// image's token count).
+const qwen3VLChatTemplate = `{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' }}` +
+	`{%- if message['content'] is string %}{{- message['content'] }}{%- else %}{%- for part in message['content'] %}` +
+	`{%- if part['type'] == 'image' or 'image' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}` +
+	`{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}` +
+	`{{- '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`
+
+// writeQwen3VLFiles writes a generated VL model's preprocessor_config.json (Qwen2-VL's image
+// processor with Qwen3-VL's 16-pixel patches and mean/std of 0.5) and tokenizer_config.json.
+func writeQwen3VLFiles(dir string, c *Config) error {
+	v := c.VisionConfig
+	pre := map[string]any{
+		"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+		"patch_size": v.PatchSize, "temporal_patch_size": v.TemporalPatchSize, "merge_size": v.SpatialMergeSize,
+		"image_mean": []float64{0.5, 0.5, 0.5}, "image_std": []float64{0.5, 0.5, 0.5},
+		"do_rescale": true, "rescale_factor": 1.0 / 255, "do_normalize": true, "do_resize": true,
+		"do_convert_rgb": true, "resample": 3,
+		"size":       map[string]int{"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32},
+		"min_pixels": 4 * 32 * 32, "max_pixels": 64 * 32 * 32,
+	}
+	pb, _ := json.MarshalIndent(pre, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "preprocessor_config.json"), pb, 0o644); err != nil {
+		return err
+	}
+	tc := map[string]any{
+		"tokenizer_class": "Qwen2TokenizerFast", "chat_template": qwen3VLChatTemplate,
+		"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": c.MaxPositionEmbeddings,
+		"errors": "replace", "add_prefix_space": false, "clean_up_tokenization_spaces": false,
+	}
+	tb, _ := json.MarshalIndent(tc, "", "  ")
+	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tb, 0o644)
+}

@@ -35,8 +35,18 @@ var Presets = map[string]Preset{
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
 var SpecialTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
+// TinyChatTemplate is the chat template generated models ship in tokenizer_config.json: ChatML
+// as Qwen's templates write it (without tools or thinking), so chat clients work with them.
+const TinyChatTemplate = `{%- for message in messages %}
+    {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}`
+
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
-// config.json, model.safetensors (f32) and a byte-level BPE tokenizer.json trained on corpus.txt.
+// config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
+// tokenizer_config.json with a ChatML chat template.
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	p, ok := Presets[presetName]
 	if !ok {
@@ -119,6 +129,11 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
+		return err
+	}
+	tc, _ := json.MarshalIndent(map[string]any{"chat_template": TinyChatTemplate, "eos_token": "<|im_end|>",
+		"pad_token": "<|endoftext|>", "bos_token": nil, "add_bos_token": false}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tc, 0o644); err != nil {
 		return err
 	}
 	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}

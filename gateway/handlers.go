@@ -79,6 +79,7 @@ func (s *Server) routes() {
 	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
 	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
 	s.keyRoutes()
+	s.openAIRoutes() // gateway/openai.go
 }
 
 func (s *Server) clientConfig(w http.ResponseWriter, r *http.Request, _ string) (any, error) {

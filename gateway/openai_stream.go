@@ -87,7 +87,7 @@ func (c *choiceStream) take() string {
 	}
 	out := c.held[:cut]
 	c.held = c.held[cut:]
-	return strings.ToValidUTF8(out, "\uFFFD")
+	return validText(out)
 }
 
 // flush returns all the text left, at the end of the answer.
@@ -101,7 +101,7 @@ func (c *choiceStream) flush() string {
 	}
 	out := c.held
 	c.held = ""
-	return strings.ToValidUTF8(out, "\uFFFD")
+	return validText(out)
 }
 
 func (c *choiceStream) finishReason(engineReason string) string {
@@ -109,6 +109,25 @@ func (c *choiceStream) finishReason(engineReason string) string {
 		return "stop"
 	}
 	return "length"
+}
+
+// validText replaces every byte that is not part of a UTF-8 character with U+FFFD, byte by byte,
+// so that text cut into pieces reads the same as the whole.
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && n == 1 {
+			b.WriteString("\uFFFD")
+		} else {
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+	return b.String()
 }
 
 // cutCharacter reports whether s ends inside a UTF-8 character.
@@ -144,7 +163,7 @@ func (c *choiceStream) tokenText(t int) (string, []int) {
 	for i := range len(s) {
 		b[i] = int(s[i])
 	}
-	return strings.ToValidUTF8(s, "\uFFFD"), b
+	return validText(s), b
 }
 
 // finite keeps JSON encodable: a missing logprob (NaN) is written as the lowest float.

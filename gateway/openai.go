@@ -103,6 +103,8 @@ func (s *Server) openAIHandle(pattern string, fn handlerFunc) {
 		}
 		v, err := fn(w, r, c.tenant)
 		noteResult(r, c.tenant, v, err)
+		// A long decode may have used up the deadline set on arrival: the answer gets its own.
+		s.writeWithin(w, s.opts.WriteTimeout)
 		if err != nil {
 			writeOpenAIError(w, err)
 			return

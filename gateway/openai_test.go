@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 )
@@ -364,5 +365,80 @@ func TestOpenAIStreamDisconnectStopsDecode(t *testing.T) {
 			t.Fatal("the decode did not end")
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// gatedEngine holds its first SampleBatch until released, and records every batch's requests.
+type gatedEngine struct {
+	*engine.Engine
+	entered, release chan struct{}
+	mu               sync.Mutex
+	batches          [][]engine.SampleRequest
+}
+
+func (g *gatedEngine) LocalEngine() *engine.Engine { return g.Engine }
+
+func (g *gatedEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	g.mu.Lock()
+	first := len(g.batches) == 0
+	g.batches = append(g.batches, append([]engine.SampleRequest(nil), reqs...))
+	g.mu.Unlock()
+	if first {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Engine.SampleBatch(id, reqs)
+}
+
+// An OpenAI request waits in the same per-replica queue as Tinker's asample and is decoded in
+// the same batch with it.
+func TestOpenAIBatchesWithTinkerSampling(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedEngine{Engine: e, entered: make(chan struct{}), release: make(chan struct{})}
+	url := serverOver(t, g, gateway.Options{}).URL
+	first := submitSample(t, url, "tml-a", nil, tinySample)
+	<-g.entered // the replica is busy with the first sample
+	second := submitSample(t, url, "tml-a", nil, tinySample)
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(`{"model":"`+base+`","prompt":"The quick","max_tokens":2}`))
+		req.Header.Set("Authorization", "Bearer tml-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	c := client.New(url, "tml-a")
+	for tries := 0; ; tries++ {
+		if tries == 6000 {
+			t.Fatal("the OpenAI request never joined the sampling queue")
+		}
+		var view struct {
+			Replicas []struct{ Queue map[string]int }
+		}
+		if err := c.Do(context.Background(), "GET", "skein/replicas", nil, &view); err != nil || len(view.Replicas) != 1 {
+			t.Fatalf("replicas: %v %+v", err, view)
+		}
+		if view.Replicas[0].Queue["sampling_batched"] == 2 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(g.release)
+	awaitSample(t, url, "tml-a", first)
+	awaitSample(t, url, "tml-a", second)
+	if status := <-answered; status != http.StatusOK {
+		t.Fatalf("completion: %d", status)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.batches) != 2 || len(g.batches[1]) != 2 || (g.batches[1][0].OnToken == nil) == (g.batches[1][1].OnToken == nil) {
+		t.Fatalf("batches %d; the second holds %d requests (want the Tinker and the OpenAI one)", len(g.batches), len(g.batches[len(g.batches)-1]))
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -131,9 +132,7 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
 		return err
 	}
-	tc, _ := json.MarshalIndent(map[string]any{"chat_template": TinyChatTemplate, "eos_token": "<|im_end|>",
-		"pad_token": "<|endoftext|>", "bos_token": nil, "add_bos_token": false}, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tc, 0o644); err != nil {
+	if err := writeTinyTokenizerConfig(dir); err != nil {
 		return err
 	}
 	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}
@@ -142,6 +141,27 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		return err
 	}
 	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+func writeTinyTokenizerConfig(dir string) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // the template's <|im_start|> stays readable
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(map[string]any{"chat_template": TinyChatTemplate, "eos_token": "<|im_end|>",
+		"pad_token": "<|endoftext|>", "bos_token": nil, "add_bos_token": false}); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), b.Bytes(), 0o644)
+}
+
+// AddTinyChatTemplate gives a generated model made before generated models had a chat template
+// its tokenizer_config.json; a directory that has one is left as it is.
+func AddTinyChatTemplate(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+		return nil
+	}
+	return writeTinyTokenizerConfig(dir)
 }
 
 // bf16Tensor rounds v to a BF16 tensor (to nearest, ties to even).

@@ -376,8 +376,11 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 		for k := pushed[i]; k < len(q.Tokens); k++ {
 			choices[i].push(q.Tokens[k], logprobAt(q.Logprobs, k))
 		}
+		if text := choices[i].take() + choices[i].flush(); text != "" {
+			emit(i, text, nil)
+		}
 		finish := choices[i].finishReason(q.StopReason)
-		emit(i, choices[i].take()+choices[i].flush(), &finish)
+		emit(i, "", &finish) // as OpenAI ends a choice: an empty delta with its finish_reason
 	}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	if j.includeUsage {

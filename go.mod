@@ -3,6 +3,7 @@ module github.com/skein-ai/skein
 go 1.26.8
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/dlclark/regexp2 v1.11.5
 	github.com/gomlx/compute v0.1.2
 	github.com/jackc/pgx/v5 v5.7.6

@@ -28,6 +28,11 @@ type SampleRequest struct {
 	TopKPromptLogprobs int
 	// Images of a vision-language prompt (vlpass.go): the prompt holds their pad tokens.
 	Images *Images
+	// OnToken, if set, is called on the decode loop's goroutine with every token as it is drawn
+	// (sample is the index among the request's NumSamples); returning false ends that sample
+	// there, e.g. when a streaming client has gone. It must not block: every row of the batch
+	// waits for it. It does not cross a worker's HTTP boundary.
+	OnToken func(sample, token int, logprob float64) bool `json:"-"`
 }
 
 // SampledSequence is one continuation. Logprobs are the model's own (temperature 1) log-probabilities
@@ -183,14 +188,17 @@ func (e *Engine) SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, 
 
 // sampleRow is one sequence being generated.
 type sampleRow struct {
-	req     int // index of its request
-	prompt  []int
-	params  SampleParams
-	rng     *rand.Rand
-	seq     SampledSequence
-	done    bool
-	stopTok map[int]bool
-	err     error // the draw failed (non-finite logits): the row's request fails
+	req      int // index of its request
+	prompt   []int
+	params   SampleParams
+	rng      *rand.Rand
+	seq      SampledSequence
+	done     bool
+	stopTok  map[int]bool
+	err      error // the draw failed (non-finite logits): the row's request fails
+	sample   int   // index among its request's samples, for OnToken
+	onToken  func(sample, token int, logprob float64) bool
+	reported int // tokens handed to onToken so far
 }
 
 // decode runs one batched prefill + decode loop over the rows of some requests.
@@ -212,7 +220,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 				seed = uint64(*r.Params.Seed)
 			}
 			rows = append(rows, &sampleRow{req: ri, prompt: r.Prompt, params: r.Params,
-				rng: rand.New(rand.NewPCG(seed, uint64(i))), stopTok: stop})
+				rng: rand.New(rand.NewPCG(seed, uint64(i))), stopTok: stop, sample: i, onToken: r.OnToken})
 		}
 		maxPrompt = max(maxPrompt, len(r.Prompt))
 		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
@@ -323,6 +331,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 				fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
 			}
 		})
+		reportTokens(rows)
 		stopFailed(rows)
 		active := false
 		for _, r := range rows {
@@ -347,6 +356,21 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 		}
 	}
 	return results, nil
+}
+
+// reportTokens hands each row's newly drawn token to its request's OnToken, one row after the
+// other (the callback need not be safe for concurrent use); a false answer ends the row.
+func reportTokens(rows []*sampleRow) {
+	for _, r := range rows {
+		n := len(r.seq.Tokens)
+		if r.onToken == nil || r.err != nil || n == r.reported {
+			continue
+		}
+		r.reported = n
+		if !r.onToken(r.sample, r.seq.Tokens[n-1], r.seq.Logprobs[n-1]) && !r.done {
+			r.seq.StopReason, r.done = "stop", true
+		}
+	}
 }
 
 // stopFailed ends every row of a request one of whose rows failed: the request's answer is its

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -36,8 +37,18 @@ var Presets = map[string]Preset{
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
 var SpecialTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
+// TinyChatTemplate is the chat template generated models ship in tokenizer_config.json: ChatML
+// as Qwen's templates write it (without tools or thinking), so chat clients work with them.
+const TinyChatTemplate = `{%- for message in messages %}
+    {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}`
+
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
-// config.json, model.safetensors (f32) and a byte-level BPE tokenizer.json trained on corpus.txt.
+// config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
+// tokenizer_config.json with a ChatML chat template.
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	p, ok := Presets[presetName]
 	if !ok {
@@ -126,6 +137,9 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
 		return err
 	}
+	if err := writeTinyTokenizerConfig(dir); err != nil {
+		return err
+	}
 	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}
 	gb, _ := json.MarshalIndent(gen, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gb, 0o644); err != nil {
@@ -137,6 +151,27 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		}
 	}
 	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+func writeTinyTokenizerConfig(dir string) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // the template's <|im_start|> stays readable
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(map[string]any{"chat_template": TinyChatTemplate, "eos_token": "<|im_end|>",
+		"pad_token": "<|endoftext|>", "bos_token": nil, "add_bos_token": false}); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), b.Bytes(), 0o644)
+}
+
+// AddTinyChatTemplate gives a generated model made before generated models had a chat template
+// its tokenizer_config.json; a directory that has one is left as it is.
+func AddTinyChatTemplate(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+		return nil
+	}
+	return writeTinyTokenizerConfig(dir)
 }
 
 // bf16Tensor rounds v to a BF16 tensor (to nearest, ties to even).

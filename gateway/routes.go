@@ -71,4 +71,5 @@ func (s *Server) routes() {
 	s.handle("POST "+v1+"skein/keys", true, s.keysOnly(s.createKey))
 	s.handle("GET "+v1+"skein/keys", true, s.keysOnly(s.listKeys))
 	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.keysOnly(s.revokeKey))
+	s.openAIRoutes()
 }

@@ -176,6 +176,9 @@ func serve(args []string, gatewayOnly bool) error {
 				return err
 			}
 		}
+		if err := engine.AddTinyChatTemplate(dir); err != nil { // a data dir from before chat templates
+			return err
+		}
 		models = append(models, dir)
 	}
 	if cfg.Replicas < 1 || cfg.MaxLoras < 1 {

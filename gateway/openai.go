@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/engine"
+)
+
+// The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
+// on the same address and keys as the Tinker API (OpenAI's SDKs send Authorization: Bearer).
+// A request names a base model, a checkpoint path the caller may read, or the short alias
+// /v1/models lists for each of the caller's sampler checkpoints; it samples through the same
+// per-replica queue as asample, so it batches with Tinker sampling requests.
+
+func (s *Server) openAIRoutes() {
+	s.openAIHandle("GET /v1/models", s.listOpenAIModels)
+	s.openAIHandle("POST /v1/chat/completions", s.chatCompletions)
+	s.openAIHandle("POST /v1/completions", s.completions)
+}
+
+// oaiError is a failure in OpenAI's terms: the status, error type, the request field at fault
+// and a machine-readable code.
+type oaiError struct {
+	status           int
+	typ, param, code string
+	msg              string
+}
+
+func (e *oaiError) Error() string { return e.msg }
+
+func badParam(param, msg string) error {
+	return &oaiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: msg}
+}
+
+func modelNotFound(name string) error {
+	return &oaiError{status: http.StatusNotFound, typ: "invalid_request_error", param: "model", code: "model_not_found",
+		msg: "The model `" + name + "` does not exist or you do not have access to it."}
+}
+
+// openAIErrorOf turns any error into OpenAI's error body and its status.
+func openAIErrorOf(err error) (int, api.OpenAIError) {
+	var oe *oaiError
+	if !errors.As(err, &oe) {
+		oe = &oaiError{status: http.StatusInternalServerError, msg: err.Error()}
+		var he *httpError
+		if errors.As(err, &he) {
+			oe.status, oe.msg = he.status, he.msg
+		}
+	}
+	if oe.typ == "" {
+		switch {
+		case oe.status == http.StatusUnauthorized:
+			oe.typ, oe.code = "authentication_error", "invalid_api_key"
+		case oe.status == http.StatusForbidden:
+			oe.typ = "permission_error"
+		case oe.status == http.StatusNotFound:
+			oe.typ = "not_found_error"
+		case oe.status == http.StatusTooManyRequests:
+			oe.typ, oe.code = "rate_limit_error", "rate_limit_exceeded"
+		case oe.status >= 500:
+			oe.typ = "server_error"
+		default:
+			oe.typ = "invalid_request_error"
+		}
+	}
+	body := api.OpenAIError{Error: api.OpenAIErrorBody{Message: oe.msg, Type: oe.typ}}
+	if oe.param != "" {
+		body.Error.Param = &oe.param
+	}
+	if oe.code != "" {
+		body.Error.Code = &oe.code
+	}
+	return oe.status, body
+}
+
+func writeOpenAIError(w http.ResponseWriter, err error) {
+	status, body := openAIErrorOf(err)
+	writeJSON(w, status, body)
+}
+
+// openAIHandle is handle with OpenAI's error shape; fn writes a stream itself and returns nil.
+func (s *Server) openAIHandle(pattern string, fn handlerFunc) {
+	endpoint := pattern[strings.Index(pattern, " ")+1:]
+	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
+		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
+		s.writeWithin(w, s.opts.WriteTimeout)
+		defer func() { s.metrics.request(endpoint, w.status) }()
+		r, c, err := s.withCaller(r)
+		if err != nil {
+			noteResult(r, "", nil, err)
+			var he *httpError
+			if !errors.As(err, &he) {
+				err = &httpError{status: http.StatusUnauthorized, msg: err.Error()}
+			}
+			writeOpenAIError(w, err)
+			return
+		}
+		v, err := fn(w, r, c.tenant)
+		noteResult(r, c.tenant, v, err)
+		// A long decode may have used up the deadline set on arrival: the answer gets its own.
+		s.writeWithin(w, s.opts.WriteTimeout)
+		if err != nil {
+			writeOpenAIError(w, err)
+			return
+		}
+		if v != nil {
+			writeJSON(w, http.StatusOK, v)
+		}
+	})
+}
+
+// samplerAlias is the short name /v1/models gives a sampler checkpoint: its name and a digest of
+// its path (names repeat across runs, paths do not).
+func samplerAlias(path string) string {
+	p, err := checkpoint.Parse(path)
+	name := "ft"
+	if err == nil {
+		name = p.Name
+	}
+	sum := sha256.Sum256([]byte(path))
+	return name + "-" + hex.EncodeToString(sum[:4])
+}
+
+// ownSamplerCheckpoints lists the tenant's unexpired sampler checkpoints, oldest first.
+func (s *Server) ownSamplerCheckpoints(tenant string) []*ckptMeta {
+	return s.checkpointsWhere(func(m *ckptMeta) bool {
+		return m.Owner == tenant && m.parsed.Kind == checkpoint.KindSamplerWeights
+	})
+}
+
+func (s *Server) listOpenAIModels(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	out := api.OpenAIModelList{Object: "list", Data: []api.OpenAIModel{}}
+	for _, name := range s.baseModels() {
+		out.Data = append(out.Data, api.OpenAIModel{ID: name, Object: "model", OwnedBy: "skein"})
+	}
+	for _, m := range s.ownSamplerCheckpoints(tenant) {
+		out.Data = append(out.Data, api.OpenAIModel{ID: samplerAlias(m.Path), Object: "model", Created: m.Created.Unix(),
+			OwnedBy: "you", Root: m.Path, Parent: m.BaseModel})
+	}
+	return out, nil
+}
+
+// openAISampler resolves a request's model to a sampler: a base model, a checkpoint path the
+// tenant may read (its own or a published one), or the alias of one of its sampler checkpoints.
+// Anything else, another tenant's unpublished checkpoint included, is model_not_found.
+func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler, error) {
+	if model == "" {
+		return nil, badParam("model", "model is required: a base model, a tinker:// sampler checkpoint or an alias from GET /v1/models")
+	}
+	base, path := "", ""
+	switch {
+	case strings.Contains(model, "://"):
+		if _, err := checkpoint.Parse(model); err != nil {
+			return nil, badParam("model", err.Error())
+		}
+		if _, err := s.checkpointFor(tenant, model); err != nil {
+			return nil, modelNotFound(model)
+		}
+		path = model
+	default:
+		if _, err := s.replicasOf(model); err == nil {
+			base = model
+			break
+		}
+		for _, m := range s.ownSamplerCheckpoints(tenant) {
+			if samplerAlias(m.Path) == model {
+				path = m.Path
+			}
+		}
+		if path == "" {
+			return nil, modelNotFound(model)
+		}
+	}
+	smp, err := s.newSampler(tenant, "", base, path, routingKey(r))
+	if err != nil {
+		var he *httpError
+		if errors.As(err, &he) && he.status == http.StatusNotFound {
+			return nil, modelNotFound(model)
+		}
+		return nil, err
+	}
+	return s.currentWeights(tenant, smp)
+}
+
+// localEngine is an in-process engine of a base model: the gateway tokenizes and renders chat
+// templates with its tokenizer files. A base model served only by remote workers has none here.
+func (s *Server) localEngine(base string) (*engine.Engine, error) {
+	reps, err := s.replicasOf(base)
+	if err != nil {
+		return nil, err
+	}
+	for _, rep := range reps {
+		e, ok := rep.Engine.(*engine.Engine)
+		if w, wraps := rep.Engine.(interface{ LocalEngine() *engine.Engine }); wraps {
+			e, ok = w.LocalEngine(), true // a Compute around an in-process engine (instrumented, in tests)
+		}
+		if ok && e != nil && e.Tokenizer != nil {
+			return e, nil
+		}
+	}
+	return nil, badParam("model", "base model "+base+" is served by remote workers only or has no tokenizer.json: this gateway cannot tokenize text for it")
+}

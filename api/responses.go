@@ -261,3 +261,39 @@ type RevokeKeyResponse struct {
 type OKResponse struct {
 	OK bool `json:"ok"`
 }
+
+// ReplicasResponse answers GET /api/v1/skein/replicas (admin): every replica, what it holds and
+// everything waiting for it.
+type ReplicasResponse struct {
+	Replicas []ReplicaStatus `json:"replicas"`
+}
+
+// ReplicaStatus is one replica in ReplicasResponse.
+type ReplicaStatus struct {
+	Adapters       []string        `json:"adapters"`
+	AdaptersHeld   int             `json:"adapters_held"`
+	BaseModel      string          `json:"base_model"`
+	Healthy        bool            `json:"healthy"`
+	ID             string          `json:"id"`
+	IdleAdapters   int             `json:"idle_adapters"`
+	MaxLoras       int             `json:"max_loras"`
+	Queue          ReplicaQueue    `json:"queue"`
+	QueueDepth     int             `json:"queue_depth"`
+	WorkerReported *WorkerReported `json:"worker_reported,omitempty"`
+}
+
+// ReplicaQueue says where a replica's queue depth waits: on the replica, routed to it, behind
+// the ops of run queues whose adapters it holds, or batched for sampling at the gateway.
+type ReplicaQueue struct {
+	OnReplica       int `json:"on_replica"`
+	Routed          int `json:"routed"`
+	RunQueues       int `json:"run_queues"`
+	SamplingBatched int `json:"sampling_batched"`
+}
+
+// WorkerReported is what a worker's own last heartbeat said.
+type WorkerReported struct {
+	Adapters   int `json:"adapters"`
+	FreeSlots  int `json:"free_slots"`
+	QueueDepth int `json:"queue_depth"`
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
@@ -445,7 +446,7 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) 
 	placed := s.router.Adapters()
 	backlog := s.runQueueBacklog(placed)
 	batched := s.samplingBacklog()
-	var rows []map[string]any
+	rows := []api.ReplicaStatus{}
 	for _, u := range s.router.Usage() {
 		ep := u.Endpoint
 		adapters := placed[ep.ID()]
@@ -455,17 +456,16 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) 
 		onReplica, sampling := ep.QueueDepth(), batched(ep.ID())
 		// A routed op that reached the replica is in both counts: the larger counts, not the sum.
 		depth := max(onReplica, u.Ops, 0) + backlog[ep.ID()] + sampling
-		row := map[string]any{"id": ep.ID(), "base_model": ep.BaseModel(), "healthy": ep.Healthy(),
-			"max_loras": ep.MaxLoras(), "adapters_held": u.Held, "idle_adapters": u.Idle, "adapters": adapters,
-			"queue_depth": depth,
-			"queue":       map[string]int{"on_replica": onReplica, "routed": u.Ops, "run_queues": backlog[ep.ID()], "sampling_batched": sampling}}
+		row := api.ReplicaStatus{ID: ep.ID(), BaseModel: ep.BaseModel(), Healthy: ep.Healthy(), MaxLoras: ep.MaxLoras(),
+			AdaptersHeld: u.Held, IdleAdapters: u.Idle, Adapters: adapters, QueueDepth: depth,
+			Queue: api.ReplicaQueue{OnReplica: onReplica, Routed: u.Ops, RunQueues: backlog[ep.ID()], SamplingBatched: sampling}}
 		if hb, ok := s.reported(ep.ID()); ok {
-			row["worker_reported"] = map[string]any{"adapters": len(hb.Adapters), "free_slots": hb.FreeSlots, "queue_depth": hb.QueueDepth}
+			row.WorkerReported = &api.WorkerReported{Adapters: len(hb.Adapters), FreeSlots: hb.FreeSlots, QueueDepth: hb.QueueDepth}
 		}
 		rows = append(rows, row)
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i]["id"].(string) < rows[j]["id"].(string) })
-	return map[string]any{"replicas": rows}, nil
+	sort.Slice(rows, func(i, j int) bool { return rows[i].ID < rows[j].ID })
+	return api.ReplicasResponse{Replicas: rows}, nil
 }
 
 func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ string) (any, error) {

@@ -106,6 +106,19 @@ func (c *Config) finish() error {
 	if c.VocabSize <= 0 || c.HiddenSize <= 0 || c.NumHiddenLayers <= 0 || c.NumAttentionHeads <= 0 || c.IntermediateSize <= 0 {
 		return fmt.Errorf("vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads must be positive")
 	}
+	// Sizes become allocations and loop bounds: bound them far above any real model, so that a
+	// hostile config.json is an error at load, not an overflow or an endless loop later.
+	for _, b := range []struct {
+		name   string
+		v, max int
+	}{{"vocab_size", c.VocabSize, 1 << 24}, {"hidden_size", c.HiddenSize, 1 << 17}, {"intermediate_size", c.IntermediateSize, 1 << 20},
+		{"num_hidden_layers", c.NumHiddenLayers, 1 << 12}, {"num_attention_heads", c.NumAttentionHeads, 1 << 12},
+		{"num_key_value_heads", c.NumKeyValueHeads, 1 << 12}, {"head_dim", c.HeadDim, 1 << 12},
+		{"max_position_embeddings", c.MaxPositionEmbeddings, 1 << 24}} {
+		if b.v < 0 || b.v > b.max {
+			return fmt.Errorf("%s %d is outside [0, %d]", b.name, b.v, b.max)
+		}
+	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
 		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.NumAttentionHeads, c.NumKeyValueHeads)
 	}

@@ -227,10 +227,14 @@ func inputErr(datum int, field, format string, args ...any) error {
 	return &InputError{Datum: datum, Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// bucket rounds n up to a power of two, at least lo.
+// bucket rounds n up to a power of two, at least lo; past 2^40 (no real length) it is n itself,
+// so a hostile size can neither overflow the doubling nor loop forever.
 func bucket(n, lo int) int {
-	b := lo
+	b := max(lo, 1)
 	for b < n {
+		if b > 1<<40 {
+			return n
+		}
 		b *= 2
 	}
 	return b

@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 var tinyDirs sync.Map // arch -> dir, generated once per test binary
@@ -355,5 +357,30 @@ func TestForksTrainConcurrently(t *testing.T) {
 		if together[k][4] >= together[k][0] {
 			t.Fatalf("fork %d did not train: %v", k, together[k])
 		}
+	}
+}
+
+// Sizes in a config.json are bounded at load, and length buckets never overflow or loop.
+func TestHostileConfigSizesAreRefused(t *testing.T) {
+	base := `{"architectures":["Qwen3ForCausalLM"],"vocab_size":512,"hidden_size":64,"intermediate_size":128,` +
+		`"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":%d}`
+	for _, n := range []int64{1 << 62, -5} {
+		var c Config
+		if err := json.Unmarshal([]byte(fmt.Sprintf(base, n)), &c); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.finish(); err == nil {
+			t.Fatalf("max_position_embeddings %d accepted", n)
+		}
+	}
+	done := make(chan int, 1)
+	go func() { done <- bucket(1<<62+1, 16) }()
+	select {
+	case b := <-done:
+		if b < 1<<62+1 {
+			t.Fatalf("bucket of 2^62+1 is %d", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("bucket(2^62+1, 16) does not return")
 	}
 }

@@ -37,18 +37,27 @@ var vlModelDir = sync.OnceValue(func() string {
 	return dir
 })
 
-// newVLServer serves the tiny VL model (and, beside it, the tiny text model) in process.
+// newVLServer serves the tiny VL model and, beside it, the tiny text model, in process.
 func newVLServer(t *testing.T, opts gateway.Options) (*httptest.Server, *engine.Engine) {
+	t.Helper()
+	ts := newVLServerWith(t, opts, true)
+	return ts.Server, ts.eng
+}
+
+func newVLServerWith(t *testing.T, opts gateway.Options, withText bool) *testServer {
 	t.Helper()
 	e, err := engine.Load(vlModelDir(), engine.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	text, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
+	reps := []*replica.Replica{replica.New("vl0", vlBase, e, 0)}
+	if withText {
+		text, err := engine.Load(modelDir(), engine.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, replica.New("t0", base, text, 0))
 	}
-	reps := []*replica.Replica{replica.New("vl0", vlBase, e, 0), replica.New("t0", base, text, 0)}
 	if opts.DataDir == "" {
 		opts.DataDir = t.TempDir()
 	}
@@ -64,7 +73,14 @@ func newVLServer(t *testing.T, opts gateway.Options) (*httptest.Server, *engine.
 			r.Close()
 		}
 	})
-	return ts, e
+	return &testServer{Server: ts, gw: gw, eng: e}
+}
+
+// The real SDK (0.25.0) running scripts/sdk_vl_smoke.py against `skein serve --model <tiny VL>
+// --record`: an ImageChunk training flow (protobuf forward_backward), an expected_tokens
+// mismatch, and samples with an image in the prompt and without.
+func TestReplayRecordedSDKImageTraffic(t *testing.T) {
+	replayWith(t, "testdata/sdk-0.25.0-vl.jsonl", newVLServerWith(t, gateway.Options{}, false), "tml-sdk-smoke", idMap{})
 }
 
 // pngOf is a w×h PNG whose colour varies over the image (so every patch differs).

@@ -8,6 +8,7 @@ import (
 	"image/color"
 	"image/png"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
@@ -22,6 +24,7 @@ import (
 	"github.com/skein-ai/skein/engine/vision"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/worker"
 )
 
 const vlBase = "tiny-vl"
@@ -452,5 +455,55 @@ func TestVLImageTokensCountInRequestLimit(t *testing.T) {
 	d := vlDatum(words[:2], imageChunk(img), n, words[2:])
 	if _, err := fbResult(t, tc, []api.Datum{d}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("%d text + %d image tokens under a %d-token limit: %v, want 400", len(words), n, 8+n-1, err)
+	}
+}
+
+// A VL model served only by remote workers: the gateway has no preprocessor config for it, so
+// image chunks get a 400 that says so; twinkle's precomputed pixel_values still train there.
+func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
+	e, err := engine.Load(vlModelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), AcceptWorkers: true, WorkerToken: clusterToken, WorkerTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(func() { ts.Close(); gw.Close() })
+	w := newTestWorker(t, e, t.TempDir())
+	reg := worker.Registration{ID: "w", URL: w.URL, BaseModel: vlBase, MaxLoras: 4, Info: e.Info()}
+	if code, reply := postWorker(t, ts.URL, "register", clusterToken, reg); code != http.StatusOK {
+		t.Fatalf("registration: %d %v", code, reply)
+	}
+	_, tc := vlTraining(t, ts.URL, "tml-hal")
+	img := pngOf(t, 64, 64, 77)
+	n := imageTokens(t, img)
+	words := e.Tokenizer.Encode("via a worker")
+	if _, err := fbResult(t, tc, []api.Datum{vlDatum(words[:1], imageChunk(img), n, words[1:])}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "remote workers") {
+		t.Fatalf("image chunk to a worker-served model: %v, want a 400 saying why", err)
+	}
+	cfg, _ := vision.LoadConfig(vlModelDir())
+	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := append([]int{}, words[:1]...)
+	for range p.Tokens {
+		toks = append(toks, *e.Config.ImageTokenID)
+	}
+	toks = append(toks, words[1:]...)
+	px := make([]float64, len(p.PixelValues))
+	for i, v := range p.PixelValues {
+		px[i] = float64(v)
+	}
+	tw := vlDatum(nil, api.Chunk{Type: "encoded_text", Tokens: toks}, 0, nil)
+	tw.LossFnInputs = map[string]api.TensorData{
+		"target_tokens":  {Data: make([]float64, len(toks)), DType: "int64", Shape: []int{len(toks)}},
+		"pixel_values":   {Data: px, DType: "float32", Shape: []int{p.Patches(), cfg.PatchDim()}},
+		"image_grid_thw": {Data: []float64{float64(p.GridTHW[0]), float64(p.GridTHW[1]), float64(p.GridTHW[2])}, DType: "int64", Shape: []int{1, 3}},
+	}
+	if _, err := fbResult(t, tc, []api.Datum{tw}, true); err != nil {
+		t.Fatalf("twinkle's pixel_values through a worker: %v", err)
 	}
 }

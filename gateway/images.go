@@ -15,12 +15,20 @@ import (
 	"github.com/skein-ai/skein/engine/vision"
 )
 
-// MaxRequestPixelValues bounds the pixel_values elements of one request, all its images
+// DefaultMaxRequestPixelValues bounds the pixel_values elements of one request, all its images
 // together, whether the gateway preprocesses them (image chunks: counted from the image headers,
 // before anything is decoded) or twinkle sends them in loss_fn_inputs. One row is C·T·P·P
 // floats (1536 for Qwen3-VL), so this is ~21k patches, ~5k LM tokens of images: a handful of
 // megapixel images. The engine holds them as float64: 256 MiB.
-const MaxRequestPixelValues = 1 << 25
+const DefaultMaxRequestPixelValues = 1 << 25
+
+// maxRequestPixelValues is Options.MaxRequestPixelValues, or its default.
+func (s *Server) maxRequestPixelValues() int {
+	if s.opts.MaxRequestPixelValues > 0 {
+		return s.opts.MaxRequestPixelValues
+	}
+	return DefaultMaxRequestPixelValues
+}
 
 // visionModel is what expanding image chunks needs of a VL base model.
 type visionModel struct {
@@ -58,7 +66,7 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 // expand lays out one model input with images: its tokens (each image its pad tokens) and its
 // preprocessed images, within maxLen tokens and pixelBudget pixel_values elements (what is left
 // of it is returned). what names the input in errors ("datum 3: model_input", "prompt").
-func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixelBudget int, what string) ([]int, *engine.Images, int, error) {
+func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixelBudget, pixelLimit int, what string) ([]int, *engine.Images, int, error) {
 	if !vm.local {
 		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers (its image preprocessing is not known to the gateway); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
 	}
@@ -72,7 +80,7 @@ func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixe
 	dim := vm.cfg.PatchDim()
 	for _, sp := range spans { // from the headers: refuse before decoding anything
 		if pixelBudget -= sp.Patches() * dim; pixelBudget < 0 {
-			return nil, nil, 0, errf(http.StatusBadRequest, "%s: the request's images are over %d pixel_values elements (MaxRequestPixelValues); send fewer or smaller images", what, MaxRequestPixelValues)
+			return nil, nil, 0, errf(http.StatusBadRequest, "%s: the request's images are over %d pixel_values elements (max_request_pixel_values); send fewer or smaller images", what, pixelLimit)
 		}
 	}
 	imgs := &engine.Images{}
@@ -95,13 +103,13 @@ func (s *Server) imageSource() vision.Source { return vision.Source{ImageDir: s.
 // toEngineDataFor converts a forward/forward_backward batch for base: as toEngineData, with a VL
 // model's image chunks expanded into pad tokens and pixel_values/image_grid_thw inputs (several
 // images of one datum: their rows and grids concatenated in order). Image tokens count in the
-// request's token bound; every image's pixels in MaxRequestPixelValues.
+// request's token bound; every image's pixels in max_request_pixel_values.
 func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.Datum) ([]engine.Datum, error) {
-	pixelBudget := MaxRequestPixelValues
+	pixelBudget := s.maxRequestPixelValues()
 	for i, d := range data { // twinkle's precomputed pixels count too
 		if pv, ok := d.LossFnInputs[engine.PixelValuesInput]; ok {
 			if pixelBudget -= len(pv.Data); pixelBudget < 0 {
-				return nil, errf(http.StatusBadRequest, "datum %d: loss_fn_inputs.%s: the request's images are over %d pixel_values elements (MaxRequestPixelValues)", i, engine.PixelValuesInput, MaxRequestPixelValues)
+				return nil, errf(http.StatusBadRequest, "datum %d: loss_fn_inputs.%s: the request's images are over %d pixel_values elements (max_request_pixel_values)", i, engine.PixelValuesInput, s.maxRequestPixelValues())
 			}
 		}
 	}
@@ -126,7 +134,7 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 			}
 		}
 		own := textTokens(data[i : i+1])
-		toks, imgs, left, err := vm.expand(d.ModelInput, s.imageSource(), own+tokensLeft, pixelBudget, what)
+		toks, imgs, left, err := vm.expand(d.ModelInput, s.imageSource(), own+tokensLeft, pixelBudget, s.maxRequestPixelValues(), what)
 		if err != nil {
 			return nil, err
 		}
@@ -173,7 +181,7 @@ func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.I
 		}
 		return nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
 	}
-	toks, imgs, _, err := vm.expand(prompt, s.imageSource(), s.opts.MaxRequestTokens, MaxRequestPixelValues, "prompt")
+	toks, imgs, _, err := vm.expand(prompt, s.imageSource(), s.opts.MaxRequestTokens, s.maxRequestPixelValues(), s.maxRequestPixelValues(), "prompt")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -507,3 +507,47 @@ func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
 		t.Fatalf("twinkle's pixel_values through a worker: %v", err)
 	}
 }
+
+// A request's images, as image chunks or as twinkle's pixel_values, stay within
+// max_request_pixel_values together.
+func TestVLPixelValuesWithinRequestBudget(t *testing.T) {
+	cfg, _ := vision.LoadConfig(vlModelDir())
+	img := pngOf(t, 64, 64, 5)
+	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := len(p.PixelValues)
+	ts, e := newVLServer(t, gateway.Options{MaxRequestPixelValues: one + one/2}) // one image, not two
+	_, tc := vlTraining(t, ts.URL, "tml-ida")
+	words := e.Tokenizer.Encode("budget")
+	d := vlDatum(words[:1], imageChunk(img), p.Tokens, words[1:])
+	if _, err := fbResult(t, tc, []api.Datum{d}, true); err != nil {
+		t.Fatalf("one image within the budget: %v", err)
+	}
+	if _, err := fbResult(t, tc, []api.Datum{d, d}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "pixel_values") {
+		t.Fatalf("two image chunks over the budget: %v, want 400", err)
+	}
+	toks := append([]int{}, words...)
+	for range p.Tokens {
+		toks = append(toks, *e.Config.ImageTokenID)
+	}
+	px := make([]float64, one)
+	for i, v := range p.PixelValues {
+		px[i] = float64(v)
+	}
+	tw := api.Datum{ModelInput: api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: toks}}},
+		LossFnInputs: map[string]api.TensorData{
+			"target_tokens":  {Data: make([]float64, len(toks)), DType: "int64", Shape: []int{len(toks)}},
+			"pixel_values":   {Data: px, DType: "float32", Shape: []int{p.Patches(), cfg.PatchDim()}},
+			"image_grid_thw": {Data: []float64{1, float64(p.GridTHW[1]), float64(p.GridTHW[2])}, DType: "int64", Shape: []int{1, 3}},
+		}}
+	if _, err := fbResult(t, tc, []api.Datum{tw}, true); err != nil {
+		t.Fatalf("twinkle's one image within the budget: %v", err)
+	}
+	for _, batch := range [][]api.Datum{{tw, tw}, {tw, d}} {
+		if _, err := fbResult(t, tc, batch, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "pixel_values") {
+			t.Fatalf("%d datums' images over the budget: %v, want 400", len(batch), err)
+		}
+	}
+}

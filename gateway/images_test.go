@@ -369,8 +369,7 @@ func TestVLBadImagesAre400AndChangeNothing(t *testing.T) {
 		t.Fatal("a refused forward_backward changed the adapter")
 	}
 
-	// The SDK's protobuf has no image_asset_pointer chunk: pointers travel as JSON.
-	c.JSONForwardBackward = true
+	// The SDK's protobuf has no image_asset_pointer chunk: the client sends these as JSON.
 	pointer := func(loc string) api.Datum {
 		return vlDatum(words[:1], api.Chunk{Type: "image_asset_pointer", Format: "png", Location: loc}, n, words[1:])
 	}

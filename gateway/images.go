@@ -39,7 +39,8 @@ type visionModel struct {
 }
 
 // visionOf describes base's image preprocessing (nil for a text model). The preprocessor config
-// is read from the model directory of an in-process replica; a model served only by remote
+// is read from the model directory of an in-process replica (per request: a small file, and a
+// model reloaded in place is seen); a model served only by remote
 // workers has none here (engine.ModelInfo carries config.json alone), so its image chunks are
 // refused (twinkle's pixel_values path still works: the worker checks it).
 func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, error) {
@@ -70,7 +71,10 @@ func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixe
 	if !vm.local {
 		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers (its image preprocessing is not known to the gateway); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
 	}
-	toks, spans, err := vision.LoadModelInput(in, vm.imageTok, vm.cfg, vision.DefaultLimits(), src, min(maxLen, vm.maxLen))
+	if vm.maxLen > 0 { // a config without max_position_embeddings leaves the context to the engine
+		maxLen = min(maxLen, vm.maxLen)
+	}
+	toks, spans, err := vision.LoadModelInput(in, vm.imageTok, vm.cfg, vision.DefaultLimits(), src, maxLen)
 	if err != nil {
 		if vision.IsUserError(err) {
 			return nil, nil, 0, errf(http.StatusBadRequest, "%s: %v", what, err)

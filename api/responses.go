@@ -40,6 +40,9 @@ type DynamicConfigResponse struct {
 type SupportedModel struct {
 	MaxContextLength int    `json:"max_context_length"`
 	ModelName        string `json:"model_name"`
+	// TakesImages is skein's: the model accepts image chunks (a vision-language model). The
+	// SDK's SupportedModel has no such field and ignores it; text models omit it.
+	TakesImages bool `json:"takes_images,omitempty"`
 }
 
 // ServerCapabilities answers GET /api/v1/get_server_capabilities (null models: none served).

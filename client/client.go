@@ -217,7 +217,8 @@ func (t *TrainingClient) ForwardBackward(ctx context.Context, data []api.Datum, 
 // ForwardBackwardSeq submits with an explicit seq_id.
 func (t *TrainingClient) ForwardBackwardSeq(ctx context.Context, seq int, data []api.Datum, loss string, cfg map[string]float64, forwardOnly bool) (*Future, error) {
 	in := api.ForwardBackwardInput{Data: data, LossFn: loss, LossFnConfig: cfg}
-	if t.c.JSONForwardBackward {
+	// The protobuf form has no image_asset_pointer chunk (the SDK's has none either): those go as JSON.
+	if t.c.JSONForwardBackward || hasAssetPointer(data) {
 		body := api.ForwardBackwardJSON{ModelID: t.ModelID, SeqID: &seq}
 		path := "forward_backward"
 		if forwardOnly {
@@ -274,4 +275,15 @@ func (c *Client) CreateSamplingSession(ctx context.Context, sessionID, base, mod
 // Sample submits an asample request.
 func (c *Client) Sample(ctx context.Context, req api.SampleRequest) (*Future, error) {
 	return c.submit(ctx, "asample", req)
+}
+
+func hasAssetPointer(data []api.Datum) bool {
+	for _, d := range data {
+		for _, c := range d.ModelInput.Chunks {
+			if c.Type == "image_asset_pointer" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -26,7 +26,8 @@ func (s *Server) capabilities(http.ResponseWriter, *http.Request, string) (any, 
 		if err != nil {
 			continue
 		}
-		models = append(models, api.SupportedModel{ModelName: name, MaxContextLength: info.Config.MaxPositionEmbeddings})
+		models = append(models, api.SupportedModel{ModelName: name, MaxContextLength: info.Config.MaxPositionEmbeddings,
+			TakesImages: info.TakesImages()})
 	}
 	return api.ServerCapabilities{SupportedModels: models}, nil
 }

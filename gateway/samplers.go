@@ -82,11 +82,11 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	prompt, err := req.Prompt.Tokens()
+	prompt, images, err := s.promptFor(smp.baseModel, req.Prompt)
 	if err != nil {
-		return nil, errf(http.StatusBadRequest, "prompt: %v", err)
+		return nil, err
 	}
-	sr := engine.SampleRequest{Prompt: prompt, NumSamples: 1, PromptLogprobs: req.PromptLogprobs, TopKPromptLogprobs: req.TopKPromptLogprobs}
+	sr := engine.SampleRequest{Prompt: prompt, Images: images, NumSamples: 1, PromptLogprobs: req.PromptLogprobs, TopKPromptLogprobs: req.TopKPromptLogprobs}
 	if req.NumSamples != nil {
 		sr.NumSamples = *req.NumSamples
 		if sr.NumSamples < 1 {

@@ -70,6 +70,12 @@ type Options struct {
 	// 512 Ki tokens); past them it gets a 400 naming the limit.
 	MaxRequestDatums int
 	MaxRequestTokens int
+	// ImageDir is where image_asset_pointer chunks may name files (`--image-dir`); empty
+	// refuses file pointers (data: URIs always work, URLs never).
+	ImageDir string
+	// MaxRequestPixelValues bounds the pixel_values elements of one request's images together
+	// (default DefaultMaxRequestPixelValues); past it a request gets a 400.
+	MaxRequestPixelValues int
 	// WriteTimeout bounds how long writing one answer may take, so a client that does not read
 	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
 	// archive downloads get ArchiveWriteTimeout).

@@ -250,7 +250,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 			return err
 		}
 		var err error
-		if data, err = toEngineData(req.Input.Data); err != nil {
+		if data, err = s.toEngineDataFor(run.baseModel, info, req.Input.Data); err != nil {
 			return err
 		}
 		return info.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)

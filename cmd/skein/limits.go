@@ -18,6 +18,7 @@ type limitFlags struct {
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention                          *time.Duration
+	pixelValues                               *int
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
@@ -27,6 +28,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		requestDatums:     fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
+		pixelValues:       fs.Int("max-request-pixel-values", gateway.DefaultMaxRequestPixelValues, "pixel_values elements of one request's images together (vision-language models)"),
 		sessionRetention:  fs.Duration("session-retention", gateway.DefaultSessionRetention, "how long a closed session and its dead runs are kept before they are forgotten"),
 		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
@@ -41,7 +43,8 @@ const longPoll = 30 * time.Second
 // check refuses values that cannot work.
 func (l *limitFlags) check() error {
 	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
-		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens)} {
+		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens),
+		"max-request-pixel-values": int64(*l.pixelValues)} {
 		if v < 1 {
 			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
 		}
@@ -70,6 +73,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRunQueueOps, o.MaxRunQueueBytes = *l.runQueueOps, *l.runQueueBytes
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
+	o.MaxRequestPixelValues = *l.pixelValues
 	o.TenantCheckpointBytes = *l.checkpointBytes
 	o.SessionRetention = *l.sessionRetention
 	return o

@@ -234,7 +234,8 @@ func serve(args []string, gatewayOnly bool) error {
 	}
 	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
-		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL}), reps...)
+		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
+		ImageDir: cfg.ImageDir}), reps...)
 	if err != nil {
 		return err
 	}

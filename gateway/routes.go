@@ -49,6 +49,7 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"training_runs", true, s.listRuns)
 	s.handle("GET "+v1+"training_runs/{id}", true, s.getRun)
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
+	s.handle("GET "+v1+"training_runs/{id}/metrics", true, s.getRunMetrics) // gateway/metrics_api.go
 	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.deleteCheckpoint)
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
 	s.handle("GET "+v1+"archives/{token}", false, s.downloadArchive)

@@ -17,6 +17,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
+	s.routeConsole() // GET / and /console/: gateway/console.go
 	s.handle("POST "+v1+"client/config", false, s.clientConfig)
 	s.handle("POST "+v1+"client/dynamic_config", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
 		return api.DynamicConfigResponse{RefreshIntervalSec: 300}, nil

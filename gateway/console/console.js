@@ -282,9 +282,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#key-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     sessionStorage.setItem(KEY, $("#key-input").value.trim());
-    $("#key-input").value = "";
-    selectedRun = null;
-    refresh();
+    location.reload(); // nothing shown for the previous key survives
+
   });
   $("#forget-key").addEventListener("click", () => {
     sessionStorage.removeItem(KEY);

@@ -19,6 +19,7 @@ type StepMetrics struct {
 // after after_step, oldest first. Only the newest steps of a run are kept (RetainedSteps).
 type TrainingRunMetricsResponse struct {
 	TrainingRunID string        `json:"training_run_id"`
+	Step          int           `json:"step"` // optimizer steps the run has taken (its newest step)
 	Steps         []StepMetrics `json:"steps"`
 	HasMore       bool          `json:"has_more"` // more steps follow the last one listed
 	RetainedSteps int           `json:"retained_steps"`

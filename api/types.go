@@ -354,7 +354,6 @@ type TrainingRun struct {
 	LastSamplerCheckpoint *Checkpoint       `json:"last_sampler_checkpoint"`
 	UserMetadata          map[string]string `json:"user_metadata"`
 	ProjectID             string            `json:"project_id,omitempty"` // skein: the run's session's project
-	Step                  int               `json:"step"`                 // skein: optimizer steps taken
 }
 
 // Cursor pages a listing.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,15 +116,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if !strings.Contains(listed, tc.ModelID) {
 		t.Fatalf("run %s not listed: %q", tc.ModelID, listed)
 	}
 	if points != steps {
 		t.Fatalf("loss chart has %d points, want %d (one per step)", points, steps)
+	}
+	stepCell, err := chromedp.Run(ctx, chromedp.Poll[string](`document.querySelector("#runs tr.run").children[3].textContent`,
+		chromedp.WithPollingInterval(50*time.Millisecond)))
+	if err != nil || stepCell != strconv.Itoa(steps) {
+		t.Fatalf("the run's step cell says %q, want %d (%v)", stepCell, steps, err)
 	}
 	hidden, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("#admin").hidden`))
 	if err != nil || !hidden {
@@ -131,6 +133,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if !stored {
 		t.Fatal("the key is not (only) in sessionStorage")
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
 	}
 	shot := os.Getenv("SKEIN_CONSOLE_SCREENSHOT")
 	if shot == "" {

@@ -109,7 +109,10 @@ func (s *Server) getRunMetrics(w http.ResponseWriter, r *http.Request, tenant st
 	if err != nil {
 		return nil, err
 	}
-	resp := api.TrainingRunMetricsResponse{TrainingRunID: run.id, Steps: []api.StepMetrics{}, RetainedSteps: metricStepsKept}
+	s.runs.mu.Lock()
+	step := run.step
+	s.runs.mu.Unlock()
+	resp := api.TrainingRunMetricsResponse{TrainingRunID: run.id, Step: step, Steps: []api.StepMetrics{}, RetainedSteps: metricStepsKept}
 	if len(rows) > limit {
 		rows, resp.HasMore = rows[:limit], true
 	}

@@ -44,7 +44,7 @@ func TestRunMetricsRecordEveryStep(t *testing.T) {
 	if err := c.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/metrics", nil, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.TrainingRunID != tc.ModelID || len(got.Steps) != len(fbsPerStep) || got.HasMore {
+	if got.TrainingRunID != tc.ModelID || len(got.Steps) != len(fbsPerStep) || got.HasMore || got.Step != len(fbsPerStep) {
 		t.Fatalf("metrics %+v", got)
 	}
 	for i, st := range got.Steps {
@@ -62,7 +62,7 @@ func TestRunMetricsRecordEveryStep(t *testing.T) {
 	if err := c.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/metrics?after_step=1&limit=1", nil, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Steps) != 1 || got.Steps[0].Step != 2 || !got.HasMore {
+	if len(got.Steps) != 1 || got.Steps[0].Step != 2 || !got.HasMore || got.Step != len(fbsPerStep) {
 		t.Fatalf("after_step=1&limit=1: %+v", got)
 	}
 	for _, q := range []string{"limit=0", "limit=10001", "limit=x", "after_step=-1", "after_step=1e3"} {

@@ -43,7 +43,6 @@ func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
 	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
 		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
 	tr.ProjectID = run.project
-	tr.Step = run.step
 	if m := idx.newest[[2]string{run.id, checkpoint.KindWeights}]; m != nil {
 		c := s.ckptRow(m)
 		tr.LastCheckpoint = &c

@@ -84,16 +84,24 @@ async function loadRuns() {
   body.replaceChildren();
   const runs = data.training_runs || [];
   for (const r of runs) {
-    const tr = row([el("code", r.training_run_id), r.base_model, r.lora_rank, r.step === undefined ? "" : r.step,
+    const tr = row([el("code", r.training_run_id), r.base_model, r.lora_rank, "",
       ckptName(r.last_checkpoint), ckptName(r.last_sampler_checkpoint), fmtTime(r.last_request_time)]);
     tr.className = "run" + (r.training_run_id === selectedRun ? " selected" : "");
     tr.dataset.run = r.training_run_id;
     tr.addEventListener("click", () => selectRun(r.training_run_id));
     body.appendChild(tr);
+    if (body.children.length <= 100) fillStep(r.training_run_id, tr.children[3]);
   }
   if (runs.length === 0) body.appendChild(row(["No training runs yet."]));
   if (!selectedRun && runs.length > 0) await selectRun(runs[runs.length - 1].training_run_id);
   return runs;
+}
+
+// fillStep writes a run's step count into its cell (the metrics listing's step; one step row asked for).
+async function fillStep(id, td) {
+  try {
+    td.textContent = String((await api("GET", "training_runs/" + encodeURIComponent(id) + "/metrics?limit=1")).step);
+  } catch (e) { td.textContent = "?"; }
 }
 
 async function selectRun(id) {

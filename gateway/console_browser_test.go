@@ -147,6 +147,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
 
+	// The checkpoint's Publish button works through the same API (and the owned listing of
+	// another tenant still leaves the run out below).
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#checkpoints tbody button"))); err != nil {
+		t.Fatal(err)
+	}
+	public, err := chromedp.Run(ctx, chromedp.Poll[string](`(c => c && c.textContent === "yes" && c.textContent)(document.querySelector("#checkpoints tbody td:nth-child(5)"))`,
+		chromedp.WithPollingInterval(50*time.Millisecond)))
+	if err != nil || public != "yes" {
+		t.Fatalf("publishing from the console: %q %v", public, err)
+	}
 	if err := enterKey(ctx, ts.URL+"/", mallory); err != nil {
 		t.Fatal(err)
 	}

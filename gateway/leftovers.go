@@ -105,6 +105,7 @@ func (s *Server) sweepClosedSessions(ctx context.Context, now time.Time) {
 		}
 		s.runs.mu.Unlock()
 		s.logErr("run", s.st.DeleteRun(ctx, row.ID))
+		s.logErr("run metrics", s.st.DeleteStepMetrics(ctx, row.ID))
 	}
 	for id := range old {
 		s.logErr("session", s.st.DeleteSession(ctx, id))

@@ -127,6 +127,11 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 		ModelID: oldSess + ":train:1", Created: now}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{oldSess + ":train:0", oldSess + ":train:1"} {
+		if err := s.st.AddStepMetric(ctx, store.StepMetric{RunID: id, Step: 1, At: now, Data: []byte(`{}`)}, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
 	writeDir(t, filepath.Join(data, "ephemeral", "samp-gone"), now.Add(-2*time.Hour))
 	writeDir(t, filepath.Join(data, "ephemeral", "samp-live"), now.Add(-2*time.Hour))
 	s.logErr("sampler", s.st.PutSampler(ctx, store.Sampler{ID: "samp-live", Tenant: tenant, SessionID: recentSess}))
@@ -165,6 +170,12 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 	s.runs.mu.Unlock()
 	if inMemory || stored[oldSess+":train:0"] || exists(stateDir(oldSess+":train:0")) {
 		t.Fatalf("the old session's dead run is still there (memory %v, store %v)", inMemory, stored[oldSess+":train:0"])
+	}
+	if steps, err := s.st.StepMetrics(ctx, oldSess+":train:0", 0, 10); err != nil || len(steps) != 0 {
+		t.Fatalf("the swept run's step metrics are still there: %d %v", len(steps), err)
+	}
+	if steps, err := s.st.StepMetrics(ctx, oldSess+":train:1", 0, 10); err != nil || len(steps) != 1 {
+		t.Fatalf("the listed run's step metrics: %d %v", len(steps), err)
 	}
 	if !withCkpt || !stored[oldSess+":train:1"] || exists(stateDir(oldSess+":train:1")) {
 		t.Fatalf("the dead run with a checkpoint: want it listed without its saved state (memory %v, store %v)", withCkpt, stored[oldSess+":train:1"])

@@ -17,6 +17,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
+	s.routeConsole() // GET / and /console/: gateway/console.go
 	s.handle("POST "+v1+"client/config", false, s.clientConfig)
 	s.handle("POST "+v1+"client/dynamic_config", false, func(http.ResponseWriter, *http.Request, string) (any, error) {
 		return api.DynamicConfigResponse{RefreshIntervalSec: 300}, nil
@@ -49,6 +50,7 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"training_runs", true, s.listRuns)
 	s.handle("GET "+v1+"training_runs/{id}", true, s.getRun)
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
+	s.handle("GET "+v1+"training_runs/{id}/metrics", true, s.getRunMetrics) // gateway/metrics_api.go
 	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.deleteCheckpoint)
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
 	s.handle("GET "+v1+"archives/{token}", false, s.downloadArchive)

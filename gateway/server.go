@@ -148,6 +148,7 @@ type trainingRun struct {
 	lastCkpt, lastSamplerCkpt      string
 	grads                          gradientLedger // forward_backwards since the last optim_step
 	project                        string         // its session's project when it was last assigned
+	pendingStep                    stepTally      // forward_backward metrics for the next step's record (metrics_api.go)
 	ver                            rowVersion
 }
 

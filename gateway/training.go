@@ -267,6 +267,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 			return nil, err
 		}
 		s.recordTraining(run, kind, data, start)
+		s.noteForwardBackwardMetrics(run, req.ForwardOnly, res.Metrics)
 		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
 		for i := range res.Logprobs {
 			out.LossFnOutputs = append(out.LossFnOutputs, api.LossOutput{
@@ -310,6 +311,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		}
 		_, step, _ := rep.Engine.AdapterInfo(run.id)
 		s.updateRun(run, func(run *trainingRun) { run.step, run.lastRequest = step, time.Now() })
+		s.recordStepMetrics(run, step, m)
 		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil
 	})
 }

@@ -172,6 +172,52 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 			t.Fatalf("sweep removed a recent future: %v", err)
 		}
 	})
+
+	t.Run("step metrics keep a window per run", func(t *testing.T) {
+		s := open(t)
+		const keep = 3
+		for step := int64(1); step <= 5; step++ {
+			for _, run := range []string{"a", "b"} {
+				data := fmt.Sprintf(`{"run":%q,"step":%d}`, run, step)
+				if err := s.AddStepMetric(ctx, StepMetric{RunID: run, Step: step, At: now, Data: []byte(data)}, keep); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		got, err := s.StepMetrics(ctx, "a", 0, 100)
+		if err != nil || len(got) != keep {
+			t.Fatalf("run a: %+v %v", got, err)
+		}
+		for i, m := range got {
+			want := fmt.Sprintf(`{"run":"a","step":%d}`, 3+i)
+			if m.RunID != "a" || m.Step != int64(3+i) || string(m.Data) != want || !m.At.Equal(now) {
+				t.Fatalf("step %d: %+v (%s)", i, m, m.Data)
+			}
+		}
+		// Replaying an old step keeps the newest ones, and replaces its row.
+		if err := s.AddStepMetric(ctx, StepMetric{RunID: "a", Step: 4, At: now, Data: []byte(`{"again":true}`)}, keep); err != nil {
+			t.Fatal(err)
+		}
+		got, _ = s.StepMetrics(ctx, "a", 3, 1)
+		if len(got) != 1 || got[0].Step != 4 || string(got[0].Data) != `{"again":true}` {
+			t.Fatalf("after step 3, limit 1: %+v", got)
+		}
+		if got, _ := s.StepMetrics(ctx, "a", 0, 100); len(got) != keep || got[keep-1].Step != 5 {
+			t.Fatalf("replay dropped steps: %+v", got)
+		}
+		if err := s.DeleteStepMetrics(ctx, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.StepMetrics(ctx, "a", 0, 100); len(got) != 0 {
+			t.Fatalf("deleted run still has %d steps", len(got))
+		}
+		if got, _ := s.StepMetrics(ctx, "b", 0, 100); len(got) != keep {
+			t.Fatalf("deleting run a touched run b: %+v", got)
+		}
+		if err := s.AddStepMetric(ctx, StepMetric{RunID: "c", Step: 1, At: now}, 0); err == nil {
+			t.Fatal("keep 0 accepted")
+		}
+	})
 }
 
 func TestOrphansLeasesAndHeartbeats(t *testing.T) {

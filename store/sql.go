@@ -46,6 +46,9 @@ var migrations = []string{
 		detail TEXT NOT NULL, amount DOUBLE PRECISION NOT NULL, seconds DOUBLE PRECISION NOT NULL);
 	CREATE INDEX events_kind_at ON events(kind, at);
 	CREATE INDEX events_tenant_at ON events(tenant, kind, at);`,
+	// 5: per-step training metrics, a bounded window per run (see AddStepMetric).
+	`CREATE TABLE run_metrics (run_id TEXT NOT NULL, step {{INT}} NOT NULL, at {{INT}} NOT NULL, data {{BLOB}},
+		PRIMARY KEY (run_id, step));`,
 }
 
 func (s *SQL) ddl(q string) string {
@@ -406,4 +409,50 @@ func (s *SQL) Placements(ctx context.Context) (map[string]string, error) {
 		out[a] = r
 	}
 	return out, rows.Err()
+}
+
+func (s *SQL) AddStepMetric(ctx context.Context, m StepMetric, keep int) error {
+	if keep < 1 {
+		return fmt.Errorf("store: keep must be positive, not %d", keep)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO run_metrics (run_id, step, at, data) VALUES (?,?,?,?)
+		ON CONFLICT(run_id, step) DO UPDATE SET at = excluded.at, data = excluded.data`), m.RunID, m.Step, ms(m.At), m.Data); err != nil {
+		return err
+	}
+	// The window follows the newest step stored, so a step replayed out of order cannot drop newer ones.
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM run_metrics WHERE run_id = ?
+		AND step <= (SELECT MAX(step) FROM run_metrics WHERE run_id = ?) - ?`), m.RunID, m.RunID, keep); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *SQL) StepMetrics(ctx context.Context, runID string, afterStep int64, limit int) ([]StepMetric, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT run_id, step, at, data FROM run_metrics
+		WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?`), runID, afterStep, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []StepMetric
+	for rows.Next() {
+		var m StepMetric
+		var at int64
+		if err := rows.Scan(&m.RunID, &m.Step, &at, &m.Data); err != nil {
+			return nil, err
+		}
+		m.At = fromMS(at)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQL) DeleteStepMetrics(ctx context.Context, runID string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM run_metrics WHERE run_id = ?`), runID)
+	return err
 }

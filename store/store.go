@@ -85,6 +85,15 @@ type UsageBucket struct {
 	Amount, Seconds                    float64
 }
 
+// StepMetric is one optimizer step of a training run: what optim_step reported and the loss of
+// the forward_backwards since the step before.
+type StepMetric struct {
+	RunID string
+	Step  int64
+	At    time.Time
+	Data  []byte // JSON: the gateway's record of the step
+}
+
 // Future states.
 const (
 	FuturePending  = "pending"
@@ -114,6 +123,14 @@ type Store interface {
 	Runs(ctx context.Context) ([]Run, error)
 	// DeleteRun forgets a training run.
 	DeleteRun(ctx context.Context, id string) error
+
+	// AddStepMetric stores (or replaces) one step of a run and drops the run's steps more than
+	// keep steps older than it, so that a run holds at most keep of them.
+	AddStepMetric(ctx context.Context, m StepMetric, keep int) error
+	// StepMetrics lists a run's steps after afterStep, oldest first, at most limit of them.
+	StepMetrics(ctx context.Context, runID string, afterStep int64, limit int) ([]StepMetric, error)
+	// DeleteStepMetrics forgets every step of a run.
+	DeleteStepMetrics(ctx context.Context, runID string) error
 
 	PutSampler(ctx context.Context, s Sampler) error
 	DeleteSampler(ctx context.Context, id string) error

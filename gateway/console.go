@@ -1,0 +1,45 @@
+package gateway
+
+// The web console: a page at / (and its assets under /console/) embedded in the binary. It is
+// plain HTML and JavaScript over the public REST API with the caller's own key, so it can show
+// and do only what that key may (gateway/console/console.js).
+
+import (
+	"embed"
+	"fmt"
+	"net/http"
+)
+
+//go:embed console
+var consoleFiles embed.FS
+
+// consoleHeaders keep the page from being framed or sniffed, and let it run only its own
+// script and talk only to this gateway: the key lives in the page's sessionStorage.
+func consoleHeaders(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-cache")
+}
+
+// routeConsole serves the console at / exactly and its assets under /console/; every other
+// path keeps the JSON 404 of the catch-all route.
+func (s *Server) routeConsole() {
+	files := http.FileServerFS(consoleFiles) // /console/x is console/x in the embedded tree
+	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		index, err := consoleFiles.ReadFile("console/index.html")
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, fmt.Sprintf("console page: %v", err))
+			return
+		}
+		consoleHeaders(w)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(index)
+	})
+	s.mux.HandleFunc("GET /console/", func(w http.ResponseWriter, r *http.Request) {
+		consoleHeaders(w)
+		files.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,49 @@
+package gateway_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/skein-ai/skein/gateway"
+)
+
+// GET / is the console page (with headers that keep it from being framed or running foreign
+// script), its assets are under /console/, and every other unknown path is still a JSON 404.
+func TestConsoleIsServedAtRoot(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	get := func(path string) (*http.Response, string) {
+		t.Helper()
+		resp, err := http.Get(ts.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body := get("/")
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(body, "/console/console.js") {
+		t.Fatalf("GET /: %d %q %.200s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Fatalf("CSP %q", csp)
+	}
+	for _, asset := range []string{"/console/console.js", "/console/console.css"} {
+		if resp, body := get(asset); resp.StatusCode != 200 || len(body) == 0 || resp.Header.Get("X-Frame-Options") != "DENY" {
+			t.Fatalf("%s: %d (%d bytes)", asset, resp.StatusCode, len(body))
+		}
+	}
+	for _, path := range []string{"/nope", "/console/nope.js", "/api/v1/nope"} {
+		if resp, _ := get(path); resp.StatusCode != 404 {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+	}
+	if resp, body := get("/nope"); !strings.Contains(resp.Header.Get("Content-Type"), "json") || !strings.Contains(body, "no such endpoint") {
+		t.Fatalf("unknown path lost its JSON 404: %q %s", resp.Header.Get("Content-Type"), body)
+	}
+	if resp, body := get("/api/v1/healthz"); resp.StatusCode != 200 || !strings.Contains(body, "ok") {
+		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
+	}
+}

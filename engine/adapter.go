@@ -128,6 +128,15 @@ func (e *Engine) adapter(id string) (*Adapter, error) {
 	return a, nil
 }
 
+// trainable is adapter for training calls: a sampler snapshot is refused.
+func (e *Engine) trainable(id string) (*Adapter, error) {
+	a, err := e.adapter(id)
+	if err == nil && a.Snapshot {
+		return nil, fmt.Errorf("%w: %q", ErrSnapshot, id)
+	}
+	return a, err
+}
+
 // AdamParams is Tinker's AdamParams.
 type AdamParams struct {
 	LearningRate float64 `json:"learning_rate"`
@@ -179,7 +188,7 @@ func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[st
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
-	a, err := e.adapter(id)
+	a, err := e.trainable(id)
 	if err != nil {
 		return nil, err
 	}

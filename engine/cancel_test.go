@@ -162,3 +162,33 @@ func TestCancelledSampleStopsDecoding(t *testing.T) {
 		t.Fatalf("%d tokens and %d layers after a cancel at token 3, want 3 and %d", tokens, layers, 3*L)
 	}
 }
+
+// A sampler snapshot is read-only: forward_backward and optim_step refuse it, and it is not
+// among the training adapters; sampling and forward passes read it as any adapter.
+func TestSnapshotsAreReadOnly(t *testing.T) {
+	e := loadTiny(t, ArchQwen2, Options{})
+	ctx := context.Background()
+	if err := e.CreateLora(ctx, "train", LoraConfig{Rank: 2, TrainMLP: true}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := e.SaveAdapter(ctx, "train", dir, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.LoadSnapshot(ctx, "snap", dir); err != nil {
+		t.Fatal(err)
+	}
+	data := []Datum{textDatum([]int{3, 4, 5, 6})}
+	if _, err := e.ForwardBackward(ctx, "snap", data, "cross_entropy", nil); !errors.Is(err, ErrSnapshot) {
+		t.Fatalf("forward_backward on a snapshot: %v, want ErrSnapshot", err)
+	}
+	if _, err := e.OptimStep(ctx, "snap", DefaultAdamParams()); !errors.Is(err, ErrSnapshot) {
+		t.Fatalf("optim_step on a snapshot: %v, want ErrSnapshot", err)
+	}
+	if _, err := e.Forward(ctx, "snap", data, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.TrainingAdapterIDs(ctx); !slices.Equal(ids, []string{"train"}) {
+		t.Fatalf("training adapters %v, want [train]", ids)
+	}
+}

@@ -218,6 +218,8 @@ func (e *Engine) CompileStats() CompileStats { return e.base.mm.stats() }
 var (
 	ErrInvalidInput   = errors.New("invalid input")
 	ErrUnknownAdapter = errors.New("unknown adapter")
+	// ErrSnapshot: a training call (forward_backward, optim_step) on a read-only sampler snapshot.
+	ErrSnapshot = errors.New("adapter is a read-only sampler snapshot")
 )
 
 // InputError is a user fault in one datum or field, with nothing changed.

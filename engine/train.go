@@ -389,7 +389,7 @@ func (c *Config) recomputesProbs(T int) bool {
 // buffer of the call's own and added to the accumulator only after every chunk has run, so a
 // cancelled call, like a failed one, has changed nothing: no partial gradients to roll back.
 func (e *Engine) ForwardBackward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
-	a, err := e.adapter(id)
+	a, err := e.trainable(id)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -38,6 +39,8 @@ type Adapter struct {
 	params []*param // A then B for each module, in loraModules order
 	// pendingGrads is true between a forward_backward and the optim_step that consumes it.
 	pendingGrads bool
+	// Snapshot marks read-only sampler weights (LoadSnapshot): they take no LoRA slot.
+	Snapshot bool
 }
 
 // CreateAdapter adds a LoRA with PEFT initialisation: A uniform(±1/√in) from the seed, B zero.
@@ -87,7 +90,7 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 }
 
 // DeleteAdapter forgets an adapter; it reports whether it existed.
-func (e *Engine) DeleteAdapter(id string) bool {
+func (e *Engine) DeleteAdapter(ctx context.Context, id string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, ok := e.adapters[id]
@@ -96,7 +99,7 @@ func (e *Engine) DeleteAdapter(id string) bool {
 }
 
 // HasAdapter reports whether id is loaded.
-func (e *Engine) HasAdapter(id string) bool {
+func (e *Engine) HasAdapter(ctx context.Context, id string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, ok := e.adapters[id]
@@ -104,7 +107,10 @@ func (e *Engine) HasAdapter(id string) bool {
 }
 
 // AdapterInfo describes a loaded adapter.
-func (e *Engine) AdapterInfo(id string) (LoraConfig, int, error) {
+func (e *Engine) AdapterInfo(ctx context.Context, id string) (LoraConfig, int, error) {
+	if err := stopped(ctx); err != nil {
+		return LoraConfig{}, 0, err
+	}
 	a, err := e.adapter(id)
 	if err != nil {
 		return LoraConfig{}, 0, err
@@ -120,6 +126,15 @@ func (e *Engine) adapter(id string) (*Adapter, error) {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownAdapter, id)
 	}
 	return a, nil
+}
+
+// trainable is adapter for training calls: a sampler snapshot is refused.
+func (e *Engine) trainable(id string) (*Adapter, error) {
+	a, err := e.adapter(id)
+	if err == nil && a.Snapshot {
+		return nil, fmt.Errorf("%w: %q", ErrSnapshot, id)
+	}
+	return a, err
 }
 
 // AdamParams is Tinker's AdamParams.
@@ -164,11 +179,16 @@ func (p AdamParams) validate() error {
 
 // OptimStep applies AdamW (decoupled weight decay, as torch.optim.AdamW) to the gradients
 // accumulated since the last step, with optional global-norm clipping, then clears them.
-func (e *Engine) OptimStep(id string, p AdamParams) (map[string]float64, error) {
+//
+// A cancelled ctx is only seen before the update starts: an update is never left half done.
+func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[string]float64, error) {
+	if err := stopped(ctx); err != nil {
+		return nil, err
+	}
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
-	a, err := e.adapter(id)
+	a, err := e.trainable(id)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -85,7 +86,7 @@ func TestStepMemoryEstimateCountsTheHead(t *testing.T) {
 				for i := range ids {
 					ids[i] = (i*37)%400 + 3
 				}
-				if _, err := e.ForwardBackward("m", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+				if _, err := e.ForwardBackward(context.Background(), "m", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 					t.Fatal(err)
 				}
 				T := padLen(80)

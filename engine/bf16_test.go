@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -81,7 +82,7 @@ func TestBF16WeightsComputeAsFloat32(t *testing.T) {
 				// A fresh adapter per length, so that each length's gradients are its own.
 				a := adapterWithB(t, e, fmt.Sprint("w", n), LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
 					func(i, j int) float64 { return 0.03 * math.Cos(float64(i+2*j)) })
-				r, err := e.ForwardBackward(a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
+				r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}

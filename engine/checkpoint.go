@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,7 +48,10 @@ type trainerState struct {
 
 // SaveAdapter writes an adapter to dir. withOptimizer adds the Adam moments and step count
 // (a training-state checkpoint); without it the directory is a sampler-only PEFT adapter.
-func (e *Engine) SaveAdapter(id, dir string, withOptimizer bool) error {
+func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
+	if err := stopped(ctx); err != nil {
+		return err
+	}
 	a, err := e.adapter(id)
 	if err != nil {
 		return err
@@ -145,7 +149,20 @@ func ReadAdapterConfig(dir string) (LoraConfig, error) {
 // LoadAdapter creates adapter id from a saved directory, replacing any adapter of that id.
 // withOptimizer restores Adam moments and step (and fails if they were not saved);
 // without it the optimizer starts fresh at step 0.
-func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
+func (e *Engine) LoadAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
+	return e.load(ctx, id, dir, withOptimizer, false)
+}
+
+// LoadSnapshot loads a saved directory's weights as a read-only sampler snapshot, replacing any
+// adapter of that id: it takes no LoRA slot (TrainingAdapterIDs leaves it out).
+func (e *Engine) LoadSnapshot(ctx context.Context, id, dir string) error {
+	return e.load(ctx, id, dir, false, true)
+}
+
+func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapshot bool) error {
+	if err := stopped(ctx); err != nil {
+		return err
+	}
 	cfg, err := ReadAdapterConfig(dir)
 	if err != nil {
 		return fmt.Errorf("engine: loading adapter: %w", err)
@@ -196,6 +213,7 @@ func (e *Engine) LoadAdapter(id, dir string, withOptimizer bool) error {
 		}
 		a.Step = ts.Step
 	}
+	a.Snapshot = snapshot
 	e.mu.Lock()
 	e.adapters[id] = a
 	e.mu.Unlock()

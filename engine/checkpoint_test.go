@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ func TestLoadAdapterRejectsMismatchedTensors(t *testing.T) {
 		t.Fatal(err)
 	}
 	trainSteps(t, e, "a", ids, 1)
-	if _, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := e.adapter("a")
@@ -51,7 +52,7 @@ func TestLoadAdapterRejectsMismatchedTensors(t *testing.T) {
 	}
 	for what, c := range edits {
 		dir := t.TempDir()
-		if err := e.SaveAdapter("a", dir, true); err != nil {
+		if err := e.SaveAdapter(context.Background(), "a", dir, true); err != nil {
 			t.Fatal(err)
 		}
 		path := filepath.Join(dir, c.file)
@@ -69,14 +70,14 @@ func TestLoadAdapterRejectsMismatchedTensors(t *testing.T) {
 					t.Errorf("%s: panic: %v", what, v)
 				}
 			}()
-			err := e.LoadAdapter("b", dir, true)
+			err := e.LoadAdapter(context.Background(), "b", dir, true)
 			if err == nil {
-				_, err = e.OptimStep("b", DefaultAdamParams())
+				_, err = e.OptimStep(context.Background(), "b", DefaultAdamParams())
 				t.Errorf("%s: loaded (the step then said %v)", what, err)
 			} else if !strings.Contains(err.Error(), "engine") {
 				t.Errorf("%s: error %q does not say where it comes from", what, err)
 			}
 		}()
-		e.DeleteAdapter("b")
+		e.DeleteAdapter(context.Background(), "b")
 	}
 }

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+
 	"github.com/gomlx/compute/dtypes"
 )
 
@@ -18,19 +20,19 @@ type stepFunc func(tok, pos [][]int, want func(b, t int) bool) ([][]float64, err
 // newDecodeStep returns the step function of one sampling loop over B rows and S cache slots, and
 // a function that frees its cache.
 func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
-	return e.newDecodeStepImages(a, B, S, nil)
+	return e.newDecodeStepImages(context.Background(), a, B, S, nil)
 }
 
 // newDecodeStepImages is newDecodeStep over rows whose prompts may hold images (vlpass.go; nil:
-// none has).
-func (e *Engine) newDecodeStepImages(a *Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
+// none has). A step stops between layers once ctx ends.
+func (e *Engine) newDecodeStepImages(ctx context.Context, a *Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
 	if e.dtype == dtypes.Float64 {
 		d := newKVDecoder[float64](e, a, B, S)
-		d.images = images
+		d.images, d.ctx = images, ctx
 		return d.step, d.long.free
 	}
 	d := newKVDecoder[float32](e, a, B, S)
-	d.images = images
+	d.images, d.ctx = images, ctx
 	return d.step, d.long.free
 }
 
@@ -44,6 +46,7 @@ type kvDecoder[E float] struct {
 	cos, sin []E         // [S, hd/2]
 	images   []*imageRow // per row; nil: no row has images
 	shift    []int       // per row: decode positions' mRoPE delta (set at the first decode step)
+	ctx      context.Context
 }
 
 func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
@@ -83,7 +86,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	defer ar.free()
 	m := modelOf[E](e.base)
 	s := &pass[E]{e: e, c: c, m: m, ar: ar, B: B, T: T, cos: d.cos, sin: d.sin,
-		lora: d.lora, scale: d.scale, merged: make([]mat[E], len(m.linears))}
+		lora: d.lora, scale: d.scale, merged: make([]mat[E], len(m.linears)), ctx: d.ctx}
 	if fromStart {
 		s.kv = &passKV[E]{s: s, cache: d.cache}
 	} else {
@@ -92,6 +95,9 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	d.useImages(s, fromStart)
 	m0 := ar.mark()
 	h, _ := s.layers(s.embed(tok), m0)
+	if ar.err != nil {
+		return nil, ar.err
+	}
 
 	var picked []int
 	for n := range N {

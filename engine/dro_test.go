@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 	"testing"
 )
@@ -27,9 +28,9 @@ func TestDROIgnoresPromptPadding(t *testing.T) {
 	const prompt = 4
 	grads := func(promptTarget float64) ([][]float64, *ForwardResult) {
 		id := "dro-pad"
-		e.DeleteAdapter(id)
+		e.DeleteAdapter(context.Background(), id)
 		a := adapterWithB(t, e, id, LoraConfig{Rank: 2, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(7*j+i)) })
-		res, err := e.ForwardBackward(id, []Datum{cookbookRLDatum(ids, prompt, promptTarget)}, "dro", map[string]float64{"beta": 0.3})
+		res, err := e.ForwardBackward(context.Background(), id, []Datum{cookbookRLDatum(ids, prompt, promptTarget)}, "dro", map[string]float64{"beta": 0.3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +69,7 @@ func TestDROMask(t *testing.T) {
 	mask := make([]float64, n)
 	mask[n-1] = 1
 	d.Inputs["mask"] = TensorInput{DType: "float32", Data: mask}
-	res, err := e.Forward("", []Datum{d}, "dro", nil)
+	res, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,11 +82,11 @@ func TestDROMask(t *testing.T) {
 		t.Fatal("the unmasked position has no loss")
 	}
 	d.Inputs["mask"] = TensorInput{DType: "float32", Data: mask[:n-1]}
-	if _, err := e.Forward("", []Datum{d}, "dro", nil); err == nil {
+	if _, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil); err == nil {
 		t.Fatal("a mask of the wrong length was accepted")
 	}
 	d.Inputs["mask"] = TensorInput{DType: "float32", Data: append(mask[:n-1:n-1], 0.5)}
-	if _, err := e.Forward("", []Datum{d}, "dro", nil); err == nil {
+	if _, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil); err == nil {
 		t.Fatal("a mask value other than 0 or 1 was accepted")
 	}
 }

@@ -6,6 +6,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -58,6 +59,8 @@ type Engine struct {
 	// probabilities (Config.recomputesProbs; tests force either way).
 	recomputeProbs func(T int) bool
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
+	// layerHook, set by tests only, is called before each decoder layer of every pass.
+	layerHook func(layer int)
 }
 
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the
@@ -69,12 +72,25 @@ func (e *Engine) Fork() *Engine {
 }
 
 // AdapterIDs lists the loaded adapters.
-func (e *Engine) AdapterIDs() []string {
+func (e *Engine) AdapterIDs(ctx context.Context) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ids := make([]string, 0, len(e.adapters))
 	for id := range e.adapters {
 		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TrainingAdapterIDs lists the loaded adapters that are not sampler snapshots.
+func (e *Engine) TrainingAdapterIDs(ctx context.Context) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ids []string
+	for id, a := range e.adapters {
+		if !a.Snapshot {
+			ids = append(ids, id)
+		}
 	}
 	return ids
 }
@@ -202,6 +218,8 @@ func (e *Engine) CompileStats() CompileStats { return e.base.mm.stats() }
 var (
 	ErrInvalidInput   = errors.New("invalid input")
 	ErrUnknownAdapter = errors.New("unknown adapter")
+	// ErrSnapshot: a training call (forward_backward, optim_step) on a read-only sampler snapshot.
+	ErrSnapshot = errors.New("adapter is a read-only sampler snapshot")
 )
 
 // InputError is a user fault in one datum or field, with nothing changed.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -72,7 +73,7 @@ func TestTrainingLowersLoss(t *testing.T) {
 			p := DefaultAdamParams()
 			p.LearningRate = 1e-2
 			for step := range 30 {
-				r, err := e.ForwardBackward("a", batch, "cross_entropy", nil)
+				r, err := e.ForwardBackward(context.Background(), "a", batch, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -80,7 +81,7 @@ func TestTrainingLowersLoss(t *testing.T) {
 					first = r.Loss
 				}
 				last = r.Loss
-				if _, err := e.OptimStep("a", p); err != nil {
+				if _, err := e.OptimStep(context.Background(), "a", p); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -138,11 +139,11 @@ func checkGradients(t *testing.T, arch Arch) {
 		t.Run(c.loss, func(t *testing.T) {
 			id := fmt.Sprintf("%s-%d", c.loss, ci)
 			a := adapterWithB(t, e, id, LoraConfig{Rank: 2, Seed: int64(ci), TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(7*j+i)) })
-			if _, err := e.ForwardBackward(id, c.data, c.loss, c.cfg); err != nil {
+			if _, err := e.ForwardBackward(context.Background(), id, c.data, c.loss, c.cfg); err != nil {
 				t.Fatal(err)
 			}
 			lossAt := func() float64 {
-				r, err := e.Forward(id, c.data, c.loss, c.cfg)
+				r, err := e.Forward(context.Background(), id, c.data, c.loss, c.cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -182,7 +183,7 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	ids := e.Tokenizer.Encode("The river flows past the mill.")
 	a := adapterWithB(t, e, "x", LoraConfig{Rank: 2, Seed: 9, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.05 * math.Cos(float64(3*j+i)) })
 	d := rlDatum(ids, -7.5, 0.8)
-	fwd, err := e.Forward("x", []Datum{d}, "cispo", nil)
+	fwd, err := e.Forward(context.Background(), "x", []Datum{d}, "cispo", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	}
 	ce := textDatum(ids)
 	ce.Inputs["weights"] = TensorInput{DType: "float32", Data: w}
-	if _, err := e.ForwardBackward("x", []Datum{d}, "cispo", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "x", []Datum{d}, "cispo", nil); err != nil {
 		t.Fatal(err)
 	}
 	cispo := make([][]float64, len(a.params))
@@ -205,7 +206,7 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 		cispo[i] = append([]float64(nil), p.g...)
 		clear(p.g)
 	}
-	if _, err := e.ForwardBackward("x", []Datum{ce}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "x", []Datum{ce}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range a.params {
@@ -260,11 +261,11 @@ func TestChunksMatchOneCall(t *testing.T) {
 			t.Fatalf("%s: %d chunks, want %d", c.name, got, c.chunks)
 		}
 		a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * math.Sin(float64(j+i)) })
-		first, err := e.Forward("a", data, "cross_entropy", nil)
+		first, err := e.Forward(context.Background(), "a", data, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if results[c.name], err = e.ForwardBackward("a", data, "cross_entropy", nil); err != nil {
+		if results[c.name], err = e.ForwardBackward(context.Background(), "a", data, "cross_entropy", nil); err != nil {
 			t.Fatal(err)
 		}
 		for i := range data {
@@ -321,12 +322,12 @@ func TestForksTrainConcurrently(t *testing.T) {
 		}
 		var losses []float64
 		for range 5 {
-			r, err := e.ForwardBackward(id, data[k], "cross_entropy", nil)
+			r, err := e.ForwardBackward(context.Background(), id, data[k], "cross_entropy", nil)
 			if err != nil {
 				t.Error(err)
 				return nil
 			}
-			if _, err := e.OptimStep(id, AdamParams{LearningRate: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+			if _, err := e.OptimStep(context.Background(), id, AdamParams{LearningRate: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
 				t.Error(err)
 				return nil
 			}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -169,7 +170,7 @@ func TestFloat32GradientsMatchFloat64(t *testing.T) {
 			e := loadTiny(t, arch, Options{Float64: f64})
 			ids := e.Tokenizer.Encode("Sixteen lanes or one, the gradient is the same.")
 			a := adapterWithB(t, e, "g", LoraConfig{Rank: 20, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.03 * math.Sin(float64(5*j+i)) })
-			r, err := e.ForwardBackward("g", []Datum{textDatum(ids), textDatum(ids[2:])}, "cross_entropy", nil)
+			r, err := e.ForwardBackward(context.Background(), "g", []Datum{textDatum(ids), textDatum(ids[2:])}, "cross_entropy", nil)
 			if err != nil {
 				t.Fatal(err)
 			}

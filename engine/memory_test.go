@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -27,7 +28,7 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 			ids[i] = (i*37)%400 + 3
 		}
 		data := []Datum{textDatum(ids), textDatum(ids[:c.n-10]), textDatum(ids[:c.n-50])}
-		if _, err := e.ForwardBackward("m", data, "cross_entropy", nil); err != nil {
+		if _, err := e.ForwardBackward(context.Background(), "m", data, "cross_entropy", nil); err != nil {
 			t.Fatal(err)
 		}
 		cfg := e.Config
@@ -60,7 +61,7 @@ func TestRecomputedAttentionMatchesKept(t *testing.T) {
 		keep := !recompute
 		e.keepMerged = &keep
 		a := adapterWithB(t, e, "r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.02 * math.Cos(float64(j+i)) })
-		r, err := e.ForwardBackward("r", data, "cross_entropy", nil)
+		r, err := e.ForwardBackward(context.Background(), "r", data, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

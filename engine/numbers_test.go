@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -105,7 +106,7 @@ func TestNaNAdapterFailsItsSamplesOnly(t *testing.T) {
 			t.Fatalf("%+v: want ErrNonFinite, got %v", p, err)
 		}
 	}
-	res, err := e.SampleBatch("nan", []SampleRequest{{Prompt: []int{1, 2}, NumSamples: 2}, {Prompt: []int{4}}})
+	res, err := e.SampleBatch(context.Background(), "nan", []SampleRequest{{Prompt: []int{1, 2}, NumSamples: 2}, {Prompt: []int{4}}})
 	if err != nil {
 		t.Fatalf("a batch reports failures per request, got %v", err)
 	}
@@ -192,7 +193,7 @@ func numbersEngine(t *testing.T) (*Engine, *Adapter, []int) {
 	a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * float64((i+j)%7-3) })
 	ids := []int{5, 9, 2, 7, 3, 8}
 	trainSteps(t, e, "a", ids, 1)
-	if _, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	return e, a, ids
@@ -217,7 +218,7 @@ func TestOptimStepRefusesNonFiniteUpdates(t *testing.T) {
 	}
 	before := adapterBits(a)
 	for _, c := range cases {
-		_, err := e.OptimStep("a", c.p)
+		_, err := e.OptimStep(context.Background(), "a", c.p)
 		if !errors.Is(err, ErrInvalidInput) {
 			t.Fatalf("%s: want a user error, got %v", c.name, err)
 		}
@@ -225,7 +226,7 @@ func TestOptimStepRefusesNonFiniteUpdates(t *testing.T) {
 			t.Fatalf("%s: the refused step changed the adapter", c.name)
 		}
 	}
-	if _, err := e.OptimStep("a", good); err != nil {
+	if _, err := e.OptimStep(context.Background(), "a", good); err != nil {
 		t.Fatalf("a good step after refused ones: %v", err)
 	}
 	for _, p := range a.params {
@@ -271,9 +272,9 @@ func TestNonFiniteLossIsRefused(t *testing.T) {
 		for _, backward := range []bool{true, false} {
 			var err error
 			if backward {
-				_, err = e.ForwardBackward("a", []Datum{ok, c.d}, c.loss, nil)
+				_, err = e.ForwardBackward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
 			} else {
-				_, err = e.Forward("a", []Datum{ok, c.d}, c.loss, nil)
+				_, err = e.Forward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
 			}
 			if !errors.Is(err, ErrInvalidInput) {
 				t.Fatalf("%s (backward %v): want a user error, got %v", c.name, backward, err)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime/debug"
@@ -9,7 +10,7 @@ import (
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses
 // go into res, their gradients are added to grads (nil: a forward-only pass), and their summed
 // loss is returned.
-func runPass[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (total float64, err error) {
+func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (total float64, err error) {
 	defer recoverCompute(&err)
 	c := e.Config
 	n := hi - lo
@@ -23,6 +24,7 @@ func runPass[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss strin
 	N := B * T
 	s := newPass[E](e, newArena[E](e.base.mm), a, B, T)
 	defer s.ar.free()
+	s.ctx = ctx
 	s.kv = &passKV[E]{s: s}
 	s.cos, s.sin = ropeTable[E](e.invFreq, T)
 	useImages(s, e, p.imageRows(lo, hi))
@@ -35,6 +37,9 @@ func runPass[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss strin
 	// everything it ever allocated; a forward-only pass holds one layer at a time.
 	m0 := s.ar.mark()
 	h, marks := s.layers(s.embed(p.tokens[lo:hi]), m0)
+	if s.ar.err != nil { // cancelled, or a failed allocation: the rest would compute nothing
+		return 0, s.ar.err
+	}
 	logits, invF := s.unembed(h)
 	D := c.HiddenSize
 	V := c.VocabSize
@@ -90,6 +95,9 @@ func runPass[E float](e *Engine, a *Adapter, p *prepared, lo, hi int, loss strin
 	dh := s.ar.alloc(N, D)
 	rmsNormBack(dhf.v, h.v, invF, s.m.norm, dh.v, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
+		if s.cancelled() {
+			return 0, s.ar.err
+		}
 		m := s.ar.mark()
 		dh = s.layerBack(l, dh)
 		s.ar.release(m, s.ar.mark())

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 	"testing"
 )
@@ -63,12 +64,12 @@ func TestQwen3VLLearnsImageColour(t *testing.T) {
 	p.LearningRate = 1e-2
 	var loss float64
 	for range 40 {
-		r, err := e.ForwardBackward("colour", batch, "cross_entropy", nil)
+		r, err := e.ForwardBackward(context.Background(), "colour", batch, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		loss = r.Loss / float64(len(batch))
-		if _, err := e.OptimStep("colour", p); err != nil {
+		if _, err := e.OptimStep(context.Background(), "colour", p); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
@@ -35,9 +36,9 @@ func TestQwen3VLForwardWithImagesMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, batch := range [][]Datum{{d}, {text, d}, {d, text, d}} {
-		r, err := e.Forward("", batch, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), "", batch, "cross_entropy", nil)
 		if k == 2 {
-			r, err = chunked.Forward("", batch, "cross_entropy", nil)
+			r, err = chunked.Forward(context.Background(), "", batch, "cross_entropy", nil)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +78,7 @@ func TestQwen3VLGradientsWithImages(t *testing.T) {
 	c := e.Config
 	data := []Datum{vlDatum(c, ref.Tokens, referenceImages(c, ref.Grids))}
 	a := adapterWithB(t, e, "g", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(5*j+i)) })
-	if _, err := e.ForwardBackward("g", data, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "g", data, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	for pi, p := range a.params {
@@ -87,7 +88,7 @@ func TestQwen3VLGradientsWithImages(t *testing.T) {
 			var l [2]float64
 			for k, x := range []float64{orig + h, orig - h} {
 				p.w[j] = x
-				r, err := e.Forward("g", data, "cross_entropy", nil)
+				r, err := e.Forward(context.Background(), "g", data, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -124,7 +125,7 @@ func TestQwen3VLSampleDecodesFromMultimodalPositions(t *testing.T) {
 	}
 	for _, seq := range res.Sequences {
 		full := append(append([]int(nil), ref.Tokens...), seq.Tokens...)
-		r, err := e.Forward("", []Datum{vlDatum(c, full[:len(full)-1], im)}, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), "", []Datum{vlDatum(c, full[:len(full)-1], im)}, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,7 +218,7 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 2, Seed: 1, TrainAttn: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.ForwardBackward("a", []Datum{good()}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "a", []Datum{good()}, "cross_entropy", nil); err != nil {
 		t.Fatalf("the good datum: %v", err)
 	}
 	a, _ := e.adapter("a")
@@ -225,7 +226,7 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 	for what, tc := range cases {
 		d := good()
 		tc.edit(&d)
-		_, err := e.ForwardBackward("a", []Datum{textDatum([]int{1, 2, 3}), d}, "cross_entropy", nil)
+		_, err := e.ForwardBackward(context.Background(), "a", []Datum{textDatum([]int{1, 2, 3}), d}, "cross_entropy", nil)
 		var ie *InputError
 		if !errors.As(err, &ie) || !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("%s: error %v, want an InputError", what, err)
@@ -254,7 +255,7 @@ func TestImagesToTextModelAreRefused(t *testing.T) {
 	ref := loadVLReference(t)
 	d := vlDatum(vl.Config, []int{5, 6, 7, 8}, referenceImages(vl.Config, ref.Grids))
 	e := loadTiny(t, ArchQwen3, Options{})
-	_, err := e.Forward("", []Datum{d}, "cross_entropy", nil)
+	_, err := e.Forward(context.Background(), "", []Datum{d}, "cross_entropy", nil)
 	var ie *InputError
 	if !errors.As(err, &ie) || ie.Field != "loss_fn_inputs.pixel_values" || !strings.Contains(err.Error(), "text model") {
 		t.Fatalf("error %v", err)
@@ -285,7 +286,7 @@ func TestQwen3VLBF16(t *testing.T) {
 		if m := modelOf[float32](e.base); (m.embed16 != nil) != (prec == PrecisionBF16) {
 			t.Fatalf("%s: embedding kept in bf16: %v", prec, m.embed16 != nil)
 		}
-		r, err := e.Forward("", []Datum{vlDatum(e.Config, ref.Tokens, referenceImages(e.Config, ref.Grids))}, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), "", []Datum{vlDatum(e.Config, ref.Tokens, referenceImages(e.Config, ref.Grids))}, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -79,7 +80,7 @@ func vlLogits(t testing.TB, e *Engine, tokens []int, im *Images) []float64 {
 		t.Fatal(err)
 	}
 	rows := []*imageRow{{tokens: tokens, images: im, feats: feats[0]}}
-	step, done := e.newDecodeStepImages(nil, 1, S, rows)
+	step, done := e.newDecodeStepImages(context.Background(), nil, 1, S, rows)
 	defer done()
 	out, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T })
 	if err != nil {

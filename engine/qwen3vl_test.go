@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -148,12 +149,12 @@ func TestQwen3VLTextOnlyIsQwen3(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 3 {
-			r, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil)
+			r, err := e.ForwardBackward(context.Background(), "a", []Datum{textDatum(ids)}, "cross_entropy", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			losses[k] = append(losses[k], r.Loss)
-			if _, err := e.OptimStep("a", p); err != nil {
+			if _, err := e.OptimStep(context.Background(), "a", p); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -182,7 +183,7 @@ func TestQwen3VLTextOnlyIsQwen3(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	if err := vl.SaveAdapter("a", dir, false); err != nil {
+	if err := vl.SaveAdapter(context.Background(), "a", dir, false); err != nil {
 		t.Fatal(err)
 	}
 	st, err := safetensors.ReadFile(filepath.Join(dir, AdapterWeightsFile))
@@ -196,7 +197,7 @@ func TestQwen3VLTextOnlyIsQwen3(t *testing.T) {
 		}
 		t.Fatalf("PEFT names %v lack the LM's module path", names)
 	}
-	if err := vl.LoadAdapter("b", dir, false); err != nil {
+	if err := vl.LoadAdapter(context.Background(), "b", dir, false); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -71,7 +72,7 @@ func TestWriteReferenceInputs(t *testing.T) {
 			t.Fatal(err)
 		}
 		referenceAdapter(t, e)
-		if err := e.SaveAdapter("ref", filepath.Join(md, "adapter"), false); err != nil {
+		if err := e.SaveAdapter(context.Background(), "ref", filepath.Join(md, "adapter"), false); err != nil {
 			t.Fatal(err)
 		}
 		cases = append(cases, referenceCase{Arch: arch, Tokens: referenceTokens}, referenceCase{Arch: arch, Tokens: referenceTokens, Adapter: true})
@@ -103,7 +104,7 @@ func TestLogitsMatchReference(t *testing.T) {
 		e := loadTiny(t, c.Arch, Options{})
 		id := ""
 		if c.Adapter {
-			if !e.HasAdapter("ref") {
+			if !e.HasAdapter(context.Background(), "ref") {
 				referenceAdapter(t, e)
 			}
 			id = "ref"
@@ -128,7 +129,7 @@ func TestLogitsMatchReference(t *testing.T) {
 			targets[i] = float64(c.Tokens[i+1])
 		}
 		d := Datum{Tokens: c.Tokens[:n], Inputs: map[string]TensorInput{"target_tokens": {DType: "int64", Data: targets}}}
-		fwd, err := e.Forward(id, []Datum{d}, "cross_entropy", nil)
+		fwd, err := e.Forward(context.Background(), id, []Datum{d}, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

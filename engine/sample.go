@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -137,7 +138,7 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 // Sample generates continuations with a KV cache; all samples of the request decode together.
 // id "" samples from the base model.
 func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
-	res, err := e.SampleBatch(id, []SampleRequest{r})
+	res, err := e.SampleBatch(context.Background(), id, []SampleRequest{r})
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +156,13 @@ const MaxSampleRows = 64
 // with its own sampling parameters and random stream. Requests are validated first; one bad
 // request fails the whole call and nothing runs. A request whose logits turn out non-finite
 // fails alone, in its result's Err; the others are served.
-func (e *Engine) SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, error) {
+//
+// A cancelled ctx stops decoding between steps (and a step between layers): the call returns
+// the wrapped ctx error and no results; sampling changes no adapter.
+func (e *Engine) SampleBatch(ctx context.Context, id string, reqs []SampleRequest) ([]*SampleResult, error) {
+	if err := stopped(ctx); err != nil {
+		return nil, err
+	}
 	var a *Adapter
 	if id != "" {
 		var err error
@@ -176,7 +183,7 @@ func (e *Engine) SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, 
 			rows += reqs[end].NumSamples
 			end++
 		}
-		res, err := e.decode(a, reqs[start:end])
+		res, err := e.decode(ctx, a, reqs[start:end])
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +209,7 @@ type sampleRow struct {
 }
 
 // decode runs one batched prefill + decode loop over the rows of some requests.
-func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
 	eos := e.Config.EOSTokens()
 	var rows []*sampleRow
 	maxPrompt, maxLen := 0, 0
@@ -232,7 +239,7 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 	if err != nil {
 		return nil, err
 	}
-	step, done := e.newDecodeStepImages(a, B, S, images)
+	step, done := e.newDecodeStepImages(ctx, a, B, S, images)
 	defer done()
 
 	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes
@@ -339,6 +346,9 @@ func (e *Engine) decode(a *Adapter, reqs []SampleRequest) ([]*SampleResult, erro
 		}
 		if !active {
 			break
+		}
+		if err := stopped(ctx); err != nil {
+			return nil, err
 		}
 		if logits, err = step(feed, fpos, func(b, _ int) bool { return !rows[b].done }); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,10 +22,10 @@ func trainSteps(t *testing.T, e *Engine, id string, ids []int, steps int) {
 	p := DefaultAdamParams()
 	p.LearningRate = 1e-2
 	for range steps {
-		if _, err := e.ForwardBackward(id, []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+		if _, err := e.ForwardBackward(context.Background(), id, []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.OptimStep(id, p); err != nil {
+		if _, err := e.OptimStep(context.Background(), id, p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -56,7 +57,7 @@ func TestSampleLogprobsMatchForwardAndAreReproducible(t *testing.T) {
 			}
 			for _, s := range r1.Sequences {
 				full := append(append([]int{}, prompt...), s.Tokens...)
-				fwd, err := e.Forward("", []Datum{textDatum(full)}, "cross_entropy", nil)
+				fwd, err := e.Forward(context.Background(), "", []Datum{textDatum(full)}, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -136,20 +137,20 @@ func TestAdaptersAreIsolated(t *testing.T) {
 	probe := []Datum{textDatum(ids)}
 	before := map[string][]float64{}
 	for _, id := range []string{"", "B"} {
-		r, err := e.Forward(id, probe, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), id, probe, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		before[id] = r.Logprobs[0]
 	}
-	a0, _ := e.Forward("A", probe, "cross_entropy", nil)
+	a0, _ := e.Forward(context.Background(), "A", probe, "cross_entropy", nil)
 	trainSteps(t, e, "A", ids, 5)
-	a1, _ := e.Forward("A", probe, "cross_entropy", nil)
+	a1, _ := e.Forward(context.Background(), "A", probe, "cross_entropy", nil)
 	if reflect.DeepEqual(a0.Logprobs, a1.Logprobs) {
 		t.Fatal("training A did not change A")
 	}
 	for _, id := range []string{"", "B"} {
-		r, err := e.Forward(id, probe, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), id, probe, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,24 +168,24 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 	trainSteps(t, e, "a", ids, 3)
 	// A pending gradient must survive too.
-	if _, err := e.ForwardBackward("a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "a", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := e.SaveAdapter("a", dir, true); err != nil {
+	if err := e.SaveAdapter(context.Background(), "a", dir, true); err != nil {
 		t.Fatal(err)
 	}
 	samplerDir := t.TempDir()
-	if err := e.SaveAdapter("a", samplerDir, false); err != nil {
+	if err := e.SaveAdapter(context.Background(), "a", samplerDir, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(samplerDir, OptimizerFile)); !os.IsNotExist(err) {
 		t.Fatal("sampler-only save wrote optimizer state")
 	}
-	if err := e.LoadAdapter("b", samplerDir, true); !errors.Is(err, ErrNoOptimizerState) {
+	if err := e.LoadAdapter(context.Background(), "b", samplerDir, true); !errors.Is(err, ErrNoOptimizerState) {
 		t.Fatalf("loading optimizer from a sampler save: %v", err)
 	}
-	if err := e.LoadAdapter("b", dir, true); err != nil {
+	if err := e.LoadAdapter(context.Background(), "b", dir, true); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := e.adapter("a")
@@ -220,7 +221,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	ids := e.Tokenizer.Encode("Every error should say what went wrong.")
 	trainSteps(t, e, "a", ids, 1)
 	good := textDatum(ids)
-	if _, err := e.ForwardBackward("a", []Datum{good}, "cross_entropy", nil); err != nil {
+	if _, err := e.ForwardBackward(context.Background(), "a", []Datum{good}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := e.adapter("a")
@@ -272,7 +273,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 			"target_tokens": {DType: "int64", Data: make([]float64, len(long))}}}}, nil},
 	}
 	for _, c := range cases {
-		_, err := e.ForwardBackward("a", c.data, c.loss, c.cfg)
+		_, err := e.ForwardBackward(context.Background(), "a", c.data, c.loss, c.cfg)
 		var ie *InputError
 		if !errors.As(err, &ie) || !errors.Is(err, ErrInvalidInput) {
 			t.Fatalf("%s: want an InputError, got %v", c.name, err)
@@ -298,13 +299,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := e.Sample("a", SampleRequest{Prompt: []int{V + 5}}); !errors.Is(err, ErrInvalidInput) {
 		t.Fatalf("bad prompt token: %v", err)
 	}
-	if _, err := e.OptimStep("a", AdamParams{LearningRate: math.NaN()}); !errors.Is(err, ErrInvalidInput) {
+	if _, err := e.OptimStep(context.Background(), "a", AdamParams{LearningRate: math.NaN()}); !errors.Is(err, ErrInvalidInput) {
 		t.Fatalf("NaN learning rate: %v", err)
 	}
 	if !reflect.DeepEqual(before, snapshot()) {
 		t.Fatal("a rejected request changed the adapter")
 	}
-	if _, err := e.ForwardBackward("nope", []Datum{good}, "cross_entropy", nil); !errors.Is(err, ErrUnknownAdapter) {
+	if _, err := e.ForwardBackward(context.Background(), "nope", []Datum{good}, "cross_entropy", nil); !errors.Is(err, ErrUnknownAdapter) {
 		t.Fatalf("unknown adapter: %v", err)
 	}
 }
@@ -327,7 +328,7 @@ func BenchmarkSaveAdapterState(b *testing.B) {
 	out := b.TempDir()
 	b.ResetTimer()
 	for i := range b.N {
-		if err := e.SaveAdapter("a", filepath.Join(out, fmt.Sprint(i%2)), true); err != nil {
+		if err := e.SaveAdapter(context.Background(), "a", filepath.Join(out, fmt.Sprint(i%2)), true); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -408,7 +409,7 @@ func TestLoadsShardedHalfPrecisionWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := e.Forward("", []Datum{textDatum([]int{5, 9, 13, 200, 7, 42})}, "cross_entropy", nil)
+		r, err := e.Forward(context.Background(), "", []Datum{textDatum([]int{5, 9, 13, 200, 7, 42})}, "cross_entropy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -452,7 +453,7 @@ func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
 		{Prompt: []int{7}, NumSamples: 3, TopKPromptLogprobs: 2,
 			Params: SampleParams{MaxTokens: 3, Temperature: 0.7, TopK: 5, TopP: 0.9, Seed: &seed}},
 	}
-	batched, err := e.SampleBatch("", append([]SampleRequest(nil), reqs...))
+	batched, err := e.SampleBatch(context.Background(), "", append([]SampleRequest(nil), reqs...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +485,7 @@ func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
 			}
 		}
 	}
-	if _, err := e.SampleBatch("", []SampleRequest{reqs[0], {Prompt: []int{e.Config.VocabSize}}}); !errors.Is(err, ErrInvalidInput) {
+	if _, err := e.SampleBatch(context.Background(), "", []SampleRequest{reqs[0], {Prompt: []int{e.Config.VocabSize}}}); !errors.Is(err, ErrInvalidInput) {
 		t.Fatalf("a bad request in a batch: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 	"sort"
 
@@ -383,16 +384,20 @@ func (c *Config) recomputesProbs(T int) bool {
 
 // ForwardBackward computes the loss and adds its gradients to the adapter's accumulator.
 // On any error nothing about the adapter changes.
-func (e *Engine) ForwardBackward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
-	a, err := e.adapter(id)
+//
+// A cancelled ctx stops the pass between layers or between chunks. Gradients are summed into a
+// buffer of the call's own and added to the accumulator only after every chunk has run, so a
+// cancelled call, like a failed one, has changed nothing: no partial gradients to roll back.
+func (e *Engine) ForwardBackward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
+	a, err := e.trainable(id)
 	if err != nil {
 		return nil, err
 	}
-	return e.run(a, data, loss, cfg, true)
+	return e.run(ctx, a, data, loss, cfg, true)
 }
 
 // Forward computes logprobs and loss without gradients; id "" is the bare base model.
-func (e *Engine) Forward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
+func (e *Engine) Forward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
 	var a *Adapter
 	if id != "" {
 		var err error
@@ -400,10 +405,13 @@ func (e *Engine) Forward(id string, data []Datum, loss string, cfg map[string]fl
 			return nil, err
 		}
 	}
-	return e.run(a, data, loss, cfg, false)
+	return e.run(ctx, a, data, loss, cfg, false)
 }
 
-func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float64, backward bool) (*ForwardResult, error) {
+func (e *Engine) run(ctx context.Context, a *Adapter, data []Datum, loss string, cfg map[string]float64, backward bool) (*ForwardResult, error) {
+	if err := stopped(ctx); err != nil {
+		return nil, err
+	}
 	p, err := e.prepare(data, loss, cfg)
 	if err != nil {
 		return nil, err
@@ -428,12 +436,15 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
 	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
 	for _, c := range e.chunks(lengths) {
+		if err := stopped(ctx); err != nil {
+			return nil, err
+		}
 		var l float64
 		var err error
 		if e.dtype == dtypes.Float64 {
-			l, err = runPass[float64](e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], loss, res, grads)
 		} else {
-			l, err = runPass[float32](e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], loss, res, grads)
 		}
 		if err != nil {
 			return nil, err
@@ -441,6 +452,10 @@ func (e *Engine) run(a *Adapter, data []Datum, loss string, cfg map[string]float
 		res.Loss += l
 	}
 	if err := finiteResult(res); err != nil {
+		return nil, err
+	}
+	// The last moment a cancel is seen: from here the gradients are added whole.
+	if err := stopped(ctx); err != nil {
 		return nil, err
 	}
 	if backward {

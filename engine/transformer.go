@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math"
 )
 
@@ -31,6 +32,16 @@ type pass[E float] struct {
 	// features placed at and added to the image tokens' rows. nil: a text pass.
 	rope *ropeOverride[E]
 	vis  *visualInputs
+	ctx  context.Context // nil: never cancelled; checked between layers
+}
+
+// cancelled reports whether the pass's context has ended, recording its error as the pass's
+// (later arena calls are no-ops and the pass returns it). It also calls the engine's test hook.
+func (s *pass[E]) cancelled() bool {
+	if err := stopped(s.ctx); err != nil {
+		s.ar.fail(err)
+	}
+	return s.ar.err != nil
 }
 
 // trainState is what a training pass keeps for its backward pass.
@@ -90,6 +101,9 @@ func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
 	L := s.c.NumHiddenLayers
 	if s.train == nil {
 		for l := range L {
+			if s.beforeLayer(l) {
+				return h, nil
+			}
 			h = s.layer(l, h)
 			s.addDeepstack(l, h)
 			s.ar.releaseExcept(m0, h)
@@ -98,12 +112,23 @@ func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
 	}
 	marks := make([]arenaMark, L+1)
 	for l := range L {
+		if s.beforeLayer(l) {
+			return h, nil
+		}
 		marks[l] = s.ar.mark()
 		h = s.layer(l, h)
 		s.addDeepstack(l, h)
 	}
 	marks[L] = s.ar.mark()
 	return h, marks
+}
+
+// beforeLayer runs the engine's test hook, if any, and reports whether the pass must stop.
+func (s *pass[E]) beforeLayer(l int) bool {
+	if s.e.layerHook != nil {
+		s.e.layerHook(l)
+	}
+	return s.cancelled()
 }
 
 // unembed is the final norm and the head: logits [rows, V] and 1/rms per row.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"testing"
 )
@@ -28,11 +29,11 @@ func TestSamplingAndTrainingRunOneLayer(t *testing.T) {
 					t.Fatal(err)
 				}
 				data := []Datum{textDatum(append(append([]int{}, prompt...), 7))}
-				fb, err := e.ForwardBackward("one", data, "cross_entropy", nil)
+				fb, err := e.ForwardBackward(context.Background(), "one", data, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				fw, err := e.Forward("one", data, "cross_entropy", nil)
+				fw, err := e.Forward(context.Background(), "one", data, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -79,7 +80,7 @@ func TestForwardOnlyPassesHoldOneLayer(t *testing.T) {
 			ids[i] = (i*37)%400 + 3
 		}
 		if kind == "forward" {
-			if _, err := e.Forward("", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
+			if _, err := e.Forward(context.Background(), "", []Datum{textDatum(ids)}, "cross_entropy", nil); err != nil {
 				t.Fatal(err)
 			}
 		} else if _, err := e.Sample("", SampleRequest{Prompt: ids[:T], Params: SampleParams{MaxTokens: 1}}); err != nil {
@@ -107,7 +108,7 @@ func TestAdapterModuleMustFitTheModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		break_(&a.mods[0])
-		if _, err := e.Forward(id, []Datum{textDatum([]int{5, 6, 7, 8})}, "cross_entropy", nil); err == nil {
+		if _, err := e.Forward(context.Background(), id, []Datum{textDatum([]int{5, 6, 7, 8})}, "cross_entropy", nil); err == nil {
 			t.Fatalf("case %d: a pass with a module that does not fit the model succeeded", i)
 		}
 		if _, err := e.Sample(id, SampleRequest{Prompt: []int{5, 6, 7}}); err == nil {

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
 )
 
@@ -47,25 +49,54 @@ func ValidateAdam(p AdamParams) error { return p.validate() }
 
 // Compute is the engine as a replica uses it: implemented by *Engine in process and by the worker
 // client over HTTP.
+//
+// Every call but Info (a description fixed at load, never a round trip) takes a context: a
+// remote call is aborted when it ends, and a pass stops between layers, between the chunks of a
+// chunked batch and between decode steps, returning an error that wraps ctx.Err() and leaving
+// the adapter as it was (see Engine.run).
 type Compute interface {
 	Info() ModelInfo
-	HasAdapter(id string) bool
-	AdapterIDs() []string
-	CreateLora(id string, cfg LoraConfig) error
-	LoadAdapter(id, dir string, withOptimizer bool) error
-	SaveAdapter(id, dir string, withOptimizer bool) error
-	DeleteAdapter(id string) bool
-	AdapterInfo(id string) (LoraConfig, int, error)
-	Forward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
-	ForwardBackward(id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
-	OptimStep(id string, p AdamParams) (map[string]float64, error)
-	SampleBatch(id string, reqs []SampleRequest) ([]*SampleResult, error)
+	HasAdapter(ctx context.Context, id string) bool
+	AdapterIDs(ctx context.Context) []string
+	// TrainingAdapterIDs lists the adapters that take a LoRA slot: those made by CreateLora or
+	// LoadAdapter, not the read-only sampler snapshots of LoadSnapshot.
+	TrainingAdapterIDs(ctx context.Context) []string
+	CreateLora(ctx context.Context, id string, cfg LoraConfig) error
+	LoadAdapter(ctx context.Context, id, dir string, withOptimizer bool) error
+	// LoadSnapshot loads saved weights as a read-only sampler snapshot (no optimizer state, no
+	// LoRA slot): for sampling only.
+	LoadSnapshot(ctx context.Context, id, dir string) error
+	SaveAdapter(ctx context.Context, id, dir string, withOptimizer bool) error
+	DeleteAdapter(ctx context.Context, id string) bool
+	AdapterInfo(ctx context.Context, id string) (LoraConfig, int, error)
+	Forward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
+	ForwardBackward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
+	OptimStep(ctx context.Context, id string, p AdamParams) (map[string]float64, error)
+	SampleBatch(ctx context.Context, id string, reqs []SampleRequest) ([]*SampleResult, error)
 }
 
 // CreateLora is CreateAdapter for the Compute interface.
-func (e *Engine) CreateLora(id string, cfg LoraConfig) error {
+func (e *Engine) CreateLora(ctx context.Context, id string, cfg LoraConfig) error {
+	if err := stopped(ctx); err != nil {
+		return err
+	}
 	_, err := e.CreateAdapter(id, cfg)
 	return err
+}
+
+// ErrCancelled wraps the context's error when a call stops because its context ended.
+var ErrCancelled = errors.New("engine: call cancelled")
+
+// stopped is nil while ctx runs, else its error wrapped (errors.Is finds both ErrCancelled and
+// context.Canceled or context.DeadlineExceeded).
+func stopped(ctx context.Context) error {
+	if ctx == nil {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCancelled, err)
+	}
+	return nil
 }
 
 var _ Compute = (*Engine)(nil)

@@ -107,11 +107,11 @@ type panicOnce struct {
 	fired atomic.Bool
 }
 
-func (p *panicOnce) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+func (p *panicOnce) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
 	if !p.fired.Swap(true) {
 		panic("compute bug")
 	}
-	return p.Engine.ForwardBackward(id, data, loss, cfg)
+	return p.Engine.ForwardBackward(ctx, id, data, loss, cfg)
 }
 
 // serverOver serves one replica over the given compute.
@@ -212,9 +212,9 @@ type gatedCompute struct {
 	gate chan struct{}
 }
 
-func (g *gatedCompute) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+func (g *gatedCompute) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
 	<-g.gate
-	return g.Engine.ForwardBackward(id, data, loss, cfg)
+	return g.Engine.ForwardBackward(ctx, id, data, loss, cfg)
 }
 
 // A replica shares its time between tenants: with one tenant's training ops queued on it (three

@@ -250,7 +250,7 @@ func (s *Server) startSample(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	if err := s.enqueueSample(rep, smp, sr, f); err != nil {
+	if err := s.enqueueSampleFor(r.Context(), rep, smp, sr, f); err != nil {
 		s.finishOn(f, rep.ID(), nil, err)
 	}
 	return f, nil

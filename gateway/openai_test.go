@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -283,13 +284,13 @@ type watchedEngine struct {
 
 func (w *watchedEngine) LocalEngine() *engine.Engine { return w.Engine }
 
-func (w *watchedEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+func (w *watchedEngine) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	n := 0 // tokens handed over (one streamed request)
 	for i := range reqs {
 		inner := reqs[i].OnToken
 		if inner == nil {
 			continue
 		}
-		n := 0
 		reqs[i].OnToken = func(sample, token int, lp float64) bool {
 			n++
 			if n == 3 {
@@ -314,8 +315,16 @@ func (w *watchedEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*
 			return true
 		}
 	}
-	res, err := w.Engine.SampleBatch(id, reqs)
+	res, err := w.Engine.SampleBatch(ctx, id, reqs)
 	w.mu.Lock()
+	if errors.Is(err, context.Canceled) {
+		// The batch's context ended with its only client's: the decode stopped at token n,
+		// without waiting for OnToken to refuse.
+		if w.refusedAt == 0 {
+			w.refusedAt = n
+		}
+		w.lengths = append(w.lengths, n)
+	}
 	for _, r := range res {
 		if r != nil && len(r.Sequences) > 0 {
 			w.lengths = append(w.lengths, len(r.Sequences[0].Tokens))
@@ -378,7 +387,7 @@ type gatedEngine struct {
 
 func (g *gatedEngine) LocalEngine() *engine.Engine { return g.Engine }
 
-func (g *gatedEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+func (g *gatedEngine) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
 	g.mu.Lock()
 	first := len(g.batches) == 0
 	g.batches = append(g.batches, append([]engine.SampleRequest(nil), reqs...))
@@ -387,7 +396,7 @@ func (g *gatedEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*en
 		close(g.entered)
 		<-g.release
 	}
-	return g.Engine.SampleBatch(id, reqs)
+	return g.Engine.SampleBatch(ctx, id, reqs)
 }
 
 // An OpenAI request waits in the same per-replica queue as Tinker's asample and is decoded in

@@ -195,13 +195,13 @@ func (s *Server) routerHooks() router.Hooks {
 			run := s.runs.get(adapter)
 			var err error
 			if derr := rep.Do(ctx, func() {
-				if run != nil && rep.Engine.HasAdapter(adapter) {
+				if run != nil && rep.Engine.HasAdapter(context.Background(), adapter) {
 					// Saved in full before it leaves memory: its next request reloads it, possibly elsewhere.
 					if err = s.persistAdapter(run, rep); err != nil {
 						return
 					}
 				}
-				rep.Engine.DeleteAdapter(adapter)
+				rep.Engine.DeleteAdapter(context.Background(), adapter)
 			}); derr != nil {
 				s.transportFailed(rep, derr)
 				return derr

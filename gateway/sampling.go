@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -20,6 +22,7 @@ import (
 type pendingSample struct {
 	req engine.SampleRequest
 	f   *future
+	ctx context.Context // the asking client's, while it waits on the connection; nil: none (a future outlives its request)
 }
 
 type sampleQueue struct {
@@ -45,6 +48,12 @@ func (s *Server) samplingBusy(rep *replica.Replica) bool {
 }
 
 func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.SampleRequest, f *future) error {
+	return s.enqueueSampleFor(nil, rep, smp, req, f)
+}
+
+// enqueueSampleFor is enqueueSample for a client that waits on its connection: once every
+// request of a batch has such a client and all of them have gone, the batch's decode stops.
+func (s *Server) enqueueSampleFor(ctx context.Context, rep *replica.Replica, smp *sampler, req engine.SampleRequest, f *future) error {
 	key := rep.ID() + "|" + smp.engineID
 	s.sampling.mu.Lock()
 	defer s.sampling.mu.Unlock()
@@ -57,7 +66,7 @@ func (s *Server) enqueueSample(rep *replica.Replica, smp *sampler, req engine.Sa
 		q = &sampleQueue{}
 		s.sampling.queues[key] = q
 	}
-	q.pending = append(q.pending, pendingSample{req: req, f: f})
+	q.pending = append(q.pending, pendingSample{req: req, f: f, ctx: ctx})
 	s.sampling.waiting[rep.ID()]++
 	if q.scheduled {
 		return nil // the job already queued on the replica will take this one too
@@ -92,6 +101,8 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 	if len(batch) == 0 {
 		return
 	}
+	ctx, stop := batchContext(batch)
+	defer stop()
 	fail := func(err error) {
 		// Sampling only reads weights: on a lost worker the batch goes to another replica.
 		if s.transportFailed(rep, err) && s.resample(smp, batch) {
@@ -111,8 +122,9 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 	}()
 	e := rep.Engine
 	if smp.engineID != "" {
-		if !e.HasAdapter(smp.engineID) {
-			if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+		if !e.HasAdapter(ctx, smp.engineID) {
+			// A read-only copy: the replica knows it takes no LoRA slot.
+			if err := e.LoadSnapshot(ctx, smp.engineID, smp.dir); err != nil {
 				fail(fmt.Errorf("loading sampler weights: %w", err))
 				return
 			}
@@ -124,7 +136,7 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 		reqs[i] = p.req
 	}
 	start := time.Now()
-	results, err := e.SampleBatch(smp.engineID, reqs)
+	results, err := e.SampleBatch(ctx, smp.engineID, reqs)
 	if err != nil {
 		fail(err)
 		return
@@ -140,6 +152,33 @@ func (s *Server) runSamples(rep *replica.Replica, smp *sampler, key string) {
 	}
 }
 
+// batchContext is the context a batch samples under: it ends once every request's client has
+// gone. A request without a client context (a Tinker future, polled later) keeps it running.
+func batchContext(batch []pendingSample) (context.Context, func()) {
+	for _, p := range batch {
+		if p.ctx == nil {
+			return context.Background(), func() {}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int64
+	left.Store(int64(len(batch)))
+	stops := make([]func() bool, 0, len(batch))
+	for _, p := range batch {
+		stops = append(stops, context.AfterFunc(p.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
 // resample queues a batch of a lost worker on another replica of the base model; false if none.
 func (s *Server) resample(smp *sampler, batch []pendingSample) bool {
 	next, err := s.samplingReplica(smp.baseModel, "", "")
@@ -148,7 +187,7 @@ func (s *Server) resample(smp *sampler, batch []pendingSample) bool {
 	}
 	s.log.Warn("worker lost: sampling again elsewhere", "replica", next.ID(), "requests", len(batch))
 	for _, p := range batch {
-		if err := s.enqueueSample(next, smp, p.req, p.f); err != nil {
+		if err := s.enqueueSampleFor(p.ctx, next, smp, p.req, p.f); err != nil {
 			s.finishOn(p.f, next.ID(), nil, err)
 		}
 	}
@@ -212,6 +251,6 @@ func (s *Server) keepSamplerCopy(rep *replica.Replica, engineID string) {
 	c.lru[rep.ID()] = ids
 	c.mu.Unlock()
 	for _, id := range evict {
-		rep.Engine.DeleteAdapter(id)
+		rep.Engine.DeleteAdapter(context.Background(), id)
 	}
 }

@@ -216,7 +216,7 @@ func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
 	s.runs.mu.Lock()
 	held := slices.Clone(run.grads.held)
 	s.runs.mu.Unlock()
-	return s.writeSavedState(run.id, held, func(dir string) error { return rep.Engine.SaveAdapter(run.id, dir, true) })
+	return s.writeSavedState(run.id, held, func(dir string) error { return rep.Engine.SaveAdapter(context.Background(), run.id, dir, true) })
 }
 
 // ensureAdapter makes sure a run's adapter is in the engine, reloading its saved state or, if
@@ -224,7 +224,7 @@ func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
 // stepped but whose state is missing is an error: it never silently starts over. Runs on the replica.
 func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 	e := rep.Engine
-	if e.HasAdapter(run.id) {
+	if e.HasAdapter(context.Background(), run.id) {
 		return nil
 	}
 	dir, err := s.savedState(run.id)
@@ -233,7 +233,7 @@ func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 	}
 	if dir != "" {
 		s.log.Info("reloading adapter from its saved state", "run", run.id, "dir", dir)
-		if err := e.LoadAdapter(run.id, dir, true); err != nil {
+		if err := e.LoadAdapter(context.Background(), run.id, dir, true); err != nil {
 			return err
 		}
 		held := readGradientsRecord(dir)
@@ -250,7 +250,7 @@ func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 		return fmt.Errorf("%w: model %s has taken %d steps but %s holds no saved state for it; it is not restarted "+
 			"from its seed: create a new model and load_weights from its last checkpoint", errStateLost, run.id, step, s.stateRoot())
 	}
-	return e.CreateLora(run.id, run.lora)
+	return e.CreateLora(context.Background(), run.id, run.lora)
 }
 
 // orphanMsg is the error of a request whose gateway died while it ran.

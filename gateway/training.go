@@ -21,10 +21,10 @@ func (s *Server) dropAdapter(run *trainingRun) {
 		rep := ep.(*replica.Replica)
 		// In the tenant's lane, so that it runs after the run's ops already queued there.
 		_ = rep.RunIn(run.tenant, func() {
-			if rep.Engine.HasAdapter(run.id) {
+			if rep.Engine.HasAdapter(context.Background(), run.id) {
 				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
 			}
-			rep.Engine.DeleteAdapter(run.id)
+			rep.Engine.DeleteAdapter(context.Background(), run.id)
 		})
 	}
 	s.router.Forget(run.id)
@@ -259,9 +259,9 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		var err error
 		start := time.Now()
 		if req.ForwardOnly {
-			res, err = rep.Engine.Forward(adapterOrBase(run.id, baseOnly), data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Engine.Forward(context.Background(), adapterOrBase(run.id, baseOnly), data, req.Input.LossFn, req.Input.LossFnConfig)
 		} else {
-			res, err = rep.Engine.ForwardBackward(run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Engine.ForwardBackward(context.Background(), run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
 		}
 		if err != nil {
 			return nil, err
@@ -300,7 +300,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		if err := s.lostGradients(context.Background(), run); err != nil {
 			return nil, err
 		}
-		m, err := rep.Engine.OptimStep(run.id, p)
+		m, err := rep.Engine.OptimStep(context.Background(), run.id, p)
 		if err != nil {
 			return nil, err
 		}
@@ -309,7 +309,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		if err := s.persistAdapter(run, rep); err != nil {
 			return nil, fmt.Errorf("saving the adapter state: %w", err)
 		}
-		_, step, _ := rep.Engine.AdapterInfo(run.id)
+		_, step, _ := rep.Engine.AdapterInfo(context.Background(), run.id)
 		s.updateRun(run, func(run *trainingRun) { run.step, run.lastRequest = step, time.Now() })
 		s.recordStepMetrics(run, step, m)
 		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil

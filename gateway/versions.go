@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"strings"
 
 	"github.com/skein-ai/skein/replica"
@@ -65,7 +66,7 @@ func (s *Server) dropSamplerCopies(path string) {
 		if ids := drop[rep.ID()]; len(ids) > 0 {
 			_ = rep.Run(func() { // a closed replica holds nothing to free
 				for _, id := range ids {
-					rep.Engine.DeleteAdapter(id)
+					rep.Engine.DeleteAdapter(context.Background(), id)
 				}
 			})
 		}

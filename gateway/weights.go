@@ -3,6 +3,7 @@ package gateway
 // Weights of a training run: save_weights, save_weights_for_sampler, load_weights, weights_info.
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -63,7 +64,7 @@ func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p check
 	start := time.Now()
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
-	if err := rep.Engine.SaveAdapter(run.id, tmp, withOptimizer); err != nil {
+	if err := rep.Engine.SaveAdapter(context.Background(), run.id, tmp, withOptimizer); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -125,10 +126,10 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(rep *replica.Replica) (any, error) {
 		e := rep.Engine
 		smp.rep = rep // the snapshot lives where the adapter is
-		if err := e.SaveAdapter(run.id, smp.dir, false); err != nil {
+		if err := e.SaveAdapter(context.Background(), run.id, smp.dir, false); err != nil {
 			return nil, err
 		}
-		if err := e.LoadAdapter(smp.engineID, smp.dir, false); err != nil {
+		if err := e.LoadSnapshot(context.Background(), smp.engineID, smp.dir); err != nil {
 			return nil, err
 		}
 		s.registerSampler(smp, run.session)
@@ -160,10 +161,10 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		}
 		return nil
 	}, func(rep *replica.Replica) (any, error) {
-		if err := rep.Engine.LoadAdapter(run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
+		if err := rep.Engine.LoadAdapter(context.Background(), run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
 			return nil, err
 		}
-		cfg, step, err := rep.Engine.AdapterInfo(run.id)
+		cfg, step, err := rep.Engine.AdapterInfo(context.Background(), run.id)
 		if err != nil { // a worker's unusable answer: keep the run as it was
 			return nil, fmt.Errorf("reading the loaded adapter: %w", err)
 		}

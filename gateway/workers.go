@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -83,8 +84,8 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	// A worker that re-registers (this gateway restarted, or declared it dead) may still hold
 	// adapters the router no longer counts: drop them, so its slots match the router's view.
 	// Their state is on disk as of their last step; they reload on their next request.
-	for _, id := range cl.AdapterIDs() {
-		cl.DeleteAdapter(id)
+	for _, id := range cl.AdapterIDs(context.Background()) {
+		cl.DeleteAdapter(context.Background(), id)
 	}
 	rep := replica.New(reg.ID, reg.BaseModel, cl, reg.MaxLoras)
 	s.workersMu.Lock()

@@ -261,15 +261,15 @@ func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
 // panickyEngine is a replica's compute with a bug in sampling, and in training on token 13.
 type panickyEngine struct{ *engine.Engine }
 
-func (p panickyEngine) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+func (p panickyEngine) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
 	if data[0].Tokens[0] == 13 {
 		var res *engine.ForwardResult
 		return res, fmt.Errorf("%v", res.Loss) // nil dereference
 	}
-	return p.Engine.ForwardBackward(id, data, loss, cfg)
+	return p.Engine.ForwardBackward(ctx, id, data, loss, cfg)
 }
 
-func (p panickyEngine) SampleBatch(string, []engine.SampleRequest) ([]*engine.SampleResult, error) {
+func (p panickyEngine) SampleBatch(context.Context, string, []engine.SampleRequest) ([]*engine.SampleResult, error) {
 	var res []*engine.SampleResult
 	return []*engine.SampleResult{res[3]}, nil // index out of range
 }

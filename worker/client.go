@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,13 +52,16 @@ func NewClient(url, token string, info engine.ModelInfo) *Client {
 // call (per-token values, top-k rows), so a fixed floor plus a generous multiple of it.
 func answerLimit(reqBytes int) int64 { return 64<<20 + 256*int64(reqBytes) }
 
-func (c *Client) do(method string, q callRequest) (callResponse, error) {
+// do sends one call. ctx bounds it: once ctx ends the request is aborted and the call returns
+// an error wrapping engine.ErrCancelled and ctx.Err() (the worker is not lost; an effectful
+// call still counts as one that may have run).
+func (c *Client) do(ctx context.Context, method string, q callRequest) (callResponse, error) {
 	var r callResponse
 	b, err := json.Marshal(q)
 	if err != nil {
 		return r, err
 	}
-	req, err := http.NewRequest(http.MethodPost, c.URL+"/worker/v1/"+method, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/worker/v1/"+method, bytes.NewReader(b))
 	if err != nil {
 		return r, err
 	}
@@ -66,6 +70,12 @@ func (c *Client) do(method string, q callRequest) (callResponse, error) {
 		req.Header.Set(TokenHeader, c.Token)
 	}
 	resp, err := c.http.Do(req)
+	if err != nil && ctx.Err() != nil {
+		if effectful[method] {
+			c.effects.Add(1)
+		}
+		return r, fmt.Errorf("%w: worker %s %s: %w", engine.ErrCancelled, c.URL, method, ctx.Err())
+	}
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
@@ -111,41 +121,56 @@ func decodeAnswer(body io.Reader, limit int64) (callResponse, error) {
 
 func (c *Client) Info() engine.ModelInfo { return c.info }
 
-func (c *Client) HasAdapter(id string) bool {
-	r, err := c.do("has_adapter", callRequest{ID: id})
+func (c *Client) HasAdapter(ctx context.Context, id string) bool {
+	r, err := c.do(ctx, "has_adapter", callRequest{ID: id})
 	return err == nil && r.Bool
 }
 
-func (c *Client) AdapterIDs() []string {
-	r, err := c.do("adapter_ids", callRequest{})
+func (c *Client) AdapterIDs(ctx context.Context) []string {
+	r, err := c.do(ctx, "adapter_ids", callRequest{})
 	if err != nil || checkIDs(r.IDs) != nil {
 		return nil
 	}
 	return r.IDs
 }
 
-func (c *Client) CreateLora(id string, cfg engine.LoraConfig) error {
-	_, err := c.do("create", callRequest{ID: id, Lora: &cfg})
+func (c *Client) CreateLora(ctx context.Context, id string, cfg engine.LoraConfig) error {
+	_, err := c.do(ctx, "create", callRequest{ID: id, Lora: &cfg})
 	return err
 }
 
-func (c *Client) LoadAdapter(id, dir string, withOptimizer bool) error {
-	_, err := c.do("load", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
+// LoadSnapshot loads saved weights on the worker as a read-only sampler snapshot.
+func (c *Client) LoadSnapshot(ctx context.Context, id, dir string) error {
+	_, err := c.do(ctx, "load_snapshot", callRequest{ID: id, Dir: dir})
 	return err
 }
 
-func (c *Client) SaveAdapter(id, dir string, withOptimizer bool) error {
-	_, err := c.do("save", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
+// TrainingAdapterIDs lists the worker's adapters that take a LoRA slot.
+func (c *Client) TrainingAdapterIDs(ctx context.Context) []string {
+	r, err := c.do(ctx, "training_adapter_ids", callRequest{})
+	if err != nil || checkIDs(r.IDs) != nil {
+		return nil
+	}
+	return r.IDs
+}
+
+func (c *Client) LoadAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
+	_, err := c.do(ctx, "load", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
 	return err
 }
 
-func (c *Client) DeleteAdapter(id string) bool {
-	r, err := c.do("delete", callRequest{ID: id})
+func (c *Client) SaveAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
+	_, err := c.do(ctx, "save", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
+	return err
+}
+
+func (c *Client) DeleteAdapter(ctx context.Context, id string) bool {
+	r, err := c.do(ctx, "delete", callRequest{ID: id})
 	return err == nil && r.Bool
 }
 
-func (c *Client) AdapterInfo(id string) (engine.LoraConfig, int, error) {
-	r, err := c.do("adapter_info", callRequest{ID: id})
+func (c *Client) AdapterInfo(ctx context.Context, id string) (engine.LoraConfig, int, error) {
+	r, err := c.do(ctx, "adapter_info", callRequest{ID: id})
 	if err != nil {
 		return engine.LoraConfig{}, 0, err
 	}
@@ -155,8 +180,8 @@ func (c *Client) AdapterInfo(id string) (engine.LoraConfig, int, error) {
 	return *r.Lora, r.Step, nil
 }
 
-func (c *Client) forward(method, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	r, err := c.do(method, callRequest{ID: id, Data: data, Loss: loss, LossConfig: cfg})
+func (c *Client) forward(ctx context.Context, method, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	r, err := c.do(ctx, method, callRequest{ID: id, Data: data, Loss: loss, LossConfig: cfg})
 	if err != nil {
 		return nil, err
 	}
@@ -166,16 +191,16 @@ func (c *Client) forward(method, id string, data []engine.Datum, loss string, cf
 	return r.Forward, nil
 }
 
-func (c *Client) Forward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	return c.forward("forward", id, data, loss, cfg)
+func (c *Client) Forward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	return c.forward(ctx, "forward", id, data, loss, cfg)
 }
 
-func (c *Client) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	return c.forward("forward_backward", id, data, loss, cfg)
+func (c *Client) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	return c.forward(ctx, "forward_backward", id, data, loss, cfg)
 }
 
-func (c *Client) OptimStep(id string, p engine.AdamParams) (map[string]float64, error) {
-	r, err := c.do("optim_step", callRequest{ID: id, Adam: &p})
+func (c *Client) OptimStep(ctx context.Context, id string, p engine.AdamParams) (map[string]float64, error) {
+	r, err := c.do(ctx, "optim_step", callRequest{ID: id, Adam: &p})
 	if err != nil {
 		return nil, err
 	}
@@ -185,8 +210,8 @@ func (c *Client) OptimStep(id string, p engine.AdamParams) (map[string]float64, 
 	return r.Metrics, nil
 }
 
-func (c *Client) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
-	r, err := c.do("sample", callRequest{ID: id, Samples: reqs})
+func (c *Client) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	r, err := c.do(ctx, "sample", callRequest{ID: id, Samples: reqs})
 	if err != nil {
 		return nil, err
 	}

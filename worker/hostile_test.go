@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -22,22 +23,22 @@ type fakeEngine struct {
 func (f *fakeEngine) Info() engine.ModelInfo {
 	return engine.ModelInfo{Config: &engine.Config{VocabSize: 50, MaxPositionEmbeddings: 64}, MaxRank: 8}
 }
-func (f *fakeEngine) HasAdapter(string) bool                     { return true }
-func (f *fakeEngine) AdapterIDs() []string                       { return []string{"a"} }
-func (f *fakeEngine) CreateLora(string, engine.LoraConfig) error { return nil }
-func (f *fakeEngine) DeleteAdapter(string) bool                  { return true }
-func (f *fakeEngine) AdapterInfo(string) (engine.LoraConfig, int, error) {
+func (f *fakeEngine) HasAdapter(context.Context, string) bool                     { return true }
+func (f *fakeEngine) AdapterIDs(context.Context) []string                         { return []string{"a"} }
+func (f *fakeEngine) CreateLora(context.Context, string, engine.LoraConfig) error { return nil }
+func (f *fakeEngine) DeleteAdapter(context.Context, string) bool                  { return true }
+func (f *fakeEngine) AdapterInfo(context.Context, string) (engine.LoraConfig, int, error) {
 	return engine.LoraConfig{Rank: 2}, 1, nil
 }
-func (f *fakeEngine) LoadAdapter(id, dir string, _ bool) error {
+func (f *fakeEngine) LoadAdapter(ctx context.Context, id, dir string, _ bool) error {
 	f.loads = append(f.loads, dir)
 	return nil
 }
-func (f *fakeEngine) SaveAdapter(id, dir string, _ bool) error {
+func (f *fakeEngine) SaveAdapter(ctx context.Context, id, dir string, _ bool) error {
 	f.saves = append(f.saves, dir)
 	return nil
 }
-func (f *fakeEngine) Forward(id string, data []engine.Datum, _ string, _ map[string]float64) (*engine.ForwardResult, error) {
+func (f *fakeEngine) Forward(ctx context.Context, id string, data []engine.Datum, _ string, _ map[string]float64) (*engine.ForwardResult, error) {
 	res := &engine.ForwardResult{Metrics: map[string]float64{"loss:sum": 0}}
 	for _, d := range data {
 		res.Logprobs = append(res.Logprobs, make([]float64, len(d.Tokens)))
@@ -45,13 +46,13 @@ func (f *fakeEngine) Forward(id string, data []engine.Datum, _ string, _ map[str
 	}
 	return res, nil
 }
-func (f *fakeEngine) ForwardBackward(id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	return f.Forward(id, data, loss, cfg)
+func (f *fakeEngine) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+	return f.Forward(ctx, id, data, loss, cfg)
 }
-func (f *fakeEngine) OptimStep(string, engine.AdamParams) (map[string]float64, error) {
+func (f *fakeEngine) OptimStep(context.Context, string, engine.AdamParams) (map[string]float64, error) {
 	return map[string]float64{"step:max": 1}, nil
 }
-func (f *fakeEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+func (f *fakeEngine) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
 	var out []*engine.SampleResult
 	for _, q := range reqs {
 		r := &engine.SampleResult{}
@@ -63,6 +64,12 @@ func (f *fakeEngine) SampleBatch(id string, reqs []engine.SampleRequest) ([]*eng
 	return out, nil
 }
 
+func (f *fakeEngine) TrainingAdapterIDs(context.Context) []string { return []string{"a"} }
+func (f *fakeEngine) LoadSnapshot(ctx context.Context, id, dir string) error {
+	f.loads = append(f.loads, dir)
+	return nil
+}
+
 var _ engine.Compute = (*fakeEngine)(nil)
 
 // A worker started without a token serves no call at all, and a wrong token is refused.
@@ -71,7 +78,7 @@ func TestWorkerWithoutTokenServesNothing(t *testing.T) {
 	for _, tc := range []struct{ serverToken, clientToken string }{{"", ""}, {"", "x"}, {"tok", ""}, {"tok", "tok2"}} {
 		ts := httptest.NewServer(NewServer(f, tc.serverToken, t.TempDir()))
 		c := NewClient(ts.URL, tc.clientToken, f.Info())
-		if err := c.CreateLora("a", engine.LoraConfig{Rank: 2}); err == nil {
+		if err := c.CreateLora(context.Background(), "a", engine.LoraConfig{Rank: 2}); err == nil {
 			t.Errorf("server token %q, client token %q: the call was served", tc.serverToken, tc.clientToken)
 		}
 		ts.Close()
@@ -105,10 +112,10 @@ func TestLoadAndSaveStayInsideTheDataDir(t *testing.T) {
 		filepath.Join(data, "escape", "new"), filepath.Join(data, "dangling"), data + "-sibling",
 	}
 	for _, dir := range refused {
-		if err := c.SaveAdapter("a", dir, true); err == nil || !strings.Contains(err.Error(), "outside the worker's data directory") {
+		if err := c.SaveAdapter(context.Background(), "a", dir, true); err == nil || !strings.Contains(err.Error(), "outside the worker's data directory") {
 			t.Errorf("save to %q: %v", dir, err)
 		}
-		if err := c.LoadAdapter("a", dir, true); err == nil {
+		if err := c.LoadAdapter(context.Background(), "a", dir, true); err == nil {
 			t.Errorf("load from %q was served", dir)
 		}
 	}
@@ -116,7 +123,7 @@ func TestLoadAndSaveStayInsideTheDataDir(t *testing.T) {
 		t.Fatalf("the engine saw %v %v", f.loads, f.saves)
 	}
 	for _, dir := range []string{filepath.Join(data, "runs"), filepath.Join(data, "runs", "new", "deeper")} {
-		if err := c.SaveAdapter("a", dir, true); err != nil {
+		if err := c.SaveAdapter(context.Background(), "a", dir, true); err != nil {
 			t.Errorf("save to %q: %v", dir, err)
 		}
 	}
@@ -140,14 +147,20 @@ func TestHostileAnswersAreErrors(t *testing.T) {
 	data := []engine.Datum{{Tokens: []int{1, 2, 3}}}
 	sample := []engine.SampleRequest{{Prompt: []int{1, 2}, NumSamples: 2, Params: engine.SampleParams{MaxTokens: 2}}}
 	calls := map[string]func(c *Client) error{
-		"forward": func(c *Client) error { _, err := c.Forward("a", data, "cross_entropy", nil); return err },
-		"forward_backward": func(c *Client) error {
-			_, err := c.ForwardBackward("a", data, "cross_entropy", nil)
+		"forward": func(c *Client) error {
+			_, err := c.Forward(context.Background(), "a", data, "cross_entropy", nil)
 			return err
 		},
-		"optim_step":   func(c *Client) error { _, err := c.OptimStep("a", engine.AdamParams{}); return err },
-		"adapter_info": func(c *Client) error { _, _, err := c.AdapterInfo("a"); return err },
-		"sample":       func(c *Client) error { _, err := c.SampleBatch("a", sample); return err },
+		"forward_backward": func(c *Client) error {
+			_, err := c.ForwardBackward(context.Background(), "a", data, "cross_entropy", nil)
+			return err
+		},
+		"optim_step": func(c *Client) error {
+			_, err := c.OptimStep(context.Background(), "a", engine.AdamParams{})
+			return err
+		},
+		"adapter_info": func(c *Client) error { _, _, err := c.AdapterInfo(context.Background(), "a"); return err },
+		"sample":       func(c *Client) error { _, err := c.SampleBatch(context.Background(), "a", sample); return err },
 	}
 	cases := []struct{ call, body string }{
 		{"forward", `{}`},
@@ -199,13 +212,13 @@ func TestHostileAnswersAreErrors(t *testing.T) {
 func TestEffectsCountDeliveredCalls(t *testing.T) {
 	ts := httptest.NewServer(NewServer(&fakeEngine{}, "tok", t.TempDir()))
 	c := NewClient(ts.URL, "tok", (&fakeEngine{}).Info())
-	_, _ = c.ForwardBackward("a", []engine.Datum{{Tokens: []int{1}}}, "cross_entropy", nil)
-	_, _ = c.Forward("a", []engine.Datum{{Tokens: []int{1}}}, "cross_entropy", nil)
+	_, _ = c.ForwardBackward(context.Background(), "a", []engine.Datum{{Tokens: []int{1}}}, "cross_entropy", nil)
+	_, _ = c.Forward(context.Background(), "a", []engine.Datum{{Tokens: []int{1}}}, "cross_entropy", nil)
 	if c.Effects() != 1 {
 		t.Fatalf("effects %d after one forward_backward and one forward", c.Effects())
 	}
 	ts.Close()
-	_, err := c.OptimStep("a", engine.AdamParams{})
+	_, err := c.OptimStep(context.Background(), "a", engine.AdamParams{})
 	if !errors.Is(err, ErrUnreachable) || c.Effects() != 1 {
 		t.Fatalf("call to a closed worker: %v, effects %d", err, c.Effects())
 	}
@@ -217,7 +230,7 @@ func TestEffectsCountDeliveredCalls(t *testing.T) {
 	}))
 	defer dies.Close()
 	c = NewClient(dies.URL, "tok", (&fakeEngine{}).Info())
-	if _, err := c.OptimStep("a", engine.AdamParams{}); !errors.Is(err, ErrLost) || c.Effects() != 1 {
+	if _, err := c.OptimStep(context.Background(), "a", engine.AdamParams{}); !errors.Is(err, ErrLost) || c.Effects() != 1 {
 		t.Fatalf("call to a worker that died mid-call: %v, effects %d", err, c.Effects())
 	}
 }

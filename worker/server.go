@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -31,12 +32,8 @@ type Server struct {
 
 // Status is the worker's heartbeat payload (its id filled in by the caller).
 func (s *Server) Status(maxLoras int) Heartbeat {
-	var training []string
-	for _, id := range s.e.AdapterIDs() {
-		if strings.Contains(id, ":train:") { // sampler snapshots do not take LoRA slots
-			training = append(training, id)
-		}
-	}
+	// The engine knows which adapters train (and take a slot) and which are sampler snapshots.
+	training := s.e.TrainingAdapterIDs(context.Background())
 	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load())}
 }
 
@@ -71,7 +68,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.inflight.Add(1)
-	resp, err := s.safeCall(r.URL.Path[len(prefix):], req)
+	resp, err := s.safeCall(r.Context(), r.URL.Path[len(prefix):], req)
 	s.inflight.Add(-1)
 	if err != nil {
 		resp = encodeErr(err)
@@ -94,7 +91,8 @@ func decodeCall(body io.Reader) (callRequest, error) {
 }
 
 // safeCall runs one call at a time and turns a panic into that call's error.
-func (s *Server) safeCall(method string, q callRequest) (r callResponse, err error) {
+// The request's ctx goes to the engine: a gateway that gives up on a call stops its pass.
+func (s *Server) safeCall(ctx context.Context, method string, q callRequest) (r callResponse, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer func() {
@@ -103,10 +101,10 @@ func (s *Server) safeCall(method string, q callRequest) (r callResponse, err err
 			r, err = callResponse{}, fmt.Errorf("internal error in %s: %v", method, v)
 		}
 	}()
-	return s.call(method, q)
+	return s.call(ctx, method, q)
 }
 
-func (s *Server) call(method string, q callRequest) (callResponse, error) {
+func (s *Server) call(ctx context.Context, method string, q callRequest) (callResponse, error) {
 	var r callResponse
 	var err error
 	switch method {
@@ -114,42 +112,49 @@ func (s *Server) call(method string, q callRequest) (callResponse, error) {
 		info := s.e.Info()
 		r.Info = &info
 	case "has_adapter":
-		r.Bool = s.e.HasAdapter(q.ID)
+		r.Bool = s.e.HasAdapter(ctx, q.ID)
 	case "adapter_ids":
-		r.IDs = s.e.AdapterIDs()
+		r.IDs = s.e.AdapterIDs(ctx)
+	case "training_adapter_ids":
+		r.IDs = s.e.TrainingAdapterIDs(ctx)
 	case "create":
 		if q.Lora == nil {
 			return r, errors.New("create needs lora")
 		}
-		err = s.e.CreateLora(q.ID, *q.Lora)
+		err = s.e.CreateLora(ctx, q.ID, *q.Lora)
 	case "load":
 		var dir string
 		if dir, err = inside(s.dataDir, q.Dir); err == nil {
-			err = s.e.LoadAdapter(q.ID, dir, q.WithOptimizer)
+			err = s.e.LoadAdapter(ctx, q.ID, dir, q.WithOptimizer)
+		}
+	case "load_snapshot":
+		var dir string
+		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+			err = s.e.LoadSnapshot(ctx, q.ID, dir)
 		}
 	case "save":
 		var dir string
 		if dir, err = inside(s.dataDir, q.Dir); err == nil {
-			err = s.e.SaveAdapter(q.ID, dir, q.WithOptimizer)
+			err = s.e.SaveAdapter(ctx, q.ID, dir, q.WithOptimizer)
 		}
 	case "delete":
-		r.Bool = s.e.DeleteAdapter(q.ID)
+		r.Bool = s.e.DeleteAdapter(ctx, q.ID)
 	case "adapter_info":
 		var cfg engine.LoraConfig
-		cfg, r.Step, err = s.e.AdapterInfo(q.ID)
+		cfg, r.Step, err = s.e.AdapterInfo(ctx, q.ID)
 		r.Lora = &cfg
 	case "forward":
-		r.Forward, err = s.e.Forward(q.ID, q.Data, q.Loss, q.LossConfig)
+		r.Forward, err = s.e.Forward(ctx, q.ID, q.Data, q.Loss, q.LossConfig)
 	case "forward_backward":
-		r.Forward, err = s.e.ForwardBackward(q.ID, q.Data, q.Loss, q.LossConfig)
+		r.Forward, err = s.e.ForwardBackward(ctx, q.ID, q.Data, q.Loss, q.LossConfig)
 	case "optim_step":
 		if q.Adam == nil {
 			return r, errors.New("optim_step needs adam")
 		}
-		r.Metrics, err = s.e.OptimStep(q.ID, *q.Adam)
+		r.Metrics, err = s.e.OptimStep(ctx, q.ID, *q.Adam)
 	case "sample":
 		var res []*engine.SampleResult
-		if res, err = s.e.SampleBatch(q.ID, q.Samples); err == nil {
+		if res, err = s.e.SampleBatch(ctx, q.ID, q.Samples); err == nil {
 			for _, x := range res {
 				r.Samples = append(r.Samples, toWireSample(x))
 			}

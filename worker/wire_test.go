@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -48,30 +49,30 @@ func TestClientServerRoundTrip(t *testing.T) {
 	ts := httptest.NewServer(NewServer(e, "tok", dir))
 	defer ts.Close()
 	c := NewClient(ts.URL, "tok", e.Info())
-	if err := c.CreateLora("a", engine.LoraConfig{Rank: 2, TrainAttn: true}); err != nil {
+	if err := c.CreateLora(context.Background(), "a", engine.LoraConfig{Rank: 2, TrainAttn: true}); err != nil {
 		t.Fatal(err)
 	}
-	if !c.HasAdapter("a") || len(c.AdapterIDs()) != 1 {
+	if !c.HasAdapter(context.Background(), "a") || len(c.AdapterIDs(context.Background())) != 1 {
 		t.Fatal("adapter not visible through the client")
 	}
 	d := engine.Datum{Tokens: []int{1, 2, 3}, Inputs: map[string]engine.TensorInput{"target_tokens": {DType: "int64", Data: []float64{2, 3, 4}}}}
-	remote, err := c.Forward("a", []engine.Datum{d}, "cross_entropy", nil)
+	remote, err := c.Forward(context.Background(), "a", []engine.Datum{d}, "cross_entropy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, _ := e.Forward("a", []engine.Datum{d}, "cross_entropy", nil)
+	local, _ := e.Forward(context.Background(), "a", []engine.Datum{d}, "cross_entropy", nil)
 	if fmt.Sprint(remote.Logprobs) != fmt.Sprint(local.Logprobs) {
 		t.Fatalf("remote %v, local %v", remote.Logprobs, local.Logprobs)
 	}
-	res, err := c.SampleBatch("", []engine.SampleRequest{{Prompt: []int{1, 2, 3}, PromptLogprobs: true, Params: engine.SampleParams{MaxTokens: 2}}})
+	res, err := c.SampleBatch(context.Background(), "", []engine.SampleRequest{{Prompt: []int{1, 2, 3}, PromptLogprobs: true, Params: engine.SampleParams{MaxTokens: 2}}})
 	if err != nil || len(res) != 1 || !math.IsNaN(res[0].PromptLogprobs[0]) || len(res[0].Sequences[0].Tokens) == 0 {
 		t.Fatalf("sample through the client: %v %+v", err, res)
 	}
-	if _, err := c.Forward("a", []engine.Datum{d}, "nope", nil); !errors.Is(err, engine.ErrInvalidInput) {
+	if _, err := c.Forward(context.Background(), "a", []engine.Datum{d}, "nope", nil); !errors.Is(err, engine.ErrInvalidInput) {
 		t.Fatalf("bad loss through the client: %v", err)
 	}
 	bad := NewClient(ts.URL, "wrong", e.Info())
-	if bad.HasAdapter("a") {
+	if bad.HasAdapter(context.Background(), "a") {
 		t.Fatal("a call with the wrong token was served")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -57,10 +58,10 @@ func benchEngine(args []string) error {
 			"target_tokens": {DType: "int64", Data: tg}, "weights": {DType: "float32", Data: w}}}
 	}
 	step := func() error {
-		if _, err := e.ForwardBackward("bench", data, "cross_entropy", nil); err != nil {
+		if _, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil); err != nil {
 			return err
 		}
-		_, err := e.OptimStep("bench", engine.DefaultAdamParams())
+		_, err := e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
 		return err
 	}
 	if err := step(); err != nil { // compile

@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"fmt"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/gomlx/compute/dtypes"
@@ -47,4 +50,65 @@ func (c *Config) TrainFLOPs(tokens, seq int) float64 {
 	attn := 2 * 2 * float64(seq) * H * hd // scores and weighted sum over seq keys
 	fwd := float64(tokens) * (float64(c.NumHiddenLayers)*(perTokenLinear+attn) + 2*D*float64(c.VocabSize))
 	return 2 * fwd
+}
+
+// maxBenchImageSide bounds BenchImage's side in pixels, so that a flag cannot ask for an
+// allocation beyond any real image processor's output.
+const maxBenchImageSide = 4096
+
+// BenchImage is one synthetic image of about side×side pixels as the vision tower takes it: its
+// grid (the side in patches, rounded down to whole merge blocks) and its pixel_values rows
+// [patches, C·T·P·P], deterministic values in [-1, 1] like a normalised processor's output.
+func BenchImage(v *VisionConfig, side int) (Images, error) {
+	if v == nil {
+		return Images{}, fmt.Errorf("engine: a bench image for a model without a vision tower")
+	}
+	unit := v.PatchSize * v.SpatialMergeSize
+	if unit < 1 || side < unit || side > maxBenchImageSide {
+		return Images{}, fmt.Errorf("engine: bench image side %d: want %d…%d pixels (one merge block of patches at least)", side, unit, maxBenchImageSide)
+	}
+	s := side / unit * v.SpatialMergeSize
+	grid := [3]int{1, s, s}
+	px := make([]float64, s*s*v.patchDim())
+	for i := range px {
+		px[i] = float64(float32(math.Sin(float64(i) * 0.37)))
+	}
+	return Images{PixelValues: px, Grids: [][3]int{grid}}, nil
+}
+
+// VisionImagesPerSecond times the vision tower alone, as a pass with images runs it (frozen,
+// once per image): n copies of img, after one untimed run that compiles the tower's matmuls.
+func (e *Engine) VisionImagesPerSecond(img Images, n int) (float64, error) {
+	if n < 1 {
+		return 0, fmt.Errorf("engine: %d images to time, want at least 1", n)
+	}
+	c := e.Config
+	if c.VisionConfig == nil || c.ImageTokenID == nil {
+		return 0, fmt.Errorf("engine: %s has no vision tower", c.Arch)
+	}
+	// The image is checked as a sequence of exactly its pad tokens would be, so the tower
+	// never slices past its pixels.
+	tokens := 0
+	for _, g := range img.Grids {
+		if g[0] < 1 || g[1] < 1 || g[2] < 1 || g[1] > maxBenchImageSide || g[2] > maxBenchImageSide {
+			return 0, fmt.Errorf("engine: bench image grid %v", g)
+		}
+		tokens += g[0] * (g[1] / c.VisionConfig.SpatialMergeSize) * (g[2] / c.VisionConfig.SpatialMergeSize)
+	}
+	pads := slices.Repeat([]int{*c.ImageTokenID}, tokens)
+	if err := checkImages(c, 0, pads, &img, ""); err != nil {
+		return 0, err
+	}
+	if _, err := e.encodeImages([]*Images{&img}); err != nil {
+		return 0, err
+	}
+	seqs := make([]*Images, n)
+	for i := range seqs {
+		seqs[i] = &img
+	}
+	start := time.Now()
+	if _, err := e.encodeImages(seqs); err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
 }

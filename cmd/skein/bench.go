@@ -5,13 +5,18 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"time"
 
 	"github.com/skein-ai/skein/engine"
 )
+
+// benchOutput is where the bench prints its results (a variable for tests).
+var benchOutput io.Writer = os.Stdout
 
 func benchEngine(args []string) error {
 	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
@@ -24,14 +29,20 @@ func benchEngine(args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	precision := fs.String("precision", engine.PrecisionF32, "base weights in memory: f32 or bf16")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
+	peakSize := fs.Int("peak-size", 1024, "side of the square float32 matmul that measures the peak")
+	images := fs.Int("images", 8, "vision-language models: images the vision tower is timed on")
+	imageSide := fs.Int("image-side", 224, "vision-language models: side in pixels of the bench's square images")
 	if _, err := parseArgs(fs, args, "skein bench engine --model DIR [flags]"); err != nil {
 		return err
 	}
 	if *model == "" {
 		return fmt.Errorf("--model is required")
 	}
-	// The matmul peak first, in a quiet process: best of 30 runs of a 1024³ float32 matmul.
-	peak, err := engine.MatmulGFLOPS(1024, 30)
+	if *peakSize < 1 || *peakSize > 8192 {
+		return fmt.Errorf("--peak-size %d: want 1…8192", *peakSize)
+	}
+	// The matmul peak first, in a quiet process: best of 30 runs of a --peak-size³ float32 matmul.
+	peak, err := engine.MatmulGFLOPS(*peakSize, 30)
 	if err != nil {
 		return err
 	}
@@ -43,28 +54,28 @@ func benchEngine(args []string) error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	V := e.Config.VocabSize
+	token := func() int { return benchToken(rng, e.Config) }
 	data := make([]engine.Datum, *batch)
 	for i := range data {
 		toks := make([]int, *seq)
 		tg := make([]float64, *seq)
 		w := make([]float64, *seq)
 		for j := range toks {
-			toks[j] = rng.IntN(V)
-			tg[j] = float64(rng.IntN(V))
+			toks[j] = token()
+			tg[j] = float64(token())
 			w[j] = 1
 		}
 		data[i] = engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
 			"target_tokens": {DType: "int64", Data: tg}, "weights": {DType: "float32", Data: w}}}
 	}
-	step := func() error {
+	step := func(data []engine.Datum) error {
 		if _, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil); err != nil {
 			return err
 		}
 		_, err := e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
 		return err
 	}
-	if err := step(); err != nil { // compile
+	if err := step(data); err != nil { // compile
 		return err
 	}
 	if *cpuProfile != "" {
@@ -83,7 +94,7 @@ func benchEngine(args []string) error {
 	stepTime := time.Duration(1 << 62)
 	for range *steps {
 		t0 := time.Now()
-		if err := step(); err != nil {
+		if err := step(data); err != nil {
 			return err
 		}
 		stepTime = min(stepTime, time.Since(t0))
@@ -91,7 +102,7 @@ func benchEngine(args []string) error {
 	meanStep := time.Since(start) / time.Duration(*steps)
 	pprof.StopCPUProfile()
 	// The peak again after training; the higher of the two is the reference.
-	if again, err := engine.MatmulGFLOPS(1024, 30); err == nil {
+	if again, err := engine.MatmulGFLOPS(*peakSize, 30); err == nil {
 		peak = max(peak, again)
 	}
 	tokens := *batch * *seq
@@ -121,6 +132,11 @@ func benchEngine(args []string) error {
 		}
 		res[fmt.Sprintf("decode_tokens_per_s_b%d", b)] = float64(n) / time.Since(start).Seconds()
 	}
+	if e.Info().TakesImages() {
+		if err := benchImages(e, res, step, rng, *batch, *seq, *images, *imageSide, *steps); err != nil {
+			return err
+		}
+	}
 	cs := e.CompileStats()
 	res["compiles"] = float64(cs.Count)
 	res["compile_s"] = cs.Total.Seconds()
@@ -133,15 +149,90 @@ func benchEngine(args []string) error {
 			out[k] = v
 		}
 		b, _ := json.Marshal(out)
-		fmt.Println(string(b))
+		fmt.Fprintln(benchOutput, string(b))
 		return nil
 	}
-	fmt.Printf("model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", *model, e.Config.Arch,
+	fmt.Fprintf(benchOutput, "model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", *model, e.Config.Arch,
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
-	fmt.Printf("train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
+	fmt.Fprintf(benchOutput, "train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
-	fmt.Printf("weights: %.0f MB (%s)\n", res["weights_mb"], *precision)
-	fmt.Printf("decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
-	fmt.Printf("matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
+	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s)\n", res["weights_mb"], *precision)
+	fmt.Fprintf(benchOutput, "decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
+	if v, ok := res["vision_images_per_s"]; ok {
+		fmt.Fprintf(benchOutput, "vision: %.1f images/s (%d×%d pixels, tower alone); train with one image per sequence: %.0f tokens/s\n",
+			v, *imageSide, *imageSide, res["train_tokens_per_s_images"])
+	}
+	fmt.Fprintf(benchOutput, "matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
+	return nil
+}
+
+// benchToken is a random token of the vocabulary that is not the image pad token: a pad token
+// in a sequence without images is refused.
+func benchToken(rng *rand.Rand, c *engine.Config) int {
+	for {
+		t := rng.IntN(c.VocabSize)
+		if c.ImageTokenID == nil || t != *c.ImageTokenID {
+			return t
+		}
+	}
+}
+
+// benchImages adds a vision-language model's keys to res: vision_images_per_s, the vision tower
+// alone on n images of side×side pixels, and train_tokens_per_s_images, the best of steps
+// training steps on batch sequences of seq tokens that each hold one such image (its pad
+// tokens count as tokens) and random text.
+func benchImages(e *engine.Engine, res map[string]float64, step func([]engine.Datum) error, rng *rand.Rand, batch, seq, n, side, steps int) error {
+	c := e.Config
+	if c.VisionStartTokenID == nil || c.VisionEndTokenID == nil {
+		return fmt.Errorf("bench: %s has no vision start and end tokens", c.Arch)
+	}
+	if n < 1 || n > 1024 {
+		return fmt.Errorf("--images %d: want 1…1024", n)
+	}
+	img, err := engine.BenchImage(c.VisionConfig, side)
+	if err != nil {
+		return err
+	}
+	perS, err := e.VisionImagesPerSecond(img, n)
+	if err != nil {
+		return err
+	}
+	res["vision_images_per_s"] = perS
+
+	g, m := img.Grids[0], c.VisionConfig.SpatialMergeSize
+	pads := g[0] * (g[1] / m) * (g[2] / m)
+	if seq < pads+3 {
+		return fmt.Errorf("--seq %d is too short for a %d×%d image: it takes %d tokens, and start, end and one text token", seq, side, side, pads+2)
+	}
+	dim := len(img.PixelValues) / (g[0] * g[1] * g[2])
+	data := make([]engine.Datum, batch)
+	for i := range data {
+		toks := append([]int{*c.VisionStartTokenID}, slices.Repeat([]int{*c.ImageTokenID}, pads)...)
+		toks = append(toks, *c.VisionEndTokenID)
+		for len(toks) < seq {
+			toks = append(toks, benchToken(rng, c))
+		}
+		tg, w := make([]float64, seq), make([]float64, seq)
+		for j := range tg {
+			tg[j], w[j] = float64(benchToken(rng, c)), 1
+		}
+		data[i] = engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
+			"target_tokens":         {DType: "int64", Data: tg},
+			"weights":               {DType: "float32", Data: w},
+			engine.PixelValuesInput: {DType: "float32", Shape: []int{len(img.PixelValues) / dim, dim}, Data: img.PixelValues},
+			engine.ImageGridInput:   {DType: "int64", Shape: []int{1, 3}, Data: []float64{float64(g[0]), float64(g[1]), float64(g[2])}}}}
+	}
+	if err := step(data); err != nil { // compile
+		return err
+	}
+	best := time.Duration(1 << 62)
+	for range steps {
+		t0 := time.Now()
+		if err := step(data); err != nil {
+			return err
+		}
+		best = min(best, time.Since(t0))
+	}
+	res["train_tokens_per_s_images"] = float64(batch*seq) / best.Seconds()
 	return nil
 }

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+// benchJSON runs `skein bench engine --json` with tiny sizes on a fresh tiny model of arch and
+// returns the JSON object it printed.
+func benchJSON(t *testing.T, arch engine.Arch, extra ...string) map[string]any {
+	t.Helper()
+	dir := t.TempDir()
+	if err := engine.InitTiny(dir, arch, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	old := benchOutput
+	benchOutput = &out
+	defer func() { benchOutput = old }()
+	args := append([]string{"bench", "engine", "--model", dir, "--json", "--batch", "1", "--seq", "64",
+		"--steps", "1", "--decode", "2", "--peak-size", "64", "--images", "2"}, extra...)
+	if err := run(args); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	return res
+}
+
+var visionBenchKeys = []string{"vision_images_per_s", "train_tokens_per_s_images"}
+
+// On a vision-language model the bench also times the vision tower alone and training on
+// sequences that each hold an image; on a text model it reports neither. The VL run's 256
+// random text tokens would hold the image pad token (which needs pixels) if it were drawn.
+func TestBenchEngineReportsVisionKeysOnlyForVLModels(t *testing.T) {
+	vl := benchJSON(t, engine.ArchQwen3VL, "--seq", "256")
+	for _, k := range append([]string{"train_tokens_per_s"}, visionBenchKeys...) {
+		if v, ok := vl[k].(float64); !ok || !(v > 0) {
+			t.Errorf("VL model: %s = %v, want a positive number", k, vl[k])
+		}
+	}
+	text := benchJSON(t, engine.ArchQwen3)
+	if v, ok := text["train_tokens_per_s"].(float64); !ok || !(v > 0) {
+		t.Errorf("text model: train_tokens_per_s = %v", text["train_tokens_per_s"])
+	}
+	for _, k := range visionBenchKeys {
+		if _, ok := text[k]; ok {
+			t.Errorf("text model reports %s = %v", k, text[k])
+		}
+	}
+}
+
+// A sequence too short for the bench's image is refused with a message naming --seq, and an
+// image below one merge block of patches is refused, before any training.
+func TestBenchEngineRefusesImagesThatDoNotFit(t *testing.T) {
+	dir := t.TempDir()
+	if err := engine.InitTiny(dir, engine.ArchQwen3VL, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	old := benchOutput
+	benchOutput = &bytes.Buffer{}
+	defer func() { benchOutput = old }()
+	for flag, args := range map[string][]string{
+		"--seq":       {"--seq", "16"},
+		"bench image": {"--image-side", "8"},
+		"--images":    {"--images", "0"},
+		"--peak-size": {"--peak-size", "0"},
+	} {
+		err := run(append([]string{"bench", "engine", "--model", dir, "--json", "--batch", "1", "--steps", "1",
+			"--decode", "2", "--peak-size", "64"}, args...))
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%v: error %v, want one naming %s", args, err, flag)
+		}
+	}
+}

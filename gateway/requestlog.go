@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/skein-ai/skein/api"
 )
 
 // RequestIDHeader carries the id of one HTTP request: taken from the client when well-formed,
@@ -48,10 +50,8 @@ func noteResult(r *http.Request, tenant string, v any, err error) {
 	if tenant != "" {
 		info.tenant = tenant
 	}
-	if m, ok := v.(map[string]any); ok {
-		if id, ok := m["request_id"].(string); ok {
-			info.future = id
-		}
+	if f, ok := v.(api.FutureResponse); ok { // a submit: the future it created
+		info.future = f.RequestID
 	}
 	if err != nil {
 		info.err = err
@@ -120,8 +120,16 @@ func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if w.status == 0 {
 		w.status = http.StatusOK // nothing written: net/http answers 200
 	}
-	attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", loggedPath(r)),
-		slog.Int("status", w.status), slog.Duration("duration", time.Since(start)), slog.String("request_id", id)}
+	level := slog.LevelInfo
+	if w.status >= 500 {
+		level = slog.LevelError
+	}
+	if !s.log.Enabled(r.Context(), level) {
+		return // nothing to build the line for (a discarding or higher-level logger)
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs, slog.String("method", r.Method), slog.String("path", loggedPath(r)),
+		slog.Int("status", w.status), slog.Duration("duration", time.Since(start)), slog.String("request_id", id))
 	if info.tenant != "" {
 		attrs = append(attrs, slog.String("tenant", info.tenant))
 	}
@@ -130,10 +138,6 @@ func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}
 	if info.err != nil {
 		attrs = append(attrs, slog.String("err", info.err.Error()))
-	}
-	level := slog.LevelInfo
-	if w.status >= 500 {
-		level = slog.LevelError
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
 }

@@ -226,7 +226,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		return nil, err
 	}
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		opts.Logger = slog.New(slog.DiscardHandler) // not a text handler into io.Discard: that formats every line
 	}
 	if err := checkPublicURL(opts.PublicURL); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)

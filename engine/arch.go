@@ -17,6 +17,8 @@ type family struct {
 	headNorm bool
 	// finish applies what the family fixes regardless of config.json (nil: nothing).
 	finish func(c *Config)
+	// statedRopeTheta: config.json must give rope_theta (HF's default is not what its checkpoints use).
+	statedRopeTheta bool
 	// tinyConfig sets the family's own keys of a generated model's config.json.
 	tinyConfig func(cfg map[string]any, p Preset)
 	// validate checks what the family adds to config.json (nil: nothing).

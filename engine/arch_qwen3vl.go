@@ -52,7 +52,7 @@ var tinyVision = VisionConfig{Depth: 3, HiddenSize: 32, HiddenAct: "gelu_pytorch
 
 func init() {
 	registerFamily(&family{arch: ArchQwen3VL, hfClass: "Qwen3VLForConditionalGeneration", modelType: "qwen3_vl",
-		headNorm: true, lmPrefix: "model.language_model.", validate: validateQwen3VL,
+		headNorm: true, lmPrefix: "model.language_model.", validate: validateQwen3VL, statedRopeTheta: true,
 		extraWeights: visionWeightNames, extraShape: visionWeightShape,
 		tinyConfig: tinyQwen3VLConfig, tinySpecials: []string{VisionStartToken, VisionEndToken, ImagePadToken},
 		tinyTokens: tinyQwen3VLTokens, tinyFiles: writeQwen3VLFiles})
@@ -219,7 +219,8 @@ func tinyQwen3VLConfig(cfg map[string]any, p Preset) {
 		"temporal_patch_size": vc.TemporalPatchSize, "out_hidden_size": vc.OutHiddenSize,
 		"num_position_embeddings": vc.NumPositionEmbeddings, "deepstack_visual_indexes": vc.DeepstackVisualIndexes,
 		"initializer_range": 0.02}
-	cfg["tie_word_embeddings"] = true
+	// In both places, as released configs have it: HF ties by text_config's flag.
+	cfg["tie_word_embeddings"], text["tie_word_embeddings"] = true, true
 }
 
 // tinyQwen3VLTokens sets the vision token ids of a generated config from its tokenizer.

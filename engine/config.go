@@ -24,6 +24,13 @@ type RopeScaling struct {
 	MropeInterleaved bool  `json:"mrope_interleaved,omitempty"`
 }
 
+// RopeParameters is transformers 5's rope_parameters: rope_scaling's keys and rope_theta in one
+// object, which its configs save in place of the two.
+type RopeParameters struct {
+	RopeScaling
+	RopeTheta float64 `json:"rope_theta,omitempty"`
+}
+
 // Config is the HF config.json of a Llama/Qwen-family causal LM.
 type Config struct {
 	Architectures         []string     `json:"architectures"`
@@ -45,6 +52,9 @@ type Config struct {
 	BOSTokenID            *int         `json:"bos_token_id,omitempty"`
 	EOSTokenID            any          `json:"eos_token_id,omitempty"` // int or [int]
 	HiddenAct             string       `json:"hidden_act,omitempty"`
+
+	// transformers 5 saves rope_theta and rope_scaling together as rope_parameters (useRopeParameters).
+	RopeParameters *RopeParameters `json:"rope_parameters,omitempty"`
 
 	// Vision-language models (arch_qwen3vl.go): the LM's keys live in text_config.
 	TextConfig         json.RawMessage `json:"text_config,omitempty"`
@@ -84,7 +94,18 @@ func parseConfig(b []byte, c *Config) error {
 	if err := json.Unmarshal(c.TextConfig, c); err != nil {
 		return fmt.Errorf("text_config: %w", err)
 	}
-	return json.Unmarshal(b, c)
+	if err := json.Unmarshal(b, c); err != nil {
+		return err
+	}
+	// Except the head's tying: HF ties by the text config's flag
+	// (get_text_config(decoder=True).tie_word_embeddings) where it states one.
+	var text struct {
+		Tie *bool `json:"tie_word_embeddings"`
+	}
+	if json.Unmarshal(c.TextConfig, &text) == nil && text.Tie != nil {
+		c.TieWordEmbeddings = *text.Tie
+	}
+	return nil
 }
 
 func (c *Config) finish() error {
@@ -134,7 +155,11 @@ func (c *Config) finish() error {
 	if c.RMSNormEps == 0 {
 		c.RMSNormEps = 1e-6
 	}
+	c.useRopeParameters()
 	if c.RopeTheta == 0 {
+		if f.statedRopeTheta {
+			return fmt.Errorf("rope_theta missing (neither it nor rope_parameters.rope_theta is given)")
+		}
 		c.RopeTheta = 10000
 	}
 	if c.MaxPositionEmbeddings == 0 {
@@ -201,4 +226,19 @@ func (c *Config) invFreq() []float64 {
 		}
 	}
 	return inv
+}
+
+// useRopeParameters takes the rotary settings from rope_parameters where rope_scaling is absent,
+// as transformers' convert_rope_params_to_dict does: rope_scaling, the legacy name, wins; else
+// rope_parameters, whose rope_theta wins over a top-level one.
+func (c *Config) useRopeParameters() {
+	p := c.RopeParameters
+	if p == nil || c.RopeScaling != nil {
+		return
+	}
+	rs := p.RopeScaling
+	c.RopeScaling = &rs
+	if p.RopeTheta != 0 {
+		c.RopeTheta = p.RopeTheta
+	}
 }

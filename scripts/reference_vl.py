@@ -6,7 +6,8 @@ installable here):
   - Qwen3VLVisionModel: patch_embed (Conv3d, stride = kernel, with bias), pos_embed bilinearly
     interpolated to each grid (fast_pos_embed_interpolate) and permuted into merge-block order,
     2D rotary (rot_pos_emb), blocks of LayerNorm + attention (per image, non-causal) + MLP
-    (gelu_pytorch_tanh), the merger (LayerNorm per patch, view 4·D, fc1, GELU, fc2) and DeepStack
+    (ACT2FN[vision_config.hidden_act]: gelu_pytorch_tanh or gelu), the merger (LayerNorm per
+    patch, view 4·D, fc1, exact GELU, fc2) and DeepStack
     mergers (view 4·D, LayerNorm, fc1, GELU, fc2) after the blocks of deepstack_visual_indexes;
   - Qwen3VLModel: image features scattered over the image pad tokens, get_rope_index (t, h, w)
     position ids, DeepStack features added to the outputs of LM layers 0..k-1 at the image tokens;
@@ -50,6 +51,8 @@ def tokens_for(cfg):
 
 def vision(W, vc, pixel_values, grid_thw):
     P, Tp, C, D = vc["patch_size"], vc["temporal_patch_size"], vc["in_channels"], vc["hidden_size"]
+    # Qwen3VLVisionMLP: ACT2FN[config.hidden_act]; the released towers say gelu_pytorch_tanh.
+    approximate = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}[vc["hidden_act"]]
     m = vc["spatial_merge_size"]
     H = vc["num_heads"]
     hd = D // H
@@ -123,7 +126,7 @@ def vision(W, vc, pixel_values, grid_thw):
             outs.append((a.softmax(-1) @ vs).transpose(0, 1).reshape(s1 - s0, D))
         h = h + lin(torch.cat(outs), p + "attn.proj")
         x = ln(h, p + "norm2")
-        h = h + lin(F.gelu(lin(x, p + "mlp.linear_fc1"), approximate="tanh"), p + "mlp.linear_fc2")
+        h = h + lin(F.gelu(lin(x, p + "mlp.linear_fc1"), approximate=approximate), p + "mlp.linear_fc2")
         if b in vc["deepstack_visual_indexes"]:
             j = vc["deepstack_visual_indexes"].index(b)
             deep.append(merger(h, f"model.visual.deepstack_merger_list.{j}", True))

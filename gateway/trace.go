@@ -49,7 +49,14 @@ type traceEvent struct {
 	Dur  int64          `json:"dur"`
 	Pid  int            `json:"pid"`
 	Tid  string         `json:"tid"`
-	Args map[string]any `json:"args"`
+	Args traceEventArgs `json:"args"`
+}
+
+// traceEventArgs are the details a trace viewer shows for one event.
+type traceEventArgs struct {
+	BaseModel  string `json:"base_model"`
+	TinkerPath string `json:"tinker_path"`
+	Tokens     int64  `json:"tokens"`
 }
 
 type traceFile struct {
@@ -88,7 +95,7 @@ func (s *Server) downloadTrace(w http.ResponseWriter, r *http.Request, _ string)
 		}
 		out.TraceEvents = append(out.TraceEvents, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: e.At.UnixMicro(),
 			Dur: max(1, int64(e.Seconds*1e6)), Pid: 1, Tid: e.ModelID,
-			Args: map[string]any{"tokens": int64(e.Amount), "base_model": e.BaseModel, "tinker_path": e.TinkerPath}})
+			Args: traceEventArgs{Tokens: int64(e.Amount), BaseModel: e.BaseModel, TinkerPath: e.TinkerPath}})
 	}
 	sort.SliceStable(out.TraceEvents, func(i, j int) bool { return out.TraceEvents[i].Ts < out.TraceEvents[j].Ts })
 	b, err := json.Marshal(out)

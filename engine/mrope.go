@@ -74,7 +74,10 @@ func (s *pass[E]) ropeAt(b, t, ps int) (cs, sn []E) {
 			n := b*s.T + t
 			return r.cos[n*half : (n+1)*half], r.sin[n*half : (n+1)*half]
 		}
-		ps += r.shift[b]
+		// A row that is done is still stepped, fed at slot 0; with a negative delta (an image
+		// takes fewer positions than tokens) that dummy slot would fall before the table. Its
+		// output is never read, so any in-range angle serves.
+		ps = max(ps+r.shift[b], 0)
 	}
 	return s.cos[ps*half : (ps+1)*half], s.sin[ps*half : (ps+1)*half]
 }

@@ -310,3 +310,32 @@ func equalFloats(a, b []float64) bool {
 	}
 	return true
 }
+
+// A prompt with images that finishes first in a batch keeps being stepped (fed at slot 0) while
+// the other rows decode; its negative mRoPE delta must not take that dummy slot out of the
+// rotary table.
+func TestQwen3VLRowFinishingFirstInABatch(t *testing.T) {
+	ref := loadVLReference(t)
+	e := loadTiny(t, ArchQwen3VL, Options{})
+	im := referenceImages(e.Config, ref.Grids)
+	seed := int64(5)
+	reqs := []SampleRequest{
+		{Prompt: ref.Tokens, Images: im, Params: SampleParams{MaxTokens: 1, Temperature: 1, Seed: &seed}},
+		{Prompt: []int{5, 6, 7}, Params: SampleParams{MaxTokens: 6, Temperature: 1, Seed: &seed}},
+	}
+	res, err := e.SampleBatch(context.Background(), "", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("request %d: %v", i, r.Err)
+		}
+	}
+	if n := len(res[0].Sequences[0].Tokens); n != 1 {
+		t.Fatalf("image request drew %d tokens, want 1", n)
+	}
+	if n := len(res[1].Sequences[0].Tokens); n != 6 {
+		t.Fatalf("text request drew %d tokens, want 6", n)
+	}
+}

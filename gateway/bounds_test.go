@@ -272,6 +272,11 @@ func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
 	if err := sf.Result(ctx, &so); err != nil {
 		t.Fatalf("the other tenant's sample waited behind the whole queue: %v", err)
 	}
+	// The sample's result is stored just before the replica counts its op finished: let the
+	// count settle (the training ops cannot finish while the gate holds them).
+	for rep.QueueDepth() > 2 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
 	if d := rep.QueueDepth(); d != 2 {
 		t.Fatalf("queue depth %d after the sample, want the 2 training ops still queued", d)
 	}

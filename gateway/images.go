@@ -39,8 +39,8 @@ type visionModel struct {
 }
 
 // visionOf describes base's image preprocessing (nil for a text model). The preprocessor config
-// is read from the model directory of an in-process replica (per request: a small file, and a
-// model reloaded in place is seen); a model served only by remote
+// is read from the model directory of an in-process replica, once per directory (a served
+// model's files do not change, as the tokenizer endpoint also assumes); a model served only by remote
 // workers has none here (engine.ModelInfo carries config.json alone), so its image chunks are
 // refused (twinkle's pixel_values path still works: the worker checks it).
 func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, error) {
@@ -54,8 +54,12 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 	}
 	for _, r := range reps {
 		if e, ok := r.Engine.(*engine.Engine); ok {
-			if vm.cfg, err = vision.LoadConfig(e.Dir); err != nil {
+			if cached, ok := s.visionCfgs.Load(e.Dir); ok {
+				vm.cfg = cached.(vision.Config)
+			} else if vm.cfg, err = vision.LoadConfig(e.Dir); err != nil {
 				return nil, errf(http.StatusInternalServerError, "model %s: %v", base, err)
+			} else {
+				s.visionCfgs.Store(e.Dir, vm.cfg)
 			}
 			vm.local = true
 			break
@@ -117,12 +121,15 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 			}
 		}
 	}
+	if !anyImages(data) { // text only: nothing to read about the model's images
+		return toEngineData(data)
+	}
 	vm, err := s.visionOf(base, info)
 	if err != nil {
 		return nil, err
 	}
-	if vm == nil || !anyImages(data) {
-		return toEngineData(data)
+	if vm == nil {
+		return toEngineData(data) // a text model: refuses the image chunks with its 400
 	}
 	tokensLeft := s.opts.MaxRequestTokens - textTokens(data) // checkBatchSize has counted these
 	expanded := make([]api.Datum, len(data))

@@ -122,7 +122,8 @@ type Server struct {
 	secret     []byte
 
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
-	workersMu sync.Mutex
+	workersMu  sync.Mutex
+	visionCfgs sync.Map // model directory -> vision.Config (preprocessor_config.json, read once)
 }
 
 type session struct {

@@ -34,6 +34,10 @@ type SampleRequest struct {
 	// there, e.g. when a streaming client has gone. It must not block: every row of the batch
 	// waits for it. It does not cross a worker's HTTP boundary.
 	OnToken func(sample, token int, logprob float64) bool `json:"-"`
+
+	// validFor is the model ValidateSample passed this request for: the engine of that model
+	// does not check it again. A request changed after ValidateSample must be validated again.
+	validFor *Config
 }
 
 // SampledSequence is one continuation. Logprobs are the model's own (temperature 1) log-probabilities
@@ -71,7 +75,14 @@ const (
 	MaxTopKPromptLogprobs = 20  // as OpenAI's top_logprobs and vLLM's default max_logprobs
 )
 
-func (e *Engine) validateSample(r *SampleRequest) error { return e.Info().ValidateSample(r) }
+// validateSample checks a request unless ValidateSample already passed it for this model (at the
+// gateway, in the same process: a request from a worker's peer is decoded fresh, unstamped).
+func (e *Engine) validateSample(r *SampleRequest) error {
+	if r.validFor == e.Config {
+		return nil
+	}
+	return e.Info().ValidateSample(r)
+}
 
 // ValidateSample checks (and fills defaults of) a sampling request against the model.
 func (m ModelInfo) ValidateSample(r *SampleRequest) error {
@@ -132,7 +143,11 @@ func (m ModelInfo) ValidateSample(r *SampleRequest) error {
 	if r.TopKPromptLogprobs < 0 || r.TopKPromptLogprobs > min(V, MaxTopKPromptLogprobs) {
 		return inputErr(-1, "topk_prompt_logprobs", "%d out of range [0, %d]", r.TopKPromptLogprobs, min(V, MaxTopKPromptLogprobs))
 	}
-	return checkImages(m.Config, -1, r.Prompt, r.Images, "images.")
+	if err := checkImages(m.Config, -1, r.Prompt, r.Images, "images."); err != nil {
+		return err
+	}
+	r.validFor = m.Config
+	return nil
 }
 
 // Sample generates continuations with a KV cache; all samples of the request decode together.

@@ -59,6 +59,7 @@ var lossDefs = map[string]lossDef{
 // prepared is a validated batch, ready to be cut into passes.
 type prepared struct {
 	data         []Datum
+	loss         string
 	tokens       [][]int
 	targets      [][]int
 	weights      [][]float64
@@ -67,10 +68,6 @@ type prepared struct {
 	lo, hi, beta float64
 	images       []*Images         // per datum; nil entries (or all nil): text only
 	feats        [][]imageFeatures // the tower's output per datum, computed once by run
-}
-
-func (e *Engine) prepare(data []Datum, loss string, cfg map[string]float64) (*prepared, error) {
-	return prepareFor(e.Config, data, loss, cfg)
 }
 
 // prepareFor validates a batch against a model config: all a gateway needs to reject bad input
@@ -101,7 +98,7 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 		}
 		conf[k] = cfg[k]
 	}
-	p := &prepared{data: data, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
+	p := &prepared{data: data, loss: loss, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
 	// Clips bound a probability ratio, which is ≥ 0; a negative DRO beta rewards moving away
 	// from the sampling policy without bound.
 	for _, k := range []string{"clip_low_threshold", "clip_high_threshold", "beta"} {
@@ -382,40 +379,9 @@ func (c *Config) recomputesProbs(T int) bool {
 	return c.NumAttentionHeads*T > c.layerElemsPerToken()
 }
 
-// ForwardBackward computes the loss and adds its gradients to the adapter's accumulator.
-// On any error nothing about the adapter changes.
-//
-// A cancelled ctx stops the pass between layers or between chunks. Gradients are summed into a
-// buffer of the call's own and added to the accumulator only after every chunk has run, so a
-// cancelled call, like a failed one, has changed nothing: no partial gradients to roll back.
-func (e *Engine) ForwardBackward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
-	a, err := e.trainable(id)
-	if err != nil {
-		return nil, err
-	}
-	return e.run(ctx, a, data, loss, cfg, true)
-}
-
-// Forward computes logprobs and loss without gradients; id "" is the bare base model.
-func (e *Engine) Forward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error) {
-	var a *Adapter
-	if id != "" {
-		var err error
-		if a, err = e.adapter(id); err != nil {
-			return nil, err
-		}
-	}
-	return e.run(ctx, a, data, loss, cfg, false)
-}
-
-func (e *Engine) run(ctx context.Context, a *Adapter, data []Datum, loss string, cfg map[string]float64, backward bool) (*ForwardResult, error) {
-	if err := stopped(ctx); err != nil {
-		return nil, err
-	}
-	p, err := e.prepare(data, loss, cfg)
-	if err != nil {
-		return nil, err
-	}
+func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool) (*ForwardResult, error) {
+	data := p.data
+	var err error
 	if p.feats, err = e.encodeImages(p.images); err != nil {
 		return nil, err
 	}
@@ -442,9 +408,9 @@ func (e *Engine) run(ctx context.Context, a *Adapter, data []Datum, loss string,
 		var l float64
 		var err error
 		if e.dtype == dtypes.Float64 {
-			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
 		} else {
-			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], loss, res, grads)
+			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
 		}
 		if err != nil {
 			return nil, err

@@ -40,7 +40,7 @@ func (m ModelInfo) ValidateLora(cfg LoraConfig) error {
 
 // ValidateBatch checks a forward/forward_backward batch without running it.
 func (m ModelInfo) ValidateBatch(data []Datum, loss string, cfg map[string]float64) error {
-	_, err := prepareFor(m.Config, data, loss, cfg)
+	_, err := m.PrepareBatch(data, loss, cfg)
 	return err
 }
 
@@ -69,8 +69,9 @@ type Compute interface {
 	SaveAdapter(ctx context.Context, id, dir string, withOptimizer bool) error
 	DeleteAdapter(ctx context.Context, id string) bool
 	AdapterInfo(ctx context.Context, id string) (LoraConfig, int, error)
-	Forward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
-	ForwardBackward(ctx context.Context, id string, data []Datum, loss string, cfg map[string]float64) (*ForwardResult, error)
+	// ForwardBatch runs a batch made by ModelInfo.PrepareBatch: with backward, accumulating the
+	// adapter's gradients; without, changing nothing (id "" is the bare base model).
+	ForwardBatch(ctx context.Context, id string, b *Batch, backward bool) (*ForwardResult, error)
 	OptimStep(ctx context.Context, id string, p AdamParams) (map[string]float64, error)
 	SampleBatch(ctx context.Context, id string, reqs []SampleRequest) ([]*SampleResult, error)
 }

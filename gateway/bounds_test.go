@@ -107,11 +107,11 @@ type panicOnce struct {
 	fired atomic.Bool
 }
 
-func (p *panicOnce) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	if !p.fired.Swap(true) {
+func (p *panicOnce) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if backward && !p.fired.Swap(true) {
 		panic("compute bug")
 	}
-	return p.Engine.ForwardBackward(ctx, id, data, loss, cfg)
+	return p.Engine.ForwardBatch(ctx, id, b, backward)
 }
 
 // serverOver serves one replica over the given compute.
@@ -212,9 +212,11 @@ type gatedCompute struct {
 	gate chan struct{}
 }
 
-func (g *gatedCompute) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	<-g.gate
-	return g.Engine.ForwardBackward(ctx, id, data, loss, cfg)
+func (g *gatedCompute) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if backward {
+		<-g.gate
+	}
+	return g.Engine.ForwardBatch(ctx, id, b, backward)
 }
 
 // A replica shares its time between tenants: with one tenant's training ops queued on it (three

@@ -53,7 +53,7 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 		return nil, err
 	}
 	for _, r := range reps {
-		if e, ok := r.Engine.(*engine.Engine); ok {
+		if e, ok := r.Local(); ok {
 			if cached, ok := s.visionCfgs.Load(e.Dir); ok {
 				vm.cfg = cached.(vision.Config)
 			} else if vm.cfg, err = vision.LoadConfig(e.Dir); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
-	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
 )
 
 // The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
@@ -188,21 +188,17 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 	return s.currentWeights(tenant, smp)
 }
 
-// localEngine is an in-process engine of a base model: the gateway tokenizes and renders chat
+// localModel is an in-process replica's model files: the gateway tokenizes and renders chat
 // templates with its tokenizer files. A base model served only by remote workers has none here.
-func (s *Server) localEngine(base string) (*engine.Engine, error) {
+func (s *Server) localModel(base string) (replica.LocalModel, error) {
 	reps, err := s.replicasOf(base)
 	if err != nil {
-		return nil, err
+		return replica.LocalModel{}, err
 	}
 	for _, rep := range reps {
-		e, ok := rep.Engine.(*engine.Engine)
-		if w, wraps := rep.Engine.(interface{ LocalEngine() *engine.Engine }); wraps {
-			e, ok = w.LocalEngine(), true // a Compute around an in-process engine (instrumented, in tests)
-		}
-		if ok && e != nil && e.Tokenizer != nil {
-			return e, nil
+		if m, ok := rep.Local(); ok && m.Tokenizer != nil {
+			return m, nil
 		}
 	}
-	return nil, badParam("model", "base model "+base+" is served by remote workers only or has no tokenizer.json: this gateway cannot tokenize text for it")
+	return replica.LocalModel{}, badParam("model", "base model "+base+" is served by remote workers only or has no tokenizer.json: this gateway cannot tokenize text for it")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
 )
 
 const (
@@ -32,7 +33,7 @@ type oaiJob struct {
 	model        string // as the client named it, echoed in every answer
 	tenant       string
 	smp          *sampler
-	eng          *engine.Engine // its tokenizer decodes the answer
+	eng          replica.LocalModel // its tokenizer decodes the answer
 	sr           engine.SampleRequest
 	endTokens    map[int]bool // tokens that end an answer and have no text in it
 	logprobs     bool
@@ -132,7 +133,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant stri
 
 // completionPrompt reads a completions prompt: a string (tokenized with the model's special
 // tokens, as Hugging Face does by default), a list of token ids, or a list of one of either.
-func completionPrompt(raw json.RawMessage, e *engine.Engine) ([]int, error) {
+func completionPrompt(raw json.RawMessage, e replica.LocalModel) ([]int, error) {
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
 		return e.Tokenizer.EncodeWithSpecialTokens(text), nil
@@ -154,7 +155,7 @@ func (s *Server) newOAIJob(r *http.Request, tenant string, p api.OpenAISampling)
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.localEngine(smp.baseModel)
+	e, err := s.localModel(smp.baseModel)
 	if err != nil {
 		return nil, err
 	}
@@ -236,21 +237,21 @@ func (s *Server) startSample(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	if err := rep.Engine.Info().ValidateSample(&sr); err != nil {
+	if err := rep.Info().ValidateSample(&sr); err != nil {
 		return nil, badParam("", err.Error())
 	}
 	if err := s.checkSampleSize(sr); err != nil {
 		return nil, err
 	}
-	if s.samplingBusy(rep) {
+	if rep.SamplingFull() {
 		w.Header().Set("Retry-After", "1")
-		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), s.opts.MaxQueuedSamples)
+		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), rep.SamplingLimit())
 	}
 	f, _, err := s.futures.create(tenant, "Sample", "")
 	if err != nil {
 		return nil, err
 	}
-	if err := s.enqueueSampleFor(r.Context(), rep, smp, sr, f); err != nil {
+	if err := s.enqueueSample(r.Context(), rep, smp, sr, f); err != nil {
 		s.finishOn(f, rep.ID(), nil, err)
 	}
 	return f, nil

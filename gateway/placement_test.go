@@ -197,7 +197,7 @@ func TestIdleAdapterGivesWayToActiveOnes(t *testing.T) {
 	}
 	resident := map[string]bool{}
 	for _, r := range reps {
-		for _, id := range r.Engine.AdapterIDs(context.Background()) {
+		for _, id := range r.AdapterIDs(context.Background()) {
 			resident[id] = true
 		}
 	}

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"runtime/debug"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -170,20 +168,20 @@ func (s *Server) queueOf(run *trainingRun) *runQueue {
 
 type futureKey struct{}
 
-// routerHooks are the router's side effects on in-process replicas.
+// routerHooks are the router's side effects on replicas: placing an adapter makes it resident,
+// evicting one saves it and frees its slot.
 func (s *Server) routerHooks() router.Hooks {
 	return router.Hooks{
 		Load: func(ctx context.Context, adapter string, ep router.Endpoint) error {
-			rep := ep.(*replica.Replica)
+			rep, err := s.replicaFor(ep)
+			if err != nil {
+				return err
+			}
 			run := s.runs.get(adapter)
 			if run == nil {
 				return fmt.Errorf("unknown training run %s", adapter)
 			}
-			var err error
-			if derr := rep.Do(ctx, func() { err = s.ensureAdapter(run, rep) }); derr != nil {
-				s.transportFailed(rep, derr)
-				return derr
-			}
+			err = rep.Place(ctx, s.adapterOf(run))
 			s.transportFailed(rep, err)
 			if err == nil {
 				s.logErr("placement", s.st.PutPlacement(context.Background(), adapter, rep.ID()))
@@ -191,21 +189,16 @@ func (s *Server) routerHooks() router.Hooks {
 			return err
 		},
 		Evict: func(ctx context.Context, adapter string, ep router.Endpoint) error {
-			rep := ep.(*replica.Replica)
-			run := s.runs.get(adapter)
-			var err error
-			if derr := rep.Do(ctx, func() {
-				if run != nil && rep.Engine.HasAdapter(context.Background(), adapter) {
-					// Saved in full before it leaves memory: its next request reloads it, possibly elsewhere.
-					if err = s.persistAdapter(run, rep); err != nil {
-						return
-					}
-				}
-				rep.Engine.DeleteAdapter(context.Background(), adapter)
-			}); derr != nil {
-				s.transportFailed(rep, derr)
-				return derr
+			rep, err := s.replicaFor(ep)
+			if err != nil {
+				return err
 			}
+			a := replica.Adapter{ID: adapter} // a run that is gone is only deleted
+			if run := s.runs.get(adapter); run != nil {
+				// Saved in full before it leaves memory: its next request reloads it, possibly elsewhere.
+				a = s.adapterOf(run)
+			}
+			err = rep.Evict(ctx, a)
 			s.transportFailed(rep, err)
 			if err == nil {
 				s.log.Info("evicted adapter", "run", adapter, "replica", rep.ID())
@@ -228,16 +221,21 @@ func (s *Server) routerHooks() router.Hooks {
 	}
 }
 
+// replicaOp is one op of a run on the replica the router chose: it calls the replica's typed
+// operations for the run's adapter (which the replica makes resident first).
+type replicaOp func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error)
+
 // onReplica routes one op of a run (placing and loading the adapter if needed, waiting for a slot
-// if every replica is full and busy) and runs fn on that replica's worker, waiting for it. When a
-// worker is lost (unreachable, or gone mid-call) it is dropped at once and the op goes to the
-// adapter's new replica, which reloads it from its last saved state, unless the op may already
-// have run on the lost worker: then it fails, saying so, and is never run twice.
-func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (any, string, error) {
+// if every replica is full and busy) and runs it there, holding the placement until it returns,
+// so the adapter is not evicted under it. When a worker is lost (unreachable, or gone mid-call)
+// it is dropped at once and the op goes to the adapter's new replica, which reloads it from its
+// last saved state, unless the op may already have run on the lost worker: then it fails,
+// saying so, and is never run twice.
+func (s *Server) onReplica(f *future, run *trainingRun, op replicaOp) (any, string, error) {
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), futureKey{}, f), s.opts.QueueTimeout)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
-		res, repID, retry, err := s.onReplicaOnce(ctx, run, fn)
+		res, repID, retry, err := s.onReplicaOnce(ctx, run, op)
 		if !retry || attempt == maxReroutes {
 			return res, repID, err
 		}
@@ -247,7 +245,7 @@ func (s *Server) onReplica(f *future, run *trainingRun, fn func(rep *replica.Rep
 
 // onReplicaOnce is one try of onReplica; retry reports that its replica was lost before the op
 // could have run there.
-func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(rep *replica.Replica) (any, error)) (res any, repID string, retry bool, err error) {
+func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, op replicaOp) (res any, repID string, retry bool, err error) {
 	lease, err := s.router.Acquire(ctx, router.Request{Adapter: run.id, BaseModel: run.baseModel})
 	if err != nil {
 		if errors.Is(err, router.ErrCapacity) {
@@ -257,31 +255,18 @@ func (s *Server) onReplicaOnce(ctx context.Context, run *trainingRun, fn func(re
 		return nil, "", lost(err) && ctx.Err() == nil, err
 	}
 	defer lease.Release()
-	rep := lease.Endpoint.(*replica.Replica)
-	var opErr error
-	var ran bool
-	// In the tenant's lane: the replica shares its time between tenants with work queued. A panic
-	// in compute comes back from DoIn as a *replica.PanicError: this op fails, the replica goes on.
-	err = rep.DoIn(context.Background(), run.tenant, func() {
-		before := effects(rep)
-		defer func() { ran = effects(rep) != before }()
-		if err := s.ensureAdapter(run, rep); err != nil {
-			opErr = fmt.Errorf("restoring the adapter: %w", err)
-			return
-		}
-		res, opErr = fn(rep)
-		if f, _ := ctx.Value(futureKey{}).(*future); opErr == nil && f != nil && f.kind == "ForwardBackward" {
-			s.noteGradients(run, f.id) // before the result is stored: see gradientLedger
-		}
-	})
+	rep, err := s.replicaFor(lease.Endpoint)
+	if err != nil {
+		return nil, lease.Endpoint.ID(), ctx.Err() == nil, err
+	}
+	// The op's deadline was for getting a slot; once placed, the op runs to its end.
+	res, err = op(context.WithoutCancel(ctx), rep, s.adapterOf(run))
+	// A panic in compute comes back as a *replica.PanicError: this op fails, the replica goes on.
 	if pe := (*replica.PanicError)(nil); errors.As(err, &pe) {
 		s.log.Error("op panicked on the replica", "run", run.id, "replica", rep.ID(), "panic", pe.Value, "stack", pe.Stack)
 	}
-	if err == nil {
-		err = opErr
-	}
 	if err != nil && s.transportFailed(rep, err) {
-		if ran {
+		if replica.MayHaveRun(err) {
 			return nil, rep.ID(), false, rerouteErr(err)
 		}
 		return nil, rep.ID(), ctx.Err() == nil, err
@@ -311,7 +296,31 @@ func (s *Server) infoOf(base string) (engine.ModelInfo, error) {
 	if err != nil {
 		return engine.ModelInfo{}, err
 	}
-	return reps[0].Engine.Info(), nil
+	return reps[0].Info(), nil
+}
+
+// replicaFor is the replica behind a router endpoint: every endpoint the router has was added by
+// addReplica; one removed meanwhile (a dead worker) is ErrClosed, which reroutes.
+func (s *Server) replicaFor(ep router.Endpoint) (*replica.Replica, error) {
+	s.modelsMu.RLock()
+	defer s.modelsMu.RUnlock()
+	for _, r := range s.models[ep.BaseModel()] {
+		if r.ID() == ep.ID() {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("replica %s: %w", ep.ID(), replica.ErrClosed)
+}
+
+// allReplicas lists every replica, all base models together.
+func (s *Server) allReplicas() []*replica.Replica {
+	s.modelsMu.RLock()
+	defer s.modelsMu.RUnlock()
+	var out []*replica.Replica
+	for _, rs := range s.models {
+		out = append(out, rs...)
+	}
+	return out
 }
 
 // baseModels lists the served base models, sorted.
@@ -334,6 +343,7 @@ func (s *Server) baseModelsLocked() []string {
 
 // addReplica starts routing to a replica (in process, or a worker that registered).
 func (s *Server) addReplica(r *replica.Replica) {
+	r.SetSamplingLimit(s.opts.MaxQueuedSamples)
 	s.modelsMu.Lock()
 	s.models[r.BaseModel()] = append(s.models[r.BaseModel()], r)
 	s.modelsMu.Unlock()
@@ -376,37 +386,31 @@ func (s *Server) samplingReplica(base, where, key string, holders ...string) (*r
 		}
 		return nil, fmt.Errorf("choosing a replica to sample on: %w", err)
 	}
-	rep, ok := ep.(*replica.Replica)
-	if !ok {
-		return nil, fmt.Errorf("router endpoint %s is a %T, not a replica", ep.ID(), ep)
-	}
-	return rep, nil
+	return s.replicaFor(ep)
 }
 
-// copyHolders lists the replicas keeping a copy of a sampler's weights in memory (see
-// keepSamplerCopy); none for the base model, which every replica holds.
+// copyHolders lists the replicas keeping a copy of a sampler's weights in memory; none for the
+// base model, which every replica holds.
 func (s *Server) copyHolders(smp *sampler) []string {
 	if smp.engineID == "" {
 		return nil
 	}
-	c := &s.copies
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var out []string
-	for repID, ids := range c.lru {
-		if slices.Contains(ids, smp.engineID) {
-			out = append(out, repID)
+	for _, r := range s.allReplicas() {
+		if r.HoldsCopy(smp.engineID) {
+			out = append(out, r.ID())
 		}
 	}
 	return out
 }
 
-// samplingBacklog snapshots the sampling requests batched here per replica (taken before the
+// samplingBacklog snapshots the sampling requests waiting on each replica (taken before the
 // router's lock, so the two locks never nest).
 func (s *Server) samplingBacklog() func(replicaID string) int {
-	s.sampling.mu.Lock()
-	snap := maps.Clone(s.sampling.waiting)
-	s.sampling.mu.Unlock()
+	snap := map[string]int{}
+	for _, r := range s.allReplicas() {
+		snap[r.ID()] = r.SamplingWaiting()
+	}
 	return func(id string) int { return snap[id] }
 }
 

@@ -60,7 +60,7 @@ func newClusterWith(t testing.TB, n, maxLoras int, opts gateway.Options) (*testS
 // trainingAdapters counts a replica's resident training adapters (not sampler snapshots).
 func trainingAdapters(r *replica.Replica) int {
 	n := 0
-	for _, id := range r.Engine.AdapterIDs(context.Background()) {
+	for _, id := range r.AdapterIDs(context.Background()) {
 		if strings.Contains(id, ":train:") {
 			n++
 		}
@@ -171,7 +171,7 @@ func TestEvictionAndReloadLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	step(b)
-	if ids := reps[0].Engine.AdapterIDs(context.Background()); len(ids) != 1 || ids[0] != b.ModelID {
+	if ids := reps[0].AdapterIDs(context.Background()); len(ids) != 1 || ids[0] != b.ModelID {
 		t.Fatalf("resident %v, want only %s", ids, b.ModelID)
 	}
 	if got := forward(a); got != before {
@@ -292,7 +292,7 @@ func TestSamplerCopiesAreBounded(t *testing.T) {
 	}
 	copies := func() int {
 		n := 0
-		for _, id := range reps[0].Engine.AdapterIDs(context.Background()) {
+		for _, id := range reps[0].AdapterIDs(context.Background()) {
 			if strings.HasPrefix(id, "sampler:") {
 				n++
 			}

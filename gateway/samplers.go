@@ -124,22 +124,21 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	e := rep.Engine
-	if err := e.Info().ValidateSample(&sr); err != nil {
+	if err := rep.Info().ValidateSample(&sr); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	if err := s.checkSampleSize(sr); err != nil {
 		return nil, err
 	}
-	if s.samplingBusy(rep) {
+	if rep.SamplingFull() {
 		w.Header().Set("Retry-After", "1")
-		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), s.opts.MaxQueuedSamples)
+		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), rep.SamplingLimit())
 	}
 	f, _, err := s.futures.create(tenant, "Sample", "")
 	if err != nil {
 		return nil, err
 	}
-	if err := s.enqueueSample(rep, smp, sr, f); err != nil {
+	if err := s.enqueueSample(nil, rep, smp, sr, f); err != nil {
 		s.finishOn(f, rep.ID(), nil, err)
 	}
 	return futureResponse(f, ""), nil

@@ -102,8 +102,6 @@ type Server struct {
 	models   map[string][]*replica.Replica // base model name -> its replicas
 	workers  map[string]*workerState       // registered worker processes, by replica id
 	router   *router.Router
-	sampling sampleBatcher
-	copies   samplerCopies
 	metrics  metrics
 	futures  *futureTable
 	mux      *http.ServeMux

@@ -206,42 +206,38 @@ func (s *Server) restore() error {
 	return nil
 }
 
-// persistAdapter saves the adapter's full state (weights, optimizer, step, pending gradients and
-// which forward_backwards they hold) as its new current state, atomically (see durable.go):
-// written after every optim_step and load, and before an adapter leaves memory, so an adapter
-// that leaves memory (restart, eviction) comes back exactly as its last acknowledged step left it.
-func (s *Server) persistAdapter(run *trainingRun, rep *replica.Replica) error {
-	start := time.Now()
-	defer func() { s.metrics.persisted(time.Since(start)) }()
+// adapterOf is a run as its replica sees it: the adapter, its tenant's lane, and the record of
+// its durable state (runState).
+func (s *Server) adapterOf(run *trainingRun) replica.Adapter {
 	s.runs.mu.Lock()
-	held := slices.Clone(run.grads.held)
+	lora := run.lora
 	s.runs.mu.Unlock()
-	return s.writeSavedState(run.id, held, func(dir string) error { return rep.Engine.SaveAdapter(context.Background(), run.id, dir, true) })
+	return replica.Adapter{ID: run.id, Lane: run.tenant, Lora: lora, State: runState{s, run}}
 }
 
-// ensureAdapter makes sure a run's adapter is in the engine, reloading its saved state or, if
-// it never stepped, re-creating it from its seed (PEFT init is deterministic). A run that has
-// stepped but whose state is missing is an error: it never silently starts over. Runs on the replica.
-func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
-	e := rep.Engine
-	if e.HasAdapter(context.Background(), run.id) {
-		return nil
-	}
-	dir, err := s.savedState(run.id)
-	if err != nil {
-		return err
-	}
-	if dir != "" {
-		s.log.Info("reloading adapter from its saved state", "run", run.id, "dir", dir)
-		if err := e.LoadAdapter(context.Background(), run.id, dir, true); err != nil {
-			return err
-		}
-		held := readGradientsRecord(dir)
-		s.runs.mu.Lock()
-		run.grads.held = held
-		s.runs.mu.Unlock()
-		return nil
-	}
+// runState keeps a run's durable state for its replica (replica.StateKeeper): the adapter's
+// saved versions under DATA/state (durable.go), and the gradient ledger in the run's row
+// (gradients.go). The replica saves the adapter after every optim_step and load, and before it
+// leaves memory, so an adapter that leaves memory (restart, eviction) comes back exactly as its
+// last acknowledged step left it.
+type runState struct {
+	s   *Server
+	run *trainingRun
+}
+
+func (k runState) Saved() (string, error) { return k.s.savedState(k.run.id) }
+
+func (k runState) Restored(dir string) {
+	held := readGradientsRecord(dir)
+	k.s.runs.mu.Lock()
+	k.run.grads.held = held
+	k.s.runs.mu.Unlock()
+}
+
+// Fresh allows re-creating an adapter from its seed (PEFT init is deterministic) only if it never
+// stepped: a run that has stepped but whose state is missing never silently starts over.
+func (k runState) Fresh() error {
+	s, run := k.s, k.run
 	s.runs.mu.Lock()
 	step := run.step
 	run.grads.held = nil
@@ -250,7 +246,34 @@ func (s *Server) ensureAdapter(run *trainingRun, rep *replica.Replica) error {
 		return fmt.Errorf("%w: model %s has taken %d steps but %s holds no saved state for it; it is not restarted "+
 			"from its seed: create a new model and load_weights from its last checkpoint", errStateLost, run.id, step, s.stateRoot())
 	}
-	return e.CreateLora(context.Background(), run.id, run.lora)
+	return nil
+}
+
+// Save writes the adapter's full state (weights, optimizer, step, pending gradients and which
+// forward_backwards they hold) as its new current state, atomically (see durable.go).
+func (k runState) Save(fill func(dir string) error) error {
+	start := time.Now()
+	defer func() { k.s.metrics.persisted(time.Since(start)) }()
+	k.s.runs.mu.Lock()
+	held := slices.Clone(k.run.grads.held)
+	k.s.runs.mu.Unlock()
+	return k.s.writeSavedState(k.run.id, held, fill)
+}
+
+func (k runState) BeforeStep(ctx context.Context) error { return k.s.lostGradients(ctx, k.run) }
+
+func (k runState) Stepped(step int) {
+	k.s.updateRun(k.run, func(run *trainingRun) {
+		run.grads = gradientLedger{} // consumed
+		run.step, run.lastRequest = step, time.Now()
+	})
+}
+
+func (k runState) Replaced(cfg engine.LoraConfig, step int) {
+	k.s.updateRun(k.run, func(run *trainingRun) {
+		run.lora, run.step = cfg, step
+		run.grads = gradientLedger{} // the adapter was replaced
+	})
 }
 
 // orphanMsg is the error of a request whose gateway died while it ran.

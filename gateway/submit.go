@@ -9,13 +9,11 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
-
-	"github.com/skein-ai/skein/replica"
 )
 
 // submitOrdered creates (or finds, on retry) the future of a model op and queues it in seq order.
 // A request rejected as bad input still consumes its seq_id, so the model's later ops run.
-func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
+func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind string, validate func() error, op replicaOp) (any, error) {
 	return s.submitOrderedSized(tenant, run, seq, kind, 0, validate, op)
 }
 
@@ -23,7 +21,7 @@ func (s *Server) submitOrdered(tenant string, run *trainingRun, seq *int, kind s
 // Every way a sequenced request can fail once its seq_id is known (invalid, a panic in validation,
 // the future not created, a panic while it runs) consumes its seq_id or ends its future, so the
 // run never stalls behind it. Only a full queue refuses it without consuming it: the client retries.
-func (s *Server) submitOrderedSized(tenant string, run *trainingRun, seq *int, kind string, cost int64, validate func() error, op func(rep *replica.Replica) (any, error)) (any, error) {
+func (s *Server) submitOrderedSized(tenant string, run *trainingRun, seq *int, kind string, cost int64, validate func() error, op replicaOp) (any, error) {
 	n := 0
 	if seq != nil {
 		n = *seq

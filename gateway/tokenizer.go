@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-
-	"github.com/skein-ai/skein/engine"
 )
 
 // The tokenizer files a client may read, and nothing else: the name never comes from the request.
@@ -55,7 +53,7 @@ func (s *Server) modelTokenizer(w http.ResponseWriter, r *http.Request, _ string
 	}
 	dir := ""
 	for _, rep := range reps {
-		if e, ok := rep.Engine.(*engine.Engine); ok && e.Dir != "" {
+		if e, ok := rep.Local(); ok && e.Dir != "" {
 			dir = e.Dir
 			break
 		}

@@ -18,14 +18,10 @@ import (
 // gradients accumulated since the last step) is saved first, so it can be loaded again.
 func (s *Server) dropAdapter(run *trainingRun) {
 	if ep, ok := s.router.Where(run.id); ok {
-		rep := ep.(*replica.Replica)
-		// In the tenant's lane, so that it runs after the run's ops already queued there.
-		_ = rep.RunIn(run.tenant, func() {
-			if rep.Engine.HasAdapter(context.Background(), run.id) {
-				s.logErr("saving adapter before release", s.persistAdapter(run, rep))
-			}
-			rep.Engine.DeleteAdapter(context.Background(), run.id)
-		})
+		if rep, err := s.replicaFor(ep); err == nil {
+			// In the tenant's lane, so that it runs after the run's ops already queued there.
+			_ = rep.Unload(s.adapterOf(run))
+		}
 	}
 	s.router.Forget(run.id)
 	s.logErr("placement", s.st.DeletePlacement(context.Background(), run.id))
@@ -72,7 +68,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if lc.Seed != nil {
 		cfg.Seed = *lc.Seed
 	}
-	if err := reps[0].Engine.Info().ValidateLora(cfg); err != nil {
+	if err := reps[0].Info().ValidateLora(cfg); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	id := fmt.Sprintf("%s:train:%d", sess.id, req.ModelSeqID)
@@ -122,7 +118,9 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	// Placing it creates the adapter on the chosen replica (router Load hook); with every slot
 	// taken it waits, reporting paused_capacity.
 	go func() {
-		_, repID, err := s.onReplica(f, run, func(*replica.Replica) (any, error) { return nil, nil })
+		_, repID, err := s.onReplica(f, run, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+			return nil, rep.Place(ctx, a)
+		})
 		s.finishOn(f, repID, api.CreateModelResponse{ModelID: id, Type: "create_model"}, err)
 	}()
 	return futureResponse(f, id), nil
@@ -234,9 +232,10 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if err != nil {
 		return nil, err
 	}
-	var data []engine.Datum
+	var batch *engine.Batch
 	// Validation depends only on the base model; not finding it fails validation, which consumes
-	// the seq_id like any other failure of a sequenced request.
+	// the seq_id like any other failure of a sequenced request. It is done once, here: the
+	// replica runs the validated batch as it is.
 	info, infoErr := s.infoOf(run.baseModel)
 	kind := "ForwardBackward"
 	if req.ForwardOnly {
@@ -249,24 +248,32 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		if err := s.checkBatchSize(req.Input.Data); err != nil {
 			return err
 		}
-		var err error
-		if data, err = s.toEngineDataFor(run.baseModel, info, req.Input.Data); err != nil {
+		data, err := s.toEngineDataFor(run.baseModel, info, req.Input.Data)
+		if err != nil {
 			return err
 		}
-		return info.ValidateBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
-	}, func(rep *replica.Replica) (any, error) {
+		batch, err = info.PrepareBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
+		return err
+	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		var res *engine.ForwardResult
 		var err error
 		start := time.Now()
 		if req.ForwardOnly {
-			res, err = rep.Engine.Forward(context.Background(), adapterOrBase(run.id, baseOnly), data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.Forward(ctx, a, batch, baseOnly)
 		} else {
-			res, err = rep.Engine.ForwardBackward(context.Background(), run.id, data, req.Input.LossFn, req.Input.LossFnConfig)
+			res, err = rep.ForwardBackward(ctx, a, batch)
 		}
 		if err != nil {
 			return nil, err
 		}
-		s.recordTraining(run, kind, data, start)
+		if !req.ForwardOnly {
+			// Before the result is stored (see gradientLedger); the placement is held meanwhile,
+			// so the adapter cannot be saved without this request in its ledger.
+			if f, _ := ctx.Value(futureKey{}).(*future); f != nil {
+				s.noteGradients(run, f.id)
+			}
+		}
+		s.recordTraining(run, kind, batch.Data, start)
 		s.noteForwardBackwardMetrics(run, req.ForwardOnly, res.Metrics)
 		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
 		for i := range res.Logprobs {
@@ -296,21 +303,13 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 			*dst = *src
 		}
 	}
-	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(rep *replica.Replica) (any, error) {
-		if err := s.lostGradients(context.Background(), run); err != nil {
-			return nil, err
-		}
-		m, err := rep.Engine.OptimStep(context.Background(), run.id, p)
+	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+		// The replica checks for lost gradients, steps, and saves the adapter: the step is
+		// acknowledged only once it is on disk, so no acknowledged step is ever lost.
+		m, step, err := rep.OptimStep(ctx, a, p)
 		if err != nil {
 			return nil, err
 		}
-		s.resetGradients(run)
-		// The step is acknowledged only once it is on disk: no acknowledged step is ever lost.
-		if err := s.persistAdapter(run, rep); err != nil {
-			return nil, fmt.Errorf("saving the adapter state: %w", err)
-		}
-		_, step, _ := rep.Engine.AdapterInfo(context.Background(), run.id)
-		s.updateRun(run, func(run *trainingRun) { run.step, run.lastRequest = step, time.Now() })
 		s.recordStepMetrics(run, step, m)
 		return api.OptimStepResponse{Metrics: m, Type: "optim_step"}, nil
 	})

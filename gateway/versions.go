@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"context"
 	"strings"
-
-	"github.com/skein-ai/skein/replica"
 )
 
 // Every write of a checkpoint gets a new generation (random, so a checkpoint deleted and made
@@ -38,37 +35,7 @@ func (s *Server) currentWeights(tenant string, smp *sampler) (*sampler, error) {
 // (deleted or overwritten), each on its replica's worker so no sample of it is cut short.
 func (s *Server) dropSamplerCopies(path string) {
 	prefix := "ckpt:" + path + "#"
-	c := &s.copies
-	drop := map[string][]string{} // replica id -> engine ids
-	c.mu.Lock()
-	for repID, ids := range c.lru {
-		kept := ids[:0:0]
-		for _, id := range ids {
-			if strings.HasPrefix(id, prefix) {
-				drop[repID] = append(drop[repID], id)
-			} else {
-				kept = append(kept, id)
-			}
-		}
-		c.lru[repID] = kept
-	}
-	c.mu.Unlock()
-	if len(drop) == 0 {
-		return
-	}
-	s.modelsMu.RLock()
-	var reps []*replica.Replica
-	for _, rs := range s.models {
-		reps = append(reps, rs...)
-	}
-	s.modelsMu.RUnlock()
-	for _, rep := range reps {
-		if ids := drop[rep.ID()]; len(ids) > 0 {
-			_ = rep.Run(func() { // a closed replica holds nothing to free
-				for _, id := range ids {
-					rep.Engine.DeleteAdapter(context.Background(), id)
-				}
-			})
-		}
+	for _, rep := range s.allReplicas() {
+		rep.DropCopies(func(id string) bool { return strings.HasPrefix(id, prefix) })
 	}
 }

@@ -33,8 +33,8 @@ func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindWeights, Name: name}
 	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeights", func() error {
 		return s.checkNewCheckpoint(p, req.Overwrite, req.TTLSeconds)
-	}, func(rep *replica.Replica) (any, error) {
-		if err := s.writeCheckpoint(run, rep, p, true, req.TTLSeconds); err != nil {
+	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+		if err := s.writeCheckpoint(ctx, rep, a, run, p, true, req.TTLSeconds); err != nil {
 			return nil, err
 		}
 		return api.SaveWeightsResponse{Path: p.String(), Type: "save_weights"}, nil
@@ -60,11 +60,11 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 }
 
 // writeCheckpoint saves an adapter's state under the data directory and records it.
-func (s *Server) writeCheckpoint(run *trainingRun, rep *replica.Replica, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
+func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a replica.Adapter, run *trainingRun, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
 	start := time.Now()
 	dir := p.Dir(s.opts.DataDir)
 	tmp := dir + ".partial-" + randomHex(4)
-	if err := rep.Engine.SaveAdapter(context.Background(), run.id, tmp, withOptimizer); err != nil {
+	if err := rep.SaveTo(ctx, a, tmp, withOptimizer); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
@@ -112,8 +112,8 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 		p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindSamplerWeights, Name: req.Path}
 		return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error {
 			return s.checkNewCheckpoint(p, true, req.TTLSeconds)
-		}, func(rep *replica.Replica) (any, error) {
-			if err := s.writeCheckpoint(run, rep, p, false, req.TTLSeconds); err != nil {
+		}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+			if err := s.writeCheckpoint(ctx, rep, a, run, p, false, req.TTLSeconds); err != nil {
 				return nil, err
 			}
 			return api.SaveWeightsForSamplerResponse{Path: p.String(), Type: "save_weights_for_sampler"}, nil
@@ -123,17 +123,12 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: run.session, baseModel: run.baseModel}
 	smp.engineID = "sampler:" + smp.id
 	smp.dir = filepath.Join(s.opts.DataDir, "ephemeral", smp.id)
-	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(rep *replica.Replica) (any, error) {
-		e := rep.Engine
+	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		smp.rep = rep // the snapshot lives where the adapter is
-		if err := e.SaveAdapter(context.Background(), run.id, smp.dir, false); err != nil {
-			return nil, err
-		}
-		if err := e.LoadSnapshot(context.Background(), smp.engineID, smp.dir); err != nil {
+		if err := rep.Snapshot(ctx, a, weightsOf(smp)); err != nil {
 			return nil, err
 		}
 		s.registerSampler(smp, run.session)
-		s.keepSamplerCopy(rep, smp.engineID)
 		return api.SaveWeightsForSamplerResponse{SamplingSessionID: smp.id, Type: "save_weights_for_sampler"}, nil
 	})
 }
@@ -160,22 +155,13 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 			return fmt.Errorf("%s is a sampler checkpoint: it has no optimizer state", req.Path)
 		}
 		return nil
-	}, func(rep *replica.Replica) (any, error) {
-		if err := rep.Engine.LoadAdapter(context.Background(), run.id, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
+	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+		// The replica loads it, tells the run its new config and step, and saves it as the
+		// run's current state.
+		if _, _, err := rep.LoadFrom(ctx, a, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
 			return nil, err
 		}
-		cfg, step, err := rep.Engine.AdapterInfo(context.Background(), run.id)
-		if err != nil { // a worker's unusable answer: keep the run as it was
-			return nil, fmt.Errorf("reading the loaded adapter: %w", err)
-		}
-		s.updateRun(run, func(run *trainingRun) {
-			run.lora, run.step = cfg, step
-			run.grads = gradientLedger{} // the adapter was replaced
-		})
 		s.audit(tenant, "checkpoint.load", run.id, meta.Path, "")
-		if err := s.persistAdapter(run, rep); err != nil {
-			return nil, fmt.Errorf("saving the adapter state: %w", err)
-		}
 		return api.LoadWeightsResponse{Path: req.Path, Type: "load_weights"}, nil
 	})
 }

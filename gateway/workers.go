@@ -198,14 +198,6 @@ func lost(err error) bool {
 	return errors.Is(err, worker.ErrUnreachable) || errors.Is(err, worker.ErrLost) || errors.Is(err, replica.ErrClosed)
 }
 
-// effects counts the calls that may have changed a worker's training state (see worker.Client).
-func effects(rep *replica.Replica) int64 {
-	if c, ok := rep.Engine.(*worker.Client); ok {
-		return c.Effects()
-	}
-	return 0
-}
-
 // errMayHaveRun is the error of an op whose worker was lost after the op reached it.
 var errMayHaveRun = errors.New("the worker running this request was lost after the request reached it, so it may have run there; " +
 	"it was not run again: the model goes on from its last saved state on another worker")

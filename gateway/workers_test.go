@@ -261,12 +261,12 @@ func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
 // panickyEngine is a replica's compute with a bug in sampling, and in training on token 13.
 type panickyEngine struct{ *engine.Engine }
 
-func (p panickyEngine) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
-	if data[0].Tokens[0] == 13 {
+func (p panickyEngine) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if backward && b.Data[0].Tokens[0] == 13 {
 		var res *engine.ForwardResult
 		return res, fmt.Errorf("%v", res.Loss) // nil dereference
 	}
-	return p.Engine.ForwardBackward(ctx, id, data, loss, cfg)
+	return p.Engine.ForwardBatch(ctx, id, b, backward)
 }
 
 func (p panickyEngine) SampleBatch(context.Context, string, []engine.SampleRequest) ([]*engine.SampleResult, error) {

@@ -1,8 +1,15 @@
-// Package replica runs one base model's compute: it holds an engine (the shared base weights
-// plus up to MaxLoras adapters) and runs all of its work on one worker goroutine, so ops on a
-// replica never race; the worker shares its time between lanes (tenants) in turn. The gateway
-// orders each adapter's ops by seq_id before they get here (an adapter can move between replicas, so ordering cannot live in one of them); the router decides
-// which replica holds which adapter. A Replica is a router.Endpoint.
+// Package replica runs one base model's compute: it holds a compute (an in-process engine with
+// the shared base weights plus up to MaxLoras adapters, or a remote worker's) and runs all of its
+// work on one worker goroutine, so ops on a replica never race; the worker shares its time
+// between lanes (tenants) in turn.
+//
+// A replica owns its adapters' lifecycle (adapters.go: reload, create, save, evict) and its
+// sampling (sampling.go: read-only sampler copies, batching of requests for the same weights),
+// behind typed operations that take a context. The gateway orders each adapter's ops by seq_id
+// before they get here (an adapter can move between replicas, so ordering cannot live in one of
+// them) and keeps the adapters' durable records (StateKeeper); the router decides which replica
+// holds which adapter. In-process and worker replicas are the same type over two computes. A
+// Replica is a router.Endpoint.
 package replica
 
 import (
@@ -27,7 +34,8 @@ const DefaultMaxLoras = 16
 // served, so one tenant's long queue of big ops cannot keep another's one-token sample waiting
 // behind all of it; within a lane ops run in the order they came.
 type Replica struct {
-	Engine engine.Compute
+	compute engine.Compute
+	local   *engine.Engine // the in-process engine behind compute; nil for a remote worker
 
 	id, baseModel string
 	maxLoras      int
@@ -44,6 +52,9 @@ type Replica struct {
 	busy    bool
 	closed  bool
 	wg      sync.WaitGroup
+
+	sampling samplingState
+	copies   copyLRU
 }
 
 // maxQueued bounds the ops queued on one replica, all lanes together; Run waits past it.
@@ -52,14 +63,15 @@ const maxQueued = 4096
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("replica closed")
 
-// New starts a replica over a loaded engine (see engine.Fork to share one base model's weights
-// between replicas). maxLoras ≤ 0 means DefaultMaxLoras.
+// New starts a replica over a compute: a loaded engine (see engine.Fork to share one base
+// model's weights between replicas) or a worker's client. maxLoras ≤ 0 means DefaultMaxLoras.
 func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 	if maxLoras <= 0 {
 		maxLoras = DefaultMaxLoras
 	}
-	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, Engine: e, slots: make(chan struct{}, maxQueued),
-		closing: make(chan struct{}), lanes: map[string][]func(){}}
+	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, compute: e, local: localEngine(e),
+		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]func(){}}
+	r.sampling.limit = DefaultMaxQueuedSamples
 	r.wake = sync.NewCond(&r.mu)
 	r.healthy.Store(true)
 	r.wg.Add(1)

@@ -199,6 +199,16 @@ func (c *Client) ForwardBackward(ctx context.Context, id string, data []engine.D
 	return c.forward(ctx, "forward_backward", id, data, loss, cfg)
 }
 
+// ForwardBatch sends a batch's data to the worker, which validates it again (the gateway is its
+// peer, not its caller in process).
+func (c *Client) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	method := "forward"
+	if backward {
+		method = "forward_backward"
+	}
+	return c.forward(ctx, method, id, b.Data, b.Loss, b.LossConfig)
+}
+
 func (c *Client) OptimStep(ctx context.Context, id string, p engine.AdamParams) (map[string]float64, error) {
 	r, err := c.do(ctx, "optim_step", callRequest{ID: id, Adam: &p})
 	if err != nil {

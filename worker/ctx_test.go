@@ -17,7 +17,7 @@ type blockingEngine struct {
 	started, sawCancel chan struct{}
 }
 
-func (b *blockingEngine) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
+func (b *blockingEngine) ForwardBatch(ctx context.Context, id string, _ *engine.Batch, _ bool) (*engine.ForwardResult, error) {
 	close(b.started)
 	<-ctx.Done()
 	close(b.sawCancel)

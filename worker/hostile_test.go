@@ -49,6 +49,9 @@ func (f *fakeEngine) Forward(ctx context.Context, id string, data []engine.Datum
 func (f *fakeEngine) ForwardBackward(ctx context.Context, id string, data []engine.Datum, loss string, cfg map[string]float64) (*engine.ForwardResult, error) {
 	return f.Forward(ctx, id, data, loss, cfg)
 }
+func (f *fakeEngine) ForwardBatch(ctx context.Context, id string, b *engine.Batch, _ bool) (*engine.ForwardResult, error) {
+	return f.Forward(ctx, id, b.Data, b.Loss, b.LossConfig)
+}
 func (f *fakeEngine) OptimStep(context.Context, string, engine.AdamParams) (map[string]float64, error) {
 	return map[string]float64{"step:max": 1}, nil
 }

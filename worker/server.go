@@ -143,10 +143,10 @@ func (s *Server) call(ctx context.Context, method string, q callRequest) (callRe
 		var cfg engine.LoraConfig
 		cfg, r.Step, err = s.e.AdapterInfo(ctx, q.ID)
 		r.Lora = &cfg
-	case "forward":
-		r.Forward, err = s.e.Forward(ctx, q.ID, q.Data, q.Loss, q.LossConfig)
-	case "forward_backward":
-		r.Forward, err = s.e.ForwardBackward(ctx, q.ID, q.Data, q.Loss, q.LossConfig)
+	case "forward", "forward_backward":
+		// An unprepared batch: the engine validates a peer's bytes itself, once.
+		b := &engine.Batch{Data: q.Data, Loss: q.Loss, LossConfig: q.LossConfig}
+		r.Forward, err = s.e.ForwardBatch(ctx, q.ID, b, method == "forward_backward")
 	case "optim_step":
 		if q.Adam == nil {
 			return r, errors.New("optim_step needs adam")

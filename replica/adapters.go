@@ -1,0 +1,277 @@
+package replica
+
+// Adapter lifecycle: a replica makes an adapter resident before any op on it (reloading its saved
+// state, or creating it from its seed), saves it as its new current state when it steps or loads,
+// and saves it again before it leaves memory. The gateway says only which adapter an op is for
+// and where its durable state lives (StateKeeper); it never touches the compute.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+// Adapter names a training adapter for an op: what it is, whose turn it takes, and who keeps its
+// durable state.
+type Adapter struct {
+	ID    string
+	Lane  string            // its tenant's lane: lanes take turns on the replica
+	Lora  engine.LoraConfig // what a fresh adapter (no saved state) is created with
+	State StateKeeper       // nil: the adapter has no owner any more (eviction only deletes it)
+}
+
+// StateKeeper is the owner's record of one adapter's durable state (the gateway's, shared between
+// gateways through its store). The replica calls it on its worker, in the adapter's op order, so
+// the record and the adapter in memory never disagree.
+type StateKeeper interface {
+	// Saved names the directory holding the adapter's current saved state, "" when it has none.
+	Saved() (string, error)
+	// Restored is told that the adapter was reloaded from dir.
+	Restored(dir string)
+	// Fresh is asked before an adapter with no saved state is created from its seed: an error
+	// (it has stepped, so starting over would lose its training) stops that.
+	Fresh() error
+	// Save makes a new current state, atomically: fill writes the adapter into dir.
+	Save(fill func(dir string) error) error
+	// BeforeStep is asked, with the adapter resident, whether an optimizer step may run (the
+	// gateway checks that no acknowledged gradients were lost).
+	BeforeStep(ctx context.Context) error
+	// Stepped is told that an optimizer step consumed the gradients, before the state is saved.
+	Stepped(step int)
+	// Replaced is told that load_weights replaced the adapter, before the state is saved.
+	Replaced(cfg engine.LoraConfig, step int)
+}
+
+// MayHaveRun reports whether a failed op reached a remote worker's compute with a call that can
+// change training state before the failure: such an op must not be run again elsewhere.
+func MayHaveRun(err error) bool {
+	var r *ranError
+	return errors.As(err, &r)
+}
+
+type ranError struct{ error }
+
+func (e *ranError) Unwrap() error { return e.error }
+
+// effectCounter is a remote compute that counts its calls that may change training state
+// (worker.Client); an in-process engine's failures happen here, with nothing half done elsewhere.
+type effectCounter interface{ Effects() int64 }
+
+func (r *Replica) effects() int64 {
+	if c, ok := r.compute.(effectCounter); ok {
+		return c.Effects()
+	}
+	return 0
+}
+
+// onAdapter runs fn on the worker in a's lane, with a resident first, and waits for it. The
+// compute calls see ctx's values but not its end: an op that started runs to the end (a Tinker
+// future outlives the request that made it), and the wait for the worker does not end with ctx
+// either, so a failure always says whether the op ran.
+func (r *Replica) onAdapter(ctx context.Context, a Adapter, fn func(ctx context.Context) error) error {
+	ctx = context.WithoutCancel(ctx)
+	var opErr error
+	var ran bool
+	err := r.DoIn(ctx, a.Lane, func() {
+		before := r.effects()
+		defer func() { ran = r.effects() != before }()
+		if err := r.ensure(ctx, a); err != nil {
+			opErr = fmt.Errorf("restoring the adapter: %w", err)
+			return
+		}
+		if fn != nil {
+			opErr = fn(ctx)
+		}
+	})
+	if err == nil {
+		err = opErr
+	}
+	if err != nil && ran {
+		err = &ranError{err}
+	}
+	return err
+}
+
+// ensure makes a resident: reloaded from its saved state, or, if it has none and never stepped,
+// created from its seed (PEFT init is deterministic). Runs on the worker.
+func (r *Replica) ensure(ctx context.Context, a Adapter) error {
+	if r.compute.HasAdapter(ctx, a.ID) {
+		return nil
+	}
+	if a.State == nil {
+		return fmt.Errorf("adapter %s has no owner", a.ID)
+	}
+	dir, err := a.State.Saved()
+	if err != nil {
+		return err
+	}
+	if dir != "" {
+		slog.Info("reloading adapter from its saved state", "run", a.ID, "replica", r.id, "dir", dir)
+		if err := r.compute.LoadAdapter(ctx, a.ID, dir, true); err != nil {
+			return err
+		}
+		a.State.Restored(dir)
+		return nil
+	}
+	if err := a.State.Fresh(); err != nil {
+		return err
+	}
+	return r.compute.CreateLora(ctx, a.ID, a.Lora)
+}
+
+// persist saves the adapter's full state (weights, optimizer, step, pending gradients) as its new
+// current state. Runs on the worker.
+func (r *Replica) persist(ctx context.Context, a Adapter) error {
+	return a.State.Save(func(dir string) error { return r.compute.SaveAdapter(ctx, a.ID, dir, true) })
+}
+
+// Place makes the adapter resident (the router's Load: a new placement).
+func (r *Replica) Place(ctx context.Context, a Adapter) error {
+	return r.onAdapter(ctx, a, nil)
+}
+
+// Evict saves the adapter's full state, if it is resident and has an owner, and removes it from
+// memory; its next op reloads it, possibly on another replica. It waits for the worker, or for ctx.
+func (r *Replica) Evict(ctx context.Context, a Adapter) error {
+	var err error
+	if derr := r.DoIn(ctx, a.Lane, func() { err = r.evict(context.WithoutCancel(ctx), a) }); derr != nil {
+		return derr
+	}
+	return err
+}
+
+// Unload is Evict without waiting: it runs after the adapter's ops already queued in its lane,
+// and a failure to save is logged.
+func (r *Replica) Unload(a Adapter) error {
+	return r.RunIn(a.Lane, func() {
+		if err := r.evict(context.Background(), a); err != nil {
+			slog.Error("saving adapter before release", "run", a.ID, "replica", r.id, "err", err)
+		}
+	})
+}
+
+func (r *Replica) evict(ctx context.Context, a Adapter) error {
+	if a.State != nil && r.compute.HasAdapter(ctx, a.ID) {
+		if err := r.persist(ctx, a); err != nil {
+			return err
+		}
+	}
+	r.compute.DeleteAdapter(ctx, a.ID)
+	return nil
+}
+
+// Forward runs a validated batch through the adapter (through the base model alone when baseOnly)
+// without changing anything.
+func (r *Replica) Forward(ctx context.Context, a Adapter, b *engine.Batch, baseOnly bool) (*engine.ForwardResult, error) {
+	var res *engine.ForwardResult
+	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		id := a.ID
+		if baseOnly {
+			id = ""
+		}
+		var err error
+		res, err = r.compute.ForwardBatch(ctx, id, b, false)
+		return err
+	})
+	return res, err
+}
+
+// ForwardBackward runs a validated batch and accumulates its gradients in the adapter.
+func (r *Replica) ForwardBackward(ctx context.Context, a Adapter, b *engine.Batch) (*engine.ForwardResult, error) {
+	var res *engine.ForwardResult
+	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		var err error
+		res, err = r.compute.ForwardBatch(ctx, a.ID, b, true)
+		return err
+	})
+	return res, err
+}
+
+// OptimStep applies the accumulated gradients and saves the adapter: a step is acknowledged only
+// once it is on disk. It returns the step's metrics and the adapter's step count.
+func (r *Replica) OptimStep(ctx context.Context, a Adapter, p engine.AdamParams) (map[string]float64, int, error) {
+	var metrics map[string]float64
+	var step int
+	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		if err := a.State.BeforeStep(ctx); err != nil {
+			return err
+		}
+		var err error
+		if metrics, err = r.compute.OptimStep(ctx, a.ID, p); err != nil {
+			return err
+		}
+		if _, step, err = r.compute.AdapterInfo(ctx, a.ID); err != nil {
+			return fmt.Errorf("reading the adapter's step: %w", err)
+		}
+		a.State.Stepped(step)
+		if err := r.persist(ctx, a); err != nil {
+			return fmt.Errorf("saving the adapter state: %w", err)
+		}
+		return nil
+	})
+	return metrics, step, err
+}
+
+// SaveTo writes the adapter's weights (and optimizer state, if asked) into dir: a checkpoint.
+func (r *Replica) SaveTo(ctx context.Context, a Adapter, dir string, withOptimizer bool) error {
+	return r.onAdapter(ctx, a, func(ctx context.Context) error {
+		return r.compute.SaveAdapter(ctx, a.ID, dir, withOptimizer)
+	})
+}
+
+// LoadFrom replaces the adapter with the saved one in dir (its optimizer state too, if asked),
+// and saves that as its new current state. It returns the loaded adapter's config and step.
+func (r *Replica) LoadFrom(ctx context.Context, a Adapter, dir string, withOptimizer bool) (engine.LoraConfig, int, error) {
+	var cfg engine.LoraConfig
+	var step int
+	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		if err := r.compute.LoadAdapter(ctx, a.ID, dir, withOptimizer); err != nil {
+			return err
+		}
+		var err error
+		if cfg, step, err = r.compute.AdapterInfo(ctx, a.ID); err != nil { // a worker's unusable answer
+			return fmt.Errorf("reading the loaded adapter: %w", err)
+		}
+		a.State.Replaced(cfg, step)
+		if err := r.persist(ctx, a); err != nil {
+			return fmt.Errorf("saving the adapter state: %w", err)
+		}
+		return nil
+	})
+	return cfg, step, err
+}
+
+// Snapshot saves the adapter's weights as they are now into w.Dir and keeps them in memory as a
+// read-only sampler copy named w.ID, on this replica (where the adapter is).
+func (r *Replica) Snapshot(ctx context.Context, a Adapter, w Weights) error {
+	return r.onAdapter(ctx, a, func(ctx context.Context) error {
+		if err := r.compute.SaveAdapter(ctx, a.ID, w.Dir, false); err != nil {
+			return err
+		}
+		if err := r.compute.LoadSnapshot(ctx, w.ID, w.Dir); err != nil {
+			return err
+		}
+		r.keepCopy(ctx, w.ID)
+		return nil
+	})
+}
+
+// Holds reports whether an adapter (training adapter or sampler copy) is in memory here. It asks
+// the compute on the caller's goroutine: for tests and status, not for ordering.
+func (r *Replica) Holds(ctx context.Context, id string) bool {
+	return r.compute != nil && r.compute.HasAdapter(ctx, id)
+}
+
+// AdapterIDs lists the adapters in memory here (training adapters and sampler copies).
+func (r *Replica) AdapterIDs(ctx context.Context) []string {
+	if r.compute == nil {
+		return nil
+	}
+	return r.compute.AdapterIDs(ctx)
+}
+
+// Info describes the base model (fixed at load: no round trip).
+func (r *Replica) Info() engine.ModelInfo { return r.compute.Info() }

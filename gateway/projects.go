@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/api"
-	"github.com/skein-ai/skein/engine"
 )
 
 // Projects group a tenant's sessions (and so their training runs and samplers) under a name of
@@ -154,41 +153,4 @@ func asBadRequest(err error) error {
 		return he
 	}
 	return errf(http.StatusBadRequest, "%v", err)
-}
-
-// greedyTopP makes an explicit top_p of 0 greedy, as top_k=1 and temperature 0 are: the
-// nucleus shrinks to the single most probable token (the engine reads its own zero as "off").
-func greedyTopP(p *engine.SampleParams) {
-	if p.TopP == 0 {
-		p.TopK, p.TopP = 1, 1
-	}
-}
-
-// disableLoraKey is twinkle's loss_fn_config switch for a forward pass of the base model on a
-// run (reference logprobs without a second client or a copy of the weights).
-const disableLoraKey = "disable_lora"
-
-// takeDisableLora removes disable_lora from a request's loss_fn_config and reports whether it
-// was set. Only forward takes it: a backward pass through the base model would train nothing.
-func takeDisableLora(in *api.ForwardBackwardInput, forwardOnly bool) (bool, error) {
-	v, ok := in.LossFnConfig[disableLoraKey]
-	if !ok {
-		return false, nil
-	}
-	delete(in.LossFnConfig, disableLoraKey)
-	if v != 0 && v != 1 {
-		return false, errf(http.StatusBadRequest, "loss_fn_config.%s must be true or false (1 or 0), got %v", disableLoraKey, v)
-	}
-	if v == 1 && !forwardOnly {
-		return false, errf(http.StatusBadRequest, "loss_fn_config.%s is for forward only: forward_backward through the base model would train nothing (compute reference logprobs with forward, then train with forward_backward)", disableLoraKey)
-	}
-	return v == 1, nil
-}
-
-// adapterOrBase is the engine id a forward runs under: the run's adapter, or "" (the base model).
-func adapterOrBase(runID string, baseOnly bool) string {
-	if baseOnly {
-		return ""
-	}
-	return runID
 }

@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/skein-ai/skein/api"
-	"github.com/skein-ai/skein/engine"
 )
 
 // newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
@@ -86,33 +85,9 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	sr := engine.SampleRequest{Prompt: prompt, Images: images, NumSamples: 1, PromptLogprobs: req.PromptLogprobs, TopKPromptLogprobs: req.TopKPromptLogprobs}
-	if req.NumSamples != nil {
-		sr.NumSamples = *req.NumSamples
-		if sr.NumSamples < 1 {
-			return nil, errf(http.StatusBadRequest, "num_samples must be at least 1, got %d", sr.NumSamples)
-		}
-	}
-	sp := req.SamplingParams
-	sr.Params = engine.SampleParams{Temperature: 1, TopK: -1, TopP: 1, Seed: sp.Seed}
-	if sp.MaxTokens != nil {
-		if *sp.MaxTokens < 1 {
-			return nil, errf(http.StatusBadRequest, "sampling_params.max_tokens must be at least 1, got %d", *sp.MaxTokens)
-		}
-		sr.Params.MaxTokens = *sp.MaxTokens
-	}
-	if sp.Temperature != nil {
-		sr.Params.Temperature = *sp.Temperature
-	}
-	if sp.TopK != nil {
-		sr.Params.TopK = *sp.TopK
-	}
-	if sp.TopP != nil {
-		sr.Params.TopP = *sp.TopP
-		greedyTopP(&sr.Params)
-	}
-	if sr.Params.StopStrings, sr.Params.StopTokens, err = sp.StopSpec(); err != nil {
-		return nil, errf(http.StatusBadRequest, "sampling_params.stop: %v", err)
+	sr, err := tinkerSampleRequest(req, prompt, images)
+	if err != nil {
+		return nil, err
 	}
 	// Sampling reads the weights only: it may run on any healthy replica of the base model,
 	// preferring the one that already holds them (a read-only copy loads from disk elsewhere).

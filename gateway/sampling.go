@@ -7,10 +7,8 @@ package gateway
 import (
 	"context"
 	"errors"
-	"math"
 	"net/http"
 
-	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 )
@@ -64,27 +62,4 @@ func (s *Server) resample(ctx context.Context, smp *sampler, req engine.SampleRe
 		s.finishOn(f, next.ID(), nil, err)
 	}
 	return true
-}
-
-func sampleResponse(res *engine.SampleResult) *api.SampleResponse {
-	out := &api.SampleResponse{Type: "sample"}
-	for _, q := range res.Sequences {
-		out.Sequences = append(out.Sequences, api.SampledSequence{StopReason: q.StopReason, Tokens: q.Tokens, Logprobs: q.Logprobs})
-	}
-	for _, v := range res.PromptLogprobs {
-		if math.IsNaN(v) {
-			out.PromptLogprobs = append(out.PromptLogprobs, nil)
-		} else {
-			v := v
-			out.PromptLogprobs = append(out.PromptLogprobs, &v)
-		}
-	}
-	for _, row := range res.TopKPrompt {
-		var r [][2]float64
-		for _, t := range row {
-			r = append(r, [2]float64{float64(t.Token), t.Logprob})
-		}
-		out.TopKPromptLogprobs = append(out.TopKPromptLogprobs, r)
-	}
-	return out
 }

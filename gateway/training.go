@@ -39,13 +39,6 @@ func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
 	return run, nil
 }
 
-func boolOr(p *bool, d bool) bool {
-	if p == nil {
-		return d
-	}
-	return *p
-}
-
 func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CreateModelRequest
 	if err := s.decodeJSON(r, &req); err != nil {
@@ -59,15 +52,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return nil, err
 	}
-	lc := api.LoraConfig{Rank: 32}
-	if req.LoraConfig != nil {
-		lc = *req.LoraConfig
-	}
-	cfg := engine.LoraConfig{Rank: lc.Rank, TrainAttn: boolOr(lc.TrainAttn, true), TrainMLP: boolOr(lc.TrainMLP, true),
-		TrainUnembed: boolOr(lc.TrainUnembed, true)}
-	if lc.Seed != nil {
-		cfg.Seed = *lc.Seed
-	}
+	cfg := loraConfigOf(req.LoraConfig)
 	if err := reps[0].Info().ValidateLora(cfg); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
@@ -164,40 +149,6 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	return futureResponse(f, run.id), nil
 }
 
-func toEngineData(data []api.Datum) ([]engine.Datum, error) {
-	if err := api.DensifyAll(data); err != nil { // sparse inputs, within the request's budget
-		return nil, err
-	}
-	out := make([]engine.Datum, len(data))
-	for i, d := range data {
-		toks, err := d.ModelInput.Tokens()
-		if err != nil {
-			return nil, fmt.Errorf("datum %d: model_input: %v", i, err)
-		}
-		in := map[string]engine.TensorInput{}
-		for k, t := range d.LossFnInputs {
-			dt, err := t.Dense()
-			if err != nil {
-				return nil, fmt.Errorf("datum %d: loss_fn_inputs.%s: %v", i, k, err)
-			}
-			dtype := dt.DType
-			if dtype == "" { // plain lists: the SDK coerces by key
-				dtype = "float32"
-				if k == "target_tokens" {
-					dtype = "int64"
-				}
-			}
-			var shape []int
-			if len(dt.Shape) > 0 {
-				shape = dt.Shape
-			}
-			in[k] = engine.TensorInput{DType: dtype, Shape: shape, Data: dt.Data}
-		}
-		out[i] = engine.Datum{Tokens: toks, Inputs: in}
-	}
-	return out, nil
-}
-
 func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	body, err := s.readBody(r)
 	if err != nil {
@@ -275,14 +226,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		}
 		s.recordTraining(run, kind, batch.Data, start)
 		s.noteForwardBackwardMetrics(run, req.ForwardOnly, res.Metrics)
-		out := &api.ForwardBackwardOutput{LossFnOutputType: "ArrayRecord", Metrics: res.Metrics}
-		for i := range res.Logprobs {
-			out.LossFnOutputs = append(out.LossFnOutputs, api.LossOutput{
-				"logprobs":         {Data: res.Logprobs[i], DType: "float32", Shape: []int{len(res.Logprobs[i])}},
-				"elementwise_loss": {Data: res.Losses[i], DType: "float32", Shape: []int{len(res.Losses[i])}},
-			})
-		}
-		return out, nil
+		return forwardOutput(res), nil
 	})
 }
 
@@ -295,14 +239,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 	if err != nil {
 		return nil, err
 	}
-	p := engine.DefaultAdamParams()
-	for dst, src := range map[*float64]*float64{&p.LearningRate: req.AdamParams.LearningRate, &p.Beta1: req.AdamParams.Beta1,
-		&p.Beta2: req.AdamParams.Beta2, &p.Eps: req.AdamParams.Eps, &p.WeightDecay: req.AdamParams.WeightDecay,
-		&p.GradClipNorm: req.AdamParams.GradClipNorm} {
-		if src != nil {
-			*dst = *src
-		}
-	}
+	p := adamParamsOf(req.AdamParams)
 	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		// The replica checks for lost gradients, steps, and saves the adapter: the step is
 		// acknowledged only once it is on disk, so no acknowledged step is ever lost.

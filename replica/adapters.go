@@ -128,8 +128,13 @@ func (r *Replica) persist(ctx context.Context, a Adapter) error {
 	return a.State.Save(func(dir string) error { return r.compute.SaveAdapter(ctx, a.ID, dir, true) })
 }
 
+// PlacementLane is the lane placements and evictions wait in: their own, so that moving an
+// adapter in or out waits for one turn, not behind every op its tenant has queued here.
+const PlacementLane = ""
+
 // Place makes the adapter resident (the router's Load: a new placement).
 func (r *Replica) Place(ctx context.Context, a Adapter) error {
+	a.Lane = PlacementLane
 	return r.onAdapter(ctx, a, nil)
 }
 
@@ -137,7 +142,7 @@ func (r *Replica) Place(ctx context.Context, a Adapter) error {
 // memory; its next op reloads it, possibly on another replica. It waits for the worker, or for ctx.
 func (r *Replica) Evict(ctx context.Context, a Adapter) error {
 	var err error
-	if derr := r.DoIn(ctx, a.Lane, func() { err = r.evict(context.WithoutCancel(ctx), a) }); derr != nil {
+	if derr := r.DoIn(ctx, PlacementLane, func() { err = r.evict(context.WithoutCancel(ctx), a) }); derr != nil {
 		return derr
 	}
 	return err

@@ -326,3 +326,38 @@ func TestUnloadRunsAfterQueuedOps(t *testing.T) {
 		t.Fatalf("calls %q, want %q", got, want)
 	}
 }
+
+// An eviction waits for one turn, not behind every op the adapter's tenant has queued: it runs
+// in the placement lane, which takes its turn between the tenant's ops.
+func TestEvictionDoesNotWaitBehindTheTenantsQueue(t *testing.T) {
+	f := newFake()
+	r := New("r", "m", f, 2)
+	defer r.Close()
+	k := &keeper{f: f}
+	idle := Adapter{ID: "idle", Lane: "t", State: k}
+	if err := r.Place(context.Background(), idle); err != nil {
+		t.Fatal(err)
+	}
+	block := make(chan struct{})
+	_ = r.RunIn("t", func() { <-block })
+	for i := range 3 {
+		_ = r.RunIn("t", func() { k.note(fmt.Sprintf("tenant op %d", i)) })
+	}
+	evicted := make(chan error, 1)
+	go func() { evicted <- r.Evict(context.Background(), idle) }()
+	for r.QueueDepth() < 5 { // the blocker, three ops, and the eviction
+		runtime.Gosched()
+	}
+	close(block)
+	if err := <-evicted; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.DoIn(context.Background(), "t", func() {}); err != nil {
+		t.Fatal(err)
+	}
+	got := withoutHas(f.callLog())
+	del, first := slices.Index(got, "delete idle"), slices.Index(got, "tenant op 1")
+	if del < 0 || first < 0 || del > first {
+		t.Fatalf("calls %q: the eviction waited behind the tenant's queue", got)
+	}
+}

@@ -246,6 +246,11 @@ func (t *futureTable) sweep(now time.Time, withStore bool) int {
 // wait parks until the future is terminal, the timeout passes or cancel closes; it reports
 // whether the future is done.
 func (t *futureTable) wait(f *future, timeout time.Duration, cancel <-chan struct{}) bool {
+	select {
+	case <-f.done: // answered already (most retrieves of a finished future): no timer, no waiter count
+		return true
+	default:
+	}
 	t.mu.Lock()
 	f.waiting++
 	t.mu.Unlock()

@@ -179,10 +179,17 @@ func (s *Server) withCaller(r *http.Request) (*http.Request, caller, error) {
 	if err != nil {
 		return r, caller{}, err
 	}
+	if info := infoOf(r); info != nil { // the request log's record: no second copy of the request
+		info.caller, info.authenticated = c, true
+		return r, c, nil
+	}
 	return r.WithContext(context.WithValue(r.Context(), callerCtxKey{}, c)), c, nil
 }
 
 func callerOf(r *http.Request) caller {
+	if info := infoOf(r); info != nil && info.authenticated {
+		return info.caller
+	}
 	c, _ := r.Context().Value(callerCtxKey{}).(caller)
 	return c
 }

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -23,6 +25,9 @@ const maxRequestIDLen = 64
 type requestInfo struct {
 	id, tenant, future string
 	err                error
+	caller             caller // who is asking, once authenticated (withCaller)
+	authenticated      bool
+	rec                logRecorder // its response's status; one allocation with the record
 }
 
 type requestInfoKey struct{}
@@ -110,12 +115,13 @@ func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	id := r.Header.Get(RequestIDHeader)
 	if !wellFormedRequestID(id) {
-		id = "req-" + randomHex(8)
+		id = newRequestID()
 	}
-	rw.Header().Set(RequestIDHeader, id)
+	rw.Header()[RequestIDHeader] = []string{id} // canonical already
 	info := &requestInfo{id: id}
 	r = r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info))
-	w := &logRecorder{ResponseWriter: rw}
+	w := &info.rec
+	w.ResponseWriter = rw
 	s.serveRecovered(w, r)
 	if w.status == 0 {
 		w.status = http.StatusOK // nothing written: net/http answers 200
@@ -140,6 +146,16 @@ func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		attrs = append(attrs, slog.String("err", info.err.Error()))
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
+}
+
+// newRequestID is "req-" and 16 random hex digits, in one allocation (it is made per request).
+func newRequestID() string {
+	var raw [8]byte
+	_, _ = rand.Read(raw[:])
+	var out [4 + 16]byte
+	copy(out[:], "req-")
+	hex.Encode(out[4:], raw[:])
+	return string(out[:])
 }
 
 // maxLoggedPath bounds the path in a log line (a client chooses it).

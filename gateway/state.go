@@ -121,7 +121,7 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 
 // restore rebuilds the in-memory state from the store after a start. Requests that were running
 // when the previous process died end as server errors saying so; live adapters come back from
-// their last saved state on their next request (see ensureAdapter).
+// their last saved state on their next request (see replica.Replica.ensure).
 func (s *Server) restore() error {
 	ctx := context.Background()
 	if err := s.checkStoreKnowsDisk(ctx); err != nil {

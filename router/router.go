@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -143,6 +144,7 @@ type Router struct {
 
 	mu        sync.Mutex
 	endpoints map[string]*endpointState
+	order     []*endpointState // the endpoints in the order added: iterated per decision (a slice, not the map)
 	placed    map[string]*placement
 	changed   chan struct{}            // closed and replaced whenever capacity may have freed
 	evicting  map[string]chan struct{} // adapters being saved and evicted: requests wait for that
@@ -166,8 +168,11 @@ func (r *Router) AddEndpoint(ep Endpoint) {
 	defer r.mu.Unlock()
 	if old := r.endpoints[ep.ID()]; old != nil {
 		r.dropLocked(old)
+		r.order = slices.DeleteFunc(r.order, func(x *endpointState) bool { return x == old })
 	}
-	r.endpoints[ep.ID()] = &endpointState{ep: ep}
+	es := &endpointState{ep: ep}
+	r.endpoints[ep.ID()] = es
+	r.order = append(r.order, es)
 	r.broadcast()
 }
 
@@ -177,6 +182,7 @@ func (r *Router) RemoveEndpoint(id string) {
 	defer r.mu.Unlock()
 	if es := r.endpoints[id]; es != nil {
 		r.dropLocked(es)
+		r.order = slices.DeleteFunc(r.order, func(x *endpointState) bool { return x == es })
 	}
 	delete(r.endpoints, id)
 	r.broadcast()
@@ -394,7 +400,7 @@ func (r *Router) Forget(adapter string) {
 // candidatesLocked lists the endpoints as candidates, through a profile's filters.
 func (r *Router) candidatesLocked(prof *Profile, req Request) []Candidate {
 	cands := r.scratch[:0]
-	for _, es := range r.endpoints {
+	for _, es := range r.order {
 		c := Candidate{Endpoint: es.ep, Held: es.held, Idle: es.idle, Ops: es.ops, state: es}
 		if req.Backlog != nil {
 			c.Backlog = req.Backlog(es.ep.ID())

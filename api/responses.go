@@ -227,6 +227,14 @@ type CapacityResponse struct {
 	Tenant    string `json:"tenant"`
 }
 
+// FleetCapacity is one base model's LoRA slots over its healthy replicas, in the admin's answer to
+// GET /api/v1/skein/capacity (a map from base model name to it).
+type FleetCapacity struct { // fields in the order the map it replaced encoded them
+	FreeLoras int `json:"free_loras"`
+	MaxLoras  int `json:"max_loras"`
+	UsedLoras int `json:"used_loras"`
+}
+
 // CreateKeyRequest is the body of POST /api/v1/skein/keys.
 type CreateKeyRequest struct {
 	Name  string `json:"name"`

@@ -62,6 +62,8 @@ func TestResponsesEncodeAsTheirMaps(t *testing.T) {
 		{"sessions", SessionsResponse{Sessions: []string{}}, map[string]any{"sessions": []string{}}},
 		{"session", SessionResponse{TrainingRunIDs: []string{"r"}, SamplerIDs: []string{}},
 			map[string]any{"training_run_ids": []string{"r"}, "sampler_ids": []string{}}},
+		{"fleet capacity", map[string]FleetCapacity{"m": {MaxLoras: 4, UsedLoras: 1, FreeLoras: 3}},
+			map[string]any{"m": map[string]any{"max_loras": 4, "used_loras": 1, "free_loras": 3}}},
 		{"capacity", CapacityResponse{Tenant: "t", LiveLoras: 1, MaxLoras: 30}, map[string]any{"tenant": "t", "live_loras": 1, "max_loras": 30}},
 		{"keys", KeysResponse{Keys: []KeyInfo{}}, map[string]any{"keys": []KeyInfo{}}},
 		{"created key", CreatedKey{KeyInfo: KeyInfo{ID: "i", Created: created}, Key: "k"}, struct {

@@ -473,19 +473,16 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) 
 }
 
 func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	out := map[string]map[string]int{}
+	out := map[string]api.FleetCapacity{}
 	for _, u := range s.router.Usage() {
 		ep := u.Endpoint
 		c := out[ep.BaseModel()]
-		if c == nil {
-			c = map[string]int{}
-			out[ep.BaseModel()] = c
-		}
 		if ep.Healthy() {
-			c["max_loras"] += ep.MaxLoras()
-			c["used_loras"] += u.Held
-			c["free_loras"] += ep.MaxLoras() - u.Held
+			c.MaxLoras += ep.MaxLoras()
+			c.UsedLoras += u.Held
+			c.FreeLoras += ep.MaxLoras() - u.Held
 		}
+		out[ep.BaseModel()] = c
 	}
 	return out, nil
 }

@@ -276,3 +276,7 @@ func dotBF16(x []float32, w []uint16) float32 {
 	}
 	return bfLanes8(a) + dotBF16Scalar(x[k:], w[k:])
 }
+
+// bfLoadAt8 returns x[i:i+8] as lanes: the float32 weights' counterpart of bfWiden8 (the
+// kernels of f32_avx2_amd64_gen.go are these, loading where these widen).
+func bfLoadAt8(x []float32, i int) archsimd.Float32x8 { return bfLoad8(x[i : i+8 : i+8]) }

@@ -14,6 +14,13 @@ import "math"
 // directBF16Rows is the most rows a product multiplies by bf16 bits directly.
 const directBF16Rows = 64
 
+// directF32Rows is the most rows a product over float32 weights runs in the same tiles
+// (f32_*_gen.go, derived from these): the backend matmul packs its operands on every call, which
+// for a decode step's few rows costs more than the product.
+const directF32Rows = 64
+
+//go:generate go run gen_f32_kernels.go
+
 // baseProduct returns x·W for module lin's base weight, or x·Wᵀ when transposed (an input
 // gradient); bias and LoRA are the caller's. A float32 pass of at most directBF16Rows rows over
 // a weight kept in bf16 reads the bits directly where the machine has the kernel; everything
@@ -24,13 +31,22 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 	if transposed {
 		k, n = n, k
 	}
-	if xf, ok := any(x.v).([]float32); ok && lin.w16 != nil && haveBF16Kernel &&
-		len(x.dims) == 2 && x.dims[0] <= directBF16Rows && x.dims[1] == k {
-		y := s.ar.alloc(x.dims[0], n)
-		if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
-			bf16Product(any(y.v).([]float32), xf, lin.w16, x.dims[0], k, n, transB)
+	if xf, ok := any(x.v).([]float32); ok && haveBF16Kernel && len(x.dims) == 2 && x.dims[1] == k {
+		rows := x.dims[0]
+		if lin.w16 != nil && rows <= directBF16Rows {
+			y := s.ar.alloc(rows, n)
+			if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
+				bf16Product(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
+			}
+			return y
 		}
-		return y
+		if wf, ok := any(lin.w.v).([]float32); ok && lin.w16 == nil && rows <= directF32Rows {
+			y := s.ar.alloc(rows, n)
+			if s.ar.err == nil {
+				f32Product(any(y.v).([]float32), xf, wf, rows, k, n, transB)
+			}
+			return y
+		}
 	}
 	w, done := s.weight(lin)
 	y := s.ar.matmul(x, w, 0, transB)

@@ -4,14 +4,53 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
-// The direct bf16 products (x·W and x·Wᵀ, vector kernel and scalar loops) agree with a float64
-// reference over shapes that leave tails everywhere: rows 1…70 (every row tiling and its
-// remainder), K and N not multiples of 8, N spanning partial panels, and products big enough to
-// be split across cores. The bound is float32 summation's: K·2⁻²³ of Σ|x·w|.
-func TestBF16ProductMatchesFloat64(t *testing.T) {
+// productKind is one weight type's direct product, its scalar loops and how to read its weights.
+type productKind struct {
+	name    string
+	product func(y, x []float32, R, K, N int, transB bool)
+	scalar  func(y, x []float32, R, K, N int, transB bool)
+	weight  func(i int) float64 // element i of the weight, as the product reads it
+}
+
+func productKinds(rng *rand.Rand, size int) []productKind {
+	w16 := make([]uint16, size)
+	w32 := make([]float32, size)
+	for i := range w16 {
+		v := float32(rng.NormFloat64())
+		w16[i], w32[i] = bf16Of(v), v
+	}
+	return []productKind{
+		{"bf16", func(y, x []float32, R, K, N int, t bool) { bf16Product(y, x, w16, R, K, N, t) },
+			func(y, x []float32, R, K, N int, t bool) {
+				if t {
+					bf16NTScalar(y, x, w16, R, K, N, 0, N)
+				} else {
+					bf16NNScalar(y, x, w16, R, K, N, 0, N)
+				}
+			}, func(i int) float64 { return float64(bf16To32(w16[i])) }},
+		{"f32", func(y, x []float32, R, K, N int, t bool) { f32Product(y, x, w32, R, K, N, t) },
+			func(y, x []float32, R, K, N int, t bool) {
+				if t {
+					f32NTScalar(y, x, w32, R, K, N, 0, N)
+				} else {
+					f32NNScalar(y, x, w32, R, K, N, 0, N)
+				}
+			}, func(i int) float64 { return float64(w32[i]) }},
+	}
+}
+
+// The direct few-row products over bf16 and over float32 weights (x·W and x·Wᵀ, vector kernel
+// and scalar loops) agree with a float64 reference over shapes that leave tails everywhere: rows
+// 1…70 (every row tiling and its remainder), K and N not multiples of 8, N spanning partial
+// panels, and products big enough to be split across cores. The bound is float32 summation's:
+// K·2⁻²³ of Σ|x·w|.
+func TestDirectProductsMatchFloat64(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	type shape struct{ R, K, N int }
 	var shapes []shape
@@ -31,41 +70,35 @@ func TestBF16ProductMatchesFloat64(t *testing.T) {
 		for i := range x {
 			x[i] = float32(rng.NormFloat64())
 		}
-		w := make([]uint16, K*N)
-		for i := range w {
-			w[i] = bf16Of(float32(rng.NormFloat64()))
-		}
-		for _, transB := range []bool{false, true} {
-			// W is [K, N], or [N, K] when transB.
-			at := func(k, n int) float64 {
-				if transB {
-					return float64(bf16To32(w[n*K+k]))
-				}
-				return float64(bf16To32(w[k*N+n]))
-			}
-			fast, slow := make([]float32, R*N), make([]float32, R*N)
-			for i := range fast {
-				fast[i], slow[i] = float32(math.NaN()), float32(math.NaN()) // every output must be written
-			}
-			bf16Product(fast, x, w, R, K, N, transB)
-			if transB {
-				bf16NTScalar(slow, x, w, R, K, N, 0, N)
-			} else {
-				bf16NNScalar(slow, x, w, R, K, N, 0, N)
-			}
-			for r := range R {
-				for n := range N {
-					var ref, abs float64
-					for k := range K {
-						p := float64(x[r*K+k]) * at(k, n)
-						ref += p
-						abs += math.Abs(p)
+		for _, kind := range productKinds(rng, K*N) {
+			for _, transB := range []bool{false, true} {
+				// W is [K, N], or [N, K] when transB.
+				at := func(k, n int) float64 {
+					if transB {
+						return kind.weight(n*K + k)
 					}
-					tol := float64(K) * 0x1p-23 * abs
-					for name, got := range map[string]float32{"kernel": fast[r*N+n], "scalar": slow[r*N+n]} {
-						if d := math.Abs(float64(got) - ref); !(d <= tol) {
-							t.Fatalf("%s %s: y[%d,%d] = %v, float64 %v (off by %.3g, bound %.3g)",
-								name, shapeName(R, K, N, transB), r, n, got, ref, d, tol)
+					return kind.weight(k*N + n)
+				}
+				fast, slow := make([]float32, R*N), make([]float32, R*N)
+				for i := range fast {
+					fast[i], slow[i] = float32(math.NaN()), float32(math.NaN()) // every output must be written
+				}
+				kind.product(fast, x, R, K, N, transB)
+				kind.scalar(slow, x, R, K, N, transB)
+				for r := range R {
+					for n := range N {
+						var ref, abs float64
+						for k := range K {
+							p := float64(x[r*K+k]) * at(k, n)
+							ref += p
+							abs += math.Abs(p)
+						}
+						tol := float64(K) * 0x1p-23 * abs
+						for name, got := range map[string]float32{"kernel": fast[r*N+n], "scalar": slow[r*N+n]} {
+							if d := math.Abs(float64(got) - ref); !(d <= tol) {
+								t.Fatalf("%s %s %s: y[%d,%d] = %v, float64 %v (off by %.3g, bound %.3g)",
+									kind.name, name, shapeName(R, K, N, transB), r, n, got, ref, d, tol)
+							}
 						}
 					}
 				}
@@ -79,4 +112,46 @@ func shapeName(R, K, N int, transB bool) string {
 		return fmt.Sprintf("[%d,%d]·[%d,%d]ᵀ", R, K, N, K)
 	}
 	return fmt.Sprintf("[%d,%d]·[%d,%d]", R, K, K, N)
+}
+
+// The float32-weight kernels are derived from the bf16 ones by gen_f32_kernels.go: the checked-in
+// files are what it makes from the bf16 sources now (run `go generate ./engine` after changing a
+// bf16 kernel).
+func TestF32KernelsAreGenerated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the generator")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool")
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"gen_f32_kernels.go", "bf16_kernels.go", "bf16_avx2_amd64.go", "bf16_other.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(goTool, "run", "gen_f32_kernels.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GO111MODULE=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("generator: %v\n%s", err, out)
+	}
+	for _, f := range []string{"f32_kernels_gen.go", "f32_avx2_amd64_gen.go", "f32_other_gen.go"} {
+		want, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s is stale: run go generate ./engine", f)
+		}
+	}
 }

@@ -537,3 +537,35 @@ func TestCandidatesArePrefixOfFullSort(t *testing.T) {
 		}
 	}
 }
+
+// Decoding one sequence token by token (batch 1: reading the weights once per token), in each
+// precision, with a rank-16 adapter as the bench command uses. SKEIN_BENCH_MODEL picks the model
+// (default: the tiny preset).
+func BenchmarkDecodeBatch1(b *testing.B) {
+	dir := os.Getenv("SKEIN_BENCH_MODEL")
+	if dir == "" {
+		dir = tinyModel(b, ArchQwen2)
+	}
+	for _, prec := range []string{"f32", "bf16"} {
+		b.Run(prec, func(b *testing.B) {
+			e, err := Load(dir, Options{Precision: prec})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := e.CreateAdapter("a", LoraConfig{Rank: 16, TrainAttn: true, TrainMLP: true}); err != nil {
+				b.Fatal(err)
+			}
+			req := SampleRequest{Prompt: []int{1, 2, 3, 4, 5, 6, 7, 8}, NumSamples: 1, Params: SampleParams{MaxTokens: 32, Temperature: 1, TopK: -1, TopP: 1}}
+			b.ResetTimer()
+			tokens := 0
+			for range b.N {
+				r, err := e.Sample("a", req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tokens += len(r.Sequences[0].Tokens)
+			}
+			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}

@@ -39,6 +39,7 @@ func TestArchsimdKernelsStayVEX(t *testing.T) {
 	}
 	checkStayVEX(t, "bf16NN", "nn4x16", "nn1x64", "nn1x16", "nn1x8", "bf16NT", "nt2x4", "nt1x8",
 		"dotBF16", "widenBF16To32",
+		"f32NN", "nn4x16f", "nn1x64f", "nn1x16f", "nn1x8f", "f32NT", "nt2x4f", "nt1x8f", "dotF32",
 		"expScaledShift32", "sigmoid32", "max32", "dot32", "dot3_32", "axpby32", "axpy32",
 		"mulScaled32", "rmsBack32", "softmaxBackRow32", "siluGate32", "siluGateBack32")
 }

@@ -404,6 +404,13 @@ func (a *arena[T]) matmul(x, y mat[T], batch int, transB bool) mat[T] {
 	if a.err != nil {
 		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
 	}
+	if xf, ok := any(x.v).([]float32); ok && gemmPath == gemmAVX2 {
+		out := a.alloc(outDims...)
+		if a.err == nil {
+			gemmBatched(any(out.v).([]float32), xf, any(y.v).([]float32), max(batch, 1), m, k, n, transB)
+		}
+		return out
+	}
 	x2, err := a.mm.exec(mmKey{dtype: a.dtype, batch: batch, m: m, k: k, n: n, transB: transB})
 	if err != nil {
 		a.fail(err)

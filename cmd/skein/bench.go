@@ -144,7 +144,7 @@ func benchEngine(args []string) error {
 		out := map[string]any{"precision": *precision,
 			// The GEMM that many-row products run in either precision: bf16 weights are widened into
 			// it (this machine kind has no bf16 matrix units; see docs/design-notes.md).
-			"peak_gemm": "f32 backend matmul"}
+			"peak_gemm": engine.GEMMName()}
 		for k, v := range res {
 			out[k] = v
 		}

@@ -1,0 +1,196 @@
+//go:build goexperiment.simd && amd64
+
+package engine
+
+import (
+	"sync"
+
+	"simd/archsimd"
+)
+
+// A float32 GEMM for AVX2 + FMA, BLIS-style: B is packed in panels of 16 columns for a block of
+// gemmKC contracting steps, A in panels of 6 rows, and a 6×16 micro-kernel keeps its 12
+// accumulators (8 lanes each) in registers: 12 independent FMA chains cover the FMA units'
+// latency, where the backend's 4×16 kernel has 8. Each output sums its products in k order, in
+// blocks of gemmKC, whatever the number of cores (the cores split the rows), so results do not
+// depend on scheduling.
+
+const (
+	gemmMR = 6   // rows of the micro-kernel
+	gemmNR = 16  // columns of the micro-kernel: two 8-lane vectors
+	gemmKC = 256 // contracting steps per packed block: a B micro-panel (16 KB) stays in L1
+	gemmMC = 96  // rows per packed A block (96 KB: L2)
+	gemmNC = 2048
+)
+
+// haveGEMM: the CPU runs the assembly micro-kernel.
+var haveGEMM = archsimd.X86.AVX2() && archsimd.X86.FMA()
+
+func init() {
+	if haveGEMM {
+		gemmPath = gemmAVX2
+	}
+}
+
+// gemmBatched runs gemmF32 over batch independent products laid out one after another: the
+// batches are split across the cores (each product then runs on one), or, for one, its rows.
+func gemmBatched(c, a, b []float32, batch, M, K, N int, transB bool) {
+	if batch == 1 {
+		gemmF32(c, a, b, M, K, N, transB, true)
+		return
+	}
+	_, _, _ = c[batch*M*N-1], a[batch*M*K-1], b[batch*K*N-1]
+	one := func(i int) {
+		gemmF32(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB, false)
+	}
+	if batch*M*K*N < 1<<18 {
+		for i := range batch {
+			one(i)
+		}
+		return
+	}
+	parallelRows(batch, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			one(i)
+		}
+	})
+}
+
+// gemmF32 sets c [M, N] = a [M, K] · b, b given as [K, N], or [N, K] when transB; parallel
+// splits its row blocks across the cores.
+func gemmF32(c, a, b []float32, M, K, N int, transB, parallel bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_, _, _ = c[M*N-1], a[M*K-1], b[K*N-1]
+	if K == 0 {
+		clear(c[:M*N])
+		return
+	}
+	nc := min(N, gemmNC)
+	bp := gemmBuffers.get((min(K, gemmKC)) * roundUp(nc, gemmNR))
+	defer gemmBuffers.put(bp)
+	for jc := 0; jc < N; jc += gemmNC {
+		ncur := min(gemmNC, N-jc)
+		for pc := 0; pc < K; pc += gemmKC {
+			kc := min(gemmKC, K-pc)
+			packB(bp, b, K, N, pc, kc, jc, ncur, transB)
+			first := pc == 0
+			blocks := (M + gemmMC - 1) / gemmMC
+			work := func(lo, hi int) {
+				ap := gemmBuffers.get(gemmMC * kc)
+				defer gemmBuffers.put(ap)
+				for blk := lo; blk < hi; blk++ {
+					ic := blk * gemmMC
+					mcur := min(gemmMC, M-ic)
+					packA(ap, a, K, ic, mcur, pc, kc)
+					macroKernel(c, ap, bp, N, ic, mcur, jc, ncur, kc, first)
+				}
+			}
+			if !parallel || blocks == 1 || M*kc*ncur < 1<<18 {
+				work(0, blocks)
+			} else {
+				parallelRows(blocks, work)
+			}
+		}
+	}
+}
+
+func roundUp(n, m int) int { return (n + m - 1) / m * m }
+
+// packB copies b[pc:pc+kc, jc:jc+nc] (or its transpose's) into panels of gemmNR columns, each
+// kc rows of 16 contiguous values, zero-padded past nc.
+func packB(dst, b []float32, K, N, pc, kc, jc, nc int, transB bool) {
+	o := 0
+	for j0 := 0; j0 < nc; j0 += gemmNR {
+		w := min(gemmNR, nc-j0)
+		for p := range kc {
+			row := dst[o : o+gemmNR : o+gemmNR]
+			if transB { // b is [N, K]
+				for j := range w {
+					row[j] = b[(jc+j0+j)*K+pc+p]
+				}
+			} else {
+				copy(row, b[(pc+p)*N+jc+j0:][:w])
+			}
+			clear(row[w:])
+			o += gemmNR
+		}
+	}
+}
+
+// packA copies a[ic:ic+mc, pc:pc+kc] into panels of gemmMR rows, each kc steps of 6 values,
+// zero-padded past mc.
+func packA(dst, a []float32, K, ic, mc, pc, kc int) {
+	o := 0
+	for i0 := 0; i0 < mc; i0 += gemmMR {
+		h := min(gemmMR, mc-i0)
+		for p := range kc {
+			col := dst[o : o+gemmMR : o+gemmMR]
+			for i := range h {
+				col[i] = a[(ic+i0+i)*K+pc+p]
+			}
+			clear(col[h:])
+			o += gemmMR
+		}
+	}
+}
+
+// macroKernel multiplies a packed A block by a packed B block into c's tile at (ic, jc).
+func macroKernel(c, ap, bp []float32, N, ic, mc, jc, nc, kc int, first bool) {
+	var edge [gemmMR * gemmNR]float32
+	for j0 := 0; j0 < nc; j0 += gemmNR {
+		bpan := bp[(j0/gemmNR)*kc*gemmNR:][:kc*gemmNR]
+		w := min(gemmNR, nc-j0)
+		for i0 := 0; i0 < mc; i0 += gemmMR {
+			apan := ap[(i0/gemmMR)*kc*gemmMR:][:kc*gemmMR]
+			h := min(gemmMR, mc-i0)
+			if h == gemmMR && w == gemmNR {
+				micro6x16(kc, apan, bpan, c[(ic+i0)*N+jc+j0:], N, first)
+				continue
+			}
+			// A partial tile: computed whole into edge, the valid part added to c.
+			micro6x16(kc, apan, bpan, edge[:], gemmNR, true)
+			for i := range h {
+				crow := c[(ic+i0+i)*N+jc+j0:][:w]
+				erow := edge[i*gemmNR:][:w]
+				if first {
+					copy(crow, erow)
+				} else {
+					for j := range crow {
+						crow[j] += erow[j]
+					}
+				}
+			}
+		}
+	}
+}
+
+// micro6x16 sets (first) or adds to c[0:6, 0:16] (row stride ldc) the product of a packed A panel
+// (kc steps of 6) and a packed B panel (kc steps of 16), in assembly (gemm_amd64.s). The slices
+// are checked here, once: the assembly reads and writes exactly these ranges.
+func micro6x16(kc int, a, b, c []float32, ldc int, first bool) {
+	if kc <= 0 {
+		return
+	}
+	_, _ = a[kc*gemmMR-1], b[kc*gemmNR-1]
+	_ = c[5*ldc+gemmNR-1]
+	micro6x16asm(kc, &a[0], &b[0], &c[0], ldc, first)
+}
+
+//go:noescape
+func micro6x16asm(kc int, a, b, c *float32, ldc int, first bool)
+
+// gemmBuffers reuses packing buffers between calls.
+var gemmBuffers bufferPool
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) get(n int) []float32 {
+	if v, ok := b.p.Get().(*[]float32); ok && cap(*v) >= n {
+		return (*v)[:n]
+	}
+	return make([]float32, n)
+}
+
+func (b *bufferPool) put(s []float32) { b.p.Put(&s) }

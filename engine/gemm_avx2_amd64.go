@@ -78,13 +78,11 @@ func gemmF32(c, a, b []float32, M, K, N int, transB, parallel bool) {
 			first := pc == 0
 			blocks := (M + gemmMC - 1) / gemmMC
 			work := func(lo, hi int) {
-				ap := gemmBuffers.get(gemmMC * kc)
-				defer gemmBuffers.put(ap)
+				edgeA := gemmBuffers.get(gemmMR * kc) // a last panel of fewer than 6 rows, padded
+				defer gemmBuffers.put(edgeA)
 				for blk := lo; blk < hi; blk++ {
 					ic := blk * gemmMC
-					mcur := min(gemmMC, M-ic)
-					packA(ap, a, K, ic, mcur, pc, kc)
-					macroKernel(c, ap, bp, N, ic, mcur, jc, ncur, kc, first)
+					macroKernel(c, a, edgeA, bp, K, N, ic, min(gemmMC, M-ic), pc, jc, ncur, kc, first)
 				}
 			}
 			if !parallel || blocks == 1 || M*kc*ncur < 1<<18 {
@@ -101,56 +99,71 @@ func roundUp(n, m int) int { return (n + m - 1) / m * m }
 // packB copies b[pc:pc+kc, jc:jc+nc] (or its transpose's) into panels of gemmNR columns, each
 // kc rows of 16 contiguous values, zero-padded past nc.
 func packB(dst, b []float32, K, N, pc, kc, jc, nc int, transB bool) {
-	o := 0
 	for j0 := 0; j0 < nc; j0 += gemmNR {
 		w := min(gemmNR, nc-j0)
-		for p := range kc {
-			row := dst[o : o+gemmNR : o+gemmNR]
-			if transB { // b is [N, K]
-				for j := range w {
-					row[j] = b[(jc+j0+j)*K+pc+p]
-				}
-			} else {
-				copy(row, b[(pc+p)*N+jc+j0:][:w])
+		panel := dst[(j0/gemmNR)*kc*gemmNR:][:kc*gemmNR]
+		if transB { // b is [N, K]: column j of the panel is a row of b
+			if w < gemmNR {
+				clear(panel)
 			}
+			for j := range w {
+				src := b[(jc+j0+j)*K+pc:][:kc]
+				for p, v := range src {
+					panel[p*gemmNR+j] = v
+				}
+			}
+			continue
+		}
+		for p := range kc {
+			row := panel[p*gemmNR : p*gemmNR+gemmNR : p*gemmNR+gemmNR]
+			copy(row, b[(pc+p)*N+jc+j0:][:w])
 			clear(row[w:])
-			o += gemmNR
 		}
 	}
 }
 
 // packA copies a[ic:ic+mc, pc:pc+kc] into panels of gemmMR rows, each kc steps of 6 values,
-// zero-padded past mc.
+// zero-padded past mc (used for a last panel of fewer than 6 rows). Each row of a is read in
+// order (its slice taken once).
 func packA(dst, a []float32, K, ic, mc, pc, kc int) {
-	o := 0
 	for i0 := 0; i0 < mc; i0 += gemmMR {
 		h := min(gemmMR, mc-i0)
-		for p := range kc {
-			col := dst[o : o+gemmMR : o+gemmMR]
-			for i := range h {
-				col[i] = a[(ic+i0+i)*K+pc+p]
+		panel := dst[(i0/gemmMR)*kc*gemmMR:][:kc*gemmMR]
+		if h < gemmMR {
+			clear(panel)
+		}
+		for i := range h {
+			src := a[(ic+i0+i)*K+pc:][:kc]
+			for p, v := range src {
+				panel[p*gemmMR+i] = v
 			}
-			clear(col[h:])
-			o += gemmMR
 		}
 	}
 }
 
-// macroKernel multiplies a packed A block by a packed B block into c's tile at (ic, jc).
-func macroKernel(c, ap, bp []float32, N, ic, mc, jc, nc, kc int, first bool) {
+// macroKernel multiplies rows ic…ic+mc of a (columns pc…pc+kc, read in place) by a packed B
+// block into c's tile at (ic, jc). A last panel of fewer than 6 rows is packed, zero-padded.
+func macroKernel(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, first bool) {
 	var edge [gemmMR * gemmNR]float32
+	full := mc / gemmMR * gemmMR
+	if h := mc - full; h > 0 {
+		packA(edgeA, a, K, ic+full, h, pc, kc)
+	}
 	for j0 := 0; j0 < nc; j0 += gemmNR {
 		bpan := bp[(j0/gemmNR)*kc*gemmNR:][:kc*gemmNR]
 		w := min(gemmNR, nc-j0)
 		for i0 := 0; i0 < mc; i0 += gemmMR {
-			apan := ap[(i0/gemmMR)*kc*gemmMR:][:kc*gemmMR]
 			h := min(gemmMR, mc-i0)
 			if h == gemmMR && w == gemmNR {
-				micro6x16(kc, apan, bpan, c[(ic+i0)*N+jc+j0:], N, first)
+				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, c[(ic+i0)*N+jc+j0:], N, first)
 				continue
 			}
-			// A partial tile: computed whole into edge, the valid part added to c.
-			micro6x16(kc, apan, bpan, edge[:], gemmNR, true)
+			// A partial tile: computed whole into edge, the valid part stored into c.
+			if h == gemmMR {
+				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, edge[:], gemmNR, true)
+			} else {
+				micro6x16(kc, edgeA, bpan, edge[:], gemmNR, true)
+			}
 			for i := range h {
 				crow := c[(ic+i0+i)*N+jc+j0:][:w]
 				erow := edge[i*gemmNR:][:w]
@@ -165,6 +178,20 @@ func macroKernel(c, ap, bp []float32, N, ic, mc, jc, nc, kc int, first bool) {
 		}
 	}
 }
+
+// micro6x16A is micro6x16 with A read in place: rows of a, lda apart, from a[0].
+func micro6x16A(kc int, a []float32, lda int, b, c []float32, ldc int, first bool) {
+	if kc <= 0 {
+		return
+	}
+	_ = a[5*lda+kc-1]
+	_ = b[kc*gemmNR-1]
+	_ = c[5*ldc+gemmNR-1]
+	micro6x16asmA(kc, &a[0], lda, &b[0], &c[0], ldc, first)
+}
+
+//go:noescape
+func micro6x16asmA(kc int, a *float32, lda int, b, c *float32, ldc int, first bool)
 
 // micro6x16 sets (first) or adds to c[0:6, 0:16] (row stride ldc) the product of a packed A panel
 // (kc steps of 6) and a packed B panel (kc steps of 16), in assembly (gemm_amd64.s). The slices

@@ -88,8 +88,8 @@ func bf16NNScalar(y, x []float32, w []uint16, R, K, N, j0, j1 int) {
 		xr, yr := x[r*K:(r+1)*K], y[r*N:(r+1)*N]
 		for j := j0; j < j1; j++ {
 			var acc float32
-			for k, a := range xr {
-				acc += a * bf16To32(w[k*N+j])
+			for k, a := range xr { // fused, as the vector lanes: the same bits as the GEMM's
+				acc = float32(math.FMA(float64(a), float64(bf16To32(w[k*N+j])), float64(acc)))
 			}
 			yr[j] = acc
 		}

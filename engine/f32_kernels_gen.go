@@ -2,6 +2,8 @@
 
 package engine
 
+import "math"
+
 // f32Product sets y [R, N] = x [R, K] · W, W given as float32 [K, N], or [N, K] when transB
 // (then y = x·Wᵀ). Work is split across the cores by output columns, so every output sums its
 // K products in the same order whatever the number of cores.
@@ -36,8 +38,8 @@ func f32NNScalar(y, x []float32, w []float32, R, K, N, j0, j1 int) {
 		xr, yr := x[r*K:(r+1)*K], y[r*N:(r+1)*N]
 		for j := j0; j < j1; j++ {
 			var acc float32
-			for k, a := range xr {
-				acc += a * w[k*N+j]
+			for k, a := range xr { // fused, as the vector lanes: the same bits as the GEMM's
+				acc = float32(math.FMA(float64(a), float64(w[k*N+j]), float64(acc)))
 			}
 			yr[j] = acc
 		}

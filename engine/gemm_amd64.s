@@ -4,7 +4,8 @@
 
 // func micro6x16asm(kc int, a, b, c *float32, ldc int, first bool)
 //
-// c[0:6, 0:16] (rows ldc apart) = (first) or += Σ_p a[p*6+i]·b[p*16+j]: the GEMM's micro-kernel
+// c[0:6, 0:16] (rows ldc apart) = Σ_p a[p*6+i]·b[p*16+j], the chains of FMAs starting from
+// zero (first) or from what c holds: the GEMM's micro-kernel
 // (gemm_avx2_amd64.go). Y0–Y11 are the 12 accumulators (row i in Y(2i), Y(2i+1)), Y12 and Y13
 // the B row, Y14 and Y15 the broadcast A values, alternating so consecutive rows do not wait
 // on one register. kc ≥ 1. Go's register allocator spilled the same loop written with archsimd.
@@ -15,6 +16,31 @@ TEXT ·micro6x16asm(SB), NOSPLIT, $0-41
 	MOVQ c+24(FP), DX
 	MOVQ ldc+32(FP), R8
 	SHLQ $2, R8
+	MOVBLZX first+40(FP), R9
+	TESTQ R9, R9
+	JNZ zero
+	// Go on from what c holds: each output stays one chain of FMAs over k, across blocks.
+	MOVQ DX, R12
+	VMOVUPS (R12), Y0
+	VMOVUPS 32(R12), Y1
+	ADDQ R8, R12
+	VMOVUPS (R12), Y2
+	VMOVUPS 32(R12), Y3
+	ADDQ R8, R12
+	VMOVUPS (R12), Y4
+	VMOVUPS 32(R12), Y5
+	ADDQ R8, R12
+	VMOVUPS (R12), Y6
+	VMOVUPS 32(R12), Y7
+	ADDQ R8, R12
+	VMOVUPS (R12), Y8
+	VMOVUPS 32(R12), Y9
+	ADDQ R8, R12
+	VMOVUPS (R12), Y10
+	VMOVUPS 32(R12), Y11
+	JMP loop
+
+zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -54,30 +80,6 @@ loop:
 	DECQ CX
 	JNZ loop
 
-	MOVBLZX first+40(FP), R9
-	TESTQ R9, R9
-	JNZ store
-
-	// Accumulate: add what c holds.
-	VADDPS (DX), Y0, Y0
-	VADDPS 32(DX), Y1, Y1
-	ADDQ R8, DX
-	VADDPS (DX), Y2, Y2
-	VADDPS 32(DX), Y3, Y3
-	ADDQ R8, DX
-	VADDPS (DX), Y4, Y4
-	VADDPS 32(DX), Y5, Y5
-	ADDQ R8, DX
-	VADDPS (DX), Y6, Y6
-	VADDPS 32(DX), Y7, Y7
-	ADDQ R8, DX
-	VADDPS (DX), Y8, Y8
-	VADDPS 32(DX), Y9, Y9
-	ADDQ R8, DX
-	VADDPS (DX), Y10, Y10
-	VADDPS 32(DX), Y11, Y11
-	MOVQ c+24(FP), DX
-
 store:
 	VMOVUPS Y0, (DX)
 	VMOVUPS Y1, 32(DX)
@@ -113,6 +115,31 @@ TEXT ·micro6x16asmA(SB), NOSPLIT, $0-49
 	MOVQ c+32(FP), DX
 	MOVQ ldc+40(FP), R8
 	SHLQ $2, R8
+	MOVBLZX first+48(FP), R9
+	TESTQ R9, R9
+	JNZ zeroA
+	// Go on from what c holds: each output stays one chain of FMAs over k, across blocks.
+	MOVQ DX, R12
+	VMOVUPS (R12), Y0
+	VMOVUPS 32(R12), Y1
+	ADDQ R8, R12
+	VMOVUPS (R12), Y2
+	VMOVUPS 32(R12), Y3
+	ADDQ R8, R12
+	VMOVUPS (R12), Y4
+	VMOVUPS 32(R12), Y5
+	ADDQ R8, R12
+	VMOVUPS (R12), Y6
+	VMOVUPS 32(R12), Y7
+	ADDQ R8, R12
+	VMOVUPS (R12), Y8
+	VMOVUPS 32(R12), Y9
+	ADDQ R8, R12
+	VMOVUPS (R12), Y10
+	VMOVUPS 32(R12), Y11
+	JMP loopA
+
+zeroA:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -152,30 +179,6 @@ loopA:
 	ADDQ $64, BX
 	DECQ CX
 	JNZ loopA
-
-	MOVBLZX first+48(FP), R9
-	TESTQ R9, R9
-	JNZ storeA
-
-	// Accumulate: add what c holds.
-	VADDPS (DX), Y0, Y0
-	VADDPS 32(DX), Y1, Y1
-	ADDQ R8, DX
-	VADDPS (DX), Y2, Y2
-	VADDPS 32(DX), Y3, Y3
-	ADDQ R8, DX
-	VADDPS (DX), Y4, Y4
-	VADDPS 32(DX), Y5, Y5
-	ADDQ R8, DX
-	VADDPS (DX), Y6, Y6
-	VADDPS 32(DX), Y7, Y7
-	ADDQ R8, DX
-	VADDPS (DX), Y8, Y8
-	VADDPS 32(DX), Y9, Y9
-	ADDQ R8, DX
-	VADDPS (DX), Y10, Y10
-	VADDPS 32(DX), Y11, Y11
-	MOVQ c+32(FP), DX
 
 storeA:
 	VMOVUPS Y0, (DX)

@@ -11,9 +11,10 @@ import (
 // A float32 GEMM for AVX2 + FMA, BLIS-style: B is packed in panels of 16 columns for a block of
 // gemmKC contracting steps, A in panels of 6 rows, and a 6×16 micro-kernel keeps its 12
 // accumulators (8 lanes each) in registers: 12 independent FMA chains cover the FMA units'
-// latency, where the backend's 4×16 kernel has 8. Each output sums its products in k order, in
-// blocks of gemmKC, whatever the number of cores (the cores split the rows), so results do not
-// depend on scheduling.
+// latency, where the backend's 4×16 kernel has 8. Each output is one chain of FMAs over k in
+// order (a block of k goes on from what the last one left in c), whatever the number of cores
+// (the cores split the rows): results do not depend on scheduling, and are the bits the few-row
+// kernels (bf16_kernels.go) compute for x·W.
 
 const (
 	gemmMR = 6   // rows of the micro-kernel
@@ -34,7 +35,15 @@ func init() {
 
 // gemmBatched runs gemmF32 over batch independent products laid out one after another: the
 // batches are split across the cores (each product then runs on one), or, for one, its rows.
+// Products of at most directF32Rows rows take the few-row kernels instead: packing B would cost
+// as much as multiplying by it once.
 func gemmBatched(c, a, b []float32, batch, M, K, N int, transB bool) {
+	if M <= directF32Rows {
+		for i := range batch {
+			f32Product(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB)
+		}
+		return
+	}
 	if batch == 1 {
 		gemmF32(c, a, b, M, K, N, transB, true)
 		return
@@ -158,22 +167,20 @@ func macroKernel(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, fi
 				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, c[(ic+i0)*N+jc+j0:], N, first)
 				continue
 			}
-			// A partial tile: computed whole into edge, the valid part stored into c.
+			// A partial tile runs whole in edge, which starts from c's valid part (so each output
+			// stays one chain of FMAs over k) and is copied back.
+			if !first {
+				for i := range h {
+					copy(edge[i*gemmNR:][:w], c[(ic+i0+i)*N+jc+j0:][:w])
+				}
+			}
 			if h == gemmMR {
-				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, edge[:], gemmNR, true)
+				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, edge[:], gemmNR, first)
 			} else {
-				micro6x16(kc, edgeA, bpan, edge[:], gemmNR, true)
+				micro6x16(kc, edgeA, bpan, edge[:], gemmNR, first)
 			}
 			for i := range h {
-				crow := c[(ic+i0+i)*N+jc+j0:][:w]
-				erow := edge[i*gemmNR:][:w]
-				if first {
-					copy(crow, erow)
-				} else {
-					for j := range crow {
-						crow[j] += erow[j]
-					}
-				}
+				copy(c[(ic+i0+i)*N+jc+j0:][:w], edge[i*gemmNR:][:w])
 			}
 		}
 	}

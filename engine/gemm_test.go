@@ -54,6 +54,31 @@ func TestGEMMMatchesFloat64(t *testing.T) {
 	}
 }
 
+// Each output of the GEMM is one chain of FMAs over k in order, as in the few-row kernels' vector
+// lanes: x·W has the same bits whichever computes it, for any K (across packing blocks too). (The
+// few-row kernels' scalar tail, columns past a multiple of 8, fuses in float64 and rounds twice:
+// equal but for rare double roundings.)
+func TestGEMMHasTheFewRowKernelsBits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, sh := range []struct{ M, K, N int }{{70, 600, 88}, {13, 257, 40}, {96, 256, 16}, {7, 1000, 64}} {
+		a, b := make([]float32, sh.M*sh.K), make([]float32, sh.K*sh.N)
+		for i := range a {
+			a[i] = float32(rng.NormFloat64())
+		}
+		for i := range b {
+			b[i] = float32(rng.NormFloat64())
+		}
+		g, f := make([]float32, sh.M*sh.N), make([]float32, sh.M*sh.N)
+		gemmF32(g, a, b, sh.M, sh.K, sh.N, false, true)
+		f32Product(f, a, b, sh.M, sh.K, sh.N, false)
+		for i := range g {
+			if math.Float32bits(g[i]) != math.Float32bits(f[i]) {
+				t.Fatalf("%v: output %d is %v from the GEMM, %v from the few-row kernel", sh, i, g[i], f[i])
+			}
+		}
+	}
+}
+
 func BenchmarkGEMM(b *testing.B) {
 	backend, err := sharedBackend()
 	if err != nil {

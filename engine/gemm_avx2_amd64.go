@@ -9,7 +9,7 @@ import (
 )
 
 // A float32 GEMM for AVX2 + FMA, BLIS-style: B is packed in panels of 16 columns for a block of
-// gemmKC contracting steps, A in panels of 6 rows, and a 6×16 micro-kernel keeps its 12
+// gemmKC contracting steps, A is read in place six rows at a time, and a 6×16 micro-kernel keeps its 12
 // accumulators (8 lanes each) in registers: 12 independent FMA chains cover the FMA units'
 // latency, where the backend's 4×16 kernel has 8. Each output is one chain of FMAs over k in
 // order (a block of k goes on from what the last one left in c), whatever the number of cores
@@ -20,7 +20,7 @@ const (
 	gemmMR = 6   // rows of the micro-kernel
 	gemmNR = 16  // columns of the micro-kernel: two 8-lane vectors
 	gemmKC = 256 // contracting steps per packed block: a B micro-panel (16 KB) stays in L1
-	gemmMC = 96  // rows per packed A block (96 KB: L2)
+	gemmMC = 96  // rows per block of A (96 × 256 floats, 96 KB: L2), the unit the cores split
 	gemmNC = 2048
 )
 
@@ -131,32 +131,24 @@ func packB(dst, b []float32, K, N, pc, kc, jc, nc int, transB bool) {
 	}
 }
 
-// packA copies a[ic:ic+mc, pc:pc+kc] into panels of gemmMR rows, each kc steps of 6 values,
-// zero-padded past mc (used for a last panel of fewer than 6 rows). Each row of a is read in
-// order (its slice taken once).
-func packA(dst, a []float32, K, ic, mc, pc, kc int) {
-	for i0 := 0; i0 < mc; i0 += gemmMR {
-		h := min(gemmMR, mc-i0)
-		panel := dst[(i0/gemmMR)*kc*gemmMR:][:kc*gemmMR]
-		if h < gemmMR {
-			clear(panel)
-		}
-		for i := range h {
-			src := a[(ic+i0+i)*K+pc:][:kc]
-			for p, v := range src {
-				panel[p*gemmMR+i] = v
-			}
-		}
+// padRows copies rows r0…r0+h of a (columns pc…pc+kc) into dst as a [6, kc] block, the rows
+// past h zero: a last panel of fewer than 6 rows, which the kernel then reads in place like any
+// other (lda kc).
+func padRows(dst, a []float32, K, r0, h, pc, kc int) {
+	dst = dst[:gemmMR*kc]
+	for i := range h {
+		copy(dst[i*kc:][:kc], a[(r0+i)*K+pc:][:kc])
 	}
+	clear(dst[h*kc:])
 }
 
 // macroKernel multiplies rows ic…ic+mc of a (columns pc…pc+kc, read in place) by a packed B
-// block into c's tile at (ic, jc). A last panel of fewer than 6 rows is packed, zero-padded.
+// block into c's tile at (ic, jc). A last panel of fewer than 6 rows is copied, zero-padded.
 func macroKernel(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, first bool) {
 	var edge [gemmMR * gemmNR]float32
 	full := mc / gemmMR * gemmMR
 	if h := mc - full; h > 0 {
-		packA(edgeA, a, K, ic+full, h, pc, kc)
+		padRows(edgeA, a, K, ic+full, h, pc, kc)
 	}
 	for j0 := 0; j0 < nc; j0 += gemmNR {
 		bpan := bp[(j0/gemmNR)*kc*gemmNR:][:kc*gemmNR]
@@ -177,7 +169,7 @@ func macroKernel(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, fi
 			if h == gemmMR {
 				micro6x16A(kc, a[(ic+i0)*K+pc:], K, bpan, edge[:], gemmNR, first)
 			} else {
-				micro6x16(kc, edgeA, bpan, edge[:], gemmNR, first)
+				micro6x16A(kc, edgeA, kc, bpan, edge[:], gemmNR, first)
 			}
 			for i := range h {
 				copy(c[(ic+i0+i)*N+jc+j0:][:w], edge[i*gemmNR:][:w])
@@ -186,7 +178,10 @@ func macroKernel(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, fi
 	}
 }
 
-// micro6x16A is micro6x16 with A read in place: rows of a, lda apart, from a[0].
+// micro6x16A sets c[0:6, 0:16] (row stride ldc) to a[0:6, 0:kc]·B for a packed B panel (kc
+// steps of 16), A read in place (rows lda apart), each output's chain of FMAs starting from zero
+// (first) or from what c holds; in assembly (gemm_amd64.s). The slices are checked here, once:
+// the assembly reads and writes exactly these ranges.
 func micro6x16A(kc int, a []float32, lda int, b, c []float32, ldc int, first bool) {
 	if kc <= 0 {
 		return
@@ -199,21 +194,6 @@ func micro6x16A(kc int, a []float32, lda int, b, c []float32, ldc int, first boo
 
 //go:noescape
 func micro6x16asmA(kc int, a *float32, lda int, b, c *float32, ldc int, first bool)
-
-// micro6x16 sets (first) or adds to c[0:6, 0:16] (row stride ldc) the product of a packed A panel
-// (kc steps of 6) and a packed B panel (kc steps of 16), in assembly (gemm_amd64.s). The slices
-// are checked here, once: the assembly reads and writes exactly these ranges.
-func micro6x16(kc int, a, b, c []float32, ldc int, first bool) {
-	if kc <= 0 {
-		return
-	}
-	_, _ = a[kc*gemmMR-1], b[kc*gemmNR-1]
-	_ = c[5*ldc+gemmNR-1]
-	micro6x16asm(kc, &a[0], &b[0], &c[0], ldc, first)
-}
-
-//go:noescape
-func micro6x16asm(kc int, a, b, c *float32, ldc int, first bool)
 
 // gemmBuffers reuses packing buffers between calls.
 var gemmBuffers bufferPool

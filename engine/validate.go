@@ -38,12 +38,6 @@ func (m ModelInfo) ValidateLora(cfg LoraConfig) error {
 	return nil
 }
 
-// ValidateBatch checks a forward/forward_backward batch without running it.
-func (m ModelInfo) ValidateBatch(data []Datum, loss string, cfg map[string]float64) error {
-	_, err := m.PrepareBatch(data, loss, cfg)
-	return err
-}
-
 // ValidateAdam checks optimizer parameters.
 func ValidateAdam(p AdamParams) error { return p.validate() }
 

@@ -264,12 +264,6 @@ func (r *Replica) Snapshot(ctx context.Context, a Adapter, w Weights) error {
 	})
 }
 
-// Holds reports whether an adapter (training adapter or sampler copy) is in memory here. It asks
-// the compute on the caller's goroutine: for tests and status, not for ordering.
-func (r *Replica) Holds(ctx context.Context, id string) bool {
-	return r.compute != nil && r.compute.HasAdapter(ctx, id)
-}
-
 // AdapterIDs lists the adapters in memory here (training adapters and sampler copies).
 func (r *Replica) AdapterIDs(ctx context.Context) []string {
 	if r.compute == nil {

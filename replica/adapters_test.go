@@ -150,7 +150,7 @@ type keeper struct {
 	beforeStep error
 }
 
-func (k *keeper) note(s string) { k.f.mu.Lock(); k.f.calls = append(k.f.calls, s); k.f.mu.Unlock() }
+func (k *keeper) note(s string)          { k.f.mu.Lock(); k.f.calls = append(k.f.calls, s); k.f.mu.Unlock() }
 func (k *keeper) Saved() (string, error) { return k.saved, nil }
 func (k *keeper) Restored(dir string)    { k.note("restored " + dir) }
 func (k *keeper) Fresh() error {
@@ -169,7 +169,7 @@ func (k *keeper) Save(fill func(string) error) error {
 	return nil
 }
 func (k *keeper) BeforeStep(context.Context) error { k.note("before step"); return k.beforeStep }
-func (k *keeper) Stepped(step int)                  { k.note(fmt.Sprintf("stepped %d", step)); k.step = step }
+func (k *keeper) Stepped(step int)                 { k.note(fmt.Sprintf("stepped %d", step)); k.step = step }
 func (k *keeper) Replaced(_ engine.LoraConfig, step int) {
 	k.note(fmt.Sprintf("replaced %d", step))
 	k.step = step

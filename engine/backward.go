@@ -1,6 +1,10 @@
 package engine
 
-import "math"
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
 
 // The backward pass of the transformer's layer (transformer.go), reading what its forward
 // saved (layerActs, loraTap). Written out by hand: the same formulas the finite-difference
@@ -42,16 +46,16 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	// MLP.
 	da := s.linearBack(dh, L.down, true)
 	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	siluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
+	kernels.SiluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
 	dx2 := s.linearBack(dg, L.gate, true)
-	addScaled(dx2.v, s.linearBack(du, L.up, true).v, 1)
+	kernels.AddScaled(dx2.v, s.linearBack(du, L.up, true).v, 1)
 	dh2 := dh // the residual passes dh through; the norm's gradient is added to it
-	rmsNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
+	kernels.RMSNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
 
 	// Attention.
 	do := s.linearBack(dh2, L.o, true)
 	dO, dOT := s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
-	parallelRows(N, func(r0, r1 int) {
+	kernels.ParallelRows(N, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
 			for h := range H {
@@ -70,18 +74,18 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	probs := la.p
 	if probs.buf == nil {
 		probs = s.ar.matmul(la.qh, la.khT, BK, false)
-		softmaxCausal(probs.v, T, scale)
+		kernels.SoftmaxCausal(probs.v, T, scale)
 	}
 	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
 	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
-	softmaxBack(probs.v, dP.v, T, scale)
+	kernels.SoftmaxBack(probs.v, dP.v, T, scale)
 	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
 	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
 
 	// Back to token layout through RoPE and the head norms.
 	dq, dk, dv := s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
 	qNorm, kNorm := L.qNorm, L.kNorm
-	parallelRows(N, func(r0, r1 int) {
+	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, col := make([]E, hd), make([]E, hd)
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
@@ -122,8 +126,8 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	if !needDX {
 		return mat[E]{}
 	}
-	addScaled(dx1.v, dxk.v, 1)
-	addScaled(dx1.v, dxv.v, 1)
-	rmsNormBack(dx1.v, la.h.v, la.inv1.v, L.inputNorm, dh2.v, true)
+	kernels.AddScaled(dx1.v, dxk.v, 1)
+	kernels.AddScaled(dx1.v, dxv.v, 1)
+	kernels.RMSNormBack(dx1.v, la.h.v, la.inv1.v, L.inputNorm, dh2.v, true)
 	return dh2
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math/rand/v2"
 	"testing"
 )
@@ -36,8 +37,8 @@ func BenchmarkBF16Product(b *testing.B) {
 		wf := make([]float64, sh.K*sh.N)
 		w16 := make([]uint16, len(wf))
 		for i := range wf {
-			w16[i] = bf16Of(float32(0.05 * rng.NormFloat64()))
-			wf[i] = float64(bf16To32(w16[i]))
+			w16[i] = kernels.BF16Of(float32(0.05 * rng.NormFloat64()))
+			wf[i] = float64(kernels.BF16To32(w16[i]))
 		}
 		wDims := []int{sh.K, sh.N}
 		if sh.transB {
@@ -68,11 +69,11 @@ func BenchmarkBF16Product(b *testing.B) {
 			run("f32", func(ar *arena[float32]) { ar.matmul(x, w32, 0, sh.transB) })
 			run("widen", func(ar *arena[float32]) {
 				w := ar.alloc(wDims...)
-				widenBF16(w.v, w16)
+				kernels.WidenBF16(w.v, w16)
 				ar.matmul(x, w, 0, sh.transB)
 				ar.releaseOne(w)
 			})
-			run("direct", func(*arena[float32]) { bf16Product(y, x.v, w16, R, sh.K, sh.N, sh.transB) })
+			run("direct", func(*arena[float32]) { kernels.BF16Product(y, x.v, w16, R, sh.K, sh.N, sh.transB) })
 		}
 		long.free()
 	}

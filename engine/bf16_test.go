@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"os"
 	"path/filepath"
@@ -26,7 +27,7 @@ func bf16Model(t *testing.T, arch Arch) (string, int64) {
 		f, _ := tn.Float32()
 		b := make([]byte, 2*len(f))
 		for i, v := range f {
-			h := bf16Of(v)
+			h := kernels.BF16Of(v)
 			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
 		}
 		out[name] = safetensors.Tensor{DType: "BF16", Shape: tn.Shape, Data: b}
@@ -48,7 +49,7 @@ func bf16Model(t *testing.T, arch Arch) (string, int64) {
 }
 
 // Keeping base weights in bf16 changes memory and the summation order of few-row products, not
-// the results. Products of more than directBF16Rows rows widen the weight exactly for the same
+// the results. Products of more than kernels.DirectBF16Rows rows widen the weight exactly for the same
 // backend matmul, so a bf16 engine trains and computes logprobs over those bit for bit as a
 // float32 engine over the same bf16-rounded weights (LoRA merged: 65 tokens). Fewer rows read
 // the bf16 bits directly and sum in another order: training over 17 tokens (LoRA added), its
@@ -74,7 +75,7 @@ func TestBF16WeightsComputeAsFloat32(t *testing.T) {
 			if prec == PrecisionBF16 && wb > 1.15*float64(fileSize) || prec == PrecisionF32 && wb < 1.9*float64(fileSize) {
 				t.Fatalf("%s %s: weights take %.0f bytes, file %d", arch, prec, wb, fileSize)
 			}
-			for i, n := range []int{17, directBF16Rows + 1} {
+			for i, n := range []int{17, kernels.DirectBF16Rows + 1} {
 				ids := make([]int, n+1)
 				for i := range ids {
 					ids[i] = (i*29+5)%400 + 3
@@ -100,7 +101,7 @@ func TestBF16WeightsComputeAsFloat32(t *testing.T) {
 		}
 		f32, b16 := got[0], got[1]
 		if !reflect.DeepEqual(f32.lp[1], b16.lp[1]) || !reflect.DeepEqual(f32.grads[1], b16.grads[1]) {
-			t.Fatalf("%s: over %d rows a bf16 engine trains differently from a float32 one over the same weights", arch, directBF16Rows+1)
+			t.Fatalf("%s: over %d rows a bf16 engine trains differently from a float32 one over the same weights", arch, kernels.DirectBF16Rows+1)
 		}
 		for _, vs := range [][2][][]float64{{f32.lp[0], b16.lp[0]}, {f32.grads[0], b16.grads[0]}} {
 			for i := range vs[0] {
@@ -128,7 +129,7 @@ func TestBF16WeightsComputeAsFloat32(t *testing.T) {
 // bf16 weights where they are: no step holds a widened copy of any weight, so the steps' peak
 // is a float32 engine's.
 func TestBF16FewRowStepsHoldNoWidenedWeight(t *testing.T) {
-	if !haveBF16Kernel {
+	if !kernels.FewRowKernels() {
 		t.Skip("no direct bf16 kernel on this machine: every product widens")
 	}
 	dir, _ := bf16Model(t, ArchQwen3)
@@ -156,53 +157,5 @@ func TestBF16FewRowStepsHoldNoWidenedWeight(t *testing.T) {
 func TestUnknownPrecisionIsRejected(t *testing.T) {
 	if _, err := Load(tinyModel(t, ArchQwen3), Options{Precision: "fp8"}); err == nil {
 		t.Fatal("precision fp8 accepted")
-	}
-}
-
-// Widening is exact on every bit pattern (the 8-lane kernel as the scalar loop, NaNs included),
-// and rounding to bf16 is to nearest with ties to even.
-func TestBF16Conversions(t *testing.T) {
-	src := make([]uint16, 1<<16+5) // a tail the lanes do not cover
-	for i := range src {
-		src[i] = uint16(i)
-	}
-	fast, slow := make([]float32, len(src)), make([]float32, len(src))
-	widenBF16(fast, src)
-	widenBF16Scalar(slow, src)
-	for i := range src {
-		if math.Float32bits(fast[i]) != math.Float32bits(slow[i]) || math.Float32bits(slow[i]) != uint32(src[i])<<16 {
-			t.Fatalf("bits %#04x widened to %#08x (scalar %#08x)", src[i], math.Float32bits(fast[i]), math.Float32bits(slow[i]))
-		}
-	}
-	// Short rows: scalar under 8, a last vector overlapping the loop's from 9 on. Nothing past
-	// the row is written.
-	for n := range 41 {
-		dst := make([]float32, n+1)
-		dst[n] = -1
-		widenBF16To32(dst[:n], src[1000:1000+n])
-		for i := range n {
-			if math.Float32bits(dst[i]) != uint32(src[1000+i])<<16 {
-				t.Fatalf("row of %d: element %d widened to %#08x", n, i, math.Float32bits(dst[i]))
-			}
-		}
-		if dst[n] != -1 {
-			t.Fatalf("row of %d: wrote past its end", n)
-		}
-	}
-	for _, c := range []struct {
-		f    uint32
-		want uint16
-	}{
-		{0x3f800000, 0x3f80}, // 1
-		{0x3f808000, 0x3f80}, // halfway, even below
-		{0x3f818000, 0x3f82}, // halfway, even above
-		{0x3f808001, 0x3f81}, // above halfway
-		{0x7f7fffff, 0x7f80}, // max float rounds to +Inf
-		{0x7fc00001, 0x7fc0}, // NaN stays NaN
-		{0xff810000, 0xffc1}, // signalling NaN stays NaN
-	} {
-		if got := bf16Of(math.Float32frombits(c.f)); got != c.want {
-			t.Fatalf("bf16Of(%#08x) = %#04x, want %#04x", c.f, got, c.want)
-		}
 	}
 }

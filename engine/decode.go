@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 
 	"github.com/gomlx/compute/dtypes"
 )
@@ -118,7 +119,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	if ar.err != nil {
 		return nil, ar.err
 	}
-	parallelRows(M, func(r0, r1 int) {
+	kernels.ParallelRows(M, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			row := make([]float64, V)
 			for j, v := range logits.v[i*V : (i+1)*V] {

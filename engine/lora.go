@@ -1,6 +1,10 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
 
 // loraMats are one module's A and B for a pass, with the transposes its products need, and the
 // indices of their gradient accumulators.
@@ -89,7 +93,7 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
 	w, done := s.weight(lin)
-	scaleAdd(m.v, w.v, s.scale)
+	kernels.ScaleAdd(m.v, w.v, s.scale)
 	done()
 	s.merged[lin.id] = m
 	return m
@@ -102,7 +106,7 @@ type addedLoRA[E float] struct{}
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
 	xa := s.ar.matmul(x, lm.a, 0, true) // [N, r]
-	addScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
+	kernels.AddScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
 	if s.train != nil {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
@@ -111,7 +115,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	addScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
+	kernels.AddScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
 	return dx
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"reflect"
 	"runtime/debug"
 	"sync"
@@ -20,7 +21,7 @@ import (
 // backend "shared buffer", so Go code and matmuls read and write the same memory without copies.
 
 // float is the element type of a pass: float32 in production, float64 for gradient checks.
-type float interface{ float32 | float64 }
+type float = kernels.Float
 
 // mat is a tensor in a backend shared buffer: buf goes to matmuls, v is the same memory in Go.
 type mat[T float] struct {
@@ -404,10 +405,10 @@ func (a *arena[T]) matmul(x, y mat[T], batch int, transB bool) mat[T] {
 	if a.err != nil {
 		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
 	}
-	if xf, ok := any(x.v).([]float32); ok && gemmPath == gemmAVX2 {
+	if xf, ok := any(x.v).([]float32); ok && kernels.HaveGEMM() {
 		out := a.alloc(outDims...)
 		if a.err == nil {
-			gemmBatched(any(out.v).([]float32), xf, any(y.v).([]float32), max(batch, 1), m, k, n, transB)
+			kernels.MatMul(any(out.v).([]float32), xf, any(y.v).([]float32), max(batch, 1), m, k, n, transB)
 		}
 		return out
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"strings"
 
 	"github.com/gomlx/compute"
@@ -77,7 +78,7 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
 			}
 			if isLinearWeight(name) {
-				v, shape = transposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
+				v, shape = kernels.TransposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
 			}
 			w[name], w16[name] = mat[E]{dims: shape}, v
 			bytes += 2 * len(v)

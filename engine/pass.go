@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"runtime/debug"
 )
@@ -52,7 +53,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	for b := range n {
 		copy(target[b*T:], p.targets[lo+b])
 	}
-	parallelRows(N, func(r0, r1 int) {
+	kernels.ParallelRows(N, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			lp[r], sumExp[r] = tokenLogprob(logits.v[r*V:(r+1)*V], target[r])
 		}
@@ -76,7 +77,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	}
 
 	// d loss/d logits = dlp·(onehot(target) − softmax), in place.
-	parallelRows(N, func(r0, r1 int) {
+	kernels.ParallelRows(N, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			row := logits.v[r*V : (r+1)*V]
 			g := dlp[r]
@@ -93,7 +94,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	})
 	dhf := *s.linearBack(logits, s.m.head, true)
 	dh := s.ar.alloc(N, D)
-	rmsNormBack(dhf.v, h.v, invF, s.m.norm, dh.v, false)
+	kernels.RMSNormBack(dhf.v, h.v, invF, s.m.norm, dh.v, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
 		if s.cancelled() {
 			return 0, s.ar.err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -328,7 +329,7 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 		fpos := make([][]int, B)
 		// Rows draw in parallel: each has its own random stream and state, so the outcome does
 		// not depend on scheduling.
-		parallelRows(B, func(b0, b1 int) {
+		kernels.ParallelRows(B, func(b0, b1 int) {
 			for b := b0; b < b1; b++ {
 				feed[b], fpos[b] = []int{0}, []int{0}
 				if b >= n || rows[b].done {

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -178,7 +179,7 @@ func AddTinyChatTemplate(dir string) error {
 func bf16Tensor(v []float32, shape []int) safetensors.Tensor {
 	b := make([]byte, 2*len(v))
 	for i, x := range v {
-		h := bf16Of(x)
+		h := kernels.BF16Of(x)
 		b[2*i], b[2*i+1] = byte(h), byte(h>>8)
 	}
 	return safetensors.Tensor{DType: "BF16", Shape: shape, Data: b}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,8 +45,8 @@ func TestInitTinyWritesBF16Presets(t *testing.T) {
 			t.Fatalf("%s: %d bytes for %d values", name, len(g.Data), len(f))
 		}
 		for i, v := range f {
-			if h := uint16(g.Data[2*i]) | uint16(g.Data[2*i+1])<<8; h != bf16Of(v) {
-				t.Fatalf("%s[%d]: bf16 bits %#04x, want %#04x (of %g)", name, i, h, bf16Of(v), v)
+			if h := uint16(g.Data[2*i]) | uint16(g.Data[2*i+1])<<8; h != kernels.BF16Of(v) {
+				t.Fatalf("%s[%d]: bf16 bits %#04x, want %#04x (of %g)", name, i, h, kernels.BF16Of(v), v)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 )
 
@@ -83,7 +84,7 @@ func (s *pass[E]) embed(tok [][]int) mat[E] {
 		for t, id := range row {
 			n := b*s.T + t
 			if s.m.embed16 != nil {
-				widenBF16(h.v[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
+				kernels.WidenBF16(h.v[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
 			} else {
 				copy(h.v[n*D:(n+1)*D], s.m.embed.v[id*D:(id+1)*D])
 			}
@@ -134,7 +135,7 @@ func (s *pass[E]) beforeLayer(l int) bool {
 // unembed is the final norm and the head: logits [rows, V] and 1/rms per row.
 func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 	hf, inv := s.ar.alloc(h.dims[0], s.c.HiddenSize), make([]E, h.dims[0])
-	rmsNorm(h.v, s.m.norm, s.c.RMSNormEps, hf.v, inv)
+	kernels.RMSNorm(h.v, s.m.norm, s.c.RMSNormEps, hf.v, inv)
 	return s.linear(hf, s.m.head), inv
 }
 
@@ -153,7 +154,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	}
 
 	x1, inv1 := s.ar.alloc(N, D), s.ar.alloc(N)
-	rmsNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
+	kernels.RMSNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
 	yq := s.linear(x1, L.q)
 	yk := s.linear(x1, L.k)
 	yv := s.linear(x1, L.v)
@@ -170,7 +171,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	}
 	// Heads into the attention layout, through the head norms and RoPE on the way; keys and
 	// values to the store.
-	parallelRows(N, func(r0, r1 int) {
+	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, kr := make([]E, hd), make([]E, hd)
 		var scratch E
 		for n := r0; n < r1; n++ {
@@ -215,10 +216,10 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	})
 	scale := E(1 / math.Sqrt(float64(hd)))
 	probs := s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
-	parallelRows(BK*G*T, func(r0, r1 int) {
+	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			b, t := r/(KVH*G*T), r%T
-			softmaxRow(probs.v[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
+			kernels.SoftmaxRow(probs.v[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
 		}
 	})
 	o := s.ar.matmul(probs, values, BK, false) // [BK, G·T, hd]
@@ -234,20 +235,20 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		}
 	}
 	h2 := s.linear(ot, L.o)
-	addScaled(h2.v, h.v, 1)
+	kernels.AddScaled(h2.v, h.v, 1)
 	if la == nil { // attention's tensors are spent
 		s.dropMerged()
 		s.ar.releaseExcept(start, h2)
 	}
 
 	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
-	rmsNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
+	kernels.RMSNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
 	gate := s.linear(x2, L.gate)
 	up := s.linear(x2, L.up)
 	act, sig := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	siluGate(gate.v, up.v, sig.v, act.v)
+	kernels.SiluGate(gate.v, up.v, sig.v, act.v)
 	out := s.linear(act, L.down)
-	addScaled(out.v, h2.v, 1)
+	kernels.AddScaled(out.v, h2.v, 1)
 	if la != nil {
 		la.h2, la.x2, la.inv2, la.gate, la.up, la.act, la.sig = h2, x2, inv2, gate, up, act, sig
 	}
@@ -267,7 +268,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 		y = s.baseProduct(x, lin, false)
 	}
 	if lin.bias != nil {
-		addBias(y.v, lin.bias)
+		kernels.AddBias(y.v, lin.bias)
 	}
 	return y
 }
@@ -287,7 +288,7 @@ func (s *pass[E]) dropMerged() {
 // headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].
 func headsToTokens[E float](o, dst []E, B, T, KVH, G, hd int) {
 	H := KVH * G
-	parallelRows(B*T, func(r0, r1 int) {
+	kernels.ParallelRows(B*T, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
 			for h := range H {
@@ -338,9 +339,9 @@ func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
 // exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
 // logprobs all take their logprobs from here.
 func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
-	m := rowMax(row)
+	m := kernels.RowMax(row)
 	picked := row[target]
-	se := expShift(row, 1, m)
+	se := kernels.ExpShift(row, 1, m)
 	return float64(picked-m) - math.Log(se), se
 }
 

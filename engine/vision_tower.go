@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 
 	"github.com/gomlx/compute"
@@ -126,14 +127,14 @@ func loadVisionTower[E float](backend compute.Backend, dtype dtypes.DType, c *Co
 // apply is x [n, in] · W + b.
 func (l *vlinear[E]) apply(ar *arena[E], x mat[E]) mat[E] {
 	y := ar.matmul(x, l.w, 0, false)
-	addBias(y.v, l.b)
+	kernels.AddBias(y.v, l.b)
 	return y
 }
 
 func layerNorm[E float](ar *arena[E], x mat[E], w, b []E, eps float64) mat[E] {
 	dim := len(w)
 	y := ar.alloc(x.dims...)
-	parallelRows(len(x.v)/dim, func(r0, r1 int) {
+	kernels.ParallelRows(len(x.v)/dim, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			xr, yr := x.v[r*dim:(r+1)*dim], y.v[r*dim:(r+1)*dim]
 			var mean, vr float64
@@ -160,7 +161,7 @@ func geluTanh(x float64) float64 {
 func geluErf(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
 
 func applyGELU[E float](x []E, f func(float64) float64) {
-	parallelRows(len(x)/256+1, func(lo, hi int) {
+	kernels.ParallelRows(len(x)/256+1, func(lo, hi int) {
 		for i := lo * 256; i < min(hi*256, len(x)); i++ {
 			x[i] = E(f(float64(x[i])))
 		}
@@ -214,14 +215,14 @@ func (vt *visionTower[E]) forward(mm *matmuls, patches []float64, grid [3]int) (
 		b := &vt.blocks[bi]
 		mk := ar.mark()
 		att := vt.attention(ar, b, layerNorm(ar, h, b.norm1w, b.norm1b, 1e-6), gt, cos, sin)
-		addScaled(h.v, att.v, 1)
+		kernels.AddScaled(h.v, att.v, 1)
 		u := b.fc1.apply(ar, layerNorm(ar, h, b.norm2w, b.norm2b, 1e-6))
 		if v.HiddenAct == "gelu" {
 			applyGELU(u.v, geluErf)
 		} else {
 			applyGELU(u.v, geluTanh)
 		}
-		addScaled(h.v, b.fc2.apply(ar, u).v, 1)
+		kernels.AddScaled(h.v, b.fc2.apply(ar, u).v, 1)
 		for j, l := range v.DeepstackVisualIndexes {
 			if l == bi {
 				deep = append(deep, vt.deepstack[j].merge(ar, h, m*m))
@@ -272,7 +273,7 @@ func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], f
 	qkv := b.qkv.apply(ar, x)
 	BH := frames * H
 	q, k, v := ar.alloc(BH, per, hd), ar.alloc(BH, per, hd), ar.alloc(BH, per, hd)
-	parallelRows(n, func(r0, r1 int) {
+	kernels.ParallelRows(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			f, t := i/per, i%per
 			cs, sn := cos[i*hd/2:(i+1)*hd/2], sin[i*hd/2:(i+1)*hd/2]
@@ -287,14 +288,14 @@ func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], f
 	})
 	p := ar.matmul(q, k, BH, true) // [BH, per, per]
 	scale := E(1 / math.Sqrt(float64(hd)))
-	parallelRows(BH*per, func(r0, r1 int) {
+	kernels.ParallelRows(BH*per, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
-			softmaxRow(p.v[r*per:(r+1)*per], per-1, scale)
+			kernels.SoftmaxRow(p.v[r*per:(r+1)*per], per-1, scale)
 		}
 	})
 	o := ar.matmul(p, v, BH, false) // [BH, per, hd]
 	ot := ar.alloc(n, D)
-	parallelRows(n, func(r0, r1 int) {
+	kernels.ParallelRows(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			f, t := i/per, i%per
 			for hh := range H {

@@ -1,4 +1,4 @@
-package engine
+package kernels
 
 import (
 	"fmt"
@@ -23,18 +23,18 @@ func productKinds(rng *rand.Rand, size int) []productKind {
 	w32 := make([]float32, size)
 	for i := range w16 {
 		v := float32(rng.NormFloat64())
-		w16[i], w32[i] = bf16Of(v), v
+		w16[i], w32[i] = BF16Of(v), v
 	}
 	return []productKind{
-		{"bf16", func(y, x []float32, R, K, N int, t bool) { bf16Product(y, x, w16, R, K, N, t) },
+		{"bf16", func(y, x []float32, R, K, N int, t bool) { BF16Product(y, x, w16, R, K, N, t) },
 			func(y, x []float32, R, K, N int, t bool) {
 				if t {
 					bf16NTScalar(y, x, w16, R, K, N, 0, N)
 				} else {
 					bf16NNScalar(y, x, w16, R, K, N, 0, N)
 				}
-			}, func(i int) float64 { return float64(bf16To32(w16[i])) }},
-		{"f32", func(y, x []float32, R, K, N int, t bool) { f32Product(y, x, w32, R, K, N, t) },
+			}, func(i int) float64 { return float64(BF16To32(w16[i])) }},
+		{"f32", func(y, x []float32, R, K, N int, t bool) { F32Product(y, x, w32, R, K, N, t) },
 			func(y, x []float32, R, K, N int, t bool) {
 				if t {
 					f32NTScalar(y, x, w32, R, K, N, 0, N)
@@ -126,7 +126,7 @@ func TestF32KernelsAreGenerated(t *testing.T) {
 		t.Skip("no go tool")
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"gen_f32_kernels.go", "bf16_kernels.go", "bf16_avx2_amd64.go", "bf16_other.go"} {
+	for _, f := range []string{"gen_f32_kernels.go", "bf16.go", "bf16_avx2_amd64.go", "bf16_other.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -151,7 +151,55 @@ func TestF32KernelsAreGenerated(t *testing.T) {
 			t.Fatal(err)
 		}
 		if string(got) != string(want) {
-			t.Errorf("%s is stale: run go generate ./engine", f)
+			t.Errorf("%s is stale: run go generate ./engine/internal/kernels", f)
+		}
+	}
+}
+
+// Widening is exact on every bit pattern (the 8-lane kernel as the scalar loop, NaNs included),
+// and rounding to bf16 is to nearest with ties to even.
+func TestBF16Conversions(t *testing.T) {
+	src := make([]uint16, 1<<16+5) // a tail the lanes do not cover
+	for i := range src {
+		src[i] = uint16(i)
+	}
+	fast, slow := make([]float32, len(src)), make([]float32, len(src))
+	WidenBF16(fast, src)
+	widenBF16Scalar(slow, src)
+	for i := range src {
+		if math.Float32bits(fast[i]) != math.Float32bits(slow[i]) || math.Float32bits(slow[i]) != uint32(src[i])<<16 {
+			t.Fatalf("bits %#04x widened to %#08x (scalar %#08x)", src[i], math.Float32bits(fast[i]), math.Float32bits(slow[i]))
+		}
+	}
+	// Short rows: scalar under 8, a last vector overlapping the loop's from 9 on. Nothing past
+	// the row is written.
+	for n := range 41 {
+		dst := make([]float32, n+1)
+		dst[n] = -1
+		widenBF16To32(dst[:n], src[1000:1000+n])
+		for i := range n {
+			if math.Float32bits(dst[i]) != uint32(src[1000+i])<<16 {
+				t.Fatalf("row of %d: element %d widened to %#08x", n, i, math.Float32bits(dst[i]))
+			}
+		}
+		if dst[n] != -1 {
+			t.Fatalf("row of %d: wrote past its end", n)
+		}
+	}
+	for _, c := range []struct {
+		f    uint32
+		want uint16
+	}{
+		{0x3f800000, 0x3f80}, // 1
+		{0x3f808000, 0x3f80}, // halfway, even below
+		{0x3f818000, 0x3f82}, // halfway, even above
+		{0x3f808001, 0x3f81}, // above halfway
+		{0x7f7fffff, 0x7f80}, // max float rounds to +Inf
+		{0x7fc00001, 0x7fc0}, // NaN stays NaN
+		{0xff810000, 0xffc1}, // signalling NaN stays NaN
+	} {
+		if got := BF16Of(math.Float32frombits(c.f)); got != c.want {
+			t.Fatalf("BF16Of(%#08x) = %#04x, want %#04x", c.f, got, c.want)
 		}
 	}
 }

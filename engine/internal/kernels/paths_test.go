@@ -1,4 +1,4 @@
-package engine
+package kernels
 
 import (
 	"math"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// exp32 is accurate up to its overflow threshold: e^x for x in [88.38, 88.72] is below
+// Exp32 is accurate up to its overflow threshold: e^x for x in [88.38, 88.72] is below
 // MaxFloat32 but its k = 128, whose 2^k alone is not a float32. The lower end (k = −126,
 // the smallest normal 2^k) stays accurate too.
 func TestExp32NearOverflow(t *testing.T) {
@@ -19,45 +19,48 @@ func TestExp32NearOverflow(t *testing.T) {
 	}
 	for _, x := range xs {
 		want := math.Exp(float64(x))
-		if got := float64(exp32(x)); math.Abs(got-want) > 4e-7*want {
-			t.Fatalf("exp32(%v) = %v, want %v", x, got, want)
+		if got := float64(Exp32(x)); math.Abs(got-want) > 4e-7*want {
+			t.Fatalf("Exp32(%v) = %v, want %v", x, got, want)
 		}
 	}
 }
 
-// useKernelPath routes the float32 row kernels through p for the rest of the test (or
-// benchmark), or skips it where this CPU lacks p. Tests that call it must not run in parallel.
-func useKernelPath(tb testing.TB, p kernelPath) {
+// usePath runs the rest of the test (or benchmark) on path p, or skips it with "CPU lacks p"
+// where this CPU lacks it. Tests that call it must not run in parallel.
+func usePath(tb testing.TB, p Path) {
 	tb.Helper()
-	prev := activeKernelPath()
-	if !setKernelPath(p) {
-		tb.Skipf("this CPU has no %s", p)
+	undo, err := Use(p)
+	if err != nil {
+		tb.Skipf("CPU lacks %s", p)
 	}
-	tb.Cleanup(func() { setKernelPath(prev) })
+	tb.Cleanup(undo)
 }
 
 // The path is chosen once at init, the best the CPU has: on a CPU with AVX2 and FMA the
-// kernels never run scalar. Asking for a path the CPU lacks changes nothing.
-func TestKernelPathChosenAtInit(t *testing.T) {
-	best := bestKernelPath()
-	if got := activeKernelPath(); got != best {
+// kernels never run scalar. Asking for a path the CPU lacks is an error and changes nothing.
+func TestPathChosenAtInit(t *testing.T) {
+	best := Best()
+	if got := Active(); got != best {
 		t.Fatalf("active kernel path %s, want %s", got, best)
 	}
-	for _, p := range kernelPaths {
-		if kernelPathSupported(p) && p > best {
+	for _, p := range Paths {
+		if Supported(p) && p > best {
 			t.Fatalf("best path %s, but the CPU also runs %s", best, p)
 		}
-		if !kernelPathSupported(p) {
-			if setKernelPath(p) {
-				t.Fatalf("setKernelPath(%s) accepted a path the CPU lacks", p)
+		if !Supported(p) {
+			if _, err := Use(p); err == nil {
+				t.Fatalf("Use(%s) accepted a path the CPU lacks", p)
 			}
-			if got := activeKernelPath(); got != best {
+			if got := Active(); got != best {
 				t.Fatalf("after refusing %s the path is %s, want %s", p, got, best)
 			}
 		}
 	}
-	t.Logf("kernel path: %s", best)
+	t.Logf("kernel path: %s (this CPU has %v)", best, SupportedPaths())
 }
+
+// rowPaths are the paths with row kernels of their own.
+var rowPaths = []Path{Scalar, AVX2, AVX512}
 
 // rowInputs are the operands of one row kernel call: a, b, c, d are N(0,1); p is in (0,1)
 // (a probability or a sigmoid).
@@ -97,7 +100,7 @@ func absAll(v []float64) []float64 {
 	return a
 }
 
-// rowKernels are the float32 row kernels. run calls the dispatched kernel (whichever path is
+// rowKernels are the float32 row  run calls the dispatched kernel (whichever path is
 // active) and its scalar version on copies of the same inputs, returning both results and,
 // per result, the size of the terms behind it, which rounding error is relative to; a result
 // is right within tol·size. bench returns one call of the dispatched kernel.
@@ -111,50 +114,50 @@ var rowKernels = []struct {
 		if len(in.a) == 0 {
 			return nil, nil, nil // max of nothing is not defined
 		}
-		return widen([]float32{max32(in.a)}), widen([]float32{maxScalar(in.a)}), []float64{0}
-	}, func(in rowInputs) func() { return func() { max32(in.a) } }},
+		return widen([]float32{rows.max(in.a)}), widen([]float32{maxScalar(in.a)}), []float64{0}
+	}, func(in rowInputs) func() { return func() { rows.max(in.a) } }},
 	{"dot", 1e-5, func(in rowInputs) (got, want, size []float64) {
 		var s float64
 		for i, x := range in.a {
 			s += absf(x * in.b[i])
 		}
-		return []float64{dot32(in.a, in.b)}, []float64{dotScalar(in.a, in.b)}, []float64{s}
-	}, func(in rowInputs) func() { return func() { dot32(in.a, in.b) } }},
+		return []float64{rows.dot(in.a, in.b)}, []float64{dotScalar(in.a, in.b)}, []float64{s}
+	}, func(in rowInputs) func() { return func() { rows.dot(in.a, in.b) } }},
 	{"dot3", 1e-5, func(in rowInputs) (got, want, size []float64) {
 		var s float64
 		for i, x := range in.a {
 			s += absf(x * in.b[i] * in.c[i])
 		}
-		return []float64{dot3_32(in.a, in.b, in.c)}, []float64{dot3Scalar(in.a, in.b, in.c)}, []float64{s}
-	}, func(in rowInputs) func() { return func() { dot3_32(in.a, in.b, in.c) } }},
+		return []float64{rows.dot3(in.a, in.b, in.c)}, []float64{dot3Scalar(in.a, in.b, in.c)}, []float64{s}
+	}, func(in rowInputs) func() { return func() { rows.dot3(in.a, in.b, in.c) } }},
 	{"axpby", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		x, y := clone(in.c), clone(in.c)
-		axpby32(x, in.a, 0.7)
+		rows.axpby(x, in.a, 0.7)
 		axpbyScalar(y, in.a, 0.7)
 		for i, v := range in.c {
 			size = append(size, absf(in.a[i])+absf(0.7*v))
 		}
 		return widen(x), widen(y), size
-	}, func(in rowInputs) func() { return func() { axpby32(in.c, in.a, 0.7) } }},
+	}, func(in rowInputs) func() { return func() { rows.axpby(in.c, in.a, 0.7) } }},
 	{"axpy", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		x, y := clone(in.c), clone(in.c)
-		axpy32(x, in.a, -1.3)
+		rows.axpy(x, in.a, -1.3)
 		axpyScalar(y, in.a, -1.3)
 		for i, v := range in.c {
 			size = append(size, absf(v)+absf(1.3*in.a[i]))
 		}
 		return widen(x), widen(y), size
-	}, func(in rowInputs) func() { return func() { axpy32(in.c, in.a, -1e-3) } }},
+	}, func(in rowInputs) func() { return func() { rows.axpy(in.c, in.a, -1e-3) } }},
 	{"mulScaled", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		x, y := make([]float32, len(in.a)), make([]float32, len(in.a))
-		mulScaled32(x, in.a, in.b, 0.4)
+		rows.mulScaled(x, in.a, in.b, 0.4)
 		mulScaledScalar(y, in.a, in.b, 0.4)
 		return widen(x), widen(y), absAll(widen(y))
-	}, func(in rowInputs) func() { return func() { mulScaled32(in.d, in.a, in.b, 0.4) } }},
+	}, func(in rowInputs) func() { return func() { rows.mulScaled(in.d, in.a, in.b, 0.4) } }},
 	{"rmsBack", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		for _, acc := range []bool{false, true} {
 			x, y := clone(in.d), clone(in.d)
-			rmsBack32(x, in.a, in.b, in.c, 1.5, 0.25, acc)
+			rows.rmsBack(x, in.a, in.b, in.c, 1.5, 0.25, acc)
 			rmsBackScalar(y, in.a, in.b, in.c, 1.5, 0.25, acc)
 			got, want = append(got, widen(x)...), append(want, widen(y)...)
 			for i, v := range in.d {
@@ -166,10 +169,10 @@ var rowKernels = []struct {
 			}
 		}
 		return got, want, size
-	}, func(in rowInputs) func() { return func() { rmsBack32(in.d, in.a, in.b, in.c, 1.5, 0.25, false) } }},
-	{"softmaxBack", 1e-6, func(in rowInputs) (got, want, size []float64) {
+	}, func(in rowInputs) func() { return func() { rows.rmsBack(in.d, in.a, in.b, in.c, 1.5, 0.25, false) } }},
+	{"SoftmaxBack", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		x, y := clone(in.a), clone(in.a)
-		softmaxBackRow32(in.p, x, 0.3, 0.125)
+		rows.softmaxBackRow(in.p, x, 0.3, 0.125)
 		softmaxBackRowScalar(in.p, y, 0.3, 0.125)
 		for i, v := range in.a {
 			size = append(size, absf(in.p[i])*(absf(v)+0.3)*0.125)
@@ -177,18 +180,18 @@ var rowKernels = []struct {
 		return widen(x), widen(y), size
 	}, func(in rowInputs) func() {
 		// dr converges to −p·d·s/(1−p·s), which is far from 0 (no denormals) for p in (0,1).
-		return func() { softmaxBackRow32(in.p, in.a, 0.3, 0.5) }
+		return func() { rows.softmaxBackRow(in.p, in.a, 0.3, 0.5) }
 	}},
-	{"siluGate", 1e-6, func(in rowInputs) (got, want, size []float64) {
+	{"SiluGate", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		x, y := make([]float32, len(in.a)), make([]float32, len(in.a))
-		siluGate32(in.a, in.b, in.p, x)
+		rows.siluGate(in.a, in.b, in.p, x)
 		siluGateScalar(in.a, in.b, in.p, y)
 		return widen(x), widen(y), absAll(widen(y))
-	}, func(in rowInputs) func() { return func() { siluGate32(in.a, in.b, in.p, in.d) } }},
-	{"siluGateBack", 1e-6, func(in rowInputs) (got, want, size []float64) {
+	}, func(in rowInputs) func() { return func() { rows.siluGate(in.a, in.b, in.p, in.d) } }},
+	{"SiluGateBack", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		n := len(in.a)
 		dg, du, dgS, duS := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
-		siluGateBack32(in.c, in.a, in.b, in.p, dg, du)
+		rows.siluGateBack(in.c, in.a, in.b, in.p, dg, du)
 		siluGateBackScalar(in.c, in.a, in.b, in.p, dgS, duS)
 		for i, s := range in.p {
 			size = append(size, absf(in.c[i]*in.b[i]*s)*(1+absf(in.a[i]*(1-s))))
@@ -196,15 +199,15 @@ var rowKernels = []struct {
 		return widen(dg, du), widen(dgS, duS), append(size, absAll(widen(duS))...)
 	}, func(in rowInputs) func() {
 		dg, du := make([]float32, len(in.a)), make([]float32, len(in.a))
-		return func() { siluGateBack32(in.c, in.a, in.b, in.p, dg, du) }
+		return func() { rows.siluGateBack(in.c, in.a, in.b, in.p, dg, du) }
 	}},
-	{"expShift", 0x1p-23, func(in rowInputs) (got, want, size []float64) {
+	{"ExpShift", 0x1p-23, func(in rowInputs) (got, want, size []float64) {
 		x, y := clone(in.a), clone(in.a)
 		for i := range x {
 			x[i] *= 12 // about ±40 after the scale: e^x from 1e-17 to 1e17
 			y[i] = x[i]
 		}
-		sum := expScaledShift32(x, 1.5, 2)
+		sum := rows.expScaledShift(x, 1.5, 2)
 		sumS := expScaledShiftScalar(y, 1.5, 2)
 		// Both exps are within 4e-7 (< 4 ulps) of e^t, and t = v·1.5 − 2 itself may round
 		// differently (one FMA against a multiply and a subtract): |t| ulps of relative error.
@@ -217,7 +220,7 @@ var rowKernels = []struct {
 		return append(widen(x), sum), append(widen(y), sumS), append(size, sumSize)
 	}, func(in rowInputs) func() {
 		// v ← e^(−v) settles at 0.567, so every call exponentiates the same moderate values.
-		return func() { expScaledShift32(in.d, -1, 0) }
+		return func() { rows.expScaledShift(in.d, -1, 0) }
 	}},
 	{"sigmoid", 1e-6, func(in rowInputs) (got, want, size []float64) {
 		src := clone(in.a)
@@ -225,19 +228,19 @@ var rowKernels = []struct {
 			src[i] *= 8
 		}
 		x, y := make([]float32, len(src)), make([]float32, len(src))
-		sigmoid32(x, src)
+		rows.sigmoid(x, src)
 		sigmoidScalar(y, src)
 		return widen(x), widen(y), absAll(widen(y))
-	}, func(in rowInputs) func() { return func() { sigmoid32(in.d, in.a) } }},
+	}, func(in rowInputs) func() { return func() { rows.sigmoid(in.d, in.a) } }},
 }
 
 // Each vector path of every row kernel gives what its scalar version gives, to float32
 // rounding, for every length 0..70 (every n%8 and n%16, with one to four full vectors before
 // the partial one; rows below 8 and 16 are scalar) and a few long rows.
 func TestKernelPathsMatchScalar(t *testing.T) {
-	for _, p := range kernelPaths[1:] {
+	for _, p := range rowPaths[1:] {
 		t.Run(p.String(), func(t *testing.T) {
-			useKernelPath(t, p)
+			usePath(t, p)
 			rng := rand.New(rand.NewPCG(8, uint64(p)))
 			lengths := []int{255, 256, 257, 1000}
 			for n := 70; n >= 0; n-- {
@@ -258,7 +261,7 @@ func TestKernelPathsMatchScalar(t *testing.T) {
 	}
 }
 
-// On every path exp (softmax's expShift) and sigmoid stay within 4e-7 of math.Exp over the
+// On every path exp (softmax's ExpShift) and sigmoid stay within 4e-7 of math.Exp over the
 // whole clamped range, [−87.3, 88.7], ends included; NaN stays NaN (on the paths this CPU
 // runs).
 func TestKernelPathsExpMatchesMathExp(t *testing.T) {
@@ -272,11 +275,11 @@ func TestKernelPathsExpMatchesMathExp(t *testing.T) {
 	}
 	xs = append(xs, 3, -2, 7) // not a multiple of 8 or 16: the tail runs too
 	nan := float32(math.NaN())
-	for _, p := range kernelPaths {
+	for _, p := range rowPaths {
 		t.Run(p.String(), func(t *testing.T) {
-			useKernelPath(t, p)
+			usePath(t, p)
 			v := clone(xs)
-			expScaledShift32(v, 1, 0)
+			rows.expScaledShift(v, 1, 0)
 			for i, x := range xs {
 				want := math.Exp(float64(x))
 				if got := float64(v[i]); !(math.Abs(got-want) <= 4e-7*want) {
@@ -286,7 +289,7 @@ func TestKernelPathsExpMatchesMathExp(t *testing.T) {
 			// The sum as softmax asks for it, shifted by the max so that no term exceeds 1
 			// (the vector paths add in float32 lanes, which the unshifted sum would overflow).
 			v = clone(xs)
-			sum := expScaledShift32(v, 1, 88.7)
+			sum := rows.expScaledShift(v, 1, 88.7)
 			var wantSum float64
 			for _, x := range xs {
 				wantSum += math.Exp(float64(x) - float64(float32(88.7)))
@@ -295,21 +298,21 @@ func TestKernelPathsExpMatchesMathExp(t *testing.T) {
 				t.Fatalf("sum %v, want %v", sum, wantSum)
 			}
 			sig := make([]float32, len(xs))
-			sigmoid32(sig, xs)
+			rows.sigmoid(sig, xs)
 			for i, x := range xs {
 				want := 1 / (1 + math.Exp(-float64(x)))
 				if got := float64(sig[i]); !(math.Abs(got-want) <= 1e-6*want+1e-38) {
 					t.Fatalf("sigmoid(%v) = %v, want %v", x, got, want)
 				}
 			}
-			if p == pathAVX512 {
+			if p == AVX512 {
 				return // exp16 has no NaN rule, and no AVX-512 CPU was at hand to settle what it does
 			}
 			for n := 1; n <= 20; n++ { // NaN last: in a scalar row, a full vector, an overlapping last one
 				v := make([]float32, n)
 				v[n-1] = nan
-				expScaledShift32(v, 1, 0)
-				sigmoid32(v, v)
+				rows.expScaledShift(v, 1, 0)
+				rows.sigmoid(v, v)
 				if !math.IsNaN(float64(v[n-1])) {
 					t.Fatalf("n=%d: e^NaN then sigmoid gave %v, want NaN", n, v[n-1])
 				}
@@ -326,9 +329,9 @@ func BenchmarkKernels(b *testing.B) {
 	const n = 1024
 	for _, k := range rowKernels {
 		b.Run(k.name, func(b *testing.B) {
-			for _, p := range kernelPaths {
+			for _, p := range rowPaths {
 				b.Run(p.String(), func(b *testing.B) {
-					useKernelPath(b, p)
+					usePath(b, p)
 					call := k.bench(newRowInputs(rand.New(rand.NewPCG(1, 1)), n))
 					b.SetBytes(n * 4)
 					for b.Loop() {

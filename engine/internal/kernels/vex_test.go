@@ -1,6 +1,6 @@
 //go:build goexperiment.simd && amd64
 
-package engine
+package kernels
 
 import (
 	"bufio"
@@ -31,7 +31,7 @@ func TestAVX2KernelsStayVEX(t *testing.T) {
 }
 
 // The other archsimd code holds to the same rules: the direct bf16 products and their tiles
-// (bf16_avx2_amd64.go), the bf16 widening and the 16-lane kernels of simd_amd64.go (compiled
+// (bf16_avx2_amd64.go, f32_avx2_amd64_gen.go), the bf16 widening and the 16-lane kernels of rows_avx512_amd64.go (compiled
 // on every amd64 machine, so checked here even where the CPU cannot run them).
 func TestArchsimdKernelsStayVEX(t *testing.T) {
 	if testing.Short() {
@@ -40,8 +40,8 @@ func TestArchsimdKernelsStayVEX(t *testing.T) {
 	checkStayVEX(t, "bf16NN", "nn4x16", "nn1x64", "nn1x16", "nn1x8", "bf16NT", "nt2x4", "nt1x8",
 		"dotBF16", "widenBF16To32",
 		"f32NN", "nn4x16f", "nn1x64f", "nn1x16f", "nn1x8f", "f32NT", "nt2x4f", "nt1x8f", "dotF32",
-		"expScaledShift32", "sigmoid32", "max32", "dot32", "dot3_32", "axpby32", "axpy32",
-		"mulScaled32", "rmsBack32", "softmaxBackRow32", "siluGate32", "siluGateBack32")
+		"expScaledShift16", "sigmoid16", "max16", "dot16", "dot3_16", "axpby16", "axpy16",
+		"mulScaled16", "rmsBack16", "softmaxBackRow16", "siluGate16", "siluGateBack16")
 }
 
 // checkStayVEX fails t for each legacy-SSE instruction that a path from a Y or Z register
@@ -66,7 +66,7 @@ func checkStayVEX(t *testing.T, funcs ...string) {
 	}
 }
 
-const enginePkg = "github.com/skein-ai/skein/engine"
+const enginePkg = "github.com/skein-ai/skein/engine/internal/kernels"
 
 var engineAsmOnce struct {
 	sync.Once

@@ -1,4 +1,4 @@
-package engine
+package kernels
 
 import (
 	"math"
@@ -10,9 +10,9 @@ import (
 // across the cores. Reductions accumulate in float64 (the 16-lane ones in float32 lanes whose
 // sums are added in float64), so float32 passes stay close to float64 ones (tested to 1e-3).
 
-// parallelRows runs fn over [0,n) split into one range per core. A panic in any range is raised
+// ParallelRows runs fn over [0,n) split into one range per core. A panic in any range is raised
 // again in the caller's goroutine, where the pass's recover turns it into an error.
-func parallelRows(n int, fn func(lo, hi int)) {
+func ParallelRows(n int, fn func(lo, hi int)) {
 	k := min(runtime.GOMAXPROCS(0), n)
 	if k <= 1 {
 		fn(0, n)
@@ -40,10 +40,10 @@ func parallelRows(n int, fn func(lo, hi int)) {
 	}
 }
 
-// rmsNorm writes y = x·inv·w row by row (rows of len(w)) and inv = 1/√(mean(x²)+eps) per row.
-func rmsNorm[T float](x, w []T, eps float64, y, inv []T) {
+// RMSNorm writes y = x·inv·w row by row (rows of len(w)) and inv = 1/√(mean(x²)+eps) per row.
+func RMSNorm[T Float](x, w []T, eps float64, y, inv []T) {
 	width := len(w)
-	parallelRows(len(x)/width, func(lo, hi int) {
+	ParallelRows(len(x)/width, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr := x[r*width : (r+1)*width]
 			iv := T(1 / math.Sqrt(rowDot(xr, xr)/float64(width)+eps))
@@ -53,11 +53,11 @@ func rmsNorm[T float](x, w []T, eps float64, y, inv []T) {
 	})
 }
 
-// rmsNormBack writes (or, with accumulate, adds) into dx the gradient of rmsNorm at x:
+// RMSNormBack writes (or, with accumulate, adds) into dx the gradient of RMSNorm at x:
 // with u = dy·w, dx = inv·u − x·inv³·(Σ u·x)/width.
-func rmsNormBack[T float](dy, x, inv, w []T, dx []T, accumulate bool) {
+func RMSNormBack[T Float](dy, x, inv, w []T, dx []T, accumulate bool) {
 	width := len(w)
-	parallelRows(len(x)/width, func(lo, hi int) {
+	ParallelRows(len(x)/width, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			o := r * width
 			iv := float64(inv[r])
@@ -67,26 +67,26 @@ func rmsNormBack[T float](dy, x, inv, w []T, dx []T, accumulate bool) {
 	})
 }
 
-// addScaled does dst += alpha·src.
-func addScaled[T float](dst, src []T, alpha T) {
-	parallelRows(len(dst)/256+1, func(lo, hi int) {
+// AddScaled does dst += alpha·src.
+func AddScaled[T Float](dst, src []T, alpha T) {
+	ParallelRows(len(dst)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(dst))
 		rowAxpy(dst[lo:hi], src[lo:hi], alpha)
 	})
 }
 
-// scaleAdd does dst = x + alpha·dst.
-func scaleAdd[T float](dst, x []T, alpha T) {
-	parallelRows(len(dst)/256+1, func(lo, hi int) {
+// ScaleAdd does dst = x + alpha·dst.
+func ScaleAdd[T Float](dst, x []T, alpha T) {
+	ParallelRows(len(dst)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(dst))
 		rowAxpby(dst[lo:hi], x[lo:hi], alpha)
 	})
 }
 
-// addBias adds bias to every row of y.
-func addBias[T float](y, bias []T) {
+// AddBias adds bias to every row of y.
+func AddBias[T Float](y, bias []T) {
 	width := len(bias)
-	parallelRows(len(y)/width, func(lo, hi int) {
+	ParallelRows(len(y)/width, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			yr := y[r*width : (r+1)*width]
 			for i, b := range bias {
@@ -96,27 +96,27 @@ func addBias[T float](y, bias []T) {
 	})
 }
 
-// siluGate writes sig = σ(g) and out = g·σ(g)·u.
-func siluGate[T float](g, u, sig, out []T) {
+// SiluGate writes sig = σ(g) and out = g·σ(g)·u.
+func SiluGate[T Float](g, u, sig, out []T) {
 	sigmoids(sig, g)
-	parallelRows(len(g)/256+1, func(lo, hi int) {
+	ParallelRows(len(g)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(g))
 		rowSiluGate(g[lo:hi], u[lo:hi], sig[lo:hi], out[lo:hi])
 	})
 }
 
-// siluGateBack writes the gradients of siluGate: dg = da·u·σ·(1 + g·(1−σ)), du = da·g·σ.
-func siluGateBack[T float](da, g, u, sig, dg, du []T) {
-	parallelRows(len(g)/256+1, func(lo, hi int) {
+// SiluGateBack writes the gradients of SiluGate: dg = da·u·σ·(1 + g·(1−σ)), du = da·g·σ.
+func SiluGateBack[T Float](da, g, u, sig, dg, du []T) {
+	ParallelRows(len(g)/256+1, func(lo, hi int) {
 		lo, hi = lo*256, min(hi*256, len(g))
 		rowSiluGateBack(da[lo:hi], g[lo:hi], u[lo:hi], sig[lo:hi], dg[lo:hi], du[lo:hi])
 	})
 }
 
-// exp32 is e^x in float32: x = k·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
+// Exp32 is e^x in float32: x = k·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
 // (relative error < 2e-7), times 2^k added to its exponent bits: e^r is in [0.7, 1.42], so the
 // product stays a normal float32 for every k of the range, even k = 128 just below overflow.
-func exp32(x float32) float32 {
+func Exp32(x float32) float32 {
 	const (
 		log2e = 1.44269504088896341
 		ln2hi = 0.693145751953125
@@ -145,7 +145,7 @@ func exp32(x float32) float32 {
 func expScaledShiftScalar(v []float32, scale, shift float32) float64 {
 	var sum float64
 	for i, x := range v {
-		e := exp32(x*scale - shift)
+		e := Exp32(x*scale - shift)
 		v[i] = e
 		sum += float64(e)
 	}
@@ -154,14 +154,14 @@ func expScaledShiftScalar(v []float32, scale, shift float32) float64 {
 
 func sigmoidScalar(dst, src []float32) {
 	for i, x := range src {
-		dst[i] = 1 / (1 + exp32(-x))
+		dst[i] = 1 / (1 + Exp32(-x))
 	}
 }
 
-// expShift sets v[i] = e^(v[i]·scale − shift) and returns their sum (16 lanes at a time in float32).
-func expShift[T float](v []T, scale, shift T) float64 {
+// ExpShift sets v[i] = e^(v[i]·scale − shift) and returns their sum (16 lanes at a time in float32).
+func ExpShift[T Float](v []T, scale, shift T) float64 {
 	if f, ok := any(v).([]float32); ok {
-		return expScaledShift32(f, float32(scale), float32(shift))
+		return rows.expScaledShift(f, float32(scale), float32(shift))
 	}
 	var sum float64
 	for i, x := range v {
@@ -173,11 +173,11 @@ func expShift[T float](v []T, scale, shift T) float64 {
 }
 
 // sigmoids sets dst = σ(src).
-func sigmoids[T float](dst, src []T) {
-	parallelRows(len(src)/1024+1, func(lo, hi int) {
+func sigmoids[T Float](dst, src []T) {
+	ParallelRows(len(src)/1024+1, func(lo, hi int) {
 		lo, hi = lo*1024, min(hi*1024, len(src))
 		if f, ok := any(src).([]float32); ok {
-			sigmoid32(any(dst).([]float32)[lo:hi], f[lo:hi])
+			rows.sigmoid(any(dst).([]float32)[lo:hi], f[lo:hi])
 			return
 		}
 		for i := lo; i < hi; i++ {
@@ -186,30 +186,30 @@ func sigmoids[T float](dst, src []T) {
 	})
 }
 
-// softmaxCausal turns scores [rows, S] into attention probabilities in place: row r is query
+// SoftmaxCausal turns scores [rows, S] into attention probabilities in place: row r is query
 // position r mod S (rows are G groups of S positions), which sees keys 0..pos; later keys get 0.
-func softmaxCausal[T float](scores []T, S int, scale T) {
-	parallelRows(len(scores)/S, func(lo, hi int) {
+func SoftmaxCausal[T Float](scores []T, S int, scale T) {
+	ParallelRows(len(scores)/S, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			softmaxRow(scores[r*S:(r+1)*S], r%S, scale)
+			SoftmaxRow(scores[r*S:(r+1)*S], r%S, scale)
 		}
 	})
 }
 
-// softmaxRow turns one row of scores into probabilities over keys 0..last (scaled by scale > 0);
+// SoftmaxRow turns one row of scores into probabilities over keys 0..last (scaled by scale > 0);
 // later keys get 0.
-func softmaxRow[T float](row []T, last int, scale T) {
-	m := rowMax(row[:last+1]) * scale
-	inv := T(1 / expShift(row[:last+1], scale, m))
+func SoftmaxRow[T Float](row []T, last int, scale T) {
+	m := RowMax(row[:last+1]) * scale
+	inv := T(1 / ExpShift(row[:last+1], scale, m))
 	for s := range row[:last+1] {
 		row[s] *= inv
 	}
 	clear(row[last+1:])
 }
 
-// softmaxBack turns dP into the score gradient in place: dS = P·(dP − Σ P·dP)·scale.
-func softmaxBack[T float](p, dp []T, S int, scale T) {
-	parallelRows(len(p)/S, func(lo, hi int) {
+// SoftmaxBack turns dP into the score gradient in place: dS = P·(dP − Σ P·dP)·scale.
+func SoftmaxBack[T Float](p, dp []T, S int, scale T) {
+	ParallelRows(len(p)/S, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			n := r%S + 1 // later keys have P = 0
 			pr, dr := p[r*S:r*S+n], dp[r*S:(r+1)*S]

@@ -1,12 +1,12 @@
 //go:build goexperiment.simd && amd64
 
-package engine
+package kernels
 
 import "simd/archsimd"
 
 // haveBF16Kernel: the direct bf16 product needs AVX2 (8-lane integer widening) and FMA. Without
 // them widen + backend matmul is faster than a scalar loop, so the engine keeps it.
-var haveBF16Kernel = archsimd.X86.AVX2() && archsimd.X86.FMA()
+func haveBF16Kernel() bool { return active >= AVX2 }
 
 // The tiles below keep their 8 accumulators (8 lanes each) in registers and widen each weight
 // vector once per tile: bf16 bits zero-extended to 32 bits and shifted into the high half are
@@ -42,7 +42,7 @@ func bfBcast8(x float32) archsimd.Float32x8 { return archsimd.BroadcastFloat32x8
 // strip, K×32 bytes, stays in cache for the next four), and the rows left over take the panel
 // one row at a time. Each output is one chain of FMAs over k in order.
 func bf16NN(y, x []float32, w []uint16, R, K, N, j0, j1 int) {
-	if !haveBF16Kernel {
+	if !haveBF16Kernel() {
 		bf16NNScalar(y, x, w, R, K, N, j0, j1)
 		return
 	}
@@ -164,7 +164,7 @@ func nn1x8(y, x []float32, w []uint16, r, K, N, j int) {
 // against all 8. The lanes are summed in vectors (bfHsum4) and stored as vectors: summing them
 // through memory (a vector stored, read back as scalars) tripled the time of K=512 products.
 func bf16NT(y, x []float32, w []uint16, R, K, N, n0, n1 int) {
-	if !haveBF16Kernel {
+	if !haveBF16Kernel() {
 		bf16NTScalar(y, x, w, R, K, N, n0, n1)
 		return
 	}

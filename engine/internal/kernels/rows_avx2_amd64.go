@@ -1,49 +1,12 @@
 //go:build goexperiment.simd && amd64
 
-package engine
+package kernels
 
-import "simd/archsimd"
+import (
+	"simd/archsimd"
 
-// haveAVX512 and useAVX2 route the kernels of simd_amd64.go to their 16-lane or 8-lane bodies;
-// with neither set they run scalar. At most one is set, by setKernelPath.
-var haveAVX512, useAVX2 bool
-
-func init() { setKernelPath(bestKernelPath()) }
-
-// kernelPathSupported reports whether this CPU can run p. The 8-lane kernels need FMA as well
-// as AVX2 (every MulAdd is a VFMADD); AVX-512 implies both.
-func kernelPathSupported(p kernelPath) bool {
-	switch p {
-	case pathScalar:
-		return true
-	case pathAVX2:
-		return archsimd.X86.AVX2() && archsimd.X86.FMA()
-	case pathAVX512:
-		return archsimd.X86.AVX512()
-	}
-	return false
-}
-
-// setKernelPath routes the float32 row kernels through p and reports true, or reports false
-// and changes nothing where the CPU lacks p. Not safe while kernels run: init, tests and
-// benchmarks call it.
-func setKernelPath(p kernelPath) bool {
-	if !kernelPathSupported(p) {
-		return false
-	}
-	haveAVX512, useAVX2 = p == pathAVX512, p == pathAVX2
-	return true
-}
-
-func activeKernelPath() kernelPath {
-	switch {
-	case haveAVX512:
-		return pathAVX512
-	case useAVX2:
-		return pathAVX2
-	}
-	return pathScalar
-}
+	"github.com/skein-ai/skein/engine/internal/cpu"
+)
 
 // The 8-lane kernels below are the AVX2+FMA versions of the 16-lane ones in simd_amd64.go, for
 // CPUs without AVX-512 (AMD before Zen 4, Intel client parts). They use only AVX, AVX2 and FMA
@@ -94,9 +57,9 @@ func lanesSum8(x archsimd.Float32x8) float64 {
 }
 
 // exp8 is exp16 on 8 lanes. AVX2 has no VSCALEFPS, so 2^k is added to the exponent bits of
-// p = e^r instead (as exp32 does): p is in [0.7, 1.42] and the clamp keeps k in [−126, 128]
+// p = e^r instead (as Exp32 does): p is in [0.7, 1.42] and the clamp keeps k in [−126, 128]
 // with p < 1 at k = 128 and p > 1 at k = −126, so the result is always a normal float32.
-// NaN lanes are put back at the end, as exp32 returns them: the clamp alone would turn them
+// NaN lanes are put back at the end, as Exp32 returns them: the clamp alone would turn them
 // into a bound (VMAXPS/VMINPS return one operand when either is NaN, and the compiler may
 // swap the operands, Max and Min being commutative).
 func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
@@ -318,4 +281,32 @@ func siluGateBack8(da, g, u, sig, dg, du []float32) {
 	lastU.StoreSlice(du[n-8:])
 	lastG.StoreSlice(dg[n-8:])
 	archsimd.ClearAVXUpperBits()
+}
+
+// widenBF16To32 writes dst[i] = src[i] (bfloat16 bits) as float32, 8 lanes at a time: each
+// value zero-extended to 32 bits and shifted into the high half. As the 8-lane row kernels
+// (see the note above load8) it has no scalar tail: the last 8 elements are one more vector,
+// overlapping the loop's last one (widening is exact, so the overlap is written twice with the
+// same values), and it clears the upper halves before returning. Fewer than 8 run scalar.
+func widenBF16To32(dst []float32, src []uint16) {
+	n := len(src)
+	if !cpu.X86.AVX2 || n < 8 {
+		widenBF16Scalar(dst, src)
+		return
+	}
+	dst = dst[:n]
+	widen := func(i int) {
+		archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[i:])
+	}
+	for i := 0; i+8 <= n; i += 8 {
+		widen(i)
+	}
+	widen(n - 8)
+	archsimd.ClearAVXUpperBits()
+}
+
+var avx2Rows = rowTable{
+	max: max8, dot: dot8, dot3: dot3_8, axpby: axpby8, axpy: axpy8, mulScaled: mulScaled8,
+	rmsBack: rmsBack8, softmaxBackRow: softmaxBackRow8, siluGate: siluGate8,
+	siluGateBack: siluGateBack8, expScaledShift: expScaledShift8, sigmoid: sigmoid8,
 }

@@ -1,0 +1,231 @@
+package kernels
+
+import "sync"
+
+// A float32 GEMM, BLIS-style: B is packed in panels of nr columns for a block of kc contracting
+// steps, A is read in place mr rows at a time, and an mr×nr micro-kernel in assembly keeps its
+// accumulators in registers. Each path brings its micro-kernel (gemm_*_amd64.s) and blocking; the
+// packing, the blocks, the edges and the split across cores below are shared. Each output is one
+// chain of FMAs over k in order (a block of k goes on from what the last one left in c), whatever
+// the number of cores (the cores split the rows): results do not depend on scheduling, and are
+// the bits the few-row kernels (bf16.go) compute for x·W.
+
+// microKernel is one path's micro-kernel and its blocking.
+type microKernel struct {
+	name   string
+	mr, nr int // rows and columns of the register tile
+	kc     int // contracting steps per packed block: a B micro-panel (kc·nr floats) stays in L1
+	mc     int // rows per block of A (a multiple of mr, kc·mc floats in L2), the unit the cores split
+	nc     int // columns per packed block of B
+	// run sets c[0:mr, 0:nr] (row stride ldc) to a[0:mr, 0:kc]·B for a packed B micro-panel (kc
+	// steps of nr), A rows lda apart, each output's chain starting from zero (first) or from c.
+	run func(kc int, a *float32, lda int, b, c *float32, ldc int, first bool)
+}
+
+// gemmKernel is the active path's micro-kernel, nil where the path has none (scalar: the engine
+// multiplies with its backend).
+func gemmKernel() *microKernel {
+	if !vectorBuild {
+		return nil
+	}
+	switch rowPath(active) {
+	case AVX512:
+		return &avx512Micro
+	case AVX2:
+		return &avx2Micro
+	}
+	return nil
+}
+
+// HaveGEMM reports whether the active path has a float32 GEMM (MatMul); without one the engine
+// multiplies with its backend.
+func HaveGEMM() bool { return gemmKernel() != nil }
+
+// GEMMName names the float32 GEMM in use (the bench reports it beside the peak it measures).
+func GEMMName() string {
+	if km := gemmKernel(); km != nil {
+		return km.name
+	}
+	return "f32 backend matmul"
+}
+
+// MatMul sets c = a·b for batch independent products laid out one after another, each a [M, K]
+// times b [K, N] (or [N, K] when transB). The batches are split across the cores (each product
+// then runs on one), or, for one, its rows. Products of at most DirectF32Rows rows take the
+// few-row kernels instead: packing B would cost as much as multiplying by it once. The active
+// path must have a GEMM (HaveGEMM).
+func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
+	km := gemmKernel()
+	if km == nil {
+		panic("kernels: MatMul on a path without a GEMM")
+	}
+	if M <= DirectF32Rows {
+		for i := range batch {
+			F32Product(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB)
+		}
+		return
+	}
+	if batch == 1 {
+		km.gemm(c, a, b, M, K, N, transB, true)
+		return
+	}
+	_, _, _ = c[batch*M*N-1], a[batch*M*K-1], b[batch*K*N-1]
+	one := func(i int) {
+		km.gemm(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB, false)
+	}
+	if batch*M*K*N < 1<<18 {
+		for i := range batch {
+			one(i)
+		}
+		return
+	}
+	ParallelRows(batch, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			one(i)
+		}
+	})
+}
+
+// gemm sets c [M, N] = a [M, K] · b, b given as [K, N], or [N, K] when transB; parallel
+// splits its row blocks across the cores.
+func (km *microKernel) gemm(c, a, b []float32, M, K, N int, transB, parallel bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_, _, _ = c[M*N-1], a[M*K-1], b[K*N-1]
+	if K == 0 {
+		clear(c[:M*N])
+		return
+	}
+	nc := min(N, km.nc)
+	bp := gemmBuffers.get(min(K, km.kc) * roundUp(nc, km.nr))
+	defer gemmBuffers.put(bp)
+	for jc := 0; jc < N; jc += km.nc {
+		ncur := min(km.nc, N-jc)
+		for pc := 0; pc < K; pc += km.kc {
+			kc := min(km.kc, K-pc)
+			packB(bp, b, K, N, pc, kc, jc, ncur, km.nr, transB)
+			first := pc == 0
+			blocks := (M + km.mc - 1) / km.mc
+			work := func(lo, hi int) {
+				edgeA := gemmBuffers.get(km.mr * kc) // a last panel of fewer than mr rows, padded
+				defer gemmBuffers.put(edgeA)
+				for blk := lo; blk < hi; blk++ {
+					ic := blk * km.mc
+					km.macro(c, a, edgeA, bp, K, N, ic, min(km.mc, M-ic), pc, jc, ncur, kc, first)
+				}
+			}
+			if !parallel || blocks == 1 || M*kc*ncur < 1<<18 {
+				work(0, blocks)
+			} else {
+				ParallelRows(blocks, work)
+			}
+		}
+	}
+}
+
+func roundUp(n, m int) int { return (n + m - 1) / m * m }
+
+// packB copies b[pc:pc+kc, jc:jc+nc] (or its transpose's) into panels of nr columns, each kc
+// rows of nr contiguous values, zero-padded past nc.
+func packB(dst, b []float32, K, N, pc, kc, jc, nc, nr int, transB bool) {
+	for j0 := 0; j0 < nc; j0 += nr {
+		w := min(nr, nc-j0)
+		panel := dst[(j0/nr)*kc*nr:][:kc*nr]
+		if transB { // b is [N, K]: column j of the panel is a row of b
+			if w < nr {
+				clear(panel)
+			}
+			for j := range w {
+				src := b[(jc+j0+j)*K+pc:][:kc]
+				for p, v := range src {
+					panel[p*nr+j] = v
+				}
+			}
+			continue
+		}
+		for p := range kc {
+			row := panel[p*nr : p*nr+nr : p*nr+nr]
+			copy(row, b[(pc+p)*N+jc+j0:][:w])
+			clear(row[w:])
+		}
+	}
+}
+
+// padRows copies rows r0…r0+h of a (columns pc…pc+kc) into dst as an [mr, kc] block, the rows
+// past h zero: a last panel of fewer than mr rows, which the kernel then reads in place like any
+// other (lda kc).
+func padRows(dst, a []float32, K, r0, h, pc, kc, mr int) {
+	dst = dst[:mr*kc]
+	for i := range h {
+		copy(dst[i*kc:][:kc], a[(r0+i)*K+pc:][:kc])
+	}
+	clear(dst[h*kc:])
+}
+
+// macro multiplies rows ic…ic+mc of a (columns pc…pc+kc, read in place) by a packed B block
+// into c's tile at (ic, jc). A last panel of fewer than mr rows is copied, zero-padded.
+func (km *microKernel) macro(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, first bool) {
+	mr, nr := km.mr, km.nr
+	var edgeBuf [maxMR * maxNR]float32
+	edge := edgeBuf[:mr*nr]
+	full := mc / mr * mr
+	if h := mc - full; h > 0 {
+		padRows(edgeA, a, K, ic+full, h, pc, kc, mr)
+	}
+	for j0 := 0; j0 < nc; j0 += nr {
+		bpan := bp[(j0/nr)*kc*nr:][:kc*nr]
+		w := min(nr, nc-j0)
+		for i0 := 0; i0 < mc; i0 += mr {
+			h := min(mr, mc-i0)
+			if h == mr && w == nr {
+				km.micro(kc, a[(ic+i0)*K+pc:], K, bpan, c[(ic+i0)*N+jc+j0:], N, first)
+				continue
+			}
+			// A partial tile runs whole in edge, which starts from c's valid part (so each output
+			// stays one chain of FMAs over k) and is copied back.
+			if !first {
+				for i := range h {
+					copy(edge[i*nr:][:w], c[(ic+i0+i)*N+jc+j0:][:w])
+				}
+			}
+			if h == mr {
+				km.micro(kc, a[(ic+i0)*K+pc:], K, bpan, edge, nr, first)
+			} else {
+				km.micro(kc, edgeA, kc, bpan, edge, nr, first)
+			}
+			for i := range h {
+				copy(c[(ic+i0+i)*N+jc+j0:][:w], edge[i*nr:][:w])
+			}
+		}
+	}
+}
+
+// The largest register tile of any path (the edge buffer's size).
+const maxMR, maxNR = 12, 32
+
+// micro runs the micro-kernel over checked slices: the assembly reads and writes exactly these
+// ranges, so they are checked here, once.
+func (km *microKernel) micro(kc int, a []float32, lda int, b, c []float32, ldc int, first bool) {
+	if kc <= 0 {
+		return
+	}
+	_ = a[(km.mr-1)*lda+kc-1]
+	_ = b[kc*km.nr-1]
+	_ = c[(km.mr-1)*ldc+km.nr-1]
+	km.run(kc, &a[0], lda, &b[0], &c[0], ldc, first)
+}
+
+// gemmBuffers reuses packing buffers between calls.
+var gemmBuffers bufferPool
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) get(n int) []float32 {
+	if v, ok := b.p.Get().(*[]float32); ok && cap(*v) >= n {
+		return (*v)[:n]
+	}
+	return make([]float32, n)
+}
+
+func (b *bufferPool) put(s []float32) { b.p.Put(&s) }

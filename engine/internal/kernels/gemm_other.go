@@ -1,0 +1,6 @@
+//go:build !(goexperiment.simd && amd64)
+
+package kernels
+
+// Without the assembly no path has a GEMM (gemmKernel returns nil before reading these).
+var avx2Micro, avx512Micro microKernel

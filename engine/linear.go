@@ -1,0 +1,51 @@
+package engine
+
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
+// Linear layers: a module's base weight (float32, or bf16 bits) and its product with a batch of
+// rows. Bias and LoRA are the caller's (lora.go).
+
+// baseProduct returns x·W for module lin's base weight, or x·Wᵀ when transposed (an input
+// gradient); bias and LoRA are the caller's. A float32 pass of at most kernels.DirectBF16Rows rows over
+// a weight kept in bf16 reads the bits directly where the machine has the kernel; everything
+// else widens the weight for a backend matmul.
+func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
+	transB := lin.outIn != transposed // the stored layout multiplied transposed
+	k, n := lin.in, lin.out
+	if transposed {
+		k, n = n, k
+	}
+	if xf, ok := any(x.v).([]float32); ok && kernels.FewRowKernels() && len(x.dims) == 2 && x.dims[1] == k {
+		rows := x.dims[0]
+		if lin.w16 != nil && rows <= kernels.DirectBF16Rows {
+			y := s.ar.alloc(rows, n)
+			if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
+				kernels.BF16Product(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
+			}
+			return y
+		}
+		if wf, ok := any(lin.w.v).([]float32); ok && lin.w16 == nil && rows <= kernels.DirectF32Rows {
+			y := s.ar.alloc(rows, n)
+			if s.ar.err == nil {
+				kernels.F32Product(any(y.v).([]float32), xf, wf, rows, k, n, transB)
+			}
+			return y
+		}
+	}
+	w, done := s.weight(lin)
+	y := s.ar.matmul(x, w, 0, transB)
+	done()
+	return y
+}
+
+// weight returns a module's weight in the pass's dtype and a function that gives back the
+// widened copy when the weight is kept in bf16 (a no-op otherwise). Use it right before the
+// product and call done right after.
+func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
+	if lin.w16 == nil {
+		return lin.w, func() {}
+	}
+	w = s.ar.alloc(lin.w.dims...)
+	kernels.WidenBF16(w.v, lin.w16)
+	return w, func() { s.ar.releaseOne(w) }
+}

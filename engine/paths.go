@@ -1,0 +1,36 @@
+package engine
+
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
+// The kernel paths, as the binary sees them: which instruction set the kernels run on, which this
+// CPU has, and the switch behind SKEIN_GEMM. The choice itself lives in internal/kernels.
+
+// GEMMName names the float32 GEMM in use (the bench reports it beside the peak it measures).
+func GEMMName() string { return kernels.GEMMName() }
+
+// KernelPath names the path the kernels run on (scalar, avx2, avx512, avx512bf16, amx).
+func KernelPath() string { return kernels.Active().String() }
+
+// KernelPaths names the paths this CPU has, slowest first.
+func KernelPaths() []string {
+	var out []string
+	for _, p := range kernels.SupportedPaths() {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// UseKernelPath runs every kernel on the named path from now on; "auto" or "" is the best this
+// CPU has. A path the CPU lacks is an error and changes nothing. Call it at start, before any
+// engine runs: switching while kernels run is not safe.
+func UseKernelPath(name string) error {
+	p := kernels.Best()
+	if name != "" && name != "auto" {
+		var err error
+		if p, err = kernels.ParsePath(name); err != nil {
+			return err
+		}
+	}
+	_, err := kernels.Use(p)
+	return err
+}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -268,21 +269,9 @@ func TestVLImageChunkMatchesPixelValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slicesEqual(diff.LossFnOutputs[0]["logprobs"].Data, g) {
+	if slices.Equal(diff.LossFnOutputs[0]["logprobs"].Data, g) {
 		t.Fatal("a different image gave the same logprobs")
 	}
-}
-
-func slicesEqual(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestVLSampleWithImage(t *testing.T) {
@@ -365,7 +354,7 @@ func TestVLBadImagesAre400AndChangeNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slicesEqual(before.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
+	if !slices.Equal(before.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("a refused forward_backward changed the adapter")
 	}
 
@@ -381,7 +370,7 @@ func TestVLBadImagesAre400AndChangeNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a data: URI: %v", err)
 	}
-	if !slicesEqual(viaURI.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
+	if !slices.Equal(viaURI.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("the data: URI gave other logprobs than the same image's bytes")
 	}
 	for _, loc := range []string{filepath.Join(outside, "secret.png"), "../" + filepath.Base(outside) + "/secret.png", "https://example.com/a.png"} {

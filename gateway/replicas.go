@@ -196,6 +196,9 @@ func (s *Server) baseModelsLocked() []string {
 	return names
 }
 
+// A replica is what the router routes to.
+var _ router.Endpoint = (*replica.Replica)(nil)
+
 // addReplica starts routing to a replica (in process, or a worker that registered).
 func (s *Server) addReplica(r *replica.Replica) {
 	r.SetSamplingLimit(s.opts.MaxQueuedSamples)

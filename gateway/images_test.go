@@ -22,7 +22,7 @@ import (
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
@@ -110,11 +110,11 @@ func imageChunk(b []byte) api.Chunk {
 // imageTokens is what the model's preprocessor makes of an image: its LM tokens.
 func imageTokens(t *testing.T, b []byte) int {
 	t.Helper()
-	cfg, err := vision.LoadConfig(vlModelDir())
+	cfg, err := imageproc.LoadConfig(vlModelDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := vision.Inspect(b, "png", cfg, vision.DefaultLimits())
+	info, err := imageproc.Inspect(b, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,13 +218,13 @@ func TestVLImageChunkMatchesPixelValues(t *testing.T) {
 		chunked.LossFnInputs[k] = td
 	}
 
-	cfg, _ := vision.LoadConfig(vlModelDir())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
 	pad := *e.Config.ImageTokenID
 	var toks []int
 	toks = append(toks, words[:1]...)
 	var px, grid []float64
 	for i, im := range [][]byte{a, b} {
-		p, err := vision.Preprocess(im, "png", cfg, vision.DefaultLimits())
+		p, err := imageproc.Preprocess(im, "png", cfg, imageproc.DefaultLimits())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -471,8 +471,8 @@ func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
 	if _, err := fbResult(t, tc, []api.Datum{vlDatum(words[:1], imageChunk(img), n, words[1:])}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "remote workers") {
 		t.Fatalf("image chunk to a worker-served model: %v, want a 400 saying why", err)
 	}
-	cfg, _ := vision.LoadConfig(vlModelDir())
-	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
+	p, err := imageproc.Preprocess(img, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,9 +499,9 @@ func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
 // A request's images, as image chunks or as twinkle's pixel_values, stay within
 // max_request_pixel_values together.
 func TestVLPixelValuesWithinRequestBudget(t *testing.T) {
-	cfg, _ := vision.LoadConfig(vlModelDir())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
 	img := pngOf(t, 64, 64, 5)
-	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	p, err := imageproc.Preprocess(img, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 // Bounds on image chunks, checked before anything is decoded.
 const (
-	// MaxImageBytes bounds one image's encoded bytes (engine/vision's default limit).
+	// MaxImageBytes bounds one image's encoded bytes (engine/imageproc's default limit).
 	MaxImageBytes = 32 << 20
 	// MaxLocationLength bounds an image_asset_pointer's location (a data: URI or a path).
 	MaxLocationLength = 4096 + MaxImageBytes/3*4
@@ -28,7 +28,7 @@ func badChunk(chunk int, field, format string, args ...any) error {
 }
 
 // ImageInput is one image chunk of a model_input, its shape checked: an ImageChunk's decoded
-// bytes, or an ImageAssetPointerChunk's location (resolved by engine/vision, not here).
+// bytes, or an ImageAssetPointerChunk's location (resolved by engine/imageproc, not here).
 type ImageInput struct {
 	Chunk          int    // index in model_input.chunks, for error messages
 	Pointer        bool   // image_asset_pointer: Location is set, Data is nil
@@ -55,7 +55,7 @@ func (m ModelInput) HasImages() bool {
 }
 
 // Parts checks every chunk and returns them in order, text and images. Images are checked for
-// shape only (format, base64, sizes, expected_tokens ≥ 0); engine/vision decodes them.
+// shape only (format, base64, sizes, expected_tokens ≥ 0); engine/imageproc decodes them.
 // Errors are ErrBadChunk and name the chunk and field.
 func (m ModelInput) Parts() ([]Part, error) {
 	out := make([]Part, 0, len(m.Chunks))

@@ -12,7 +12,7 @@ import (
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 )
 
 // DefaultMaxRequestPixelValues bounds the pixel_values elements of one request, all its images
@@ -32,7 +32,7 @@ func (s *Server) maxRequestPixelValues() int {
 
 // visionModel is what expanding image chunks needs of a VL base model.
 type visionModel struct {
-	cfg      vision.Config
+	cfg      imageproc.Config
 	imageTok int
 	maxLen   int  // the model's context
 	local    bool // an in-process replica holds it: its directory has the preprocessor config
@@ -55,8 +55,8 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 	for _, r := range reps {
 		if e, ok := r.Local(); ok {
 			if cached, ok := s.visionCfgs.Load(e.Dir); ok {
-				vm.cfg = cached.(vision.Config)
-			} else if vm.cfg, err = vision.LoadConfig(e.Dir); err != nil {
+				vm.cfg = cached.(imageproc.Config)
+			} else if vm.cfg, err = imageproc.LoadConfig(e.Dir); err != nil {
 				return nil, errf(http.StatusInternalServerError, "model %s: %v", base, err)
 			} else {
 				s.visionCfgs.Store(e.Dir, vm.cfg)
@@ -71,16 +71,16 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 // expand lays out one model input with images: its tokens (each image its pad tokens) and its
 // preprocessed images, within maxLen tokens and pixelBudget pixel_values elements (what is left
 // of it is returned). what names the input in errors ("datum 3: model_input", "prompt").
-func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixelBudget, pixelLimit int, what string) ([]int, *engine.Images, int, error) {
+func (vm *visionModel) expand(in api.ModelInput, src imageproc.Source, maxLen, pixelBudget, pixelLimit int, what string) ([]int, *engine.Images, int, error) {
 	if !vm.local {
 		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers (its image preprocessing is not known to the gateway); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
 	}
 	if vm.maxLen > 0 { // a config without max_position_embeddings leaves the context to the engine
 		maxLen = min(maxLen, vm.maxLen)
 	}
-	toks, spans, err := vision.LoadModelInput(in, vm.imageTok, vm.cfg, vision.DefaultLimits(), src, maxLen)
+	toks, spans, err := imageproc.LoadModelInput(in, vm.imageTok, vm.cfg, imageproc.DefaultLimits(), src, maxLen)
 	if err != nil {
-		if vision.IsUserError(err) {
+		if imageproc.IsUserError(err) {
 			return nil, nil, 0, errf(http.StatusBadRequest, "%s: %v", what, err)
 		}
 		return nil, nil, 0, errf(http.StatusInternalServerError, "%s: %v", what, err)
@@ -106,7 +106,7 @@ func (vm *visionModel) expand(in api.ModelInput, src vision.Source, maxLen, pixe
 }
 
 // imageSource is where image_asset_pointer chunks may point (--image-dir).
-func (s *Server) imageSource() vision.Source { return vision.Source{ImageDir: s.opts.ImageDir} }
+func (s *Server) imageSource() imageproc.Source { return imageproc.Source{ImageDir: s.opts.ImageDir} }
 
 // toEngineDataFor converts a forward/forward_backward batch for base: as toEngineData, with a VL
 // model's image chunks expanded into pad tokens and pixel_values/image_grid_thw inputs (several

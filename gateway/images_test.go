@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
@@ -109,11 +110,11 @@ func imageChunk(b []byte) api.Chunk {
 // imageTokens is what the model's preprocessor makes of an image: its LM tokens.
 func imageTokens(t *testing.T, b []byte) int {
 	t.Helper()
-	cfg, err := vision.LoadConfig(vlModelDir())
+	cfg, err := imageproc.LoadConfig(vlModelDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := vision.Inspect(b, "png", cfg, vision.DefaultLimits())
+	info, err := imageproc.Inspect(b, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,13 +218,13 @@ func TestVLImageChunkMatchesPixelValues(t *testing.T) {
 		chunked.LossFnInputs[k] = td
 	}
 
-	cfg, _ := vision.LoadConfig(vlModelDir())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
 	pad := *e.Config.ImageTokenID
 	var toks []int
 	toks = append(toks, words[:1]...)
 	var px, grid []float64
 	for i, im := range [][]byte{a, b} {
-		p, err := vision.Preprocess(im, "png", cfg, vision.DefaultLimits())
+		p, err := imageproc.Preprocess(im, "png", cfg, imageproc.DefaultLimits())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,21 +269,9 @@ func TestVLImageChunkMatchesPixelValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slicesEqual(diff.LossFnOutputs[0]["logprobs"].Data, g) {
+	if slices.Equal(diff.LossFnOutputs[0]["logprobs"].Data, g) {
 		t.Fatal("a different image gave the same logprobs")
 	}
-}
-
-func slicesEqual(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestVLSampleWithImage(t *testing.T) {
@@ -365,7 +354,7 @@ func TestVLBadImagesAre400AndChangeNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slicesEqual(before.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
+	if !slices.Equal(before.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("a refused forward_backward changed the adapter")
 	}
 
@@ -381,7 +370,7 @@ func TestVLBadImagesAre400AndChangeNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a data: URI: %v", err)
 	}
-	if !slicesEqual(viaURI.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
+	if !slices.Equal(viaURI.LossFnOutputs[0]["logprobs"].Data, after.LossFnOutputs[0]["logprobs"].Data) {
 		t.Fatal("the data: URI gave other logprobs than the same image's bytes")
 	}
 	for _, loc := range []string{filepath.Join(outside, "secret.png"), "../" + filepath.Base(outside) + "/secret.png", "https://example.com/a.png"} {
@@ -482,8 +471,8 @@ func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
 	if _, err := fbResult(t, tc, []api.Datum{vlDatum(words[:1], imageChunk(img), n, words[1:])}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "remote workers") {
 		t.Fatalf("image chunk to a worker-served model: %v, want a 400 saying why", err)
 	}
-	cfg, _ := vision.LoadConfig(vlModelDir())
-	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
+	p, err := imageproc.Preprocess(img, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,9 +499,9 @@ func TestVLImageChunksToWorkerServedModelAre400(t *testing.T) {
 // A request's images, as image chunks or as twinkle's pixel_values, stay within
 // max_request_pixel_values together.
 func TestVLPixelValuesWithinRequestBudget(t *testing.T) {
-	cfg, _ := vision.LoadConfig(vlModelDir())
+	cfg, _ := imageproc.LoadConfig(vlModelDir())
 	img := pngOf(t, 64, 64, 5)
-	p, err := vision.Preprocess(img, "png", cfg, vision.DefaultLimits())
+	p, err := imageproc.Preprocess(img, "png", cfg, imageproc.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -225,38 +225,6 @@ func (j *oaiJob) setParams(p api.OpenAISampling, maxTokens *int, maxParam string
 	return nil
 }
 
-// startSample queues a sampling request exactly as asample does: on a replica of the base model
-// (the one holding the weights if it can), in the same queue as Tinker's requests, so both
-// batch together; 429 when that queue is full.
-func (s *Server) startSample(w http.ResponseWriter, r *http.Request, tenant string, smp *sampler, sr engine.SampleRequest) (*future, error) {
-	prefer := ""
-	if smp.rep != nil {
-		prefer = smp.rep.ID()
-	}
-	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r), s.copyHolders(smp)...)
-	if err != nil {
-		return nil, err
-	}
-	if err := rep.Info().ValidateSample(&sr); err != nil {
-		return nil, badParam("", err.Error())
-	}
-	if err := s.checkSampleSize(sr); err != nil {
-		return nil, err
-	}
-	if rep.SamplingFull() {
-		w.Header().Set("Retry-After", "1")
-		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), rep.SamplingLimit())
-	}
-	f, _, err := s.futures.create(tenant, "Sample", "")
-	if err != nil {
-		return nil, err
-	}
-	if err := s.enqueueSample(r.Context(), rep, smp, sr, f); err != nil {
-		s.finishOn(f, rep.ID(), nil, err)
-	}
-	return f, nil
-}
-
 // awaitSample waits for a sampling future, or for the client to go.
 func awaitSample(ctx context.Context, f *future) (*api.SampleResponse, error) {
 	select {
@@ -282,7 +250,7 @@ func (s *Server) runOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) (a
 	ctx := r.Context()
 	// A client that hangs up stops its decode at the next token.
 	j.sr.OnToken = func(int, int, float64) bool { return ctx.Err() == nil }
-	f, err := s.startSample(w, r, j.tenant, j.smp, j.sr)
+	f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +322,7 @@ func (s *Server) topLogprobsOf(w http.ResponseWriter, r *http.Request, j *oaiJob
 		}
 		sr := engine.SampleRequest{Prompt: full, NumSamples: 1, TopKPromptLogprobs: j.topLogprobs,
 			Params: engine.SampleParams{MaxTokens: 1, TopK: -1, TopP: 1}}
-		f, err := s.startSample(w, r, j.tenant, j.smp, sr)
+		f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, sr)
 		if err != nil {
 			return nil, err
 		}

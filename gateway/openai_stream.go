@@ -297,7 +297,7 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 	defer cancel()
 	feed := &tokenFeed{ctx: ctx, wake: make(chan struct{}, 1)}
 	j.sr.OnToken = feed.onToken
-	f, err := s.startSample(w, r, j.tenant, j.smp, j.sr)
+	f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
 	if err != nil {
 		return err // nothing is written yet: a plain error answer
 	}

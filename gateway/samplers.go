@@ -89,32 +89,9 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	// Sampling reads the weights only: it may run on any healthy replica of the base model,
-	// preferring the one that already holds them (a read-only copy loads from disk elsewhere).
-	prefer := ""
-	if smp.rep != nil {
-		prefer = smp.rep.ID()
-	}
-	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r), s.copyHolders(smp)...)
+	f, err := s.startSample(nil, w, r, tenant, smp, sr)
 	if err != nil {
 		return nil, err
-	}
-	if err := rep.Info().ValidateSample(&sr); err != nil {
-		return nil, errf(http.StatusBadRequest, "%v", err)
-	}
-	if err := s.checkSampleSize(sr); err != nil {
-		return nil, err
-	}
-	if rep.SamplingFull() {
-		w.Header().Set("Retry-After", "1")
-		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), rep.SamplingLimit())
-	}
-	f, _, err := s.futures.create(tenant, "Sample", "")
-	if err != nil {
-		return nil, err
-	}
-	if err := s.enqueueSample(nil, rep, smp, sr, f); err != nil {
-		s.finishOn(f, rep.ID(), nil, err)
 	}
 	return futureResponse(f, ""), nil
 }

@@ -30,6 +30,43 @@ func weightsOf(smp *sampler) replica.Weights {
 	return replica.Weights{ID: smp.engineID, Dir: smp.dir, Lane: smp.tenant}
 }
 
+// startSample is the one path from a sampling request to a replica's queue, for asample and the
+// OpenAI endpoints alike, so both batch together: it picks a replica of the base model (sampling
+// reads the weights only, so any healthy one, preferring the one that already holds them; a
+// read-only copy loads from disk elsewhere), validates the request against it, checks its size,
+// answers 429 when that replica's queue is full, and queues the request on a new future. Each
+// caller keeps its own wire shape: asample answers with the future, the OpenAI endpoints wait on
+// it (a 400 here reads the same in OpenAI's error shape as their badParam("", msg)). ctx is the
+// asking client's while it waits on its connection (OpenAI), nil for a Tinker future.
+func (s *Server) startSample(ctx context.Context, w http.ResponseWriter, r *http.Request, tenant string, smp *sampler, sr engine.SampleRequest) (*future, error) {
+	prefer := ""
+	if smp.rep != nil {
+		prefer = smp.rep.ID()
+	}
+	rep, err := s.samplingReplica(smp.baseModel, prefer, routingKey(r), s.copyHolders(smp)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := rep.Info().ValidateSample(&sr); err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	if err := s.checkSampleSize(sr); err != nil {
+		return nil, err
+	}
+	if rep.SamplingFull() {
+		w.Header().Set("Retry-After", "1")
+		return nil, errf(http.StatusTooManyRequests, "replica %s has %d sampling requests waiting; retry shortly", rep.ID(), rep.SamplingLimit())
+	}
+	f, _, err := s.futures.create(tenant, "Sample", "")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.enqueueSample(ctx, rep, smp, sr, f); err != nil {
+		s.finishOn(f, rep.ID(), nil, err)
+	}
+	return f, nil
+}
+
 // enqueueSample queues a validated request on rep; f gets its answer. ctx is the asking
 // client's while it waits on its connection (OpenAI), nil for a Tinker future.
 func (s *Server) enqueueSample(ctx context.Context, rep *replica.Replica, smp *sampler, req engine.SampleRequest, f *future) error {

@@ -121,7 +121,7 @@ type Server struct {
 
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
 	workersMu  sync.Mutex
-	visionCfgs sync.Map // model directory -> vision.Config (preprocessor_config.json, read once)
+	visionCfgs sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
 }
 
 type session struct {

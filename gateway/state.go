@@ -225,6 +225,8 @@ type runState struct {
 	run *trainingRun
 }
 
+var _ replica.StateKeeper = runState{}
+
 func (k runState) Saved() (string, error) { return k.s.savedState(k.run.id) }
 
 func (k runState) Restored(dir string) {

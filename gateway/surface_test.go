@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -205,28 +206,16 @@ func TestTopPZeroIsGreedy(t *testing.T) {
 	greedy := sample(0, 1, 1)
 	differs := false
 	for seed := range int64(4) {
-		if got := sample(1, 0, seed); !equalInts(got, greedy) {
+		if got := sample(1, 0, seed); !slices.Equal(got, greedy) {
 			t.Fatalf("top_p=0 seed %d: %v, greedy %v", seed, got, greedy)
 		}
-		if !equalInts(sample(1.5, 1, seed), greedy) {
+		if !slices.Equal(sample(1.5, 1, seed), greedy) {
 			differs = true
 		}
 	}
 	if !differs {
 		t.Fatal("plain sampling was greedy for every seed: the test cannot tell top_p=0 apart")
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // forward with loss_fn_config.disable_lora gives the base model's logprobs on a trained run;
@@ -259,10 +248,10 @@ func TestForwardDisableLora(t *testing.T) {
 			t.Fatalf("position %d: disable_lora logprob %v, base model %v", i, ref[i], baseLP[i])
 		}
 	}
-	if equalFloats(ref, tuned) {
+	if slices.Equal(ref, tuned) {
 		t.Fatal("the trained adapter gives the base model's logprobs: the test cannot tell them apart")
 	}
-	if !equalFloats(forward(tc, map[string]float64{"disable_lora": 0}), tuned) {
+	if !slices.Equal(forward(tc, map[string]float64{"disable_lora": 0}), tuned) {
 		t.Fatal("disable_lora=0 is not the adapter's forward")
 	}
 	if _, err := tc.ForwardBackward(ctx, data, "cross_entropy", map[string]float64{"disable_lora": 1}, false); !isStatus(err, 400) {
@@ -271,18 +260,6 @@ func TestForwardDisableLora(t *testing.T) {
 	if _, err := tc.ForwardBackward(ctx, data, "cross_entropy", map[string]float64{"disable_lora": 0.5}, true); !isStatus(err, 400) {
 		t.Fatalf("disable_lora=0.5: %v", err)
 	}
-}
-
-func equalFloats(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // The audit log says who did what to which run and checkpoint, to that tenant only.

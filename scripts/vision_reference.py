@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference fixture for engine/vision: Qwen2-VL/Qwen3-VL image preprocessing, transcribed.
+"""Reference fixture for engine/imageproc: Qwen2-VL/Qwen3-VL image preprocessing, transcribed.
 
 transformers is not installable here, so this is a transcription in numpy + PIL of the steps
 of transformers' Qwen2VLImageProcessor._preprocess (the slow, PIL-based processor):
@@ -10,7 +10,7 @@ of transformers' Qwen2VLImageProcessor._preprocess (the slow, PIL-based processo
 
 Run with Debian's python3-pil and python3-numpy (apt-get install -y python3-pil python3-numpy):
 
-  /usr/bin/python3 scripts/vision_reference.py engine/vision/testdata
+  /usr/bin/python3 scripts/vision_reference.py engine/imageproc/testdata
 
 It writes the test images (small PNGs with and without alpha, a JPEG, odd sizes, one that
 smart_resize must scale up to min_pixels, one it must scale down to max_pixels) and
@@ -132,7 +132,7 @@ def make_images(out):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "engine/vision/testdata"
+    out = sys.argv[1] if len(sys.argv) > 1 else "engine/imageproc/testdata"
     os.makedirs(out, exist_ok=True)
     images = make_images(out)
     # Small pixel bounds keep the fixture small; patch/merge/temporal are Qwen3-VL's.

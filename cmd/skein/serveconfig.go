@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 )
@@ -91,7 +91,7 @@ func parseServeConfig(args []string) (*serveConfig, error) {
 	if len(pos) != 0 {
 		return nil, fmt.Errorf("unexpected arguments %q (flags only; see skein serve --help)", pos)
 	}
-	if err := vision.CheckImageDir(c.ImageDir); err != nil {
+	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
 		return nil, err
 	}
 	return c, nil

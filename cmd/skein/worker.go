@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
 )
@@ -64,7 +64,7 @@ func runWorker(args []string) error {
 	if *gw == "" || *model == "" {
 		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
 	}
-	if err := vision.CheckImageDir(c.ImageDir); err != nil {
+	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
 		return err
 	}
 	if *token == "" {

@@ -11,6 +11,8 @@ type Endpoint struct {
 	Queue      int
 }
 
+var _ router.Endpoint = Endpoint{}
+
 func (e Endpoint) ID() string        { return e.Name }
 func (e Endpoint) BaseModel() string { return e.Base }
 func (e Endpoint) MaxLoras() int     { return e.Max }

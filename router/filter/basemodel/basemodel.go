@@ -6,6 +6,8 @@ import "github.com/skein-ai/skein/router"
 // Filter drops replicas of other base models.
 type Filter struct{}
 
+var _ router.Filter = Filter{}
+
 func (Filter) Name() string { return "base-model" }
 
 func (Filter) Filter(req router.Request, cands []router.Candidate) []router.Candidate {

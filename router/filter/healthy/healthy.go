@@ -6,6 +6,8 @@ import "github.com/skein-ai/skein/router"
 // Filter drops unhealthy replicas.
 type Filter struct{}
 
+var _ router.Filter = Filter{}
+
 func (Filter) Name() string { return "healthy" }
 
 func (Filter) Filter(_ router.Request, cands []router.Candidate) []router.Candidate {

@@ -8,6 +8,8 @@ import "github.com/skein-ai/skein/router"
 // Picker picks the highest score, breaking ties by rendezvous hash.
 type Picker struct{}
 
+var _ router.Picker = Picker{}
+
 func (Picker) Name() string { return "max-score" }
 
 func (Picker) Pick(req router.Request, cands []router.Candidate, scores []float64) int {

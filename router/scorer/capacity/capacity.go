@@ -14,6 +14,8 @@ const (
 // Scorer rates a replica by capacity tier.
 type Scorer struct{}
 
+var _ router.Scorer = Scorer{}
+
 func (Scorer) Name() string { return "lora-capacity" }
 
 func (Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {

@@ -7,6 +7,8 @@ import "github.com/skein-ai/skein/router"
 // Scorer rates 1 − held/max_loras.
 type Scorer struct{}
 
+var _ router.Scorer = Scorer{}
+
 func (Scorer) Name() string { return "adapters-held" }
 
 func (Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {

@@ -8,6 +8,8 @@ import "github.com/skein-ai/skein/router"
 // Scorer rates 1 for a replica in req.Holders.
 type Scorer struct{}
 
+var _ router.Scorer = Scorer{}
+
 func (Scorer) Name() string { return "weights-holder" }
 
 func (Scorer) Score(req router.Request, cands []router.Candidate, scores []float64) {

@@ -11,6 +11,8 @@ type Scorer struct {
 	Scale float64 // default 8
 }
 
+var _ router.Scorer = Scorer{}
+
 func (Scorer) Name() string { return "queue-depth" }
 
 func (s Scorer) Score(_ router.Request, cands []router.Candidate, scores []float64) {

@@ -10,6 +10,8 @@ import "github.com/skein-ai/skein/router"
 // Scorer singles out the key's rendezvous winner among the candidates.
 type Scorer struct{}
 
+var _ router.Scorer = Scorer{}
+
 func (Scorer) Name() string { return "session-affinity" }
 
 func (Scorer) Score(req router.Request, cands []router.Candidate, scores []float64) {

@@ -1,4 +1,4 @@
-package vision_test
+package imageproc_test
 
 import (
 	"errors"
@@ -7,25 +7,25 @@ import (
 	"net/http"
 
 	"github.com/skein-ai/skein/api"
-	"github.com/skein-ai/skein/engine/vision"
+	"github.com/skein-ai/skein/engine/imageproc"
 )
 
 // How a VL engine or the gateway uses this package for one datum of a forward_backward or a
 // sampling prompt: check and lay out the input before any compute (all lengths known from the
 // image headers), answer 400 for user errors, then decode each image when the tower runs.
 func Example() {
-	cfg, err := vision.LoadConfig("/path/to/Qwen3-VL-model") // preprocessor_config.json, or defaults
+	cfg, err := imageproc.LoadConfig("/path/to/Qwen3-VL-model") // preprocessor_config.json, or defaults
 	if err != nil {
 		log.Fatal(err)
 	}
-	const imageTokenID = 151655        // config.json's image_token_id (<|image_pad|>)
-	src := vision.Source{ImageDir: ""} // --image-dir; empty refuses file pointers
-	var input api.ModelInput           // a datum's model_input, decoded from JSON or protobuf
+	const imageTokenID = 151655           // config.json's image_token_id (<|image_pad|>)
+	src := imageproc.Source{ImageDir: ""} // --image-dir; empty refuses file pointers
+	var input api.ModelInput              // a datum's model_input, decoded from JSON or protobuf
 
-	tokens, images, err := vision.LoadModelInput(input, imageTokenID, cfg, vision.DefaultLimits(), src, 32768)
-	if vision.IsUserError(err) {
+	tokens, images, err := imageproc.LoadModelInput(input, imageTokenID, cfg, imageproc.DefaultLimits(), src, 32768)
+	if imageproc.IsUserError(err) {
 		// A 400 (prefix "datum i: model_input: "); nothing has been decoded or changed.
-		var mismatch *vision.TokenMismatchError
+		var mismatch *imageproc.TokenMismatchError
 		if errors.As(err, &mismatch) {
 			fmt.Println(http.StatusBadRequest, mismatch.Chunk, mismatch.Expected, mismatch.Actual)
 		}

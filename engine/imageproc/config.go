@@ -1,10 +1,10 @@
-// Package vision turns images into the inputs of a Qwen2-VL/Qwen3-VL vision tower, exactly as
+// Package imageproc turns images into the inputs of a Qwen2-VL/Qwen3-VL vision tower, exactly as
 // the Hugging Face image processor (Qwen2VLImageProcessor) does: decode, convert to RGB,
 // smart_resize, PIL's bicubic resampling, rescale, normalise, and cut into patches.
 //
 // Every image is untrusted: its encoded size and its header's pixel count are checked before
 // anything is decoded, and the token count it will cost is known before it is resized.
-package vision
+package imageproc
 
 import (
 	"encoding/json"

@@ -1,0 +1,161 @@
+package gateway
+
+// The run queue: each training run's ops in seq_id order, one at a time, with its bounds on what
+// may wait (runQueue, queueOf). Where an op then runs is replicas.go's.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+)
+
+// runQueue orders one training run's ops by seq_id, buffering early arrivals, and feeds them one
+// at a time to the run's dispatcher. Ordering lives here, in the gateway, rather than in a replica,
+// because an adapter may move between replicas (evicted, reloaded elsewhere) between two ops.
+//
+// What a run may hold queued (buffered early arrivals and ready ops not yet running) is bounded in
+// count and bytes: a client cannot pin memory by sending seq_ids far ahead of the next one. A
+// request reserves its room before it is validated and queued, so the bound holds under
+// concurrency; past it the request is refused (429) and consumes nothing, for the client to retry.
+type runQueue struct {
+	mu       sync.Mutex
+	next     int // next seq_id to run; -1: the first to arrive (after a restart)
+	pending  map[int]queuedOp
+	ready    []queuedOp
+	running  bool
+	ops      int   // reserved: queued or about to be
+	bytes    int64 // reserved bytes of those
+	maxOps   int   // ≤ 0: unbounded
+	maxBytes int64 // ≤ 0: unbounded
+}
+
+type queuedOp struct {
+	run  func()
+	cost int64
+}
+
+func newRunQueue(next int) *runQueue { return &runQueue{next: next, pending: map[int]queuedOp{}} }
+
+// errQueueFull is the typed error of a run whose queue is at its bound.
+var errQueueFull = errors.New("queue full")
+
+// reserve makes room for op number seq of cost bytes, or says why there is none. The next seq_id
+// is always let in, since it is what releases the buffered ones; so is one op alone, so that a
+// request within the body limit runs even if it is larger than the byte bound.
+func (q *runQueue) reserve(seq int, cost int64) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.ops > 0 && (seq <= 0 || seq != q.next) {
+		if q.maxOps > 0 && q.ops >= q.maxOps {
+			return fmt.Errorf("%w: the model already has %d requests queued (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.ops, q.maxOps)
+		}
+		if q.maxBytes > 0 && q.bytes+cost > q.maxBytes {
+			return fmt.Errorf("%w: the model's queued requests hold %d bytes and this one %d (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.bytes, cost, q.maxBytes)
+		}
+	}
+	q.ops++
+	q.bytes += cost
+	return nil
+}
+
+// release gives back a reservation that was not queued.
+func (q *runQueue) release(cost int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.releaseLocked(cost)
+}
+
+func (q *runQueue) releaseLocked(cost int64) {
+	q.ops--
+	q.bytes -= cost
+}
+
+// submit queues op number seq (seq ≤ 0: no seq_id, runs in arrival order) under a reservation of
+// cost made by reserve; on error the reservation is given back.
+func (q *runQueue) submit(seq int, cost int64, op func()) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	qo := queuedOp{run: op, cost: cost}
+	if seq <= 0 {
+		q.ready = append(q.ready, qo)
+	} else {
+		if q.next == -1 {
+			q.next = seq
+		}
+		if seq < q.next {
+			q.releaseLocked(cost)
+			return fmt.Errorf("seq_id %d already ran (the next expected is %d)", seq, q.next)
+		}
+		if _, dup := q.pending[seq]; dup {
+			q.releaseLocked(cost)
+			return fmt.Errorf("seq_id %d is already queued", seq)
+		}
+		q.pending[seq] = qo
+		for {
+			f, ok := q.pending[q.next]
+			if !ok {
+				break
+			}
+			delete(q.pending, q.next)
+			q.next++
+			q.ready = append(q.ready, f)
+		}
+	}
+	if !q.running && len(q.ready) > 0 {
+		q.running = true
+		go q.drain()
+	}
+	return nil
+}
+
+// skip consumes seq's slot with no work, under a reservation of cost: a sequenced request that
+// failed before it was queued must not leave the run waiting for it forever.
+func (q *runQueue) skip(seq int, cost int64) {
+	if seq <= 0 {
+		q.release(cost)
+		return
+	}
+	_ = q.submit(seq, cost, func() {}) // an error means the slot is already taken: nothing to do
+}
+
+// drain runs ready ops one after another; each op itself routes to a replica and waits.
+func (q *runQueue) drain() {
+	for {
+		q.mu.Lock()
+		if len(q.ready) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		op := q.ready[0]
+		q.ready = q.ready[1:]
+		q.releaseLocked(op.cost) // running now: no longer buffered
+		q.mu.Unlock()
+		runRecovered(op.run)
+	}
+}
+
+// runRecovered runs an op and logs a panic rather than letting it end the process (and with it
+// every tenant's work); the op itself ends its future on a panic (see submitOrdered).
+func runRecovered(op func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Error("queued op panicked", "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	op()
+}
+
+func (s *Server) queueOf(run *trainingRun) *runQueue {
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	if run.queue == nil {
+		run.queue = newRunQueue(1)
+	}
+	run.queue.mu.Lock()
+	run.queue.maxOps, run.queue.maxBytes = s.opts.MaxRunQueueOps, s.opts.MaxRunQueueBytes
+	run.queue.mu.Unlock()
+	return run.queue
+}

@@ -57,6 +57,9 @@ func bf16Model(t *testing.T, arch Arch) (string, int64) {
 // tokens are the same. (Over the tiny model's short products they happen to match exactly: the
 // backend sums those in the same order. On real shapes they differ in the last bits.) Its weights take at most 1.15× the bf16 file (a float32 engine's twice).
 func TestBF16WeightsComputeAsFloat32(t *testing.T) {
+	if kernels.HaveBF16GEMM() { // its products round the rows to bf16: TestBF16GEMMTrainsNearFloat32
+		onPath(t, kernels.AVX512)
+	}
 	const tol = 1e-5
 	near := func(a, b float64) bool { return math.Abs(a-b) <= tol*math.Max(1, math.Max(math.Abs(a), math.Abs(b))) }
 	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
@@ -157,5 +160,74 @@ func TestBF16FewRowStepsHoldNoWidenedWeight(t *testing.T) {
 func TestUnknownPrecisionIsRejected(t *testing.T) {
 	if _, err := Load(tinyModel(t, ArchQwen3), Options{Precision: "fp8"}); err == nil {
 		t.Fatal("precision fp8 accepted")
+	}
+}
+
+// onPath runs the rest of the test with every kernel on path p, or skips it with "CPU lacks p".
+// Tests that call it must not run in parallel.
+func onPath(t testing.TB, p kernels.Path) {
+	t.Helper()
+	undo, err := kernels.Use(p)
+	if err != nil {
+		t.Skipf("CPU lacks %s", p)
+	}
+	t.Cleanup(undo)
+}
+
+// On a path with a bf16 GEMM, a bf16 engine's products over its bf16 weights round the rows to
+// bf16 too (PyTorch's bf16 autocast), LoRA added in float32: over 65 rows its logprobs stay within
+// 2e-2 of a float32 engine's over the same weights, and its LoRA gradients point the same way
+// (cosine > 0.99, norms within 5%). Every path the CPU has is tried; those it lacks are skipped.
+func TestBF16GEMMTrainsNearFloat32(t *testing.T) {
+	for _, p := range []kernels.Path{kernels.AVX512BF16, kernels.AMX} {
+		t.Run(p.String(), func(t *testing.T) {
+			onPath(t, p)
+			for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+				dir, _ := bf16Model(t, arch)
+				var lp [2][][]float64
+				var grads [2][]float64
+				for k, prec := range []string{PrecisionF32, PrecisionBF16} {
+					e, err := Load(dir, Options{Precision: prec})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ids := make([]int, kernels.DirectBF16Rows+2)
+					for i := range ids {
+						ids[i] = (i*29+5)%400 + 3
+					}
+					a := adapterWithB(t, e, "w", LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
+						func(i, j int) float64 { return 0.03 * math.Cos(float64(i+2*j)) })
+					r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					lp[k] = r.Logprobs
+					for _, q := range a.params {
+						grads[k] = append(grads[k], q.g...)
+					}
+				}
+				if reflect.DeepEqual(lp[0], lp[1]) {
+					t.Fatalf("%s: the bf16 engine's logprobs are the float32 engine's bits: its products did not run in bf16", arch)
+				}
+				for i := range lp[0] {
+					for j, v := range lp[0][i] {
+						if d := math.Abs(v - lp[1][i][j]); d > 2e-2 {
+							t.Fatalf("%s: logprob [%d][%d] %v in float32, %v through the bf16 GEMM", arch, i, j, v, lp[1][i][j])
+						}
+					}
+				}
+				var dot, n0, n1 float64
+				for i := range grads[0] {
+					dot += grads[0][i] * grads[1][i]
+					n0 += grads[0][i] * grads[0][i]
+					n1 += grads[1][i] * grads[1][i]
+				}
+				cos, ratio := dot/math.Sqrt(n0*n1), math.Sqrt(n1/n0)
+				t.Logf("%s: gradient cosine %.5f, norm ratio %.4f", arch, cos, ratio)
+				if !(cos > 0.99) || math.Abs(ratio-1) > 0.05 {
+					t.Fatalf("%s: gradients through the bf16 GEMM: cosine %v, norm ratio %v against float32", arch, cos, ratio)
+				}
+			}
+		})
 	}
 }

@@ -6,9 +6,11 @@ import "github.com/skein-ai/skein/engine/internal/kernels"
 // rows. Bias and LoRA are the caller's (lora.go).
 
 // baseProduct returns x·W for module lin's base weight, or x·Wᵀ when transposed (an input
-// gradient); bias and LoRA are the caller's. A float32 pass of at most kernels.DirectBF16Rows rows over
-// a weight kept in bf16 reads the bits directly where the machine has the kernel; everything
-// else widens the weight for a backend matmul.
+// gradient); bias and LoRA are the caller's. A float32 pass over a weight kept in bf16 reads the
+// bits where it is: up to kernels.DirectBF16Rows rows through the few-row kernels (float32 rows,
+// the weight widened in registers), more through the bf16 GEMM where the path has one (the rows
+// rounded to bf16, as PyTorch's bf16 autocast does). Everything else widens the weight for the
+// float32 matmul.
 func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
 	transB := lin.outIn != transposed // the stored layout multiplied transposed
 	k, n := lin.in, lin.out
@@ -21,6 +23,13 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 			y := s.ar.alloc(rows, n)
 			if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
 				kernels.BF16Product(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
+			}
+			return y
+		}
+		if lin.w16 != nil && kernels.HaveBF16GEMM() {
+			y := s.ar.alloc(rows, n)
+			if s.ar.err == nil {
+				kernels.BF16MatMul(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
 			}
 			return y
 		}

@@ -55,9 +55,14 @@ type loraApply[E float] interface {
 // loraWay picks how module lin applies its LoRA over rows rows: merging costs a rank-r
 // product of the weight's size (in·out·r) and one pass over it; adding costs rank-r products
 // of the rows' size (rows·(in+out)·r). Merging wins from rows·(in+out) ≥ in·out: training
-// and long prefills merge, decode steps add. The choice depends on the shape only, so a pass
-// computes the same bits whether training, a forward or the sampler asked for it.
+// and long prefills merge, decode steps add. A weight kept in bf16 on a path with a bf16 GEMM
+// always adds: its product runs in bf16, and the LoRA term (as PEFT under autocast) in float32;
+// a merged weight would be float32. The choice depends on the shape, the weight and the path
+// only, so a pass computes the same bits whether training, a forward or the sampler asked for it.
 func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
+	if lin.w16 != nil && kernels.HaveBF16GEMM() {
+		return addedLoRA[E]{}
+	}
 	if rows*(lin.in+lin.out) >= lin.in*lin.out {
 		return mergedLoRA[E]{}
 	}

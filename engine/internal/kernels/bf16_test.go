@@ -203,3 +203,32 @@ func TestBF16Conversions(t *testing.T) {
 		}
 	}
 }
+
+// Every path rounds to bf16 as BF16Of does, on bit patterns that cover every high half with
+// ties, NaNs (quiet and signalling), infinities and denormals, in rows of every tail length.
+func TestRoundBF16PathsMatchBF16Of(t *testing.T) {
+	src := make([]float32, 0, 1<<18+37)
+	for hi := range uint32(1 << 16) {
+		for _, lo := range []uint32{0, 0x7fff, 0x8000, 0x8001, 0xffff} {
+			src = append(src, math.Float32frombits(hi<<16|lo))
+		}
+	}
+	for _, p := range rowPaths {
+		t.Run(p.String(), func(t *testing.T) {
+			usePath(t, p)
+			for _, n := range []int{len(src), 15, 16, 17, 33} {
+				dst := make([]uint16, n+1)
+				dst[n] = 0xabcd
+				rows.roundBF16(dst[:n], src[:n])
+				for i := range n {
+					if want := BF16Of(src[i]); dst[i] != want {
+						t.Fatalf("n=%d: %#08x rounds to %#04x, want %#04x", n, math.Float32bits(src[i]), dst[i], want)
+					}
+				}
+				if dst[n] != 0xabcd {
+					t.Fatalf("n=%d: wrote past the row", n)
+				}
+			}
+		})
+	}
+}

@@ -10,21 +10,23 @@ import "sync"
 // the number of cores (the cores split the rows): results do not depend on scheduling, and are
 // the bits the few-row kernels (bf16.go) compute for x·W.
 
-// microKernel is one path's micro-kernel and its blocking.
-type microKernel struct {
+// microKernel is one path's micro-kernel and its blocking. E is the unit of A and of packed B
+// along k: a float32, or a pair of bf16 values in one uint32 (k even in the low half), which
+// the bf16 kernels multiply two at a time.
+type microKernel[E float32 | uint32] struct {
 	name   string
 	mr, nr int // rows and columns of the register tile
-	kc     int // contracting steps per packed block: a B micro-panel (kc·nr floats) stays in L1
-	mc     int // rows per block of A (a multiple of mr, kc·mc floats in L2), the unit the cores split
+	kc     int // steps of k (units of E) per packed block: a B micro-panel (kc·nr) stays in L1
+	mc     int // rows per block of A (a multiple of mr, kc·mc units in L2), the unit the cores split
 	nc     int // columns per packed block of B
 	// run sets c[0:mr, 0:nr] (row stride ldc) to a[0:mr, 0:kc]·B for a packed B micro-panel (kc
 	// steps of nr), A rows lda apart, each output's chain starting from zero (first) or from c.
-	run func(kc int, a *float32, lda int, b, c *float32, ldc int, first bool)
+	run func(kc int, a *E, lda int, b *E, c *float32, ldc int, first bool)
 }
 
-// gemmKernel is the active path's micro-kernel, nil where the path has none (scalar: the engine
-// multiplies with its backend).
-func gemmKernel() *microKernel {
+// gemmKernel is the active path's float32 micro-kernel, nil where the path has none (scalar:
+// the engine multiplies with its backend).
+func gemmKernel() *microKernel[float32] {
 	if !vectorBuild {
 		return nil
 	}
@@ -65,51 +67,59 @@ func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
 		}
 		return
 	}
+	one := func(i int, parallel bool) {
+		gemmF32(km, c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB, parallel)
+	}
 	if batch == 1 {
-		km.gemm(c, a, b, M, K, N, transB, true)
+		one(0, true)
 		return
 	}
 	_, _, _ = c[batch*M*N-1], a[batch*M*K-1], b[batch*K*N-1]
-	one := func(i int) {
-		km.gemm(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB, false)
-	}
 	if batch*M*K*N < 1<<18 {
 		for i := range batch {
-			one(i)
+			one(i, false)
 		}
 		return
 	}
 	ParallelRows(batch, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			one(i)
+			one(i, false)
 		}
 	})
 }
 
-// gemm sets c [M, N] = a [M, K] · b, b given as [K, N], or [N, K] when transB; parallel
-// splits its row blocks across the cores.
-func (km *microKernel) gemm(c, a, b []float32, M, K, N int, transB, parallel bool) {
+// gemmF32 sets c [M, N] = a [M, K] · b, b given as [K, N], or [N, K] when transB.
+func gemmF32(km *microKernel[float32], c, a, b []float32, M, K, N int, transB, parallel bool) {
+	km.gemm(c, a, M, K, N, func(dst []float32, pc, kc, jc, nc int) {
+		packB(dst, b, K, N, pc, kc, jc, nc, km.nr, transB)
+	}, parallel)
+}
+
+// gemm sets c [M, N] = a [M, K] · B, where pack writes B's rows pc…pc+kc, columns jc…jc+nc as
+// panels of nr columns (each kc rows of nr, zero-padded past nc); parallel splits the row blocks
+// across the cores.
+func (km *microKernel[E]) gemm(c []float32, a []E, M, K, N int, pack func(dst []E, pc, kc, jc, nc int), parallel bool) {
 	if M == 0 || N == 0 {
 		return
 	}
-	_, _, _ = c[M*N-1], a[M*K-1], b[K*N-1]
+	_, _ = c[M*N-1], a[M*K-1]
 	if K == 0 {
 		clear(c[:M*N])
 		return
 	}
 	nc := min(N, km.nc)
-	bp := gemmBuffers.get(min(K, km.kc) * roundUp(nc, km.nr))
-	defer gemmBuffers.put(bp)
+	bp := getBuffer[E](min(K, km.kc) * roundUp(nc, km.nr))
+	defer putBuffer(bp)
 	for jc := 0; jc < N; jc += km.nc {
 		ncur := min(km.nc, N-jc)
 		for pc := 0; pc < K; pc += km.kc {
 			kc := min(km.kc, K-pc)
-			packB(bp, b, K, N, pc, kc, jc, ncur, km.nr, transB)
+			pack(bp, pc, kc, jc, ncur)
 			first := pc == 0
 			blocks := (M + km.mc - 1) / km.mc
 			work := func(lo, hi int) {
-				edgeA := gemmBuffers.get(km.mr * kc) // a last panel of fewer than mr rows, padded
-				defer gemmBuffers.put(edgeA)
+				edgeA := getBuffer[E](km.mr * kc) // a last panel of fewer than mr rows, padded
+				defer putBuffer(edgeA)
 				for blk := lo; blk < hi; blk++ {
 					ic := blk * km.mc
 					km.macro(c, a, edgeA, bp, K, N, ic, min(km.mc, M-ic), pc, jc, ncur, kc, first)
@@ -155,7 +165,7 @@ func packB(dst, b []float32, K, N, pc, kc, jc, nc, nr int, transB bool) {
 // padRows copies rows r0…r0+h of a (columns pc…pc+kc) into dst as an [mr, kc] block, the rows
 // past h zero: a last panel of fewer than mr rows, which the kernel then reads in place like any
 // other (lda kc).
-func padRows(dst, a []float32, K, r0, h, pc, kc, mr int) {
+func padRows[E float32 | uint32](dst, a []E, K, r0, h, pc, kc, mr int) {
 	dst = dst[:mr*kc]
 	for i := range h {
 		copy(dst[i*kc:][:kc], a[(r0+i)*K+pc:][:kc])
@@ -165,7 +175,7 @@ func padRows(dst, a []float32, K, r0, h, pc, kc, mr int) {
 
 // macro multiplies rows ic…ic+mc of a (columns pc…pc+kc, read in place) by a packed B block
 // into c's tile at (ic, jc). A last panel of fewer than mr rows is copied, zero-padded.
-func (km *microKernel) macro(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc, kc int, first bool) {
+func (km *microKernel[E]) macro(c []float32, a, edgeA, bp []E, K, N, ic, mc, pc, jc, nc, kc int, first bool) {
 	mr, nr := km.mr, km.nr
 	var edgeBuf [maxMR * maxNR]float32
 	edge := edgeBuf[:mr*nr]
@@ -183,7 +193,7 @@ func (km *microKernel) macro(c, a, edgeA, bp []float32, K, N, ic, mc, pc, jc, nc
 				continue
 			}
 			// A partial tile runs whole in edge, which starts from c's valid part (so each output
-			// stays one chain of FMAs over k) and is copied back.
+			// stays one chain over k) and is copied back.
 			if !first {
 				for i := range h {
 					copy(edge[i*nr:][:w], c[(ic+i0+i)*N+jc+j0:][:w])
@@ -206,7 +216,7 @@ const maxMR, maxNR = 12, 32
 
 // micro runs the micro-kernel over checked slices: the assembly reads and writes exactly these
 // ranges, so they are checked here, once.
-func (km *microKernel) micro(kc int, a []float32, lda int, b, c []float32, ldc int, first bool) {
+func (km *microKernel[E]) micro(kc int, a []E, lda int, b []E, c []float32, ldc int, first bool) {
 	if kc <= 0 {
 		return
 	}
@@ -216,16 +226,23 @@ func (km *microKernel) micro(kc int, a []float32, lda int, b, c []float32, ldc i
 	km.run(kc, &a[0], lda, &b[0], &c[0], ldc, first)
 }
 
-// gemmBuffers reuses packing buffers between calls.
-var gemmBuffers bufferPool
+// Packing buffers are reused between calls, one pool per element type.
+var f32Buffers, u32Buffers sync.Pool
 
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) get(n int) []float32 {
-	if v, ok := b.p.Get().(*[]float32); ok && cap(*v) >= n {
+func getBuffer[E float32 | uint32](n int) []E {
+	pool := bufferPool[E]()
+	if v, ok := pool.Get().(*[]E); ok && cap(*v) >= n {
 		return (*v)[:n]
 	}
-	return make([]float32, n)
+	return make([]E, n)
 }
 
-func (b *bufferPool) put(s []float32) { b.p.Put(&s) }
+func putBuffer[E float32 | uint32](s []E) { bufferPool[E]().Put(&s) }
+
+func bufferPool[E float32 | uint32]() *sync.Pool {
+	var zero E
+	if _, ok := any(zero).(float32); ok {
+		return &f32Buffers
+	}
+	return &u32Buffers
+}

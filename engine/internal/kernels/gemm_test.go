@@ -14,7 +14,7 @@ import (
 var gemmPaths = []Path{AVX2, AVX512}
 
 // forGEMMPaths runs f as a subtest on each GEMM path, skipped with "CPU lacks p" where it must be.
-func forGEMMPaths(t *testing.T, f func(t *testing.T, km *microKernel)) {
+func forGEMMPaths(t *testing.T, f func(t *testing.T, km *microKernel[float32])) {
 	for _, p := range gemmPaths {
 		t.Run(p.String(), func(t *testing.T) {
 			usePath(t, p)
@@ -29,7 +29,7 @@ func forGEMMPaths(t *testing.T, f func(t *testing.T, km *microKernel)) {
 // transposed or not.
 func TestGEMMMatchesFloat64(t *testing.T) { forGEMMPaths(t, testGEMMMatchesFloat64) }
 
-func testGEMMMatchesFloat64(t *testing.T, km *microKernel) {
+func testGEMMMatchesFloat64(t *testing.T, km *microKernel[float32]) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	type shape struct{ M, K, N int }
 	shapes := []shape{{1, 1, 1}, {6, 16, 16}, {7, 17, 15}, {12, 32, 32}, {11, 193, 31}, {25, 385, 65}, {97, 300, 33}, {200, 513, 70}, {13, 5, 2049}, {96, 256, 16}, {300, 64, 2100}}
@@ -47,7 +47,7 @@ func testGEMMMatchesFloat64(t *testing.T, km *microKernel) {
 			for i := range c {
 				c[i] = float32(math.NaN())
 			}
-			km.gemm(c, a, b, M, K, N, transB, true)
+			gemmF32(km, c, a, b, M, K, N, transB, true)
 			for i := range M {
 				for j := range N {
 					var ref, abs float64
@@ -75,7 +75,7 @@ func testGEMMMatchesFloat64(t *testing.T, km *microKernel) {
 // equal but for rare double roundings.)
 func TestGEMMHasTheFewRowKernelsBits(t *testing.T) { forGEMMPaths(t, testGEMMHasTheFewRowKernelsBits) }
 
-func testGEMMHasTheFewRowKernelsBits(t *testing.T, km *microKernel) {
+func testGEMMHasTheFewRowKernelsBits(t *testing.T, km *microKernel[float32]) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	for _, sh := range []struct{ M, K, N int }{{70, 600, 88}, {13, 257, 40}, {96, 256, 16}, {7, 1000, 64}} {
 		a, b := make([]float32, sh.M*sh.K), make([]float32, sh.K*sh.N)
@@ -86,7 +86,7 @@ func testGEMMHasTheFewRowKernelsBits(t *testing.T, km *microKernel) {
 			b[i] = float32(rng.NormFloat64())
 		}
 		g, f := make([]float32, sh.M*sh.N), make([]float32, sh.M*sh.N)
-		km.gemm(g, a, b, sh.M, sh.K, sh.N, false, true)
+		gemmF32(km, g, a, b, sh.M, sh.K, sh.N, false, true)
 		F32Product(f, a, b, sh.M, sh.K, sh.N, false)
 		for i := range g {
 			if math.Float32bits(g[i]) != math.Float32bits(f[i]) {

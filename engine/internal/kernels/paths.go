@@ -130,6 +130,7 @@ type rowTable struct {
 	siluGateBack   func(da, g, u, sig, dg, du []float32)
 	expScaledShift func(v []float32, scale, shift float32) float64
 	sigmoid        func(dst, src []float32)
+	roundBF16      func(dst []uint16, src []float32) // dst[i] = BF16Of(src[i])
 }
 
 // rowTables holds each row path's table; the vector files fill in theirs at init.
@@ -140,5 +141,5 @@ var scalarRows = rowTable{
 	axpby: axpbyScalar[float32], axpy: axpyScalar[float32], mulScaled: mulScaledScalar[float32],
 	rmsBack: rmsBackScalar[float32], softmaxBackRow: softmaxBackRowScalar[float32],
 	siluGate: siluGateScalar[float32], siluGateBack: siluGateBackScalar[float32],
-	expScaledShift: expScaledShiftScalar, sigmoid: sigmoidScalar,
+	expScaledShift: expScaledShiftScalar, sigmoid: sigmoidScalar, roundBF16: roundBF16Scalar,
 }

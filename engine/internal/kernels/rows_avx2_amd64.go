@@ -309,4 +309,5 @@ var avx2Rows = rowTable{
 	max: max8, dot: dot8, dot3: dot3_8, axpby: axpby8, axpy: axpy8, mulScaled: mulScaled8,
 	rmsBack: rmsBack8, softmaxBackRow: softmaxBackRow8, siluGate: siluGate8,
 	siluGateBack: siluGateBack8, expScaledShift: expScaledShift8, sigmoid: sigmoid8,
+	roundBF16: roundBF16Scalar,
 }

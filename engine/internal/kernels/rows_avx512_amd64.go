@@ -2,7 +2,10 @@
 
 package kernels
 
-import "simd/archsimd"
+import (
+	"math"
+	"simd/archsimd"
+)
 
 // exp16 is Exp32 on 16 lanes: the same range reduction and polynomial, with 2^k applied by
 // VSCALEFPS. Inputs are clamped to [-87.3, 88.7], so e^x below 1.2e-38 comes out as that.
@@ -65,6 +68,8 @@ func sigmoid16(dst, src []float32) {
 func load(v []float32) archsimd.Float32x16 { return archsimd.LoadFloat32x16Slice(v) }
 
 func bcast(x float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(x) }
+
+func bcastBits(b uint32) archsimd.Uint32x16 { return bcast(math.Float32frombits(b)).AsUint32x16() }
 
 func lanesSum(x archsimd.Float32x16) float64 {
 	var l [16]float32
@@ -209,4 +214,24 @@ var avx512Rows = rowTable{
 	max: max16, dot: dot16, dot3: dot3_16, axpby: axpby16, axpy: axpy16, mulScaled: mulScaled16,
 	rmsBack: rmsBack16, softmaxBackRow: softmaxBackRow16, siluGate: siluGate16,
 	siluGateBack: siluGateBack16, expScaledShift: expScaledShift16, sigmoid: sigmoid16,
+	roundBF16: roundBF16x16,
+}
+
+// roundBF16x16 sets dst[i] = BF16Of(src[i]), 16 lanes at a time: the bits plus 0x7fff plus
+// their lowest kept bit, the high half kept (ties to even), and NaNs quieted as BF16Of does.
+func roundBF16x16(dst []uint16, src []float32) {
+	m := len(src) / 16 * 16
+	roundBF16Scalar(dst[m:len(src)], src[m:]) // first: see axpby16
+	// Integer broadcasts compile to a legacy-SSE MOVQ; float ones of the same bits do not.
+	// (So is a shift by a constant count: the shifts take a vector of counts.)
+	half, one, quiet, by16 := bcastBits(0x7fff), bcastBits(1), bcastBits(0x40), bcastBits(16)
+	for i := 0; i < m; i += 16 {
+		x := archsimd.LoadFloat32x16Slice(src[i:])
+		b := x.AsUint32x16()
+		hi := b.ShiftRight(by16)
+		r := b.Add(half).Add(hi.And(one)).ShiftRight(by16)
+		r = hi.Or(quiet).Merge(r, x.IsNaN())
+		r.TruncateToUint16().StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
 }

@@ -153,3 +153,9 @@ func rowSiluGateBack[T Float](da, g, u, sig, dg, du []T) {
 	}
 	siluGateBackScalar(da, g, u, sig, dg, du)
 }
+
+func roundBF16Scalar(dst []uint16, src []float32) {
+	for i, v := range src {
+		dst[i] = BF16Of(v)
+	}
+}

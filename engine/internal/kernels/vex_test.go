@@ -41,7 +41,7 @@ func TestArchsimdKernelsStayVEX(t *testing.T) {
 		"dotBF16", "widenBF16To32",
 		"f32NN", "nn4x16f", "nn1x64f", "nn1x16f", "nn1x8f", "f32NT", "nt2x4f", "nt1x8f", "dotF32",
 		"expScaledShift16", "sigmoid16", "max16", "dot16", "dot3_16", "axpby16", "axpy16",
-		"mulScaled16", "rmsBack16", "softmaxBackRow16", "siluGate16", "siluGateBack16")
+		"mulScaled16", "rmsBack16", "softmaxBackRow16", "siluGate16", "siluGateBack16", "roundBF16x16")
 }
 
 // checkStayVEX fails t for each legacy-SSE instruction that a path from a Y or Z register

@@ -1,0 +1,145 @@
+package kernels
+
+import (
+	"math"
+	"unsafe"
+)
+
+// The bf16 GEMM multiplies float32 rows by a weight kept as bf16 bits, as PyTorch's bf16
+// autocast does: the rows are rounded to bf16 (to nearest, ties to even), every product is of two
+// bf16 values (exact in float32), and the sums are float32. The CPU's bf16 unit takes k two at a
+// time: one uint32 holds the pair (k even in the low half, k odd in the high), and one
+// instruction adds both products of a pair into a float32 lane (VDPBF16PS: the odd product, then
+// the even one). The driver is the float32 GEMM's (gemm.go) over pairs: A is rounded into pairs
+// once per product, B's panels are packed in pairs.
+
+// bf16Kernel is the active path's bf16 micro-kernel, nil where the path has none.
+func bf16Kernel() *microKernel[uint32] {
+	if vectorBuild && (active == AVX512BF16 || active == AMX) {
+		return &avx512bf16Micro
+	}
+	return nil
+}
+
+// HaveBF16GEMM reports whether the active path multiplies by bf16 weights in bf16 (BF16MatMul);
+// without it a bf16 weight is widened to float32 for the float32 GEMM.
+func HaveBF16GEMM() bool { return bf16Kernel() != nil }
+
+// BF16MatMul sets c [M, N] = bf16(a) [M, K] · W, W given as bf16 bits [K, N], or [N, K] when
+// transB. The active path must have a bf16 GEMM (HaveBF16GEMM).
+func BF16MatMul(c, a []float32, w []uint16, M, K, N int, transB bool) {
+	km := bf16Kernel()
+	if km == nil {
+		panic("kernels: BF16MatMul on a path without a bf16 GEMM")
+	}
+	bf16GEMM(km, c, a, w, M, K, N, transB)
+}
+
+func bf16GEMM(km *microKernel[uint32], c, a []float32, w []uint16, M, K, N int, transB bool) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_, _, _ = c[M*N-1], a[M*K-1], w[K*N-1]
+	K2 := (K + 1) / 2
+	a2 := getBuffer[uint32](M * K2)
+	defer putBuffer(a2)
+	ParallelRows(M, func(lo, hi int) { roundPairs(a2, a, lo, hi, K) })
+	km.gemm(c, a2, M, K2, N, func(dst []uint32, pc, kc, jc, nc int) {
+		packPairs(dst, w, K, N, pc, kc, jc, nc, km.nr, transB)
+	}, true)
+}
+
+// roundPairs writes rows lo…hi of a [M, K], rounded to bf16, as pairs: dst[r·K2+p] holds a[r, 2p]
+// in its low half and a[r, 2p+1] in its high half (0 past K). That is the rows in bf16, one after
+// another, each padded to an even length.
+func roundPairs(dst []uint32, a []float32, lo, hi, K int) {
+	K2 := (K + 1) / 2
+	for r := lo; r < hi; r++ {
+		out := unsafeSlice((*uint16)(unsafe.Pointer(&dst[r*K2])), 2*K2)
+		rows.roundBF16(out[:K], a[r*K:][:K])
+		if K%2 == 1 {
+			out[K] = 0
+		}
+	}
+}
+
+// packPairs writes pairs pc…pc+kc of k (k = 2p and 2p+1) of w's columns jc…jc+nc, w [K, N] or
+// [N, K] when transB, into panels of nr columns, each kc pairs of nr, 0 past K and past nc.
+func packPairs(dst []uint32, w []uint16, K, N, pc, kc, jc, nc, nr int, transB bool) {
+	at := func(k, j int) uint32 { // W[k, j] of the [K, N] view, 0 past K
+		if k >= K {
+			return 0
+		}
+		if transB {
+			return uint32(w[j*K+k])
+		}
+		return uint32(w[k*N+j])
+	}
+	for j0 := 0; j0 < nc; j0 += nr {
+		wd := min(nr, nc-j0)
+		panel := dst[(j0/nr)*kc*nr:][:kc*nr]
+		if wd < nr {
+			clear(panel)
+		}
+		for j := range wd {
+			col := jc + j0 + j
+			if transB && 2*(pc+kc) <= K { // a row of w holds the column's pairs side by side
+				src := w[col*K+2*pc:][:2*kc]
+				for p := range kc {
+					panel[p*nr+j] = uint32(src[2*p]) | uint32(src[2*p+1])<<16
+				}
+				continue
+			}
+			for p := range kc {
+				k := 2 * (pc + p)
+				panel[p*nr+j] = at(k, col) | at(k+1, col)<<16
+			}
+		}
+	}
+}
+
+// dotPairBF16 is the arithmetic of one VDPBF16PS lane, the model the assembly is tested
+// against: acc plus the product of the pairs' high halves, rounded to float32, plus the product
+// of their low halves, rounded again. Each product is exact (it is not rounded, nor flushed when
+// it is below float32's normal range: measured on AMD Zen, where the model's bits match the
+// instruction's, tiny operands included); denormal inputs count as zero and denormal sums are
+// flushed to zero (DAZ, FTZ), whatever MXCSR says. The float64 sum is exact but where acc and
+// the product are more than 2^29 apart, and then rounds as the exact sum does but in ties.
+func dotPairBF16(acc float32, a, b uint32) float32 {
+	acc = flushDenormal(acc)
+	acc = flushDenormal(float32(float64(acc) + float64(bf16Value(uint16(a>>16)))*float64(bf16Value(uint16(b>>16)))))
+	return flushDenormal(float32(float64(acc) + float64(bf16Value(uint16(a)))*float64(bf16Value(uint16(b)))))
+}
+
+// bf16Value widens bf16 bits, a denormal as zero of its sign.
+func bf16Value(h uint16) float32 { return flushDenormal(BF16To32(h)) }
+
+func flushDenormal(f float32) float32 {
+	if b := math.Float32bits(f); b&0x7f800000 == 0 {
+		return math.Float32frombits(b & 0x80000000)
+	}
+	return f
+}
+
+// modelBF16Micro is the bf16 micro-kernel in Go, lane for lane the assembly's arithmetic: it
+// drives the same driver (blocking, packing, edges) on any CPU, and is the reference the
+// assembly is compared with where the CPU has it.
+func modelBF16Micro(mr, nr int) func(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool) {
+	return func(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool) {
+		as := unsafeSlice(a, (mr-1)*lda+kp)
+		bs := unsafeSlice(b, kp*nr)
+		cs := unsafeSlice(c, (mr-1)*ldc+nr)
+		for i := range mr {
+			for j := range nr {
+				var acc float32
+				if !first {
+					acc = cs[i*ldc+j]
+				}
+				for p := range kp {
+					acc = dotPairBF16(acc, as[i*lda+p], bs[p*nr+j])
+				}
+				cs[i*ldc+j] = acc
+			}
+		}
+	}
+}

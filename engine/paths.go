@@ -20,17 +20,21 @@ func KernelPaths() []string {
 	return out
 }
 
-// UseKernelPath runs every kernel on the named path from now on; "auto" or "" is the best this
-// CPU has. A path the CPU lacks is an error and changes nothing. Call it at start, before any
-// engine runs: switching while kernels run is not safe.
-func UseKernelPath(name string) error {
+// UseKernelPath runs every kernel on the named path from now on ("auto" or "": the best this
+// CPU has), once the path's kernels pass their start-up check against their references; a path
+// that fails it is passed over for the next slower one that passes, and each failure is
+// returned in faults. A path the CPU lacks, or an unknown name, is an error and changes nothing.
+// Call it at start, before any engine runs: switching while kernels run is not safe.
+func UseKernelPath(name string) (faults []error, err error) {
 	p := kernels.Best()
 	if name != "" && name != "auto" {
-		var err error
 		if p, err = kernels.ParsePath(name); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	_, err := kernels.Use(p)
-	return err
+	_, faults, err = kernels.Choose(p)
+	return faults, err
 }
+
+// KernelFaults returns the faults the start-up check found when the package chose its path.
+func KernelFaults() []error { return kernels.StartFaults() }

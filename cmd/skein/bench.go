@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
@@ -41,6 +42,9 @@ func benchEngine(args []string) error {
 	if *peakSize < 1 || *peakSize > 8192 {
 		return fmt.Errorf("--peak-size %d: want 1…8192", *peakSize)
 	}
+	if err := setupKernels(slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		return err
+	}
 	// The matmul peak first, in a quiet process: best of 30 runs of a --peak-size³ float32 matmul.
 	peak, err := engine.MatmulGFLOPS(*peakSize, 30)
 	if err != nil {
@@ -68,16 +72,20 @@ func benchEngine(args []string) error {
 		data[i] = engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
 			"target_tokens": {DType: "int64", Data: tg}, "weights": {DType: "float32", Data: w}}}
 	}
+	var lastLoss float64
 	step := func(data []engine.Datum) error {
-		if _, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil); err != nil {
+		r, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil)
+		if err != nil {
 			return err
 		}
-		_, err := e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
+		lastLoss = r.Loss
+		_, err = e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
 		return err
 	}
 	if err := step(data); err != nil { // compile
 		return err
 	}
+	firstLoss := lastLoss // the same model, data and seed on every path: compare paths with it
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -114,6 +122,7 @@ func benchEngine(args []string) error {
 		"peak_gflops":        peak,
 		"step_peak_mb":       float64(e.PeakStepBytes()) / (1 << 20),
 		"weights_mb":         float64(e.WeightBytes()) / (1 << 20),
+		"first_loss":         firstLoss,
 	}
 	for _, b := range []int{1, 8, 64} {
 		prompt := data[0].Tokens[:16]
@@ -142,9 +151,9 @@ func benchEngine(args []string) error {
 	res["compile_s"] = cs.Total.Seconds()
 	if *asJSON {
 		out := map[string]any{"precision": *precision,
-			// The GEMM that many-row products run in either precision: bf16 weights are widened into
-			// it (this machine kind has no bf16 matrix units; see docs/design-notes.md).
-			"peak_gemm": engine.GEMMName()}
+			// The float32 GEMM (the peak's, and that of products over float32 weights); on a bf16
+			// path, products over bf16 weights run in bf16 instead (gemm_path).
+			"peak_gemm": engine.GEMMName(), "gemm_path": engine.KernelPath(), "gemm_paths": engine.KernelPaths()}
 		for k, v := range res {
 			out[k] = v
 		}
@@ -156,7 +165,8 @@ func benchEngine(args []string) error {
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
 	fmt.Fprintf(benchOutput, "train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
-	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s)\n", res["weights_mb"], *precision)
+	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], *precision,
+		engine.KernelPath(), engine.KernelPaths(), res["first_loss"])
 	fmt.Fprintf(benchOutput, "decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
 	if v, ok := res["vision_images_per_s"]; ok {
 		fmt.Fprintf(benchOutput, "vision: %.1f images/s (%d×%d pixels, tower alone); train with one image per sequence: %.0f tokens/s\n",

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,6 +78,38 @@ func TestBenchEngineRefusesImagesThatDoNotFit(t *testing.T) {
 			"--decode", "2", "--peak-size", "64"}, args...))
 		if err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("%v: error %v, want one naming %s", args, err, flag)
+		}
+	}
+}
+
+// SKEIN_GEMM forces a kernel path: the bench reports the path it ran (gemm_path), the paths the
+// CPU has (gemm_paths) and the first step's loss, which the forced scalar path reproduces within
+// float32 rounding of the best path's. A path the CPU lacks, or a name that is no path, is a
+// clear error before any work.
+func TestBenchEngineReportsAndForcesTheKernelPath(t *testing.T) {
+	best := benchJSON(t, engine.ArchQwen3)
+	paths, _ := best["gemm_paths"].([]any)
+	if len(paths) == 0 || best["gemm_path"] != paths[len(paths)-1] {
+		t.Fatalf("gemm_path %v, gemm_paths %v: want the best of the paths", best["gemm_path"], best["gemm_paths"])
+	}
+	t.Setenv("SKEIN_GEMM", "scalar")
+	t.Cleanup(func() { _, _ = engine.UseKernelPath("auto") })
+	scalar := benchJSON(t, engine.ArchQwen3)
+	if scalar["gemm_path"] != "scalar" {
+		t.Fatalf("SKEIN_GEMM=scalar ran %v", scalar["gemm_path"])
+	}
+	l0, l1 := best["first_loss"].(float64), scalar["first_loss"].(float64)
+	if !(l0 > 0) || math.Abs(l0-l1) > 1e-4*l0 {
+		t.Fatalf("first_loss %v on %v, %v on scalar", l0, best["gemm_path"], l1)
+	}
+	for _, bad := range []string{"sse9", "amx"} {
+		if bad == "amx" && slices.Contains(paths, any("amx")) {
+			continue
+		}
+		t.Setenv("SKEIN_GEMM", bad)
+		err := run([]string{"bench", "engine", "--model", t.TempDir(), "--json"})
+		if err == nil || !strings.Contains(err.Error(), "SKEIN_GEMM="+bad) {
+			t.Fatalf("SKEIN_GEMM=%s: error %v, want one naming it", bad, err)
 		}
 	}
 }

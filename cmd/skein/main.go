@@ -160,6 +160,11 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
+	if !gatewayOnly {
+		if err := setupKernels(log); err != nil {
+			return err
+		}
+	}
 	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
 		return err
 	}

@@ -84,6 +84,9 @@ func runWorker(args []string) error {
 	if c.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
+	if err := setupKernels(log); err != nil {
+		return err
+	}
 	e, err := engine.Load(*model, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision})
 	if err != nil {
 		return err

@@ -92,8 +92,6 @@ var (
 	rows   = &scalarRows
 )
 
-func init() { use(Best()) }
-
 // Active is the path in use.
 func Active() Path { return active }
 

@@ -1,0 +1,163 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// A wrong kernel must never train anyone's adapter: at start each path's kernels multiply a small
+// fixed problem and are compared with their references (the scalar row loops, a float64 product,
+// the Go model of the bf16 instruction). A path that disagrees is not used; the next slower one
+// that agrees is.
+
+// startFaults are the disagreements found when init chose the path (StartFaults).
+var startFaults []error
+
+func init() {
+	var p Path
+	p, startFaults = choose(Best())
+	use(p)
+}
+
+// StartFaults returns what the check at init found wrong with the paths it passed over (nil
+// when the best path agreed); the server logs them.
+func StartFaults() []error { return startFaults }
+
+// Choose switches to path p once its kernels pass the check, else to the fastest slower path
+// whose kernels do; it returns the path in use and each fault found on the way. A path the CPU
+// lacks is an error and changes nothing.
+func Choose(p Path) (Path, []error, error) {
+	if !Supported(p) {
+		return active, nil, fmt.Errorf("kernel path %s: CPU lacks it (this CPU has %v)", p, SupportedPaths())
+	}
+	chosen, faults := choose(p)
+	use(chosen)
+	return chosen, faults, nil
+}
+
+func choose(p Path) (Path, []error) {
+	var faults []error
+	for ; p > Scalar; p-- {
+		if !Supported(p) {
+			continue
+		}
+		err := Check(p)
+		if err == nil {
+			return p, faults
+		}
+		faults = append(faults, err)
+	}
+	return Scalar, faults
+}
+
+// Check runs path p's kernels on a fixed problem and returns how they disagree with their
+// references (nil: they agree). It switches to p for the check and back after.
+func Check(p Path) error {
+	if !Supported(p) {
+		return fmt.Errorf("kernel path %s: CPU lacks it", p)
+	}
+	old := active
+	use(p)
+	defer use(old)
+	var errs []error
+	if err := checkRows(); err != nil {
+		errs = append(errs, err)
+	}
+	if km := gemmKernel(); km != nil {
+		if err := checkF32GEMM(km); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if km := bf16Kernel(); km != nil {
+		if err := checkBF16GEMM(km); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kernel path %s disagrees with its reference: %w", p, err)
+	}
+	return nil
+}
+
+// checkValue is a fixed, irregular value in about [-1, 1].
+func checkValue(i, salt int) float32 { return float32(math.Sin(float64(i*7+salt*13)*0.37)) * 0.9 }
+
+func checkRows() error {
+	const n = 37 // one vector or two and a tail on every path
+	a, b := make([]float32, n), make([]float32, n)
+	for i := range n {
+		a[i], b[i] = checkValue(i, 1), checkValue(i, 2)
+	}
+	if got, want := rows.dot(a, b), dotScalar(a, b); math.Abs(got-want) > 1e-5 {
+		return fmt.Errorf("dot: %v, want %v", got, want)
+	}
+	x, y := append([]float32(nil), b...), append([]float32(nil), b...)
+	rows.axpy(x, a, 0.75)
+	axpyScalar(y, a, 0.75)
+	for i := range x {
+		if math.Abs(float64(x[i]-y[i])) > 1e-6 {
+			return fmt.Errorf("axpy: element %d is %v, want %v", i, x[i], y[i])
+		}
+	}
+	e, s := append([]float32(nil), a...), append([]float32(nil), a...)
+	rows.expScaledShift(e, 1.5, 0.5)
+	expScaledShiftScalar(s, 1.5, 0.5)
+	for i := range e {
+		if math.Abs(float64(e[i]-s[i])) > 1e-6*float64(s[i]) {
+			return fmt.Errorf("exp: element %d is %v, want %v", i, e[i], s[i])
+		}
+	}
+	return nil
+}
+
+// The GEMM checks multiply 29×67 by 67×45: two row panels and a short one, a column panel and a
+// short one, odd k.
+const checkM, checkK, checkN = 29, 67, 45
+
+func checkF32GEMM(km *microKernel[float32]) error {
+	a, b := make([]float32, checkM*checkK), make([]float32, checkK*checkN)
+	for i := range a {
+		a[i] = checkValue(i, 3)
+	}
+	for i := range b {
+		b[i] = checkValue(i, 4)
+	}
+	c := make([]float32, checkM*checkN)
+	gemmF32(km, c, a, b, checkM, checkK, checkN, false, false)
+	return compareProduct(km.name, c, func(i, k, j int) float64 { return float64(a[i*checkK+k]) * float64(b[k*checkN+j]) })
+}
+
+func checkBF16GEMM(km *microKernel[uint32]) error {
+	a, w := make([]float32, checkM*checkK), make([]uint16, checkK*checkN)
+	for i := range a {
+		a[i] = checkValue(i, 5)
+	}
+	for i := range w {
+		w[i] = BF16Of(checkValue(i, 6))
+	}
+	c := make([]float32, checkM*checkN)
+	bf16GEMM(km, c, a, w, checkM, checkK, checkN, false)
+	return compareProduct(km.name, c, func(i, k, j int) float64 {
+		return float64(BF16To32(BF16Of(a[i*checkK+k]))) * float64(BF16To32(w[k*checkN+j]))
+	})
+}
+
+// compareProduct checks c against the float64 sums of product(i, k, j) over k, each within
+// float32 rounding of the sum of the products' magnitudes.
+func compareProduct(name string, c []float32, product func(i, k, j int) float64) error {
+	for i := range checkM {
+		for j := range checkN {
+			var ref, abs float64
+			for k := range checkK {
+				p := product(i, k, j)
+				ref += p
+				abs += math.Abs(p)
+			}
+			if d := math.Abs(float64(c[i*checkN+j]) - ref); !(d <= checkK*0x1p-23*abs) {
+				return fmt.Errorf("%s: c[%d,%d] = %v, want %v", name, i, j, c[i*checkN+j], ref)
+			}
+		}
+	}
+	return nil
+}

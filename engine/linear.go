@@ -7,7 +7,7 @@ import "github.com/skein-ai/skein/engine/internal/kernels"
 
 // baseProduct returns x·W for module lin's base weight, or x·Wᵀ when transposed (an input
 // gradient); bias and LoRA are the caller's. A float32 pass over a weight kept in bf16 reads the
-// bits where it is: up to kernels.DirectBF16Rows rows through the few-row kernels (float32 rows,
+// bits where it is: up to kernels.FewRowsBF16() rows through the few-row kernels (float32 rows,
 // the weight widened in registers), more through the bf16 GEMM where the path has one (the rows
 // rounded to bf16, as PyTorch's bf16 autocast does). Everything else widens the weight for the
 // float32 matmul.
@@ -19,7 +19,7 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 	}
 	if xf, ok := any(x.v).([]float32); ok && kernels.FewRowKernels() && len(x.dims) == 2 && x.dims[1] == k {
 		rows := x.dims[0]
-		if lin.w16 != nil && rows <= kernels.DirectBF16Rows {
+		if lin.w16 != nil && rows <= kernels.FewRowsBF16() {
 			y := s.ar.alloc(rows, n)
 			if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
 				kernels.BF16Product(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
@@ -33,7 +33,7 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 			}
 			return y
 		}
-		if wf, ok := any(lin.w.v).([]float32); ok && lin.w16 == nil && rows <= kernels.DirectF32Rows {
+		if wf, ok := any(lin.w.v).([]float32); ok && lin.w16 == nil && rows <= kernels.FewRowsF32() {
 			y := s.ar.alloc(rows, n)
 			if s.ar.err == nil {
 				kernels.F32Product(any(y.v).([]float32), xf, wf, rows, k, n, transB)

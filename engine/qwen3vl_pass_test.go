@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"strings"
 	"testing"
@@ -266,7 +267,8 @@ func TestImagesToTextModelAreRefused(t *testing.T) {
 }
 
 // A bf16 VL checkpoint loads with --precision bf16 (the LM's projections and embedding kept as
-// bf16 bits, the tower in f32) and gives with images what the f32 engine gives on the same file.
+// bf16 bits, the tower in f32) and gives with images what the f32 engine gives on the same file
+// (to 1e-4 where bf16 weights are widened, to the bf16 paths' 2e-2 where products run in bf16).
 func TestQwen3VLBF16(t *testing.T) {
 	p := Presets["tiny"]
 	p.BF16 = true
@@ -292,8 +294,12 @@ func TestQwen3VLBF16(t *testing.T) {
 		}
 		lps = append(lps, r.Logprobs[0])
 	}
+	tol := 1e-4
+	if kernels.HaveBF16GEMM() { // the LM's products round their rows to bf16 (TestBF16GEMMTrainsNearFloat32)
+		tol = 2e-2
+	}
 	for i := range lps[0] {
-		if math.Abs(lps[0][i]-lps[1][i]) > 1e-4 {
+		if math.Abs(lps[0][i]-lps[1][i]) > tol {
 			t.Fatalf("position %d: f32 %.6f, bf16 %.6f", i, lps[0][i], lps[1][i])
 		}
 	}

@@ -4,20 +4,32 @@ import "math"
 
 // Products of a few rows (decode steps, the sampler's unembedding, short training sequences)
 // are bound by reading the weight: widening a bf16 weight into a float32 copy first would read
-// two bytes per element, write four and read those four again. Up to DirectBF16Rows rows the
+// two bytes per element, write four and read those four again. Up to FewRowsBF16() rows the
 // product reads the bf16 bits itself instead, widening 8 lanes at a time in registers (a 16-bit
 // left shift) into FMA accumulators, so each weight byte is read once per call for all rows
 // (bf16_avx2_amd64.go). More rows keep widen + backend matmul (bf16.go), whose tiled kernels
 // win once the product is bound by arithmetic. The direct kernel sums in its own order, so its
 // results are close to, not bit-identical with, a float32 engine's (TestBF16WeightsComputeAsFloat32).
 
-// DirectBF16Rows is the most rows a product multiplies by bf16 bits directly.
-const DirectBF16Rows = 64
+// FewRowsBF16 is the most rows a product over a bf16 weight multiplies by the bits directly on
+// the active path: past it the bf16 GEMM (from 24 rows, BenchmarkBF16FewRowsOrGEMM) or, without
+// one, widening for the float32 GEMM (from 64) is faster.
+func FewRowsBF16() int {
+	if bf16Kernel() != nil {
+		return 24
+	}
+	return 64
+}
 
-// DirectF32Rows is the most rows a product over float32 weights runs in the same tiles
-// (f32_*_gen.go, derived from these): the backend matmul packs its operands on every call, which
-// for a decode step's few rows costs more than the product.
-const DirectF32Rows = 64
+// FewRowsF32 is the most rows a product over float32 weights runs in the same tiles
+// (f32_*_gen.go, derived from these) on the active path: past it the GEMM, packing B included,
+// is faster (BenchmarkFewRowsOrGEMM: from 16 rows with AVX-512's, from 64 with AVX2's).
+func FewRowsF32() int {
+	if rowPath(active) >= AVX512 {
+		return 16
+	}
+	return 64
+}
 
 //go:generate go run gen_f32_kernels.go
 

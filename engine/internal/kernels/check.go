@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 )
 
 // A wrong kernel must never train anyone's adapter: at start each path's kernels multiply a small
@@ -14,9 +15,16 @@ import (
 // startFaults are the disagreements found when init chose the path (StartFaults).
 var startFaults []error
 
+// init starts on the best path, or on the one SKEIN_GEMM names (so that a test run can put a
+// whole suite on a slower path); the binary applies SKEIN_GEMM again at start and refuses a name
+// that is no path, or a path the CPU lacks.
 func init() {
+	want := Best()
+	if p, err := ParsePath(os.Getenv("SKEIN_GEMM")); err == nil && Supported(p) {
+		want = p
+	}
 	var p Path
-	p, startFaults = choose(Best())
+	p, startFaults = choose(want)
 	use(p)
 }
 

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -12,8 +13,12 @@ func TestEveryPathPassesTheCheck(t *testing.T) {
 			t.Errorf("%s: %v", p, err)
 		}
 	}
-	if len(StartFaults()) != 0 || Active() != Best() {
-		t.Fatalf("init chose %s with faults %v; best is %s", Active(), StartFaults(), Best())
+	want := Best()
+	if p, err := ParsePath(os.Getenv("SKEIN_GEMM")); err == nil && Supported(p) {
+		want = p
+	}
+	if len(StartFaults()) != 0 || Active() != want {
+		t.Fatalf("init chose %s with faults %v; want %s", Active(), StartFaults(), want)
 	}
 }
 

@@ -53,7 +53,7 @@ func GEMMName() string {
 
 // MatMul sets c = a·b for batch independent products laid out one after another, each a [M, K]
 // times b [K, N] (or [N, K] when transB). The batches are split across the cores (each product
-// then runs on one), or, for one, its rows. Products of at most DirectF32Rows rows take the
+// then runs on one), or, for one, its rows. Products of at most FewRowsF32() rows take the
 // few-row kernels instead: packing B would cost as much as multiplying by it once. The active
 // path must have a GEMM (HaveGEMM).
 func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
@@ -61,7 +61,7 @@ func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
 	if km == nil {
 		panic("kernels: MatMul on a path without a GEMM")
 	}
-	if M <= DirectF32Rows {
+	if M <= FewRowsF32() {
 		for i := range batch {
 			F32Product(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB)
 		}

@@ -171,3 +171,30 @@ func BenchmarkBF16GEMM(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBF16FewRowsOrGEMM times products of few rows over a bf16 weight both ways: the
+// few-row kernels (the weight widened in registers) and the bf16 GEMM.
+func BenchmarkBF16FewRowsOrGEMM(b *testing.B) {
+	usePath(b, AVX512BF16)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, sh := range []struct{ K, N int }{{512, 1408}, {512, 8192}} {
+		for _, M := range []int{4, 8, 16, 32, 64} {
+			x, w := bf16Operands(rng, M, sh.K, sh.N)
+			c := make([]float32, M*sh.N)
+			flops := 2 * float64(M*sh.K*sh.N)
+			name := fmt.Sprintf("%dx%dx%d", M, sh.K, sh.N)
+			b.Run(name+"/few", func(b *testing.B) {
+				for range b.N {
+					BF16Product(c, x, w, M, sh.K, sh.N, true)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+			b.Run(name+"/gemm", func(b *testing.B) {
+				for range b.N {
+					BF16MatMul(c, x, w, M, sh.K, sh.N, true)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}

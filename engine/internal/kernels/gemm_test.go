@@ -128,3 +128,32 @@ func BenchmarkGEMM(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFewRowsOrGEMM times products of few rows both ways, on the active path: the few-row
+// kernels (no packing) and the GEMM (B packed per call). Where the GEMM wins decides
+// gemmMinRows.
+func BenchmarkFewRowsOrGEMM(b *testing.B) {
+	km := gemmKernel()
+	if km == nil {
+		b.Skip("no GEMM on this path")
+	}
+	for _, sh := range []struct{ K, N int }{{2048, 512}, {512, 1408}, {512, 8192}} {
+		for _, M := range []int{4, 8, 16, 32, 64} {
+			x, w, c := make([]float32, M*sh.K), make([]float32, sh.K*sh.N), make([]float32, M*sh.N)
+			flops := 2 * float64(M*sh.K*sh.N)
+			name := fmt.Sprintf("%dx%dx%d", M, sh.K, sh.N)
+			b.Run(name+"/few", func(b *testing.B) {
+				for range b.N {
+					F32Product(c, x, w, M, sh.K, sh.N, false)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+			b.Run(name+"/gemm", func(b *testing.B) {
+				for range b.N {
+					gemmF32(km, c, x, w, M, sh.K, sh.N, false, true)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"math"
 	"runtime/debug"
 )
 
@@ -117,34 +116,4 @@ func recoverCompute(err *error) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("engine: compute failed: %v\n%s", r, debug.Stack())
 	}
-}
-
-// tokenLossGrad is one token's loss and its derivative in the token's logprob lp
-// (w: CE weight, q: sampling logprob, adv: advantage).
-func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad float64) {
-	switch kind {
-	case lossCrossEntropy:
-		return -lp * w, -w
-	case lossImportance:
-		r := math.Exp(lp - q)
-		return -r * adv, -r * adv
-	case lossPPO:
-		r := math.Exp(lp - q)
-		clipped := min(max(r, lo), hi)
-		if r*adv <= clipped*adv {
-			return -r * adv, -r * adv
-		}
-		// The clipped branch is the minimum: its ratio is constant outside [lo, hi].
-		if r > lo && r < hi {
-			return -clipped * adv, -r * adv
-		}
-		return -clipped * adv, 0
-	case lossCISPO:
-		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
-		return -r * lp * adv, -r * adv
-	case lossDRO: // w is 1 where dro trains, 0 elsewhere (see droMask)
-		d := lp - q
-		return -w * (lp*adv - 0.5*beta*d*d), -w * (adv - beta*d)
-	}
-	return 0, 0
 }

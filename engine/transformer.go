@@ -334,28 +334,3 @@ func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
 		y[i] = v * iv * w[i]
 	}
 }
-
-// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
-// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
-// logprobs all take their logprobs from here.
-func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
-	m := kernels.RowMax(row)
-	picked := row[target]
-	se := kernels.ExpShift(row, 1, m)
-	return float64(picked-m) - math.Log(se), se
-}
-
-// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
-// dtype, so narrowing it back is exact).
-func (e *Engine) logprobOf(logits []float64, target int) float64 {
-	if e.opts.Float64 {
-		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
-		return lp
-	}
-	row := make([]float32, len(logits))
-	for i, v := range logits {
-		row[i] = float32(v)
-	}
-	lp, _ := tokenLogprob(row, target)
-	return lp
-}

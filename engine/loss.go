@@ -1,0 +1,93 @@
+package engine
+
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
+
+// Every loss in one place: the loss functions a batch may name, with their inputs and
+// parameters (lossDefs, checked by prepareFor); one token's loss and its derivative in the
+// token's logprob (tokenLossGrad); and that logprob itself (tokenLogprob), which training,
+// forward passes and the sampler's prompt logprobs all compute alike.
+
+// Loss functions.
+const (
+	lossCrossEntropy = "cross_entropy"
+	lossImportance   = "importance_sampling"
+	lossPPO          = "ppo"
+	lossCISPO        = "cispo"
+	lossDRO          = "dro"
+)
+
+// LossNames are the supported loss functions.
+var LossNames = []string{lossCrossEntropy, lossImportance, lossPPO, lossCISPO, lossDRO}
+
+type lossDef struct {
+	required []string           // loss_fn_inputs beside target_tokens
+	optional map[string]float64 // optional float inputs with their default per token
+	config   map[string]float64 // loss_fn_config keys and defaults
+}
+
+var lossDefs = map[string]lossDef{
+	lossCrossEntropy: {optional: map[string]float64{"weights": 1}},
+	lossImportance:   {required: []string{"logprobs", "advantages"}},
+	lossPPO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+	lossCISPO:        {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0, "clip_high_threshold": 4}},
+	lossDRO:          {required: []string{"logprobs", "advantages"}, optional: map[string]float64{"mask": 1}, config: map[string]float64{"beta": 0.05}},
+}
+
+// tokenLossGrad is one token's loss and its derivative in the token's logprob lp
+// (w: CE weight, q: sampling logprob, adv: advantage).
+func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad float64) {
+	switch kind {
+	case lossCrossEntropy:
+		return -lp * w, -w
+	case lossImportance:
+		r := math.Exp(lp - q)
+		return -r * adv, -r * adv
+	case lossPPO:
+		r := math.Exp(lp - q)
+		clipped := min(max(r, lo), hi)
+		if r*adv <= clipped*adv {
+			return -r * adv, -r * adv
+		}
+		// The clipped branch is the minimum: its ratio is constant outside [lo, hi].
+		if r > lo && r < hi {
+			return -clipped * adv, -r * adv
+		}
+		return -clipped * adv, 0
+	case lossCISPO:
+		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
+		return -r * lp * adv, -r * adv
+	case lossDRO: // w is 1 where dro trains, 0 elsewhere (see droMask)
+		d := lp - q
+		return -w * (lp*adv - 0.5*beta*d*d), -w * (adv - beta*d)
+	}
+	return 0, 0
+}
+
+// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
+// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
+// logprobs all take their logprobs from here.
+func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
+	m := kernels.RowMax(row)
+	picked := row[target]
+	se := kernels.ExpShift(row, 1, m)
+	return float64(picked-m) - math.Log(se), se
+}
+
+// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
+// dtype, so narrowing it back is exact).
+func (e *Engine) logprobOf(logits []float64, target int) float64 {
+	if e.opts.Float64 {
+		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
+		return lp
+	}
+	row := make([]float32, len(logits))
+	for i, v := range logits {
+		row[i] = float32(v)
+	}
+	lp, _ := tokenLogprob(row, target)
+	return lp
+}

@@ -118,6 +118,21 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 	if len(data) == 0 {
 		return nil, inputErr(-1, "data", "empty batch")
 	}
+	conf, err := lossConfig(loss, def, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &prepared{data: data, loss: loss, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
+	for i, d := range data {
+		if err := p.add(c, def, i, d); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// lossConfig is the loss's parameters: its defaults, overridden by cfg, each checked.
+func lossConfig(loss string, def lossDef, cfg map[string]float64) (map[string]float64, error) {
 	keys := make([]string, 0, len(cfg))
 	for k := range cfg {
 		keys = append(keys, k)
@@ -136,7 +151,6 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 		}
 		conf[k] = cfg[k]
 	}
-	p := &prepared{data: data, loss: loss, lo: conf["clip_low_threshold"], hi: conf["clip_high_threshold"], beta: conf["beta"]}
 	// Clips bound a probability ratio, which is ≥ 0; a negative DRO beta rewards moving away
 	// from the sampling policy without bound.
 	for _, k := range []string{"clip_low_threshold", "clip_high_threshold", "beta"} {
@@ -144,90 +158,131 @@ func prepareFor(c *Config, data []Datum, loss string, cfg map[string]float64) (*
 			return nil, inputErr(-1, "loss_fn_config."+k, "must be ≥ 0, got %v", v)
 		}
 	}
-	if p.lo > p.hi {
-		return nil, inputErr(-1, "loss_fn_config", "clip_low_threshold %v > clip_high_threshold %v", p.lo, p.hi)
+	if lo, hi := conf["clip_low_threshold"], conf["clip_high_threshold"]; lo > hi {
+		return nil, inputErr(-1, "loss_fn_config", "clip_low_threshold %v > clip_high_threshold %v", lo, hi)
 	}
+	return conf, nil
+}
+
+// add validates datum i and appends it to the batch: its tokens, which inputs it names, its
+// target tokens, its loss inputs and its images.
+func (p *prepared) add(c *Config, def lossDef, i int, d Datum) error {
+	if err := checkTokens(c, i, d.Tokens); err != nil {
+		return err
+	}
+	if err := checkInputNames(def, p.loss, i, d); err != nil {
+		return err
+	}
+	targets, err := targetTokens(c, i, d)
+	if err != nil {
+		return err
+	}
+	w, lp, adv, err := lossInputs(def, p.loss, i, d)
+	if err != nil {
+		return err
+	}
+	img, err := datumImages(c, i, d.Tokens, d.Inputs)
+	if err != nil {
+		return err
+	}
+	p.images = append(p.images, img)
+	p.tokens = append(p.tokens, d.Tokens)
+	p.targets = append(p.targets, targets)
+	p.weights = append(p.weights, w)
+	p.oldLP = append(p.oldLP, lp)
+	p.adv = append(p.adv, adv)
+	return nil
+}
+
+// checkTokens checks datum i's model input: some tokens, within the model's context and
+// vocabulary.
+func checkTokens(c *Config, i int, tokens []int) error {
 	V, maxLen := c.VocabSize, c.MaxPositionEmbeddings
-	for i, d := range data {
-		n := len(d.Tokens)
-		if n == 0 {
-			return nil, inputErr(i, "model_input", "no tokens")
-		}
-		if n > maxLen {
-			return nil, inputErr(i, "model_input", "%d tokens exceed the model's context of %d", n, maxLen)
-		}
-		for j, t := range d.Tokens {
-			if t < 0 || t >= V {
-				return nil, inputErr(i, "model_input", "token %d at position %d is outside the vocabulary [0, %d)", t, j, V)
-			}
-		}
-		allowed := map[string]bool{"target_tokens": true}
-		for _, k := range def.required {
-			allowed[k] = true
-		}
-		for k := range def.optional {
-			allowed[k] = true
-		}
-		for k := range d.Inputs {
-			if !allowed[k] && !imageInput(k) {
-				return nil, inputErr(i, "loss_fn_inputs."+k, "not an input of %s", loss)
-			}
-		}
-		tt, err := vectorInput(i, d, "target_tokens", true, n)
-		if err != nil {
-			return nil, err
-		}
-		targets := make([]int, n)
-		for j, v := range tt {
-			if v < 0 || v >= float64(V) {
-				return nil, inputErr(i, "loss_fn_inputs.target_tokens", "token %v at position %d is outside the vocabulary [0, %d)", v, j, V)
-			}
-			targets[j] = int(v)
-		}
-		get := func(name string, def float64) ([]float64, error) {
-			if _, ok := d.Inputs[name]; !ok {
-				out := make([]float64, n)
-				for j := range out {
-					out[j] = def
-				}
-				return out, nil
-			}
-			return vectorInput(i, d, name, false, n)
-		}
-		for _, k := range def.required {
-			if _, ok := d.Inputs[k]; !ok {
-				return nil, inputErr(i, "loss_fn_inputs."+k, "required by %s", loss)
-			}
-		}
-		w, err := get("weights", def.optional["weights"])
-		if err != nil {
-			return nil, err
-		}
-		lp, err := get("logprobs", 0)
-		if err != nil {
-			return nil, err
-		}
-		adv, err := get("advantages", 0)
-		if err != nil {
-			return nil, err
-		}
-		if loss == lossDRO {
-			if w, err = droMask(i, d, lp, adv); err != nil {
-				return nil, err
-			}
-		}
-		img, err := datumImages(c, i, d.Tokens, d.Inputs)
-		if err != nil {
-			return nil, err
-		}
-		p.images = append(p.images, img)
-		p.tokens = append(p.tokens, d.Tokens)
-		p.targets = append(p.targets, targets)
-		p.weights = append(p.weights, w)
-		p.oldLP = append(p.oldLP, lp)
-		p.adv = append(p.adv, adv)
+	n := len(tokens)
+	if n == 0 {
+		return inputErr(i, "model_input", "no tokens")
 	}
-	return p, nil
+	if n > maxLen {
+		return inputErr(i, "model_input", "%d tokens exceed the model's context of %d", n, maxLen)
+	}
+	for j, t := range tokens {
+		if t < 0 || t >= V {
+			return inputErr(i, "model_input", "token %d at position %d is outside the vocabulary [0, %d)", t, j, V)
+		}
+	}
+	return nil
+}
+
+// checkInputNames refuses loss inputs that are neither the loss's nor images.
+func checkInputNames(def lossDef, loss string, i int, d Datum) error {
+	allowed := map[string]bool{"target_tokens": true}
+	for _, k := range def.required {
+		allowed[k] = true
+	}
+	for k := range def.optional {
+		allowed[k] = true
+	}
+	for k := range d.Inputs {
+		if !allowed[k] && !imageInput(k) {
+			return inputErr(i, "loss_fn_inputs."+k, "not an input of %s", loss)
+		}
+	}
+	return nil
+}
+
+// targetTokens are datum i's target tokens, one per model input token, within the vocabulary.
+func targetTokens(c *Config, i int, d Datum) ([]int, error) {
+	V, n := c.VocabSize, len(d.Tokens)
+	tt, err := vectorInput(i, d, "target_tokens", true, n)
+	if err != nil {
+		return nil, err
+	}
+	targets := make([]int, n)
+	for j, v := range tt {
+		if v < 0 || v >= float64(V) {
+			return nil, inputErr(i, "loss_fn_inputs.target_tokens", "token %v at position %d is outside the vocabulary [0, %d)", v, j, V)
+		}
+		targets[j] = int(v)
+	}
+	return targets, nil
+}
+
+// lossInputs are datum i's per-token weights, sampling logprobs and advantages, each given or
+// its default; dro's weights are its mask (droMask).
+func lossInputs(def lossDef, loss string, i int, d Datum) (w, lp, adv []float64, err error) {
+	for _, k := range def.required {
+		if _, ok := d.Inputs[k]; !ok {
+			return nil, nil, nil, inputErr(i, "loss_fn_inputs."+k, "required by %s", loss)
+		}
+	}
+	if w, err = inputOr(i, d, "weights", def.optional["weights"]); err != nil {
+		return nil, nil, nil, err
+	}
+	if lp, err = inputOr(i, d, "logprobs", 0); err != nil {
+		return nil, nil, nil, err
+	}
+	if adv, err = inputOr(i, d, "advantages", 0); err != nil {
+		return nil, nil, nil, err
+	}
+	if loss == lossDRO {
+		if w, err = droMask(i, d, lp, adv); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return w, lp, adv, nil
+}
+
+// inputOr is datum i's float input name, or def at every position when it is not given.
+func inputOr(i int, d Datum, name string, def float64) ([]float64, error) {
+	n := len(d.Tokens)
+	if _, ok := d.Inputs[name]; !ok {
+		out := make([]float64, n)
+		for j := range out {
+			out[j] = def
+		}
+		return out, nil
+	}
+	return vectorInput(i, d, name, false, n)
 }
 
 // droMask is the weight of each position in the dro loss: 1 where it trains, 0 where it does

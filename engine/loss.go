@@ -67,6 +67,60 @@ func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad
 	return 0, 0
 }
 
+// tokenLogprobs is tokenLogprob of every row of logits [N, V]: log p(target) = logit[target] −
+// logsumexp per row, with Σ exp(logit − max). Each row is overwritten by exp(logit − max) on the
+// way, which is all the backward pass needs of it.
+func tokenLogprobs[E float](logits mat[E], V int, target []int) (lp, sumExp []float64) {
+	N := len(target)
+	lp = make([]float64, N)
+	sumExp = make([]float64, N)
+	kernels.ParallelRows(N, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			lp[r], sumExp[r] = tokenLogprob(logits.v[r*V:(r+1)*V], target[r])
+		}
+	})
+	return lp, sumExp
+}
+
+// tokenLosses is each token's loss and its derivative in lp, for datums [lo,hi) of p laid out in
+// rows of T: their logprobs and losses go into res, and their summed loss is returned.
+func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *ForwardResult) (dlp []float64, total float64) {
+	dlp = make([]float64, len(lp))
+	for b := range hi - lo {
+		i := lo + b
+		L := len(p.tokens[i])
+		res.Logprobs[i] = append([]float64(nil), lp[b*T:b*T+L]...)
+		res.Losses[i] = make([]float64, L)
+		for t := range L {
+			l, g := tokenLossGrad(loss, lp[b*T+t], p.weights[i][t], p.oldLP[i][t], p.adv[i][t], p.lo, p.hi, p.beta)
+			res.Losses[i][t] = l
+			dlp[b*T+t] = g
+			total += l
+		}
+	}
+	return dlp, total
+}
+
+// logitsGrad turns logits, each row exp(logit − max) as tokenLogprobs left it, into d loss/d
+// logits = dlp·(onehot(target) − softmax), in place.
+func logitsGrad[E float](logits mat[E], V int, dlp, sumExp []float64, target []int) {
+	kernels.ParallelRows(len(target), func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := logits.v[r*V : (r+1)*V]
+			g := dlp[r]
+			if g == 0 {
+				clear(row)
+				continue
+			}
+			k := E(-g / sumExp[r])
+			for i := range row {
+				row[i] *= k
+			}
+			row[target[r]] += E(g)
+		}
+	})
+}
+
 // tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
 // exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
 // logprobs all take their logprobs from here.

@@ -88,21 +88,29 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 		return nil, err
 	}
 	if backward {
-		// Check every sum before changing any: a refused batch leaves the accumulator as it was.
-		for i, q := range a.params {
-			for j, g := range grads[i] {
-				if !isFinite(q.g[j] + g) {
-					return nil, inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
-				}
-			}
+		if err := addGrads(a, grads); err != nil {
+			return nil, err
 		}
-		for i, q := range a.params {
-			for j, g := range grads[i] {
-				q.g[j] += g
-			}
-		}
-		a.pendingGrads = true
 	}
 	res.Metrics = map[string]float64{"loss:sum": res.Loss, "num_tokens:sum": float64(nTokens)}
 	return res, nil
+}
+
+// addGrads adds a batch's gradients to the adapter's accumulator. Every sum is checked before
+// any is changed: a refused batch leaves the accumulator as it was.
+func addGrads(a *Adapter, grads [][]float64) error {
+	for i, q := range a.params {
+		for j, g := range grads[i] {
+			if !isFinite(q.g[j] + g) {
+				return inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
+			}
+		}
+	}
+	for i, q := range a.params {
+		for j, g := range grads[i] {
+			q.g[j] += g
+		}
+	}
+	a.pendingGrads = true
+	return nil
 }

@@ -139,38 +139,71 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 	return s.linear(hf, s.m.head), inv
 }
 
-// layer runs decoder layer l on h [B·T, D].
+// layer runs decoder layer l on h [B·T, D]: attention, then the MLP, each added to its input.
+// A forward-only pass gives back attention's tensors before the MLP runs, and every merged
+// weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
-	c, L := s.c, &s.m.layers[l]
-	B, T := s.B, s.T
-	N, D := B*T, c.HiddenSize
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK := H/KVH, B*KVH
 	start := s.ar.mark()
 	var la *layerActs[E]
 	if s.train != nil {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}
+	h2 := s.attention(l, h, la)
+	if la == nil { // attention's tensors are spent
+		s.dropMerged()
+		s.ar.releaseExcept(start, h2)
+	}
+	out := s.mlp(l, h2, la)
+	if la == nil || !s.train.keepMerged {
+		s.dropMerged()
+	}
+	return out
+}
 
+// attention is h + o(attention(norm(h))) of layer l, saving its activations into la (nil: a
+// forward-only pass).
+func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.alloc(N, D), s.ar.alloc(N)
 	kernels.RMSNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
 	yq := s.linear(x1, L.q)
 	yk := s.linear(x1, L.k)
 	yv := s.linear(x1, L.v)
 	keysT, values := s.kv.begin(l)
-	S := values.dims[1]
-	qh := s.ar.alloc(BK, G*T, hd)
-	var qhT mat[E] // Qᵀ and the head norms' 1/rms only serve the backward pass
-	var qInv, kInv []E
+	qh, qhT, qInv, kInv := s.headsIn(l, yq, yk, yv, la != nil)
+	probs, ot := s.attend(qh, keysT, values)
 	if la != nil {
+		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
+		if s.e.recomputeProbs(s.T) {
+			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
+			// backward pass computes them again (one more matmul) instead of holding them.
+			s.ar.releaseOne(probs)
+			la.p = mat[E]{}
+		}
+	}
+	h2 := s.linear(ot, L.o)
+	kernels.AddScaled(h2.v, h.v, 1)
+	return h2
+}
+
+// headsIn puts layer l's query heads into the attention layout qh [B·KVH, G·T, hd], through the
+// head norms and RoPE on the way, and its keys and values to the store. For a training pass it
+// also returns Qᵀ [B·KVH, hd, G·T] and the head norms' 1/rms per token and head, which only
+// serve the backward pass.
+func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[E], qInv, kInv []E) {
+	c, L := s.c, &s.m.layers[l]
+	T, N := s.T, s.B*s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK := H/KVH, s.B*KVH
+	qh = s.ar.alloc(BK, G*T, hd)
+	if training {
 		qhT = s.ar.alloc(BK, hd, G*T)
 		if L.qNorm != nil {
 			qInv, kInv = make([]E, N*H), make([]E, N*KVH)
 		}
 	}
-	// Heads into the attention layout, through the head norms and RoPE on the way; keys and
-	// values to the store.
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, kr := make([]E, hd), make([]E, hd)
 		var scratch E
@@ -192,7 +225,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 				row := (b*KVH+kv)*G*T + g*T + t
 				dst := qh.v[row*hd : (row+1)*hd]
 				ropeRow(src, dst, cs, sn)
-				if la != nil {
+				if training {
 					base := (b*KVH + kv) * hd * G * T
 					for d, v := range dst {
 						qhT.v[base+d*G*T+g*T+t] = v
@@ -214,8 +247,17 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 			}
 		}
 	})
+	return qh, qhT, qInv, kInv
+}
+
+// attend is softmax(q·kᵀ/√hd)·v over the slots each row sees: the probabilities [B·KVH, G·T, S]
+// and the output in token layout [B·T, H·hd].
+func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
+	c, B, T := s.c, s.B, s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK, S := H/KVH, B*KVH, values.dims[1]
 	scale := E(1 / math.Sqrt(float64(hd)))
-	probs := s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
+	probs = s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
 	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			b, t := r/(KVH*G*T), r%T
@@ -223,24 +265,16 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		}
 	})
 	o := s.ar.matmul(probs, values, BK, false) // [BK, G·T, hd]
-	ot := s.ar.alloc(N, H*hd)
+	ot = s.ar.alloc(B*T, H*hd)
 	headsToTokens(o.v, ot.v, B, T, KVH, G, hd)
-	if la != nil {
-		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
-		if s.e.recomputeProbs(T) {
-			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
-			// backward pass computes them again (one more matmul) instead of holding them.
-			s.ar.releaseOne(probs)
-			la.p = mat[E]{}
-		}
-	}
-	h2 := s.linear(ot, L.o)
-	kernels.AddScaled(h2.v, h.v, 1)
-	if la == nil { // attention's tensors are spent
-		s.dropMerged()
-		s.ar.releaseExcept(start, h2)
-	}
+	return probs, ot
+}
 
+// mlp is h2 + down(silu(gate(norm(h2)))·up(norm(h2))) of layer l, saving its activations into
+// la (nil: a forward-only pass).
+func (s *pass[E]) mlp(l int, h2 mat[E], la *layerActs[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
 	kernels.RMSNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
 	gate := s.linear(x2, L.gate)
@@ -251,9 +285,6 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	kernels.AddScaled(out.v, h2.v, 1)
 	if la != nil {
 		la.h2, la.x2, la.inv2, la.gate, la.up, la.act, la.sig = h2, x2, inv2, gate, up, act, sig
-	}
-	if la == nil || !s.train.keepMerged {
-		s.dropMerged()
 	}
 	return out
 }

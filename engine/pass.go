@@ -14,16 +14,12 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
 	B, T := hi-lo, padLen(longest(p.tokens[lo:hi]))
-	s := newPass[E](e, newArena[E](e.base.mm), a, B, T)
-	defer s.ar.free()
-	s.ctx = ctx
-	s.kv = &passKV[E]{s: s}
-	s.cos, s.sin = ropeTable[E](e.invFreq, T)
+	ar := newArena[E](e.base.mm)
+	defer ar.free()
+	lora, scale := loraOf(ar, a, modelOf[E](e.base)) // the adapter's matrices, copied into the pass's arena
+	cos, sin := ropeTable[E](e.invFreq, T)
+	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads})
 	useImages(s, e, p.imageRows(lo, hi))
-	if grads != nil {
-		s.train = &trainState[E]{acts: make([]layerActs[E], e.Config.NumHiddenLayers),
-			taps: make([]loraTap[E], len(s.m.linears)), grads: grads, keepMerged: e.keepsMerged()}
-	}
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not
 	// everything it ever allocated; a forward-only pass holds one layer at a time.

@@ -67,12 +67,35 @@ type layerActs[E float] struct {
 	sig              mat[E] // σ(gate)
 }
 
-// newPass prepares a pass of B×T tokens with adapter a's matrices copied into the pass's arena
-// (nil adapter: none).
-func newPass[E float](e *Engine, ar *arena[E], a *Adapter, B, T int) *pass[E] {
+// passParts are what differ between the passes the engine runs, all made by newPass.
+type passParts[E float] struct {
+	ctx      context.Context // nil: never cancelled
+	lora     []*loraMats[E]  // by linear id, as loraOf makes them; nil entries: no LoRA
+	scale    E               // LoRA alpha/rank
+	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
+	grads    [][]float64     // a training pass's gradients, added to (nil: forward only)
+	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
+	// tokens sit at positions pos, attends over it.
+	cache *kvCache[E]
+	pos   [][]int
+}
+
+// newPass is how every pass is made, training, forward or sampling: B rows of T tokens computed
+// in arena ar from parts p. Keys and values are the pass's own (passKV, filling the sampler's
+// cache when there is one) unless p.pos places its tokens in the cache (cacheKV).
+func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E] {
 	m := modelOf[E](e.base)
-	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, merged: make([]mat[E], len(m.linears))}
-	s.lora, s.scale = loraOf(ar, a, m)
+	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, cos: p.cos, sin: p.sin,
+		lora: p.lora, scale: p.scale, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
+	if p.pos == nil {
+		s.kv = &passKV[E]{s: s, cache: p.cache}
+	} else {
+		s.kv = &cacheKV[E]{cache: p.cache, pos: p.pos}
+	}
+	if p.grads != nil {
+		s.train = &trainState[E]{acts: make([]layerActs[E], e.Config.NumHiddenLayers),
+			taps: make([]loraTap[E], len(m.linears)), grads: p.grads, keepMerged: e.keepsMerged()}
+	}
 	return s
 }
 

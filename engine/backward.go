@@ -61,22 +61,18 @@ func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []arenaMark
 // layerBack takes d loss/d(layer l's output) and returns d loss/d(its input), adding LoRA
 // gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
 func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
-	dh2 := s.mlpBack(l, dh)
+	dh2 := s.feedForwardBack(l, dh)
 	dq, dk, dv := s.attentionBack(l, dh2)
 	return s.qkvBack(l, dq, dk, dv, dh2)
 }
 
-// mlpBack takes d loss/d(the MLP's output) and returns d loss/d(its input h2), in dh's buffer:
-// the residual passes dh through and the norm's gradient is added to it.
-func (s *pass[E]) mlpBack(l int, dh mat[E]) mat[E] {
-	c, L := s.c, &s.m.layers[l]
+// feedForwardBack takes d loss/d(the feed-forward block's output) and returns d loss/d(its
+// input h2), in dh's buffer: the residual passes dh through and the norm's gradient is added to
+// it.
+func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
+	L := &s.m.layers[l]
 	la := &s.train.acts[l]
-	N := s.B * s.T
-	da := s.linearBack(dh, L.down, true)
-	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	kernels.SiluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
-	dx2 := s.linearBack(dg, L.gate, true)
-	kernels.AddScaled(dx2.v, s.linearBack(du, L.up, true).v, 1)
+	dx2 := L.ffn().backward(s, dh, la)
 	dh2 := dh
 	kernels.RMSNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
 	return dh2

@@ -55,16 +55,15 @@ type trainState[E float] struct {
 
 // layerActs are the activations of one decoder layer that its backward pass needs.
 type layerActs[E float] struct {
-	h, x1, inv1      mat[E] // layer input, its norm, 1/rms per token
-	yq, yk           mat[E] // q, k projections before the head norms
-	qInv, kInv       []E    // 1/rms per token and head (head norms)
-	qh, qhT          mat[E] // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
-	kh, khT, vh, vhT mat[E] // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
-	p                mat[E] // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
-	o                mat[E] // attention output, token layout [N, H·hd]
-	h2, x2, inv2     mat[E] // residual after attention, its norm, 1/rms
-	gate, up, act    mat[E] // MLP
-	sig              mat[E] // σ(gate)
+	h, x1, inv1      mat[E]       // layer input, its norm, 1/rms per token
+	yq, yk           mat[E]       // q, k projections before the head norms
+	qInv, kInv       []E          // 1/rms per token and head (head norms)
+	qh, qhT          mat[E]       // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
+	kh, khT, vh, vhT mat[E]       // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
+	p                mat[E]       // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
+	o                mat[E]       // attention output, token layout [N, H·hd]
+	h2, x2, inv2     mat[E]       // residual after attention, its norm, 1/rms
+	dense            denseActs[E] // the feed-forward block's (denseFFN)
 }
 
 // passParts are what differ between the passes the engine runs, all made by newPass.
@@ -162,8 +161,8 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 	return s.linear(hf, s.m.head), inv
 }
 
-// layer runs decoder layer l on h [B·T, D]: attention, then the MLP, each added to its input.
-// A forward-only pass gives back attention's tensors before the MLP runs, and every merged
+// layer runs decoder layer l on h [B·T, D]: attention, then the feed-forward block, each added
+// to its input. A forward-only pass gives back attention's tensors before the block runs, and every merged
 // weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	start := s.ar.mark()
@@ -177,7 +176,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		s.dropMerged()
 		s.ar.releaseExcept(start, h2)
 	}
-	out := s.mlp(l, h2, la)
+	out := s.feedForward(l, h2, la)
 	if la == nil || !s.train.keepMerged {
 		s.dropMerged()
 	}
@@ -293,21 +292,17 @@ func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
 	return probs, ot
 }
 
-// mlp is h2 + down(silu(gate(norm(h2)))·up(norm(h2))) of layer l, saving its activations into
-// la (nil: a forward-only pass).
-func (s *pass[E]) mlp(l int, h2 mat[E], la *layerActs[E]) mat[E] {
+// feedForward is h2 + ffn(norm(h2)) of layer l, saving its activations into la (nil: a
+// forward-only pass).
+func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
 	kernels.RMSNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
-	gate := s.linear(x2, L.gate)
-	up := s.linear(x2, L.up)
-	act, sig := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	kernels.SiluGate(gate.v, up.v, sig.v, act.v)
-	out := s.linear(act, L.down)
+	out := L.ffn().forward(s, x2, la)
 	kernels.AddScaled(out.v, h2.v, 1)
 	if la != nil {
-		la.h2, la.x2, la.inv2, la.gate, la.up, la.act, la.sig = h2, x2, inv2, gate, up, act, sig
+		la.h2, la.x2, la.inv2 = h2, x2, inv2
 	}
 	return out
 }

@@ -8,53 +8,67 @@ import (
 
 // family is one model architecture: how its config.json names it and what it adds to the shared
 // decoder layer (transformer.go). Each family lives in its own arch_*.go file and registers
-// itself, so adding one touches no other.
+// itself, so adding one touches no other. A family that does more than these fields say
+// implements the optional interfaces below, found by a type assertion on what it registered
+// (Config.architecture); tiny.go's tinyFamily makes it one InitTiny can generate.
 type family struct {
 	arch      Arch
 	hfClass   string // config.json "architectures"[0], e.g. "LlamaForCausalLM"
 	modelType string // config.json "model_type"
 	// headNorm: RMSNorm on every query and key head before RoPE (weights q_norm, k_norm).
 	headNorm bool
-	// finish applies what the family fixes regardless of config.json (nil: nothing).
-	finish func(c *Config)
 	// statedRopeTheta: config.json must give rope_theta (HF's default is not what its checkpoints use).
 	statedRopeTheta bool
-	// tinyConfig sets the family's own keys of a generated model's config.json.
-	tinyConfig func(cfg map[string]any, p Preset)
-	// validate checks what the family adds to config.json (nil: nothing).
-	validate func(c *Config) error
 	// lmPrefix is the HF name prefix of the LM's weights ("" : "model.").
 	lmPrefix string
-	// extraWeights lists weights beside the LM's (a vision tower's), with their HF shapes.
-	extraWeights func(c *Config) []string
-	extraShape   func(c *Config, name string) []int
-	// A generated model's special tokens beside SpecialTokens, how the config names their ids,
-	// and the files it has beside config, weights and tokenizer (nil: none).
-	tinySpecials []string
-	tinyTokens   func(cfg map[string]any, id func(string) int)
-	tinyFiles    func(dir string, c *Config) error
 }
 
-var families = map[Arch]*family{}
+// architecture is what an arch_*.go file registers: a type that embeds its family, with the
+// methods of whichever optional interfaces it needs.
+type architecture interface {
+	desc() *family
+}
+
+func (f *family) desc() *family { return f }
+
+// finisher is a family that fixes part of the config regardless of config.json.
+type finisher interface {
+	finish(c *Config)
+}
+
+// validator is a family that checks what it adds to config.json.
+type validator interface {
+	validate(c *Config) error
+}
+
+// extraWeighter is a family with weights beside the LM's (a vision tower's).
+type extraWeighter interface {
+	extraWeights(c *Config) []string
+	// extraShape is the HF shape of one of them (nil: name is not one of its weights).
+	extraShape(c *Config, name string) []int
+}
+
+var families = map[Arch]architecture{}
 
 // registerFamily adds an architecture; called from the init of its file.
-func registerFamily(f *family) {
+func registerFamily(a architecture) {
+	f := a.desc()
 	if _, dup := families[f.arch]; dup {
 		panic("engine: architecture registered twice: " + string(f.arch))
 	}
-	families[f.arch] = f
+	families[f.arch] = a
 }
 
 // familyOf finds the family of a config: by its architecture class first, then by model_type.
-func familyOf(hfClass, modelType string) (*family, error) {
-	for _, f := range families {
-		if hfClass != "" && f.hfClass == hfClass {
-			return f, nil
+func familyOf(hfClass, modelType string) (architecture, error) {
+	for _, a := range families {
+		if hfClass != "" && a.desc().hfClass == hfClass {
+			return a, nil
 		}
 	}
-	for _, f := range families {
-		if f.modelType == modelType {
-			return f, nil
+	for _, a := range families {
+		if a.desc().modelType == modelType {
+			return a, nil
 		}
 	}
 	return nil, fmt.Errorf("unsupported architecture %q (model_type %q); supported: %s", hfClass, modelType, strings.Join(familyNames(), ", "))
@@ -69,14 +83,17 @@ func familyNames() []string {
 	return names
 }
 
-// family is the config's architecture (set by finish); a config never finished gets the plain
-// layer.
-func (c *Config) family() *family {
-	if f := families[c.Arch]; f != nil {
-		return f
+// architecture is the config's registered architecture (set by finish); a config never
+// finished gets the plain layer.
+func (c *Config) architecture() architecture {
+	if a := families[c.Arch]; a != nil {
+		return a
 	}
 	return &family{arch: c.Arch}
 }
+
+// family is the config's family: its architecture's description.
+func (c *Config) family() *family { return c.architecture().desc() }
 
 // lm is the HF name prefix of the LM's weights and modules: "model." for causal LMs,
 // "model.language_model." inside a vision-language model.

@@ -50,15 +50,22 @@ var tinyVision = VisionConfig{Depth: 3, HiddenSize: 32, HiddenAct: "gelu_pytorch
 	NumHeads: 2, InChannels: 3, PatchSize: 16, SpatialMergeSize: 2, TemporalPatchSize: 2,
 	NumPositionEmbeddings: 16, DeepstackVisualIndexes: []int{0, 1}}
 
+type qwen3VLFamily struct{ family }
+
+var (
+	_ validator     = (*qwen3VLFamily)(nil)
+	_ extraWeighter = (*qwen3VLFamily)(nil)
+	_ tinyFamily    = (*qwen3VLFamily)(nil)
+	_ tinyExtras    = (*qwen3VLFamily)(nil)
+)
+
 func init() {
-	registerFamily(&family{arch: ArchQwen3VL, hfClass: "Qwen3VLForConditionalGeneration", modelType: "qwen3_vl",
-		headNorm: true, lmPrefix: "model.language_model.", validate: validateQwen3VL, statedRopeTheta: true,
-		extraWeights: visionWeightNames, extraShape: visionWeightShape,
-		tinyConfig: tinyQwen3VLConfig, tinySpecials: []string{VisionStartToken, VisionEndToken, ImagePadToken},
-		tinyTokens: tinyQwen3VLTokens, tinyFiles: writeQwen3VLFiles})
+	registerFamily(&qwen3VLFamily{family{arch: ArchQwen3VL, hfClass: "Qwen3VLForConditionalGeneration", modelType: "qwen3_vl",
+		headNorm: true, lmPrefix: "model.language_model.", statedRopeTheta: true}})
 }
 
-func validateQwen3VL(c *Config) error {
+// validate checks the vision tower's config and the LM's multimodal RoPE.
+func (*qwen3VLFamily) validate(c *Config) error {
 	v := c.VisionConfig
 	if v == nil {
 		return fmt.Errorf("qwen3_vl: vision_config missing")
@@ -119,7 +126,8 @@ func visionMergerNames(p string) []string {
 		p + "linear_fc2.weight", p + "linear_fc2.bias"}
 }
 
-func visionWeightNames(c *Config) []string {
+// extraWeights are the vision tower's weights.
+func (*qwen3VLFamily) extraWeights(c *Config) []string {
 	v := c.VisionConfig
 	names := []string{"model.visual.patch_embed.proj.weight", "model.visual.patch_embed.proj.bias", "model.visual.pos_embed.weight"}
 	for i := range v.Depth {
@@ -135,7 +143,7 @@ func visionWeightNames(c *Config) []string {
 	return names
 }
 
-func visionWeightShape(c *Config, name string) []int {
+func (*qwen3VLFamily) extraShape(c *Config, name string) []int {
 	if !strings.HasPrefix(name, "model.visual.") {
 		return nil
 	}
@@ -195,7 +203,8 @@ func visionWeightShape(c *Config, name string) []int {
 // text_config.
 var tinyTopLevel = map[string]bool{"architectures": true, "model_type": true, "transformers_version": true}
 
-func tinyQwen3VLConfig(cfg map[string]any, p Preset) {
+// tinyConfig moves the LM's keys to text_config and adds a tiny vision_config.
+func (*qwen3VLFamily) tinyConfig(cfg map[string]any, p Preset) {
 	cfg["head_dim"] = 2 * p.Hidden / p.Heads
 	cfg["attention_bias"] = false
 	cfg["rope_theta"] = 5000000.0
@@ -223,8 +232,13 @@ func tinyQwen3VLConfig(cfg map[string]any, p Preset) {
 	cfg["tie_word_embeddings"], text["tie_word_embeddings"] = true, true
 }
 
-// tinyQwen3VLTokens sets the vision token ids of a generated config from its tokenizer.
-func tinyQwen3VLTokens(cfg map[string]any, id func(string) int) {
+// tinySpecials are the vision special tokens of a generated tokenizer.
+func (*qwen3VLFamily) tinySpecials() []string {
+	return []string{VisionStartToken, VisionEndToken, ImagePadToken}
+}
+
+// tinyTokens sets the vision token ids of a generated config from its tokenizer.
+func (*qwen3VLFamily) tinyTokens(cfg map[string]any, id func(string) int) {
 	cfg["image_token_id"] = id(ImagePadToken)
 	cfg["vision_start_token_id"] = id(VisionStartToken)
 	cfg["vision_end_token_id"] = id(VisionEndToken)
@@ -239,9 +253,9 @@ const qwen3VLChatTemplate = `{%- for message in messages %}{{- '<|im_start|>' + 
 	`{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}` +
 	`{{- '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`
 
-// writeQwen3VLFiles writes a generated VL model's preprocessor_config.json (Qwen2-VL's image
+// tinyFiles writes a generated VL model's preprocessor_config.json (Qwen2-VL's image
 // processor with Qwen3-VL's 16-pixel patches and mean/std of 0.5) and tokenizer_config.json.
-func writeQwen3VLFiles(dir string, c *Config) error {
+func (*qwen3VLFamily) tinyFiles(dir string, c *Config) error {
 	v := c.VisionConfig
 	pre := map[string]any{
 		"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",

@@ -34,27 +34,79 @@ func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
 	}
 }
 
+// backward runs the pass backward from d loss/d logits (dlogits): through the head and the
+// final norm (h and invF its input and 1/rms), then every layer from the last, releasing each
+// layer's activations and merged weights once its backward pass is done. It reports false when
+// the pass was cancelled between layers.
+func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []arenaMark) bool {
+	c := s.c
+	dhf := *s.linearBack(dlogits, s.m.head, true)
+	dh := s.ar.alloc(s.B*s.T, c.HiddenSize)
+	kernels.RMSNormBack(dhf.v, h.v, invF, s.m.norm, dh.v, false)
+	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
+		if s.cancelled() {
+			return false
+		}
+		m := s.ar.mark()
+		dh = s.layerBack(l, dh)
+		s.ar.release(m, s.ar.mark())
+		s.ar.release(marks[l], marks[l+1])
+		for _, lin := range s.m.layers[l].linears() { // this layer's merged weights were in the ranges just released
+			s.merged[lin.id] = mat[E]{}
+		}
+	}
+	return true
+}
+
 // layerBack takes d loss/d(layer l's output) and returns d loss/d(its input), adding LoRA
 // gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
 func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
+	dh2 := s.feedForwardBack(l, dh)
+	dq, dk, dv := s.attentionBack(l, dh2)
+	return s.qkvBack(l, dq, dk, dv, dh2)
+}
+
+// feedForwardBack takes d loss/d(the feed-forward block's output) and returns d loss/d(its
+// input h2), in dh's buffer: the residual passes dh through and the norm's gradient is added to
+// it.
+func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
+	L := &s.m.layers[l]
+	la := &s.train.acts[l]
+	dx2 := L.ffn().backward(s, dh, la)
+	dh2 := dh
+	kernels.RMSNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
+	return dh2
+}
+
+// attentionBack takes d loss/d(attention's output) and returns d loss/d(the q, k and v
+// projections), in token layout.
+func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
 	c, L := s.c, &s.m.layers[l]
 	la := &s.train.acts[l]
-	B, T := s.B, s.T
+	T, BK := s.T, s.B*c.NumKeyValueHeads
+	do := s.linearBack(dh2, L.o, true)
+	dO, dOT := s.tokensToHeads(do)
+	scale := E(1 / math.Sqrt(float64(c.HeadDim)))
+	probs := la.p
+	if probs.buf == nil {
+		probs = s.ar.matmul(la.qh, la.khT, BK, false)
+		kernels.SoftmaxCausal(probs.v, T, scale)
+	}
+	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
+	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
+	kernels.SoftmaxBack(probs.v, dP.v, T, scale)
+	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
+	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
+	return s.headsBack(l, dQ, dKT, dVT)
+}
+
+// tokensToHeads copies d loss/d(attention output) from token layout [B·T, H·hd] into the
+// attention layout dO [B·KVH, G·T, hd] and its transpose dOT [B·KVH, hd, G·T].
+func (s *pass[E]) tokensToHeads(do *mat[E]) (dO, dOT mat[E]) {
+	c, B, T := s.c, s.B, s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, N, BK := H/KVH, B*T, B*KVH
-
-	// MLP.
-	da := s.linearBack(dh, L.down, true)
-	dg, du := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	kernels.SiluGateBack(da.v, la.gate.v, la.up.v, la.sig.v, dg.v, du.v)
-	dx2 := s.linearBack(dg, L.gate, true)
-	kernels.AddScaled(dx2.v, s.linearBack(du, L.up, true).v, 1)
-	dh2 := dh // the residual passes dh through; the norm's gradient is added to it
-	kernels.RMSNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
-
-	// Attention.
-	do := s.linearBack(dh2, L.o, true)
-	dO, dOT := s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
+	dO, dOT = s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
@@ -70,20 +122,18 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 			}
 		}
 	})
-	scale := E(1 / math.Sqrt(float64(hd)))
-	probs := la.p
-	if probs.buf == nil {
-		probs = s.ar.matmul(la.qh, la.khT, BK, false)
-		kernels.SoftmaxCausal(probs.v, T, scale)
-	}
-	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
-	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
-	kernels.SoftmaxBack(probs.v, dP.v, T, scale)
-	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
-	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
+	return dO, dOT
+}
 
-	// Back to token layout through RoPE and the head norms.
-	dq, dk, dv := s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
+// headsBack takes the gradients of layer l's queries, keys and values in the attention layout
+// back to token layout through RoPE and the head norms.
+func (s *pass[E]) headsBack(l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
+	c, L := s.c, &s.m.layers[l]
+	la := &s.train.acts[l]
+	B, T := s.B, s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, N := H/KVH, B*T
+	dq, dk, dv = s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
 	qNorm, kNorm := L.qNorm, L.kNorm
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, col := make([]E, hd), make([]E, hd)
@@ -119,6 +169,15 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 			}
 		}
 	})
+	return dq, dk, dv
+}
+
+// qkvBack takes the q, k and v projections' gradients through them and the input norm, adding
+// d loss/d(the layer's input) to dh2 (d loss/d(its residual after attention)), which it
+// returns; nil for layer 0, whose input gradient is not needed.
+func (s *pass[E]) qkvBack(l int, dq, dk, dv, dh2 mat[E]) mat[E] {
+	L := &s.m.layers[l]
+	la := &s.train.acts[l]
 	needDX := l > 0
 	dx1 := s.linearBack(dq, L.q, needDX)
 	dxk := s.linearBack(dk, L.k, needDX)

@@ -113,10 +113,11 @@ func (c *Config) finish() error {
 	if len(c.Architectures) > 0 {
 		arch = c.Architectures[0]
 	}
-	f, err := familyOf(arch, c.ModelType)
+	a, err := familyOf(arch, c.ModelType)
 	if err != nil {
 		return err
 	}
+	f := a.desc()
 	c.Arch = f.arch
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return fmt.Errorf("unsupported hidden_act %q (only silu)", c.HiddenAct)
@@ -165,11 +166,11 @@ func (c *Config) finish() error {
 	if c.MaxPositionEmbeddings == 0 {
 		c.MaxPositionEmbeddings = 2048
 	}
-	if f.finish != nil {
-		f.finish(c)
+	if fi, ok := a.(finisher); ok {
+		fi.finish(c)
 	}
-	if f.validate != nil {
-		return f.validate(c)
+	if v, ok := a.(validator); ok {
+		return v.validate(c)
 	}
 	return nil
 }

@@ -66,40 +66,55 @@ func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 	return d
 }
 
+// step is the loop's stepFunc: one pass over tokens tok at positions pos, a prefill when every
+// row's tokens sit at 0…T-1, a decode step over the cache otherwise.
 func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
 	if d.long.err != nil {
 		return nil, d.long.err
 	}
-	e, c := d.e, d.e.Config
+	e := d.e
 	B, T := d.B, len(tok[0])
-	N, D, V := B*T, c.HiddenSize, c.VocabSize
-	fromStart := true // every row's tokens at positions 0…T-1: a prefill
-	for b := range B {
-		for t := range T {
-			if pos[b][t] < 0 || pos[b][t] >= d.cache.S {
-				return nil, inputErr(-1, "prompt", "position %d outside the cache of %d", pos[b][t], d.cache.S)
-			}
-			fromStart = fromStart && pos[b][t] == t
-		}
+	fromStart, err := d.checkPositions(pos, T)
+	if err != nil {
+		return nil, err
 	}
 	ar := newArena[E](e.base.mm)
 	defer ar.free()
-	m := modelOf[E](e.base)
-	s := &pass[E]{e: e, c: c, m: m, ar: ar, B: B, T: T, cos: d.cos, sin: d.sin,
-		lora: d.lora, scale: d.scale, merged: make([]mat[E], len(m.linears)), ctx: d.ctx}
-	if fromStart {
-		s.kv = &passKV[E]{s: s, cache: d.cache}
-	} else {
-		s.kv = &cacheKV[E]{cache: d.cache, pos: pos}
+	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, cos: d.cos, sin: d.sin, cache: d.cache}
+	if !fromStart {
+		parts.pos = pos
 	}
+	s := newPass(e, ar, B, T, parts)
 	d.useImages(s, fromStart)
 	m0 := ar.mark()
 	h, _ := s.layers(s.embed(tok), m0)
 	if ar.err != nil {
 		return nil, ar.err
 	}
+	return s.wantedLogits(h, want)
+}
 
+// checkPositions checks every position of a step [B][T] lies in the cache, and reports whether
+// every row's tokens sit at positions 0…T-1: a prefill.
+func (d *kvDecoder[E]) checkPositions(pos [][]int, T int) (fromStart bool, err error) {
+	fromStart = true
+	for b := range d.B {
+		for t := range T {
+			if pos[b][t] < 0 || pos[b][t] >= d.cache.S {
+				return false, inputErr(-1, "prompt", "position %d outside the cache of %d", pos[b][t], d.cache.S)
+			}
+			fromStart = fromStart && pos[b][t] == t
+		}
+	}
+	return fromStart, nil
+}
+
+// wantedLogits are the logits of the rows of h [B·T, D] that want accepts, widened to float64
+// and indexed b·T+t (nil elsewhere). Only those rows go through the unembedding.
+func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool) ([][]float64, error) {
+	T, D, V := s.T, s.c.HiddenSize, s.c.VocabSize
+	N := s.B * T
 	var picked []int
 	for n := range N {
 		if want(n/T, n%T) {
@@ -108,16 +123,16 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	}
 	out := make([][]float64, N)
 	if len(picked) == 0 {
-		return out, ar.err
+		return out, s.ar.err
 	}
 	M := len(picked)
-	hm := ar.alloc(M, D)
+	hm := s.ar.alloc(M, D)
 	for i, n := range picked {
 		copy(hm.v[i*D:(i+1)*D], h.v[n*D:(n+1)*D])
 	}
 	logits, _ := s.unembed(hm)
-	if ar.err != nil {
-		return nil, ar.err
+	if s.ar.err != nil {
+		return nil, s.ar.err
 	}
 	kernels.ParallelRows(M, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {

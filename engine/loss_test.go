@@ -64,3 +64,88 @@ func TestFloat32GradientsMatchFloat64(t *testing.T) {
 		}
 	}
 }
+
+// cookbookRLDatum is an RL datum as the tinker-cookbook builds it: the first prompt positions
+// padded with target promptTarget, sampling logprob 0 and advantage 0, the rest sampled.
+func cookbookRLDatum(ids []int, prompt int, promptTarget float64) Datum {
+	d := rlDatum(ids, -6.0, 0.4)
+	tg := append([]float64(nil), d.Inputs["target_tokens"].Data...)
+	lp := d.Inputs["logprobs"].Data
+	adv := d.Inputs["advantages"].Data
+	for t := range prompt {
+		tg[t], lp[t], adv[t] = promptTarget, 0, 0
+	}
+	d.Inputs["target_tokens"] = TensorInput{DType: "int64", Data: tg}
+	return d
+}
+
+// dro trains only the sampled positions: prompt padding (sampling logprob 0, advantage 0) adds
+// no loss and no gradient, so what the padding's targets are changes nothing.
+func TestDROIgnoresPromptPadding(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{Float64: true})
+	ids := e.Tokenizer.Encode("It's a fine day, isn't it?")
+	const prompt = 4
+	grads := func(promptTarget float64) ([][]float64, *ForwardResult) {
+		id := "dro-pad"
+		e.DeleteAdapter(context.Background(), id)
+		a := adapterWithB(t, e, id, LoraConfig{Rank: 2, Seed: 3, TrainAttn: true, TrainMLP: true, TrainUnembed: true}, func(i, j int) float64 { return 0.05 * math.Sin(float64(7*j+i)) })
+		res, err := e.ForwardBackward(context.Background(), id, []Datum{cookbookRLDatum(ids, prompt, promptTarget)}, "dro", map[string]float64{"beta": 0.3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [][]float64
+		for _, p := range a.params {
+			out = append(out, append([]float64(nil), p.g...))
+		}
+		return out, res
+	}
+	g0, res := grads(0)
+	for pos := range prompt {
+		if res.Losses[0][pos] != 0 {
+			t.Fatalf("prompt position %d has loss %v, want 0", pos, res.Losses[0][pos])
+		}
+	}
+	if res.Losses[0][prompt] == 0 {
+		t.Fatalf("sampled position %d has no loss", prompt)
+	}
+	g5, _ := grads(5)
+	for i := range g0 {
+		for j := range g0[i] {
+			if g0[i][j] != g5[i][j] {
+				t.Fatalf("param %d elem %d: gradient %v with prompt targets 0, %v with 5", i, j, g0[i][j], g5[i][j])
+			}
+		}
+	}
+}
+
+// An explicit mask decides alone which positions dro trains: masking a sampled position drops
+// its loss, and a mask of the wrong length is refused.
+func TestDROMask(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{Float64: true})
+	ids := e.Tokenizer.Encode("It's a fine day")
+	d := rlDatum(ids, -6.0, 0.4)
+	n := len(d.Tokens)
+	mask := make([]float64, n)
+	mask[n-1] = 1
+	d.Inputs["mask"] = TensorInput{DType: "float32", Data: mask}
+	res, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pos := range n - 1 {
+		if res.Losses[0][pos] != 0 {
+			t.Fatalf("masked position %d has loss %v", pos, res.Losses[0][pos])
+		}
+	}
+	if res.Losses[0][n-1] == 0 {
+		t.Fatal("the unmasked position has no loss")
+	}
+	d.Inputs["mask"] = TensorInput{DType: "float32", Data: mask[:n-1]}
+	if _, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil); err == nil {
+		t.Fatal("a mask of the wrong length was accepted")
+	}
+	d.Inputs["mask"] = TensorInput{DType: "float32", Data: append(mask[:n-1:n-1], 0.5)}
+	if _, err := e.Forward(context.Background(), "", []Datum{d}, "dro", nil); err == nil {
+		t.Fatal("a mask value other than 0 or 1 was accepted")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -173,18 +174,6 @@ func adapterBits(a *Adapter) []uint64 {
 	return out
 }
 
-func sameBits(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // numbersEngine is a tiny engine with an adapter that has trained one step and holds
 // accumulated gradients, so every part of its state is non-trivial.
 func numbersEngine(t *testing.T) (*Engine, *Adapter, []int) {
@@ -222,7 +211,7 @@ func TestOptimStepRefusesNonFiniteUpdates(t *testing.T) {
 		if !errors.Is(err, ErrInvalidInput) {
 			t.Fatalf("%s: want a user error, got %v", c.name, err)
 		}
-		if !sameBits(before, adapterBits(a)) {
+		if !slices.Equal(before, adapterBits(a)) {
 			t.Fatalf("%s: the refused step changed the adapter", c.name)
 		}
 	}
@@ -279,7 +268,7 @@ func TestNonFiniteLossIsRefused(t *testing.T) {
 			if !errors.Is(err, ErrInvalidInput) {
 				t.Fatalf("%s (backward %v): want a user error, got %v", c.name, backward, err)
 			}
-			if !sameBits(before, adapterBits(a)) {
+			if !slices.Equal(before, adapterBits(a)) {
 				t.Fatalf("%s (backward %v): the refused batch changed the adapter", c.name, backward)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,7 +45,7 @@ func TestQwen3VLForwardWithImagesMatchesReference(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if k == 2 && !equalFloats(r.Logprobs[0], r.Logprobs[2]) {
+		if k == 2 && !slices.Equal(r.Logprobs[0], r.Logprobs[2]) {
 			t.Fatal("the same datum gave different logprobs in two chunks")
 		}
 		got := r.Logprobs[len(batch)-1]
@@ -303,18 +304,6 @@ func TestQwen3VLBF16(t *testing.T) {
 			t.Fatalf("position %d: f32 %.6f, bf16 %.6f", i, lps[0][i], lps[1][i])
 		}
 	}
-}
-
-func equalFloats(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // A prompt with images that finishes first in a batch keeps being stepped (fed at slot 0) while

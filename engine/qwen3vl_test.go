@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -178,7 +179,7 @@ func TestQwen3VLTextOnlyIsQwen3(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range a.Sequences {
-		if !equalInts(a.Sequences[i].Tokens, b.Sequences[i].Tokens) || math.Abs(a.Sequences[i].Logprobs[0]-b.Sequences[i].Logprobs[0]) > 0 {
+		if !slices.Equal(a.Sequences[i].Tokens, b.Sequences[i].Tokens) || math.Abs(a.Sequences[i].Logprobs[0]-b.Sequences[i].Logprobs[0]) > 0 {
 			t.Fatalf("samples differ: %v vs %v", a.Sequences[i], b.Sequences[i])
 		}
 	}
@@ -200,18 +201,6 @@ func TestQwen3VLTextOnlyIsQwen3(t *testing.T) {
 	if err := vl.LoadAdapter(context.Background(), "b", dir, false); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Qwen3-VL-2B-Instruct's config.json (as published; keys we do not read left out) loads: the

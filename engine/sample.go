@@ -226,9 +226,40 @@ type sampleRow struct {
 
 // decode runs one batched prefill + decode loop over the rows of some requests.
 func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+	rows, maxPrompt, maxLen := e.sampleRows(reqs)
+	B := len(rows) // no padding rows: a new row count costs only a few matmul compiles
+	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
+	images, err := e.sampleImageRows(reqs, rows)
+	if err != nil {
+		return nil, err
+	}
+	step, done := e.newDecodeStepImages(ctx, a, B, S, images)
+	defer done()
+
+	first := firstRows(rows)
+	logits, T, err := prefill(step, reqs, rows, first, maxPrompt)
+	if err != nil {
+		return nil, err
+	}
+	results := e.promptResults(reqs, rows, first, logits, T)
+	stopFailed(rows)
+
+	// next[b] holds the logits that predict row b's next token.
+	next := make([][]float64, B)
+	for b := range B {
+		next[b] = logits[b*T+len(rows[b].prompt)-1]
+	}
+	if err := e.decodeSteps(ctx, step, rows, next); err != nil {
+		return nil, err
+	}
+	return gatherSequences(results, rows), nil
+}
+
+// sampleRows makes the rows of a decode loop, NumSamples of each request in order, each with
+// its stop tokens (the request's and the model's end-of-sequence ids) and its random stream; with
+// the longest prompt and the longest prompt plus its MaxTokens.
+func (e *Engine) sampleRows(reqs []SampleRequest) (rows []*sampleRow, maxPrompt, maxLen int) {
 	eos := e.Config.EOSTokens()
-	var rows []*sampleRow
-	maxPrompt, maxLen := 0, 0
 	for ri, r := range reqs {
 		stop := map[int]bool{}
 		for _, t := range r.Params.StopTokens {
@@ -248,38 +279,35 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 		maxPrompt = max(maxPrompt, len(r.Prompt))
 		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
 	}
-	n := len(rows)
-	B := n // no padding rows: a new row count costs only a few matmul compiles
-	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
-	images, err := e.sampleImageRows(reqs, rows)
-	if err != nil {
-		return nil, err
-	}
-	step, done := e.newDecodeStepImages(ctx, a, B, S, images)
-	defer done()
+	return rows, maxPrompt, maxLen
+}
 
-	// Prefill: each row's prompt at positions 0…P-1, padded to a common bucket. Padding writes
-	// garbage into cache slots at or after the row's prompt end; decode overwrites each slot
-	// before any query may attend to it.
-	T := bucket(maxPrompt, 16)
+// firstRows maps each request to its first row.
+func firstRows(rows []*sampleRow) map[int]int {
+	first := map[int]int{}
+	for b := len(rows) - 1; b >= 0; b-- {
+		first[rows[b].req] = b
+	}
+	return first
+}
+
+// prefill runs each row's prompt at positions 0…P-1, padded to a common bucket T, and returns
+// the logits it asked for, indexed b·T+t: where each row's prompt ends, and at every prompt
+// position of the first row of a request that asked for prompt logprobs. Padding writes garbage
+// into cache slots at or after the row's prompt end; decode overwrites each slot before any
+// query may attend to it.
+func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt int) ([][]float64, int, error) {
+	B, T := len(rows), bucket(maxPrompt, 16)
 	tok := make([][]int, B)
 	pos := make([][]int, B)
 	for b := range B {
 		tok[b] = make([]int, T)
 		pos[b] = make([]int, T)
-		if b < n {
-			copy(tok[b], rows[b].prompt)
-		}
+		copy(tok[b], rows[b].prompt)
 		for t := range T {
 			pos[b][t] = t
 		}
 	}
-	first := map[int]int{} // request -> its first row
-	for b := n - 1; b >= 0; b-- {
-		first[rows[b].req] = b
-	}
-	// Logits are needed where each row's prompt ends, and at every prompt position of the first
-	// row of a request that asked for prompt logprobs.
 	logits, err := step(tok, pos, func(b, t int) bool {
 		r := rows[b]
 		if t == len(r.prompt)-1 {
@@ -288,9 +316,12 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 		req := reqs[r.req]
 		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
 	})
-	if err != nil {
-		return nil, err
-	}
+	return logits, T, err
+}
+
+// promptResults starts each request's result, with its prompt logprobs where it asked for them
+// (from its first row's prefill logits; non-finite logits fail that row).
+func (e *Engine) promptResults(reqs []SampleRequest, rows []*sampleRow, first map[int]int, logits [][]float64, T int) []*SampleResult {
 	results := make([]*SampleResult, len(reqs))
 	for ri, r := range reqs {
 		res := &SampleResult{}
@@ -316,44 +347,14 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 			}
 		}
 	}
+	return results
+}
 
-	stopFailed(rows)
-
-	// next[b] holds the logits that predict row b's next token.
-	next := make([][]float64, B)
-	for b := range n {
-		next[b] = logits[b*T+len(rows[b].prompt)-1]
-	}
+// decodeSteps draws every running row's next token from next, hands it to OnToken and feeds it
+// back for the following logits, until every row is done (or ctx ends, between steps).
+func (e *Engine) decodeSteps(ctx context.Context, step stepFunc, rows []*sampleRow, next [][]float64) error {
 	for {
-		feed := make([][]int, B)
-		fpos := make([][]int, B)
-		// Rows draw in parallel: each has its own random stream and state, so the outcome does
-		// not depend on scheduling.
-		kernels.ParallelRows(B, func(b0, b1 int) {
-			for b := b0; b < b1; b++ {
-				feed[b], fpos[b] = []int{0}, []int{0}
-				if b >= n || rows[b].done {
-					continue
-				}
-				r := rows[b]
-				t, lp, err := sampleToken(next[b], r.params, r.rng)
-				if err != nil {
-					r.err = fmt.Errorf("sampling token %d: %w", len(r.seq.Tokens), err)
-					r.done = true
-					continue
-				}
-				r.seq.Tokens = append(r.seq.Tokens, t)
-				r.seq.Logprobs = append(r.seq.Logprobs, lp)
-				switch {
-				case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
-					r.seq.StopReason, r.done = "stop", true
-				case len(r.seq.Tokens) == r.params.MaxTokens:
-					r.seq.StopReason, r.done = "length", true
-				}
-				feed[b][0] = t
-				fpos[b][0] = len(r.prompt) + len(r.seq.Tokens) - 1
-			}
-		})
+		feed, fpos := e.drawTokens(rows, next)
 		reportTokens(rows)
 		stopFailed(rows)
 		active := false
@@ -361,18 +362,67 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 			active = active || !r.done
 		}
 		if !active {
-			break
+			return nil
 		}
 		if err := stopped(ctx); err != nil {
-			return nil, err
+			return err
 		}
-		if logits, err = step(feed, fpos, func(b, _ int) bool { return !rows[b].done }); err != nil {
-			return nil, err
+		logits, err := step(feed, fpos, func(b, _ int) bool { return !rows[b].done })
+		if err != nil {
+			return err
 		}
-		for b := range n {
+		for b := range rows {
 			next[b] = logits[b]
 		}
 	}
+}
+
+// drawTokens draws the next token of every running row, and returns the step that feeds them:
+// each row's token and its position (0 and 0 for a row that is done). Rows draw in parallel:
+// each has its own random stream and state, so the outcome does not depend on scheduling.
+func (e *Engine) drawTokens(rows []*sampleRow, next [][]float64) (feed, fpos [][]int) {
+	B := len(rows)
+	feed = make([][]int, B)
+	fpos = make([][]int, B)
+	kernels.ParallelRows(B, func(b0, b1 int) {
+		for b := b0; b < b1; b++ {
+			feed[b], fpos[b] = []int{0}, []int{0}
+			if rows[b].done {
+				continue
+			}
+			if t, ok := e.drawToken(rows[b], next[b]); ok {
+				feed[b][0] = t
+				fpos[b][0] = len(rows[b].prompt) + len(rows[b].seq.Tokens) - 1
+			}
+		}
+	})
+	return feed, fpos
+}
+
+// drawToken draws row r's next token from the logits that predict it and appends it to the
+// row's sequence, ending the row on a stop token or string or at MaxTokens. A failed draw
+// (non-finite logits) ends the row with its error and reports false.
+func (e *Engine) drawToken(r *sampleRow, logits []float64) (int, bool) {
+	t, lp, err := sampleToken(logits, r.params, r.rng)
+	if err != nil {
+		r.err = fmt.Errorf("sampling token %d: %w", len(r.seq.Tokens), err)
+		r.done = true
+		return 0, false
+	}
+	r.seq.Tokens = append(r.seq.Tokens, t)
+	r.seq.Logprobs = append(r.seq.Logprobs, lp)
+	switch {
+	case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
+		r.seq.StopReason, r.done = "stop", true
+	case len(r.seq.Tokens) == r.params.MaxTokens:
+		r.seq.StopReason, r.done = "length", true
+	}
+	return t, true
+}
+
+// gatherSequences adds each row's sequence to its request's result, in row order; a request
+// one of whose rows failed is answered by the error of its first failed row alone.
+func gatherSequences(results []*SampleResult, rows []*sampleRow) []*SampleResult {
 	for _, r := range rows {
 		results[r.req].Sequences = append(results[r.req].Sequences, r.seq)
 	}
@@ -381,7 +431,7 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 			results[r.req] = &SampleResult{Err: r.err}
 		}
 	}
-	return results, nil
+	return results
 }
 
 // reportTokens hands each row's newly drawn token to its request's OnToken, one row after the

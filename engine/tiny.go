@@ -47,6 +47,22 @@ const TinyChatTemplate = `{%- for message in messages %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}`
 
+// tinyFamily is a family InitTiny can generate: it sets its own keys of the generated
+// config.json.
+type tinyFamily interface {
+	architecture
+	tinyConfig(cfg map[string]any, p Preset)
+}
+
+// tinyExtras is a tinyFamily whose generated model has more than the others': special tokens
+// beside SpecialTokens, config keys naming their ids, and files beside config, weights and
+// tokenizer.
+type tinyExtras interface {
+	tinySpecials() []string
+	tinyTokens(cfg map[string]any, id func(string) int)
+	tinyFiles(dir string, c *Config) error
+}
+
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
 // config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
 // tokenizer_config.json with a ChatML chat template.
@@ -55,24 +71,73 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if !ok {
 		return fmt.Errorf("unknown preset %q (tiny, small, 1b)", presetName)
 	}
-	f, ok := families[arch]
+	a, ok := families[arch]
 	if !ok {
 		return fmt.Errorf("unknown architecture %q (%s)", arch, strings.Join(familyNames(), ", "))
 	}
-	specials := append(slices.Clone(SpecialTokens), f.tinySpecials...)
-	tokJSON, err := tokenizer.Train(corpus, p.Vocab, specials)
+	f, ok := a.(tinyFamily)
+	if !ok {
+		return fmt.Errorf("architecture %q has no generated models", arch)
+	}
+	extras, _ := a.(tinyExtras)
+	specials := slices.Clone(SpecialTokens)
+	if extras != nil {
+		specials = append(specials, extras.tinySpecials()...)
+	}
+	tokJSON, tok, err := tinyTokenizer(p, specials)
 	if err != nil {
 		return err
-	}
-	tok, err := tokenizer.Parse(tokJSON)
-	if err != nil {
-		return err
-	}
-	if tok.VocabSize() > p.Vocab {
-		return fmt.Errorf("tokenizer has %d ids, more than the preset's vocab %d", tok.VocabSize(), p.Vocab)
 	}
 	eos, _ := tok.TokenID("<|endoftext|>")
 	imEnd, _ := tok.TokenID("<|im_end|>")
+	cb, c, err := tinyConfigFile(f, extras, p, tok, eos, imEnd)
+	if err != nil {
+		return err
+	}
+	tensors := tinyWeights(c, p.BF16, seed)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cb, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
+		return err
+	}
+	if err := writeTinyTokenizerConfig(dir); err != nil {
+		return err
+	}
+	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}
+	gb, _ := json.MarshalIndent(gen, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gb, 0o644); err != nil {
+		return err
+	}
+	if extras != nil {
+		if err := extras.tinyFiles(dir, c); err != nil {
+			return err
+		}
+	}
+	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+// tinyTokenizer trains a generated model's tokenizer on corpus.txt, within the preset's vocab.
+func tinyTokenizer(p Preset, specials []string) ([]byte, *tokenizer.Tokenizer, error) {
+	tokJSON, err := tokenizer.Train(corpus, p.Vocab, specials)
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := tokenizer.Parse(tokJSON)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tok.VocabSize() > p.Vocab {
+		return nil, nil, fmt.Errorf("tokenizer has %d ids, more than the preset's vocab %d", tok.VocabSize(), p.Vocab)
+	}
+	return tokJSON, tok, nil
+}
+
+// tinyConfigFile is a generated model's config.json, and the config it parses to.
+func tinyConfigFile(f tinyFamily, extras tinyExtras, p Preset, tok *tokenizer.Tokenizer, eos, imEnd int) ([]byte, *Config, error) {
 	cfg := map[string]any{
 		"vocab_size": p.Vocab, "hidden_size": p.Hidden, "intermediate_size": p.FFN,
 		"num_hidden_layers": p.Layers, "num_attention_heads": p.Heads, "num_key_value_heads": p.KVHeads,
@@ -80,20 +145,25 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 		"hidden_act": "silu", "torch_dtype": map[bool]string{false: "float32", true: "bfloat16"}[p.BF16], "bos_token_id": eos, "eos_token_id": []int{eos, imEnd},
 		"initializer_range": 0.02, "use_cache": true, "transformers_version": "4.51.0",
 	}
-	cfg["architectures"] = []string{f.hfClass}
-	cfg["model_type"] = f.modelType
+	cfg["architectures"] = []string{f.desc().hfClass}
+	cfg["model_type"] = f.desc().modelType
 	f.tinyConfig(cfg, p)
-	if f.tinyTokens != nil {
-		f.tinyTokens(cfg, func(s string) int { id, _ := tok.TokenID(s); return id })
+	if extras != nil {
+		extras.tinyTokens(cfg, func(s string) int { id, _ := tok.TokenID(s); return id })
 	}
 	cb, _ := json.MarshalIndent(cfg, "", "  ")
 	var c Config
 	if err := parseConfig(cb, &c); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if err := c.finish(); err != nil {
-		return err
+		return nil, nil, err
 	}
+	return cb, &c, nil
+}
+
+// tinyWeights are a generated model's weights, drawn from seed (as bfloat16 with bf16).
+func tinyWeights(c *Config, bf16 bool, seed uint64) map[string]safetensors.Tensor {
 	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
 	tensors := map[string]safetensors.Tensor{}
 	for _, name := range c.allWeightNames() {
@@ -123,35 +193,13 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 				v[i] = float32(std * rng.NormFloat64())
 			}
 		}
-		if p.BF16 {
+		if bf16 {
 			tensors[name] = bf16Tensor(v, shape)
 		} else {
 			tensors[name] = safetensors.FromFloat32(v, shape...)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cb, 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tokJSON, 0o644); err != nil {
-		return err
-	}
-	if err := writeTinyTokenizerConfig(dir); err != nil {
-		return err
-	}
-	gen := map[string]any{"bos_token_id": eos, "eos_token_id": []int{eos, imEnd}}
-	gb, _ := json.MarshalIndent(gen, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), gb, 0o644); err != nil {
-		return err
-	}
-	if f.tinyFiles != nil {
-		if err := f.tinyFiles(dir, &c); err != nil {
-			return err
-		}
-	}
-	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+	return tensors
 }
 
 func writeTinyTokenizerConfig(dir string) error {

@@ -55,24 +55,46 @@ type trainState[E float] struct {
 
 // layerActs are the activations of one decoder layer that its backward pass needs.
 type layerActs[E float] struct {
-	h, x1, inv1      mat[E] // layer input, its norm, 1/rms per token
-	yq, yk           mat[E] // q, k projections before the head norms
-	qInv, kInv       []E    // 1/rms per token and head (head norms)
-	qh, qhT          mat[E] // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
-	kh, khT, vh, vhT mat[E] // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
-	p                mat[E] // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
-	o                mat[E] // attention output, token layout [N, H·hd]
-	h2, x2, inv2     mat[E] // residual after attention, its norm, 1/rms
-	gate, up, act    mat[E] // MLP
-	sig              mat[E] // σ(gate)
+	h, x1, inv1      mat[E]       // layer input, its norm, 1/rms per token
+	yq, yk           mat[E]       // q, k projections before the head norms
+	qInv, kInv       []E          // 1/rms per token and head (head norms)
+	qh, qhT          mat[E]       // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
+	kh, khT, vh, vhT mat[E]       // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
+	p                mat[E]       // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
+	o                mat[E]       // attention output, token layout [N, H·hd]
+	h2, x2, inv2     mat[E]       // residual after attention, its norm, 1/rms
+	dense            denseActs[E] // the feed-forward block's (denseFFN)
 }
 
-// newPass prepares a pass of B×T tokens with adapter a's matrices copied into the pass's arena
-// (nil adapter: none).
-func newPass[E float](e *Engine, ar *arena[E], a *Adapter, B, T int) *pass[E] {
+// passParts are what differ between the passes the engine runs, all made by newPass.
+type passParts[E float] struct {
+	ctx      context.Context // nil: never cancelled
+	lora     []*loraMats[E]  // by linear id, as loraOf makes them; nil entries: no LoRA
+	scale    E               // LoRA alpha/rank
+	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
+	grads    [][]float64     // a training pass's gradients, added to (nil: forward only)
+	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
+	// tokens sit at positions pos, attends over it.
+	cache *kvCache[E]
+	pos   [][]int
+}
+
+// newPass is how every pass is made, training, forward or sampling: B rows of T tokens computed
+// in arena ar from parts p. Keys and values are the pass's own (passKV, filling the sampler's
+// cache when there is one) unless p.pos places its tokens in the cache (cacheKV).
+func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E] {
 	m := modelOf[E](e.base)
-	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, merged: make([]mat[E], len(m.linears))}
-	s.lora, s.scale = loraOf(ar, a, m)
+	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, cos: p.cos, sin: p.sin,
+		lora: p.lora, scale: p.scale, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
+	if p.pos == nil {
+		s.kv = &passKV[E]{s: s, cache: p.cache}
+	} else {
+		s.kv = &cacheKV[E]{cache: p.cache, pos: p.pos}
+	}
+	if p.grads != nil {
+		s.train = &trainState[E]{acts: make([]layerActs[E], e.Config.NumHiddenLayers),
+			taps: make([]loraTap[E], len(m.linears)), grads: p.grads, keepMerged: e.keepsMerged()}
+	}
 	return s
 }
 
@@ -139,38 +161,71 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 	return s.linear(hf, s.m.head), inv
 }
 
-// layer runs decoder layer l on h [B·T, D].
+// layer runs decoder layer l on h [B·T, D]: attention, then the feed-forward block, each added
+// to its input. A forward-only pass gives back attention's tensors before the block runs, and every merged
+// weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
-	c, L := s.c, &s.m.layers[l]
-	B, T := s.B, s.T
-	N, D := B*T, c.HiddenSize
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK := H/KVH, B*KVH
 	start := s.ar.mark()
 	var la *layerActs[E]
 	if s.train != nil {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}
+	h2 := s.attention(l, h, la)
+	if la == nil { // attention's tensors are spent
+		s.dropMerged()
+		s.ar.releaseExcept(start, h2)
+	}
+	out := s.feedForward(l, h2, la)
+	if la == nil || !s.train.keepMerged {
+		s.dropMerged()
+	}
+	return out
+}
 
+// attention is h + o(attention(norm(h))) of layer l, saving its activations into la (nil: a
+// forward-only pass).
+func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.alloc(N, D), s.ar.alloc(N)
 	kernels.RMSNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
 	yq := s.linear(x1, L.q)
 	yk := s.linear(x1, L.k)
 	yv := s.linear(x1, L.v)
 	keysT, values := s.kv.begin(l)
-	S := values.dims[1]
-	qh := s.ar.alloc(BK, G*T, hd)
-	var qhT mat[E] // Qᵀ and the head norms' 1/rms only serve the backward pass
-	var qInv, kInv []E
+	qh, qhT, qInv, kInv := s.headsIn(l, yq, yk, yv, la != nil)
+	probs, ot := s.attend(qh, keysT, values)
 	if la != nil {
+		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
+		if s.e.recomputeProbs(s.T) {
+			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
+			// backward pass computes them again (one more matmul) instead of holding them.
+			s.ar.releaseOne(probs)
+			la.p = mat[E]{}
+		}
+	}
+	h2 := s.linear(ot, L.o)
+	kernels.AddScaled(h2.v, h.v, 1)
+	return h2
+}
+
+// headsIn puts layer l's query heads into the attention layout qh [B·KVH, G·T, hd], through the
+// head norms and RoPE on the way, and its keys and values to the store. For a training pass it
+// also returns Qᵀ [B·KVH, hd, G·T] and the head norms' 1/rms per token and head, which only
+// serve the backward pass.
+func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[E], qInv, kInv []E) {
+	c, L := s.c, &s.m.layers[l]
+	T, N := s.T, s.B*s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK := H/KVH, s.B*KVH
+	qh = s.ar.alloc(BK, G*T, hd)
+	if training {
 		qhT = s.ar.alloc(BK, hd, G*T)
 		if L.qNorm != nil {
 			qInv, kInv = make([]E, N*H), make([]E, N*KVH)
 		}
 	}
-	// Heads into the attention layout, through the head norms and RoPE on the way; keys and
-	// values to the store.
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, kr := make([]E, hd), make([]E, hd)
 		var scratch E
@@ -192,7 +247,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 				row := (b*KVH+kv)*G*T + g*T + t
 				dst := qh.v[row*hd : (row+1)*hd]
 				ropeRow(src, dst, cs, sn)
-				if la != nil {
+				if training {
 					base := (b*KVH + kv) * hd * G * T
 					for d, v := range dst {
 						qhT.v[base+d*G*T+g*T+t] = v
@@ -214,8 +269,17 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 			}
 		}
 	})
+	return qh, qhT, qInv, kInv
+}
+
+// attend is softmax(q·kᵀ/√hd)·v over the slots each row sees: the probabilities [B·KVH, G·T, S]
+// and the output in token layout [B·T, H·hd].
+func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
+	c, B, T := s.c, s.B, s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK, S := H/KVH, B*KVH, values.dims[1]
 	scale := E(1 / math.Sqrt(float64(hd)))
-	probs := s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
+	probs = s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
 	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			b, t := r/(KVH*G*T), r%T
@@ -223,37 +287,22 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		}
 	})
 	o := s.ar.matmul(probs, values, BK, false) // [BK, G·T, hd]
-	ot := s.ar.alloc(N, H*hd)
+	ot = s.ar.alloc(B*T, H*hd)
 	headsToTokens(o.v, ot.v, B, T, KVH, G, hd)
-	if la != nil {
-		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
-		if s.e.recomputeProbs(T) {
-			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
-			// backward pass computes them again (one more matmul) instead of holding them.
-			s.ar.releaseOne(probs)
-			la.p = mat[E]{}
-		}
-	}
-	h2 := s.linear(ot, L.o)
-	kernels.AddScaled(h2.v, h.v, 1)
-	if la == nil { // attention's tensors are spent
-		s.dropMerged()
-		s.ar.releaseExcept(start, h2)
-	}
+	return probs, ot
+}
 
+// feedForward is h2 + ffn(norm(h2)) of layer l, saving its activations into la (nil: a
+// forward-only pass).
+func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
+	c, L := s.c, &s.m.layers[l]
+	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
 	kernels.RMSNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
-	gate := s.linear(x2, L.gate)
-	up := s.linear(x2, L.up)
-	act, sig := s.ar.alloc(N, c.IntermediateSize), s.ar.alloc(N, c.IntermediateSize)
-	kernels.SiluGate(gate.v, up.v, sig.v, act.v)
-	out := s.linear(act, L.down)
+	out := L.ffn().forward(s, x2, la)
 	kernels.AddScaled(out.v, h2.v, 1)
 	if la != nil {
-		la.h2, la.x2, la.inv2, la.gate, la.up, la.act, la.sig = h2, x2, inv2, gate, up, act, sig
-	}
-	if la == nil || !s.train.keepMerged {
-		s.dropMerged()
+		la.h2, la.x2, la.inv2 = h2, x2, inv2
 	}
 	return out
 }
@@ -333,29 +382,4 @@ func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
 	for i, v := range x {
 		y[i] = v * iv * w[i]
 	}
-}
-
-// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
-// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
-// logprobs all take their logprobs from here.
-func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
-	m := kernels.RowMax(row)
-	picked := row[target]
-	se := kernels.ExpShift(row, 1, m)
-	return float64(picked-m) - math.Log(se), se
-}
-
-// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
-// dtype, so narrowing it back is exact).
-func (e *Engine) logprobOf(logits []float64, target int) float64 {
-	if e.opts.Float64 {
-		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
-		return lp
-	}
-	row := make([]float32, len(logits))
-	for i, v := range logits {
-		row[i] = float32(v)
-	}
-	lp, _ := tokenLogprob(row, target)
-	return lp
 }

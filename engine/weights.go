@@ -51,7 +51,7 @@ func (c *Config) weightNames() []string {
 // allWeightNames is weightNames and the family's other weights (a vision tower's).
 func (c *Config) allWeightNames() []string {
 	names := c.weightNames()
-	if f := c.family(); f.extraWeights != nil {
+	if f, ok := c.architecture().(extraWeighter); ok {
 		names = append(names, f.extraWeights(c)...)
 	}
 	return names
@@ -62,7 +62,7 @@ func (c *Config) expectedShape(name string) []int {
 	D, F, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
 	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
 	suffix := func(s string) bool { return len(name) >= len(s) && name[len(name)-len(s):] == s }
-	if f := c.family(); f.extraShape != nil {
+	if f, ok := c.architecture().(extraWeighter); ok {
 		if s := f.extraShape(c, name); s != nil {
 			return s
 		}

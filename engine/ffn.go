@@ -1,0 +1,61 @@
+package engine
+
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
+// ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
+// output before adding the residual (pass.feedForward). The models served today have one kind,
+// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation,
+// returned by decoderLayer.ffn for the layers that have one.
+type ffn[E float] interface {
+	// forward returns the block's output [N, D] for x [N, D], keeping in la what backward
+	// reads (la nil: a forward-only pass).
+	forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E]
+	// backward takes d loss/d(the block's output) and returns d loss/d x, adding the LoRA
+	// gradients of the block's modules on the way.
+	backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E]
+}
+
+// denseFFN is the SwiGLU MLP of Llama and Qwen: down(silu(gate(x)) · up(x)).
+type denseFFN[E float] struct {
+	gate, up, down *linear[E]
+}
+
+var (
+	_ ffn[float32] = denseFFN[float32]{}
+	_ ffn[float64] = denseFFN[float64]{}
+)
+
+// denseActs are what denseFFN's backward reads.
+type denseActs[E float] struct {
+	gate, up, act mat[E]
+	sig           mat[E] // σ(gate)
+}
+
+// ffn is layer L's feed-forward block.
+func (L *decoderLayer[E]) ffn() ffn[E] {
+	return denseFFN[E]{gate: L.gate, up: L.up, down: L.down}
+}
+
+func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
+	N, F := s.B*s.T, s.c.IntermediateSize
+	gate := s.linear(x, f.gate)
+	up := s.linear(x, f.up)
+	act, sig := s.ar.alloc(N, F), s.ar.alloc(N, F)
+	kernels.SiluGate(gate.v, up.v, sig.v, act.v)
+	out := s.linear(act, f.down)
+	if la != nil {
+		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}
+	}
+	return out
+}
+
+func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
+	N, F := s.B*s.T, s.c.IntermediateSize
+	a := &la.dense
+	da := s.linearBack(dy, f.down, true)
+	dg, du := s.ar.alloc(N, F), s.ar.alloc(N, F)
+	kernels.SiluGateBack(da.v, a.gate.v, a.up.v, a.sig.v, dg.v, du.v)
+	dx := s.linearBack(dg, f.gate, true)
+	kernels.AddScaled(dx.v, s.linearBack(du, f.up, true).v, 1)
+	return *dx
+}

@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
+
+// Every loss in one place: the loss functions a batch may name, with their inputs and
+// parameters (lossDefs, checked by prepareFor); one token's loss and its derivative in the
+// token's logprob (tokenLossGrad); and that logprob itself (tokenLogprob), which training,
+// forward passes and the sampler's prompt logprobs all compute alike.
+
+// Loss functions.
+const (
+	lossCrossEntropy = "cross_entropy"
+	lossImportance   = "importance_sampling"
+	lossPPO          = "ppo"
+	lossCISPO        = "cispo"
+	lossDRO          = "dro"
+)
+
+// LossNames are the supported loss functions.
+var LossNames = []string{lossCrossEntropy, lossImportance, lossPPO, lossCISPO, lossDRO}
+
+type lossDef struct {
+	required []string           // loss_fn_inputs beside target_tokens
+	optional map[string]float64 // optional float inputs with their default per token
+	config   map[string]float64 // loss_fn_config keys and defaults
+}
+
+var lossDefs = map[string]lossDef{
+	lossCrossEntropy: {optional: map[string]float64{"weights": 1}},
+	lossImportance:   {required: []string{"logprobs", "advantages"}},
+	lossPPO:          {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+	lossCISPO:        {required: []string{"logprobs", "advantages"}, config: map[string]float64{"clip_low_threshold": 0, "clip_high_threshold": 4}},
+	lossDRO:          {required: []string{"logprobs", "advantages"}, optional: map[string]float64{"mask": 1}, config: map[string]float64{"beta": 0.05}},
+}
+
+// tokenLossGrad is one token's loss and its derivative in the token's logprob lp
+// (w: CE weight, q: sampling logprob, adv: advantage).
+func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad float64) {
+	switch kind {
+	case lossCrossEntropy:
+		return -lp * w, -w
+	case lossImportance:
+		r := math.Exp(lp - q)
+		return -r * adv, -r * adv
+	case lossPPO:
+		r := math.Exp(lp - q)
+		clipped := min(max(r, lo), hi)
+		if r*adv <= clipped*adv {
+			return -r * adv, -r * adv
+		}
+		// The clipped branch is the minimum: its ratio is constant outside [lo, hi].
+		if r > lo && r < hi {
+			return -clipped * adv, -r * adv
+		}
+		return -clipped * adv, 0
+	case lossCISPO:
+		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
+		return -r * lp * adv, -r * adv
+	case lossDRO: // w is 1 where dro trains, 0 elsewhere (see droMask)
+		d := lp - q
+		return -w * (lp*adv - 0.5*beta*d*d), -w * (adv - beta*d)
+	}
+	return 0, 0
+}
+
+// tokenLogprobs is tokenLogprob of every row of logits [N, V]: log p(target) = logit[target] −
+// logsumexp per row, with Σ exp(logit − max). Each row is overwritten by exp(logit − max) on the
+// way, which is all the backward pass needs of it.
+func tokenLogprobs[E float](logits mat[E], V int, target []int) (lp, sumExp []float64) {
+	N := len(target)
+	lp = make([]float64, N)
+	sumExp = make([]float64, N)
+	kernels.ParallelRows(N, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			lp[r], sumExp[r] = tokenLogprob(logits.v[r*V:(r+1)*V], target[r])
+		}
+	})
+	return lp, sumExp
+}
+
+// tokenLosses is each token's loss and its derivative in lp, for datums [lo,hi) of p laid out in
+// rows of T: their logprobs and losses go into res, and their summed loss is returned.
+func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *ForwardResult) (dlp []float64, total float64) {
+	dlp = make([]float64, len(lp))
+	for b := range hi - lo {
+		i := lo + b
+		L := len(p.tokens[i])
+		res.Logprobs[i] = append([]float64(nil), lp[b*T:b*T+L]...)
+		res.Losses[i] = make([]float64, L)
+		for t := range L {
+			l, g := tokenLossGrad(loss, lp[b*T+t], p.weights[i][t], p.oldLP[i][t], p.adv[i][t], p.lo, p.hi, p.beta)
+			res.Losses[i][t] = l
+			dlp[b*T+t] = g
+			total += l
+		}
+	}
+	return dlp, total
+}
+
+// logitsGrad turns logits, each row exp(logit − max) as tokenLogprobs left it, into d loss/d
+// logits = dlp·(onehot(target) − softmax), in place.
+func logitsGrad[E float](logits mat[E], V int, dlp, sumExp []float64, target []int) {
+	kernels.ParallelRows(len(target), func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := logits.v[r*V : (r+1)*V]
+			g := dlp[r]
+			if g == 0 {
+				clear(row)
+				continue
+			}
+			k := E(-g / sumExp[r])
+			for i := range row {
+				row[i] *= k
+			}
+			row[target[r]] += E(g)
+		}
+	})
+}
+
+// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
+// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
+// logprobs all take their logprobs from here.
+func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
+	m := kernels.RowMax(row)
+	picked := row[target]
+	se := kernels.ExpShift(row, 1, m)
+	return float64(picked-m) - math.Log(se), se
+}
+
+// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
+// dtype, so narrowing it back is exact).
+func (e *Engine) logprobOf(logits []float64, target int) float64 {
+	if e.opts.Float64 {
+		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
+		return lp
+	}
+	row := make([]float32, len(logits))
+	for i, v := range logits {
+		row[i] = float32(v)
+	}
+	lp, _ := tokenLogprob(row, target)
+	return lp
+}

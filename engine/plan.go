@@ -1,0 +1,107 @@
+package engine
+
+// The memory plan of a pass: how many tokens one pass may hold (chunks, chunkTokens), from an
+// estimate of what a training pass keeps (stepFixedElems, stepElemsPerToken), and the two
+// choices that trade memory for work (keepsMerged, recomputesProbs).
+
+// chunks cuts a batch into passes of at most MaxBatchTokens padded tokens whose activations fit
+// in MaxStepBytes (a sequence too long for the budget still runs, alone).
+func (e *Engine) chunks(lengths []int) [][2]int {
+	var out [][2]int
+	start, maxLen := 0, 0
+	for i, n := range lengths {
+		m := max(maxLen, n)
+		if i > start && (i-start+1)*padLen(m) > e.chunkTokens(padLen(m)) {
+			out = append(out, [2]int{start, i})
+			start, m = i, n
+		}
+		maxLen = m
+	}
+	return append(out, [2]int{start, len(lengths)})
+}
+
+// padLen is the length a chunk's sequences are padded to.
+func padLen(n int) int { return (n + 15) / 16 * 16 }
+
+// chunkTokens is how many padded tokens of length T one pass may hold.
+func (e *Engine) chunkTokens(T int) int {
+	size := 4
+	if e.opts.Float64 {
+		size = 8
+	}
+	c := e.Config
+	perToken := c.stepElemsPerToken(T)
+	perToken += perToken / 10 // margin: small tensors the estimate leaves out (measured within 4% on the small preset)
+	return max(T, min(e.opts.MaxBatchTokens, (e.opts.MaxStepBytes/size-e.stepFixedElems())/perToken))
+}
+
+// stepFixedElems is what a training pass holds besides per-token tensors: merged LoRA weights,
+// one layer's or all of them; the head's LoRA merged into a copy of the head (passes long
+// enough to merge) and its rank×V gradient temporaries, which a pass holds from the head's
+// backward to its end; with bf16 weights also one weight widened for its product, at most the
+// head (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
+func (e *Engine) stepFixedElems() int {
+	c := e.Config
+	fixed := c.layerWeightElems()
+	if e.keepsMerged() {
+		fixed *= c.NumHiddenLayers
+	}
+	head := c.VocabSize * c.HiddenSize
+	fixed += head + c.VocabSize*e.opts.MaxRank
+	if e.opts.Precision == PrecisionBF16 {
+		fixed += max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
+	}
+	return fixed
+}
+
+// layerWeightElems is the size of one decoder layer's linear weights.
+func (c *Config) layerWeightElems() int {
+	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	return c.HiddenSize * (2*q + 2*kv + 3*c.IntermediateSize)
+}
+
+// keepsMerged reports whether a training pass keeps every layer's merged LoRA weights from the
+// forward to the backward pass (saving a merge per module) rather than merging again: when all
+// of them take at most an eighth of MaxStepBytes (tests force either way).
+func (e *Engine) keepsMerged() bool {
+	if e.keepMerged != nil {
+		return *e.keepMerged
+	}
+	size := 4
+	if e.opts.Float64 {
+		size = 8
+	}
+	return e.Config.NumHiddenLayers*e.Config.layerWeightElems()*size <= e.opts.MaxStepBytes/8
+}
+
+// stepElemsPerToken estimates the tensor elements a training pass holds per token at its peak,
+// for sequences of length T: every layer's saved activations, one layer's backward temporaries,
+// and the token's logits. Attention probabilities grow with T; they are kept for the backward
+// pass only while they are not the bulk of a layer (see recomputesProbs).
+func (c *Config) stepElemsPerToken(T int) int {
+	D, F := c.HiddenSize, c.IntermediateSize
+	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	probs := c.NumAttentionHeads * T
+	layer := c.layerElemsPerToken()
+	backward := 5*D + 6*q + 4*kv + probs + 3*F
+	if c.recomputesProbs(T) {
+		backward += probs // recomputed while the layer's backward runs
+	} else {
+		layer += probs
+	}
+	return c.NumHiddenLayers*layer + backward + c.VocabSize + 2*D
+}
+
+// layerElemsPerToken is what a layer keeps per token for its backward pass, besides attention
+// probabilities.
+func (c *Config) layerElemsPerToken() int {
+	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	return 4*c.HiddenSize + 5*q + 6*kv + 4*c.IntermediateSize + 4
+}
+
+// recomputesProbs reports whether attention probabilities of sequences of length T are computed
+// again in the backward pass rather than kept: when they would be more than the rest of what a
+// layer keeps (from 1456 tokens on the small preset, 2064 on Qwen3-0.6B's shape).
+func (c *Config) recomputesProbs(T int) bool {
+	return c.NumAttentionHeads*T > c.layerElemsPerToken()
+}

@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"context"
+	"math"
+
+	"github.com/gomlx/compute/dtypes"
+)
+
+// ForwardResult is what forward and forward_backward return.
+type ForwardResult struct {
+	Logprobs [][]float64 // per datum, target-token logprobs
+	Losses   [][]float64 // per datum, per-token loss
+	Loss     float64     // sum of all per-token losses
+	Metrics  map[string]float64
+}
+
+func isFinite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// isFinite32 reports whether v is finite as a float32 too.
+func isFinite32(v float64) bool { return isFinite(v) && math.Abs(v) <= math.MaxFloat32 }
+
+// finiteResult refuses a pass whose logprobs or losses are not finite float32s (the dtype they
+// are answered in): extreme loss inputs (a sampling logprob of -1e30 makes exp(lp − q)
+// overflow) are the user's to fix, and NaN cannot be answered in JSON anyway.
+func finiteResult(res *ForwardResult) error {
+	for i := range res.Losses {
+		for t := range res.Losses[i] {
+			if !isFinite32(res.Losses[i][t]) || !isFinite32(res.Logprobs[i][t]) {
+				return inputErr(i, "loss_fn_inputs", "%v: the loss at position %d is %v (logprob %v); nothing was changed (check the magnitudes of weights, logprobs and advantages)",
+					ErrNonFinite, t, res.Losses[i][t], res.Logprobs[i][t])
+			}
+		}
+	}
+	if !isFinite(res.Loss) {
+		return inputErr(-1, "loss_fn_inputs", "%v: the summed loss is %v; nothing was changed", ErrNonFinite, res.Loss)
+	}
+	return nil
+}
+
+// run runs a validated batch through adapter a (nil: the base model), plain forwards and
+// training passes alike: images through the vision tower, then the chunks of the memory plan one
+// after another. With backward, the gradients are added to the adapter's accumulator only once
+// every chunk has run and every sum is finite.
+func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool) (*ForwardResult, error) {
+	data := p.data
+	var err error
+	if p.feats, err = e.encodeImages(p.images); err != nil {
+		return nil, err
+	}
+	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}
+	var grads [][]float64
+	if backward {
+		grads = make([][]float64, len(a.params))
+		for i, q := range a.params {
+			grads[i] = make([]float64, len(q.w))
+		}
+	}
+	lengths := make([]int, len(data))
+	nTokens := 0
+	for i, t := range p.tokens {
+		lengths[i] = len(t)
+		nTokens += len(t)
+	}
+	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
+	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
+	for _, c := range e.chunks(lengths) {
+		if err := stopped(ctx); err != nil {
+			return nil, err
+		}
+		var l float64
+		var err error
+		if e.dtype == dtypes.Float64 {
+			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
+		} else {
+			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
+		}
+		if err != nil {
+			return nil, err
+		}
+		res.Loss += l
+	}
+	if err := finiteResult(res); err != nil {
+		return nil, err
+	}
+	// The last moment a cancel is seen: from here the gradients are added whole.
+	if err := stopped(ctx); err != nil {
+		return nil, err
+	}
+	if backward {
+		if err := addGrads(a, grads); err != nil {
+			return nil, err
+		}
+	}
+	res.Metrics = map[string]float64{"loss:sum": res.Loss, "num_tokens:sum": float64(nTokens)}
+	return res, nil
+}
+
+// addGrads adds a batch's gradients to the adapter's accumulator. Every sum is checked before
+// any is changed: a refused batch leaves the accumulator as it was.
+func addGrads(a *Adapter, grads [][]float64) error {
+	for i, q := range a.params {
+		for j, g := range grads[i] {
+			if !isFinite(q.g[j] + g) {
+				return inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
+			}
+		}
+	}
+	for i, q := range a.params {
+		for j, g := range grads[i] {
+			q.g[j] += g
+		}
+	}
+	a.pendingGrads = true
+	return nil
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
@@ -38,19 +39,19 @@ func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
 // final norm (h and invF its input and 1/rms), then every layer from the last, releasing each
 // layer's activations and merged weights once its backward pass is done. It reports false when
 // the pass was cancelled between layers.
-func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []arenaMark) bool {
+func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []tensor.Point) bool {
 	c := s.c
 	dhf := *s.linearBack(dlogits, s.m.head, true)
-	dh := s.ar.alloc(s.B*s.T, c.HiddenSize)
-	kernels.RMSNormBack(dhf.v, h.v, invF, s.m.norm, dh.v, false)
+	dh := s.ar.Alloc(s.B*s.T, c.HiddenSize)
+	kernels.RMSNormBack(dhf.V, h.V, invF, s.m.norm, dh.V, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
 		if s.cancelled() {
 			return false
 		}
-		m := s.ar.mark()
+		m := s.ar.Mark()
 		dh = s.layerBack(l, dh)
-		s.ar.release(m, s.ar.mark())
-		s.ar.release(marks[l], marks[l+1])
+		s.ar.Release(m, s.ar.Mark())
+		s.ar.Release(marks[l], marks[l+1])
 		for _, lin := range s.m.layers[l].linears() { // this layer's merged weights were in the ranges just released
 			s.merged[lin.id] = mat[E]{}
 		}
@@ -74,7 +75,7 @@ func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
 	la := &s.train.acts[l]
 	dx2 := L.ffn().backward(s, dh, la)
 	dh2 := dh
-	kernels.RMSNormBack(dx2.v, la.h2.v, la.inv2.v, L.postNorm, dh2.v, true)
+	kernels.RMSNormBack(dx2.V, la.h2.V, la.inv2.V, L.postNorm, dh2.V, true)
 	return dh2
 }
 
@@ -88,15 +89,15 @@ func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
 	dO, dOT := s.tokensToHeads(do)
 	scale := E(1 / math.Sqrt(float64(c.HeadDim)))
 	probs := la.p
-	if probs.buf == nil {
-		probs = s.ar.matmul(la.qh, la.khT, BK, false)
-		kernels.SoftmaxCausal(probs.v, T, scale)
+	if probs.Buf == nil {
+		probs = s.ar.MatMul(la.qh, la.khT, BK, false)
+		kernels.SoftmaxCausal(probs.V, T, scale)
 	}
-	dP := s.ar.matmul(dO, la.vhT, BK, false)  // [BK, G·T, T]
-	dVT := s.ar.matmul(dOT, probs, BK, false) // [BK, hd, T]
-	kernels.SoftmaxBack(probs.v, dP.v, T, scale)
-	dQ := s.ar.matmul(dP, la.kh, BK, false)   // [BK, G·T, hd]
-	dKT := s.ar.matmul(la.qhT, dP, BK, false) // [BK, hd, T]
+	dP := s.ar.MatMul(dO, la.vhT, BK, false)  // [BK, G·T, T]
+	dVT := s.ar.MatMul(dOT, probs, BK, false) // [BK, hd, T]
+	kernels.SoftmaxBack(probs.V, dP.V, T, scale)
+	dQ := s.ar.MatMul(dP, la.kh, BK, false)   // [BK, G·T, hd]
+	dKT := s.ar.MatMul(la.qhT, dP, BK, false) // [BK, hd, T]
 	return s.headsBack(l, dQ, dKT, dVT)
 }
 
@@ -106,18 +107,18 @@ func (s *pass[E]) tokensToHeads(do *mat[E]) (dO, dOT mat[E]) {
 	c, B, T := s.c, s.B, s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, N, BK := H/KVH, B*T, B*KVH
-	dO, dOT = s.ar.alloc(BK, G*T, hd), s.ar.alloc(BK, hd, G*T)
+	dO, dOT = s.ar.Alloc(BK, G*T, hd), s.ar.Alloc(BK, hd, G*T)
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		for n := r0; n < r1; n++ {
 			b, t := n/T, n%T
 			for h := range H {
 				kv, g := h/G, h%G
 				row := (b*KVH+kv)*G*T + g*T + t
-				src := do.v[(n*H+h)*hd : (n*H+h+1)*hd]
-				copy(dO.v[row*hd:(row+1)*hd], src)
+				src := do.V[(n*H+h)*hd : (n*H+h+1)*hd]
+				copy(dO.V[row*hd:(row+1)*hd], src)
 				base := (b*KVH + kv) * hd * G * T
 				for d, v := range src {
-					dOT.v[base+d*G*T+g*T+t] = v
+					dOT.V[base+d*G*T+g*T+t] = v
 				}
 			}
 		}
@@ -133,7 +134,7 @@ func (s *pass[E]) headsBack(l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
 	B, T := s.B, s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, N := H/KVH, B*T
-	dq, dk, dv = s.ar.alloc(N, H*hd), s.ar.alloc(N, KVH*hd), s.ar.alloc(N, KVH*hd)
+	dq, dk, dv = s.ar.Alloc(N, H*hd), s.ar.Alloc(N, KVH*hd), s.ar.Alloc(N, KVH*hd)
 	qNorm, kNorm := L.qNorm, L.kNorm
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, col := make([]E, hd), make([]E, hd)
@@ -142,29 +143,29 @@ func (s *pass[E]) headsBack(l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
 			for h := range H {
 				kv, g := h/G, h%G
 				row := (b*KVH+kv)*G*T + g*T + t
-				dst := dq.v[(n*H+h)*hd : (n*H+h+1)*hd]
+				dst := dq.V[(n*H+h)*hd : (n*H+h+1)*hd]
 				if qNorm == nil {
-					s.ropeBack(dQ.v[row*hd:(row+1)*hd], dst, b, t)
+					s.ropeBack(dQ.V[row*hd:(row+1)*hd], dst, b, t)
 					continue
 				}
-				s.ropeBack(dQ.v[row*hd:(row+1)*hd], buf, b, t)
-				rmsNormRowBack(buf, la.yq.v[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
+				s.ropeBack(dQ.V[row*hd:(row+1)*hd], buf, b, t)
+				rmsNormRowBack(buf, la.yq.V[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
 			}
 			for kv := range KVH {
 				base := (b*KVH + kv) * hd * T
 				for d := range hd {
-					col[d] = dKT.v[base+d*T+t]
+					col[d] = dKT.V[base+d*T+t]
 				}
-				dst := dk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				dst := dk.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
 				if kNorm == nil {
 					s.ropeBack(col, dst, b, t)
 				} else {
 					s.ropeBack(col, buf, b, t)
-					rmsNormRowBack(buf, la.yk.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
+					rmsNormRowBack(buf, la.yk.V[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
 				}
-				dvr := dv.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				dvr := dv.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
 				for d := range hd {
-					dvr[d] = dVT.v[base+d*T+t]
+					dvr[d] = dVT.V[base+d*T+t]
 				}
 			}
 		}
@@ -185,8 +186,8 @@ func (s *pass[E]) qkvBack(l int, dq, dk, dv, dh2 mat[E]) mat[E] {
 	if !needDX {
 		return mat[E]{}
 	}
-	kernels.AddScaled(dx1.v, dxk.v, 1)
-	kernels.AddScaled(dx1.v, dxv.v, 1)
-	kernels.RMSNormBack(dx1.v, la.h.v, la.inv1.v, L.inputNorm, dh2.v, true)
+	kernels.AddScaled(dx1.V, dxk.V, 1)
+	kernels.AddScaled(dx1.V, dxv.V, 1)
+	kernels.RMSNormBack(dx1.V, la.h.V, la.inv1.V, L.inputNorm, dh2.V, true)
 	return dh2
 }

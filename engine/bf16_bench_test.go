@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math/rand/v2"
 	"testing"
 )
@@ -15,11 +16,10 @@ import (
 //
 //	GOEXPERIMENT=simd go test ./engine -run '^$' -bench 'BF16Product/up_1x' -benchtime 300ms
 func BenchmarkBF16Product(b *testing.B) {
-	backend, err := sharedBackend()
+	mm, err := tensor.NewMatmuls(1 << 30)
 	if err != nil {
 		b.Fatal(err)
 	}
-	mm := newMatmuls(backend, 1<<30)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, sh := range []struct {
 		name   string
@@ -44,37 +44,37 @@ func BenchmarkBF16Product(b *testing.B) {
 		if sh.transB {
 			wDims = []int{sh.N, sh.K}
 		}
-		long := newArena[float32](mm)
-		w32 := long.from(wf, wDims...)
+		long := tensor.NewArena[float32](mm)
+		w32 := long.From(wf, wDims...)
 		for _, R := range []int{1, 8, 64} {
 			xv := make([]float64, R*sh.K)
 			for i := range xv {
 				xv[i] = rng.NormFloat64()
 			}
-			x := long.from(xv, R, sh.K)
+			x := long.From(xv, R, sh.K)
 			y := make([]float32, R*sh.N)
 			run := func(name string, f func(ar *arena[float32])) {
 				b.Run(fmt.Sprintf("%s_%dx%dx%d/%s", sh.name, R, sh.K, sh.N, name), func(b *testing.B) {
 					b.SetBytes(int64(2 * len(w16))) // the bf16 weight: MB/s compare across variants
 					for b.Loop() {
-						ar := newArena[float32](mm)
+						ar := tensor.NewArena[float32](mm)
 						f(ar)
-						if ar.err != nil {
-							b.Fatal(ar.err)
+						if ar.Err != nil {
+							b.Fatal(ar.Err)
 						}
-						ar.free()
+						ar.Free()
 					}
 				})
 			}
-			run("f32", func(ar *arena[float32]) { ar.matmul(x, w32, 0, sh.transB) })
+			run("f32", func(ar *arena[float32]) { ar.MatMul(x, w32, 0, sh.transB) })
 			run("widen", func(ar *arena[float32]) {
-				w := ar.alloc(wDims...)
-				kernels.WidenBF16(w.v, w16)
-				ar.matmul(x, w, 0, sh.transB)
-				ar.releaseOne(w)
+				w := ar.Alloc(wDims...)
+				kernels.WidenBF16(w.V, w16)
+				ar.MatMul(x, w, 0, sh.transB)
+				ar.ReleaseOne(w)
 			})
-			run("direct", func(*arena[float32]) { kernels.BF16Product(y, x.v, w16, R, sh.K, sh.N, sh.transB) })
+			run("direct", func(*arena[float32]) { kernels.BF16Product(y, x.V, w16, R, sh.K, sh.N, sh.transB) })
 		}
-		long.free()
+		long.Free()
 	}
 }

@@ -11,8 +11,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/gomlx/compute/dtypes"
-
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -101,7 +99,7 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 }
 
 func (e *Engine) hostTensor(v []float64, shape []int) safetensors.Tensor {
-	if e.dtype == dtypes.Float64 {
+	if e.opts.Float64 {
 		return safetensors.FromFloat64(v, shape...)
 	}
 	f := make([]float32, len(v))

@@ -3,8 +3,7 @@ package engine
 import (
 	"context"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-
-	"github.com/gomlx/compute/dtypes"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // The sampler's passes (prefill and each decode step) are the transformer's layer
@@ -27,14 +26,14 @@ func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
 // newDecodeStepImages is newDecodeStep over rows whose prompts may hold images (vlpass.go; nil:
 // none has). A step stops between layers once ctx ends.
 func (e *Engine) newDecodeStepImages(ctx context.Context, a *Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
-	if e.dtype == dtypes.Float64 {
+	if e.opts.Float64 {
 		d := newKVDecoder[float64](e, a, B, S)
 		d.images, d.ctx = images, ctx
-		return d.step, d.long.free
+		return d.step, d.long.Free
 	}
 	d := newKVDecoder[float32](e, a, B, S)
 	d.images, d.ctx = images, ctx
-	return d.step, d.long.free
+	return d.step, d.long.Free
 }
 
 type kvDecoder[E float] struct {
@@ -52,14 +51,14 @@ type kvDecoder[E float] struct {
 
 func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
-	d := &kvDecoder[E]{e: e, B: B, long: newArena[E](e.base.mm)}
+	d := &kvDecoder[E]{e: e, B: B, long: tensor.NewArena[E](e.base.mm)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
 	for range c.NumHiddenLayers {
 		// Slots are written before any query may attend to them; zeroing keeps stale values of a
 		// reused buffer out of the masked-off products (0 × NaN would still be NaN).
-		d.cache.keysT = append(d.cache.keysT, d.long.zeros(BK, c.HeadDim, S))
-		d.cache.values = append(d.cache.values, d.long.zeros(BK, S, c.HeadDim))
+		d.cache.keysT = append(d.cache.keysT, d.long.Zeros(BK, c.HeadDim, S))
+		d.cache.values = append(d.cache.values, d.long.Zeros(BK, S, c.HeadDim))
 	}
 	d.lora, d.scale = loraOf(d.long, a, modelOf[E](e.base))
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)
@@ -70,8 +69,8 @@ func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 // row's tokens sit at 0…T-1, a decode step over the cache otherwise.
 func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
-	if d.long.err != nil {
-		return nil, d.long.err
+	if d.long.Err != nil {
+		return nil, d.long.Err
 	}
 	e := d.e
 	B, T := d.B, len(tok[0])
@@ -79,18 +78,18 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	if err != nil {
 		return nil, err
 	}
-	ar := newArena[E](e.base.mm)
-	defer ar.free()
+	ar := tensor.NewArena[E](e.base.mm)
+	defer ar.Free()
 	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, cos: d.cos, sin: d.sin, cache: d.cache}
 	if !fromStart {
 		parts.pos = pos
 	}
 	s := newPass(e, ar, B, T, parts)
 	d.useImages(s, fromStart)
-	m0 := ar.mark()
+	m0 := ar.Mark()
 	h, _ := s.layers(s.embed(tok), m0)
-	if ar.err != nil {
-		return nil, ar.err
+	if ar.Err != nil {
+		return nil, ar.Err
 	}
 	return s.wantedLogits(h, want)
 }
@@ -123,21 +122,21 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool) ([][]float64,
 	}
 	out := make([][]float64, N)
 	if len(picked) == 0 {
-		return out, s.ar.err
+		return out, s.ar.Err
 	}
 	M := len(picked)
-	hm := s.ar.alloc(M, D)
+	hm := s.ar.Alloc(M, D)
 	for i, n := range picked {
-		copy(hm.v[i*D:(i+1)*D], h.v[n*D:(n+1)*D])
+		copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
 	}
 	logits, _ := s.unembed(hm)
-	if s.ar.err != nil {
-		return nil, s.ar.err
+	if s.ar.Err != nil {
+		return nil, s.ar.Err
 	}
 	kernels.ParallelRows(M, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			row := make([]float64, V)
-			for j, v := range logits.v[i*V : (i+1)*V] {
+			for j, v := range logits.V[i*V : (i+1)*V] {
 				row[j] = float64(v)
 			}
 			out[picked[i]] = row

@@ -1,22 +1,20 @@
 // Package engine is skein's compute: it loads a Llama/Qwen-family model from a Hugging Face
 // directory and trains and samples many LoRA adapters over one shared copy of its weights.
 //
-// It is built on GoMLX's pure-Go backend; nothing outside this package imports GoMLX, so the
-// compute can be swapped without touching the service.
+// Its matmuls run on skein's own kernels (internal/kernels) where the CPU path has them and on
+// GoMLX's pure-Go backend otherwise; only internal/tensor imports GoMLX, so the compute can be
+// swapped without touching the engine's model code, let alone the service.
 package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
-
-	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
-	"github.com/gomlx/compute/gobackend"
 
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -48,8 +46,6 @@ type Engine struct {
 	Dir       string
 
 	opts    Options
-	backend compute.Backend
-	dtype   dtypes.DType
 	invFreq []float64
 
 	mu       sync.Mutex
@@ -66,8 +62,8 @@ type Engine struct {
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the
 // same compiled matmuls, with its own adapters: one per replica of a base model.
 func (e *Engine) Fork() *Engine {
-	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, backend: e.backend,
-		dtype: e.dtype, invFreq: e.invFreq, adapters: map[string]*Adapter{}, base: e.base,
+	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts,
+		invFreq: e.invFreq, adapters: map[string]*Adapter{}, base: e.base,
 		recomputeProbs: e.recomputeProbs}
 }
 
@@ -96,29 +92,16 @@ func (e *Engine) TrainingAdapterIDs(ctx context.Context) []string {
 }
 
 // CompileStats counts compilations: one one-node matmul per distinct shape.
-type CompileStats struct {
-	Count int
-	Total time.Duration
-}
+type CompileStats = tensor.CompileStats
 
-// sharedBackend is GoMLX's Go backend with unlimited worker parallelism. With the default (a pool of
-// 2×GOMAXPROCS workers) several large matmuls running at once deadlock when each waits in Saturate
-// for workers the others hold (seen with GoMLX graphs at batch 8 × 256 on the small preset; replicas
-// training side by side also run matmuls at once). Unlimited parallelism has no pool to exhaust:
-// each matmul still splits into GOMAXPROCS workers. SKEIN_GOBACKEND_CONFIG overrides the setting.
-var sharedBackend = sync.OnceValues(func() (compute.Backend, error) {
-	cfg := os.Getenv("SKEIN_GOBACKEND_CONFIG")
-	if cfg == "" {
-		cfg = "parallelism=-1"
-	}
-	// The backend prints its parallelism setting to stdout; keep stdout for our own output.
-	stdout := os.Stdout
-	if devnull, err := os.Open(os.DevNull); err == nil {
-		os.Stdout = devnull
-		defer func() { os.Stdout = stdout; devnull.Close() }()
-	}
-	return gobackend.New(cfg)
-})
+// float is the element type of a pass: float32 in production, float64 for gradient checks.
+type float = kernels.Float
+
+// mat is a tensor in a backend shared buffer; arena hands a step's tensors out and takes them back.
+type (
+	mat[E float]   = tensor.Mat[E]
+	arena[E float] = tensor.Arena[E]
+)
 
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
 func Load(dir string, opts Options) (*Engine, error) {
@@ -160,32 +143,29 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	default:
 		return nil, fmt.Errorf("engine: unknown precision %q (f32, bf16)", opts.Precision)
 	}
-	backend, err := sharedBackend()
+	mm, err := tensor.NewMatmuls(opts.MaxStepBytes)
 	if err != nil {
-		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
+		return nil, err
 	}
-	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, backend: backend,
-		dtype: dtypes.Float32, adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
+	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts,
+		adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
 		recomputeProbs: cfg.recomputesProbs}
-	if opts.Float64 {
-		e.dtype = dtypes.Float64
-	}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
-	e.base = &baseModel{mm: newMatmuls(backend, opts.MaxStepBytes)}
-	if e.dtype == dtypes.Float64 {
-		e.base.weights, e.base.bytes, err = loadModel[float64](backend, e.dtype, opts.Precision, cfg, host)
+	e.base = &baseModel{mm: mm}
+	if e.opts.Float64 {
+		e.base.weights, e.base.bytes, err = loadModel[float64](opts.Precision, cfg, host)
 	} else {
-		e.base.weights, e.base.bytes, err = loadModel[float32](backend, e.dtype, opts.Precision, cfg, host)
+		e.base.weights, e.base.bytes, err = loadModel[float32](opts.Precision, cfg, host)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if cfg.VisionConfig != nil {
 		var n int
-		if e.dtype == dtypes.Float64 {
-			e.base.vision, n, err = loadVisionTower[float64](backend, e.dtype, cfg, host)
+		if e.opts.Float64 {
+			e.base.vision, n, err = loadVisionTower[float64](cfg, host)
 		} else {
-			e.base.vision, n, err = loadVisionTower[float32](backend, e.dtype, cfg, host)
+			e.base.vision, n, err = loadVisionTower[float32](cfg, host)
 		}
 		if err != nil {
 			return nil, err
@@ -198,7 +178,7 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 // roundToDType rounds v to what the engine's dtype can hold, so stored weights equal what the
 // matmuls see and a float32 save/load round-trips exactly.
 func (e *Engine) roundToDType(v float64) float64 {
-	if e.dtype == dtypes.Float32 {
+	if !e.opts.Float64 {
 		return float64(float32(v))
 	}
 	return v
@@ -206,13 +186,13 @@ func (e *Engine) roundToDType(v float64) float64 {
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
-func (e *Engine) PeakStepBytes() int { return e.base.mm.peak() }
+func (e *Engine) PeakStepBytes() int { return e.base.mm.Peak() }
 
 // WeightBytes is the memory the base weights take (shared by forks).
 func (e *Engine) WeightBytes() int { return e.base.bytes }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
-func (e *Engine) CompileStats() CompileStats { return e.base.mm.stats() }
+func (e *Engine) CompileStats() CompileStats { return e.base.mm.Stats() }
 
 // Errors for callers to map to user faults.
 var (

@@ -1,6 +1,8 @@
 package engine
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import (
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
 
 // ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
 // output before adding the residual (pass.feedForward). The models served today have one kind,
@@ -40,8 +42,8 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
-	act, sig := s.ar.alloc(N, F), s.ar.alloc(N, F)
-	kernels.SiluGate(gate.v, up.v, sig.v, act.v)
+	act, sig := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
+	kernels.SiluGate(gate.V, up.V, sig.V, act.V)
 	out := s.linear(act, f.down)
 	if la != nil {
 		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}
@@ -53,9 +55,9 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize
 	a := &la.dense
 	da := s.linearBack(dy, f.down, true)
-	dg, du := s.ar.alloc(N, F), s.ar.alloc(N, F)
-	kernels.SiluGateBack(da.v, a.gate.v, a.up.v, a.sig.v, dg.v, du.v)
+	dg, du := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
+	kernels.SiluGateBack(da.V, a.gate.V, a.up.V, a.sig.V, dg.V, du.V)
 	dx := s.linearBack(dg, f.gate, true)
-	kernels.AddScaled(dx.v, s.linearBack(du, f.up, true).v, 1)
+	kernels.AddScaled(dx.V, s.linearBack(du, f.up, true).V, 1)
 	return *dx
 }

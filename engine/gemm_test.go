@@ -6,13 +6,14 @@ import (
 	"context"
 	"fmt"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 	"testing"
 	"time"
 )
 
 func BenchmarkGEMM(b *testing.B) {
-	backend, err := sharedBackend()
+	mm, err := tensor.NewMatmuls(0)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -22,16 +23,16 @@ func BenchmarkGEMM(b *testing.B) {
 	}{{1024, 1024, 1024, false}, {2048, 512, 1408, false}, {2048, 1408, 512, false}, {2048, 512, 512, true}, {2048, 512, 8192, true}} {
 		name := fmt.Sprintf("%dx%dx%d-t%v", sh.M, sh.K, sh.N, sh.transB)
 		flops := 2 * float64(sh.M*sh.K*sh.N)
-		ar := newArena[float32](newMatmuls(backend, 0))
-		x, w := ar.alloc(sh.M, sh.K), ar.alloc(sh.K, sh.N)
+		ar := tensor.NewArena[float32](mm)
+		x, w := ar.Alloc(sh.M, sh.K), ar.Alloc(sh.K, sh.N)
 		if sh.transB {
-			w = ar.alloc(sh.N, sh.K)
+			w = ar.Alloc(sh.N, sh.K)
 		}
-		for i := range x.v {
-			x.v[i] = float32(i%7) * 0.1
+		for i := range x.V {
+			x.V[i] = float32(i%7) * 0.1
 		}
-		for i := range w.v {
-			w.v[i] = float32(i%5) * 0.1
+		for i := range w.V {
+			w.V[i] = float32(i%5) * 0.1
 		}
 		c := make([]float32, sh.M*sh.N)
 		b.Run(name+"/backend", func(b *testing.B) {
@@ -40,9 +41,9 @@ func BenchmarkGEMM(b *testing.B) {
 			best := time.Hour
 			for range b.N {
 				s := time.Now()
-				out := ar.matmul(x, w, 0, sh.transB)
+				out := ar.MatMul(x, w, 0, sh.transB)
 				best = min(best, time.Since(s))
-				ar.releaseOne(out)
+				ar.ReleaseOne(out)
 			}
 			b.ReportMetric(flops/best.Seconds()/1e9, "GFLOP/s")
 		})
@@ -50,12 +51,12 @@ func BenchmarkGEMM(b *testing.B) {
 			best := time.Hour
 			for range b.N {
 				s := time.Now()
-				kernels.MatMul(c, x.v, w.v, 1, sh.M, sh.K, sh.N, sh.transB)
+				kernels.MatMul(c, x.V, w.V, 1, sh.M, sh.K, sh.N, sh.transB)
 				best = min(best, time.Since(s))
 			}
 			b.ReportMetric(flops/best.Seconds()/1e9, "GFLOP/s")
 		})
-		ar.free()
+		ar.Free()
 	}
 }
 

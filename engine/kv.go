@@ -27,10 +27,10 @@ func (p *passKV[E]) begin(l int) (mat[E], mat[E]) {
 	s := p.s
 	p.KVH, p.hd, p.T = s.c.NumKeyValueHeads, s.c.HeadDim, s.T
 	BK := s.B * p.KVH
-	p.keysT, p.values = s.ar.alloc(BK, p.hd, p.T), s.ar.alloc(BK, p.T, p.hd)
+	p.keysT, p.values = s.ar.Alloc(BK, p.hd, p.T), s.ar.Alloc(BK, p.T, p.hd)
 	p.keys, p.valuesT = mat[E]{}, mat[E]{}
 	if s.train != nil {
-		p.keys, p.valuesT = s.ar.alloc(BK, p.T, p.hd), s.ar.alloc(BK, p.hd, p.T)
+		p.keys, p.valuesT = s.ar.Alloc(BK, p.T, p.hd), s.ar.Alloc(BK, p.hd, p.T)
 		la := &s.train.acts[l]
 		la.kh, la.khT, la.vh, la.vhT = p.keys, p.keysT, p.values, p.valuesT
 	}
@@ -44,14 +44,14 @@ func (p *passKV[E]) put(l, b, t, kv int, k, v []E) {
 	head := b*p.KVH + kv
 	base := head * hd * T
 	for d, x := range k {
-		p.keysT.v[base+d*T+t] = x
+		p.keysT.V[base+d*T+t] = x
 	}
 	row := (head*T + t) * hd
-	copy(p.values.v[row:row+hd], v)
-	if p.keys.v != nil {
-		copy(p.keys.v[row:row+hd], k)
+	copy(p.values.V[row:row+hd], v)
+	if p.keys.V != nil {
+		copy(p.keys.V[row:row+hd], k)
 		for d, x := range v {
-			p.valuesT.v[base+d*T+t] = x
+			p.valuesT.V[base+d*T+t] = x
 		}
 	}
 	if p.cache != nil {
@@ -71,12 +71,12 @@ type kvCache[E float] struct {
 func (c *kvCache[E]) put(l, b, kv, slot int, k, v []E) {
 	head := b*c.KVH + kv
 	base := head * c.hd * c.S
-	kt := c.keysT[l].v
+	kt := c.keysT[l].V
 	for d, x := range k {
 		kt[base+d*c.S+slot] = x
 	}
 	row := (head*c.S + slot) * c.hd
-	copy(c.values[l].v[row:row+c.hd], v)
+	copy(c.values[l].V[row:row+c.hd], v)
 }
 
 // cacheKV is a decode step's store: tokens at their rows' positions, attending over the cache.

@@ -1,6 +1,8 @@
 package engine
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import (
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
 
 // Linear layers: a module's base weight (float32, or bf16 bits) and its product with a batch of
 // rows. Bias and LoRA are the caller's (lora.go).
@@ -17,32 +19,32 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 	if transposed {
 		k, n = n, k
 	}
-	if xf, ok := any(x.v).([]float32); ok && kernels.FewRowKernels() && len(x.dims) == 2 && x.dims[1] == k {
-		rows := x.dims[0]
+	if xf, ok := any(x.V).([]float32); ok && kernels.FewRowKernels() && len(x.Dims) == 2 && x.Dims[1] == k {
+		rows := x.Dims[0]
 		if lin.w16 != nil && rows <= kernels.FewRowsBF16() {
-			y := s.ar.alloc(rows, n)
-			if s.ar.err == nil { // a failed step computes nothing more, as the matmul path
-				kernels.BF16Product(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
+			y := s.ar.Alloc(rows, n)
+			if s.ar.Err == nil { // a failed step computes nothing more, as the matmul path
+				kernels.BF16Product(any(y.V).([]float32), xf, lin.w16, rows, k, n, transB)
 			}
 			return y
 		}
 		if lin.w16 != nil && kernels.HaveBF16GEMM() {
-			y := s.ar.alloc(rows, n)
-			if s.ar.err == nil {
-				kernels.BF16MatMul(any(y.v).([]float32), xf, lin.w16, rows, k, n, transB)
+			y := s.ar.Alloc(rows, n)
+			if s.ar.Err == nil {
+				kernels.BF16MatMul(any(y.V).([]float32), xf, lin.w16, rows, k, n, transB)
 			}
 			return y
 		}
-		if wf, ok := any(lin.w.v).([]float32); ok && lin.w16 == nil && rows <= kernels.FewRowsF32() {
-			y := s.ar.alloc(rows, n)
-			if s.ar.err == nil {
-				kernels.F32Product(any(y.v).([]float32), xf, wf, rows, k, n, transB)
+		if wf, ok := any(lin.w.V).([]float32); ok && lin.w16 == nil && rows <= kernels.FewRowsF32() {
+			y := s.ar.Alloc(rows, n)
+			if s.ar.Err == nil {
+				kernels.F32Product(any(y.V).([]float32), xf, wf, rows, k, n, transB)
 			}
 			return y
 		}
 	}
 	w, done := s.weight(lin)
-	y := s.ar.matmul(x, w, 0, transB)
+	y := s.ar.MatMul(x, w, 0, transB)
 	done()
 	return y
 }
@@ -54,7 +56,7 @@ func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
 	if lin.w16 == nil {
 		return lin.w, func() {}
 	}
-	w = s.ar.alloc(lin.w.dims...)
-	kernels.WidenBF16(w.v, lin.w16)
-	return w, func() { s.ar.releaseOne(w) }
+	w = s.ar.Alloc(lin.w.Dims...)
+	kernels.WidenBF16(w.V, lin.w16)
+	return w, func() { s.ar.ReleaseOne(w) }
 }

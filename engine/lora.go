@@ -28,17 +28,17 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 	for i, mod := range a.mods {
 		lin := m.byPath[mod.Path]
 		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
-			ar.fail(fmt.Errorf("engine: adapter module %s [%d→%d] does not fit the model", mod.Path, mod.In, mod.Out))
+			ar.Fail(fmt.Errorf("engine: adapter module %s [%d→%d] does not fit the model", mod.Path, mod.In, mod.Out))
 			continue
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
-		lm := &loraMats[E]{a: ar.from(pa.w, pa.shape...), b: ar.from(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		lm := &loraMats[E]{a: ar.From(pa.w, pa.shape...), b: ar.From(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
 		if !lin.outIn {
-			lm.aT = ar.alloc(mod.In, r)
-			transpose(lm.a.v, lm.aT.v, r, mod.In, 1)
+			lm.aT = ar.Alloc(mod.In, r)
+			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
 		}
-		lm.bT = ar.alloc(r, mod.Out)
-		transpose(lm.b.v, lm.bT.v, mod.Out, r, 1)
+		lm.bT = ar.Alloc(r, mod.Out)
+		transpose(lm.b.V, lm.bT.V, mod.Out, r, 1)
 		out[lin.id] = lm
 	}
 	return out, E(a.Config.Alpha / float64(r))
@@ -74,31 +74,31 @@ func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
 type mergedLoRA[E float] struct{}
 
 func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	y := s.ar.matmul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
+	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
 	if s.train != nil { // only the LoRA gradients need x·Aᵀ
-		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.matmul(x, lm.a, 0, true)}
+		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
 	}
 	return y
 }
 
 func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	return s.ar.matmul(dy, s.mergedWeight(lin, lm), 0, !lin.outIn)
+	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.outIn)
 }
 
 // mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
 // built once per layer and pass (or kept for the backward pass, see trainState.keepMerged).
 func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
-	if f := s.merged[lin.id]; f.buf != nil {
+	if f := s.merged[lin.id]; f.Buf != nil {
 		return f
 	}
 	var m mat[E]
 	if lin.outIn {
-		m = s.ar.matmul(lm.b, lm.a, 0, false) // B·A [out, in]
+		m = s.ar.MatMul(lm.b, lm.a, 0, false) // B·A [out, in]
 	} else {
-		m = s.ar.matmul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+		m = s.ar.MatMul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
 	w, done := s.weight(lin)
-	kernels.ScaleAdd(m.v, w.v, s.scale)
+	kernels.ScaleAdd(m.V, w.V, s.scale)
 	done()
 	s.merged[lin.id] = m
 	return m
@@ -110,8 +110,8 @@ type addedLoRA[E float] struct{}
 
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
-	xa := s.ar.matmul(x, lm.a, 0, true) // [N, r]
-	kernels.AddScaled(y.v, s.ar.matmul(xa, lm.bT, 0, false).v, s.scale)
+	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
+	kernels.AddScaled(y.V, s.ar.MatMul(xa, lm.bT, 0, false).V, s.scale)
 	if s.train != nil {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
@@ -120,7 +120,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	kernels.AddScaled(dx.v, s.ar.matmul(dyB, lm.a, 0, false).v, s.scale) // (dy·B)·A [N, in]
+	kernels.AddScaled(dx.V, s.ar.MatMul(dyB, lm.a, 0, false).V, s.scale) // (dy·B)·A [N, in]
 	return dx
 }
 
@@ -137,7 +137,7 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 	}
 	var d mat[E]
 	if lm != nil {
-		d = s.loraWay(lin, dy.dims[0]).inputGrad(s, dy, dyB, lin, lm)
+		d = s.loraWay(lin, dy.Dims[0]).inputGrad(s, dy, dyB, lin, lm)
 	} else {
 		d = s.baseProduct(dy, lin, true)
 	}
@@ -149,23 +149,23 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 // plain layout.
 func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	tap := s.train.taps[lin.id]
-	r := lm.b.dims[1]
-	dyB := s.ar.matmul(dy, lm.b, 0, false) // [N, r]
-	dyBT := s.ar.alloc(r, dyB.dims[0])
-	transpose(dyB.v, dyBT.v, dyB.dims[0], r, s.scale)
-	dA := s.ar.matmul(dyBT, tap.x, 0, false) // [r, in]
+	r := lm.b.Dims[1]
+	dyB := s.ar.MatMul(dy, lm.b, 0, false) // [N, r]
+	dyBT := s.ar.Alloc(r, dyB.Dims[0])
+	transpose(dyB.V, dyBT.V, dyB.Dims[0], r, s.scale)
+	dA := s.ar.MatMul(dyBT, tap.x, 0, false) // [r, in]
 	gA := s.train.grads[lm.ai]
-	for i, v := range dA.v {
+	for i, v := range dA.V {
 		gA[i] += float64(v)
 	}
-	xaT := s.ar.alloc(r, tap.xa.dims[0])
-	transpose(tap.xa.v, xaT.v, tap.xa.dims[0], r, s.scale)
-	dBt := s.ar.matmul(xaT, dy, 0, false) // [r, out]
-	out := dy.dims[1]
+	xaT := s.ar.Alloc(r, tap.xa.Dims[0])
+	transpose(tap.xa.V, xaT.V, tap.xa.Dims[0], r, s.scale)
+	dBt := s.ar.MatMul(xaT, dy, 0, false) // [r, out]
+	out := dy.Dims[1]
 	gB := s.train.grads[lm.bi]
 	for j := range r {
 		for o := range out {
-			gB[o*r+j] += float64(dBt.v[j*out+o])
+			gB[o*r+j] += float64(dBt.V[j*out+o])
 		}
 	}
 	return dyB

@@ -76,7 +76,7 @@ func tokenLogprobs[E float](logits mat[E], V int, target []int) (lp, sumExp []fl
 	sumExp = make([]float64, N)
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
-			lp[r], sumExp[r] = tokenLogprob(logits.v[r*V:(r+1)*V], target[r])
+			lp[r], sumExp[r] = tokenLogprob(logits.V[r*V:(r+1)*V], target[r])
 		}
 	})
 	return lp, sumExp
@@ -106,7 +106,7 @@ func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *For
 func logitsGrad[E float](logits mat[E], V int, dlp, sumExp []float64, target []int) {
 	kernels.ParallelRows(len(target), func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
-			row := logits.v[r*V : (r+1)*V]
+			row := logits.V[r*V : (r+1)*V]
 			g := dlp[r]
 			if g == 0 {
 				clear(row)

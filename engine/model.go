@@ -3,11 +3,8 @@ package engine
 import (
 	"fmt"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"strings"
-
-	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
-	"github.com/gomlx/compute/shapes"
 
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -15,7 +12,7 @@ import (
 // baseModel is what an engine's forks share: the base weights and the compiled matmuls with
 // their pool of step buffers.
 type baseModel struct {
-	mm      *matmuls
+	mm      *tensor.Matmuls
 	weights any // *model[float32] or *model[float64], the engine's dtype
 	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
@@ -65,7 +62,7 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 // product (bf16.go). Linear weights are stored transposed, [in, out]: with few rows (decoding)
 // the backend multiplies x·W twice as fast as x·Wᵀ, and for training the two are even. The
 // embedding stays [V, D] for the lookup, so a tied head multiplies by it transposed.
-func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
+func loadModel[E float](precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
 	w := map[string]mat[E]{}
 	w16 := map[string][]uint16{}
 	bytes := 0
@@ -80,7 +77,7 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 			if isLinearWeight(name) {
 				v, shape = kernels.TransposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
 			}
-			w[name], w16[name] = mat[E]{dims: shape}, v
+			w[name], w16[name] = mat[E]{Dims: shape}, v
 			bytes += 2 * len(v)
 			delete(host, name)
 			continue
@@ -93,19 +90,15 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 			t := transpose2D(hostTensor{shape: shape, data: v})
 			v, shape = t.data, t.shape
 		}
-		buf, flat, err := backend.NewSharedBuffer(0, shapes.Make(dtype, shape...))
+		t, size, err := tensor.NewWeight[E](shape...)
 		if err != nil {
 			return nil, 0, fmt.Errorf("engine: placing weight %s: %w", name, err)
 		}
-		f, ok := flat.([]E)
-		if !ok {
-			return nil, 0, fmt.Errorf("engine: weight %s: backend gave %T for %v", name, flat, dtype)
-		}
 		for i, x := range v {
-			f[i] = E(x)
+			t.V[i] = E(x)
 		}
-		w[name] = mat[E]{buf: buf, v: f, dims: shape}
-		bytes += len(f) * dtype.Size()
+		w[name] = t
+		bytes += size
 		delete(host, name)
 	}
 	return resolveModel(c, w, w16), bytes, nil
@@ -115,7 +108,7 @@ func loadModel[E float](backend compute.Backend, dtype dtypes.DType, precision s
 // in bf16 also in w16) into the model's structs.
 func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16) *model[E] {
 	m := &model[E]{embed: w[c.lm()+"embed_tokens.weight"], embed16: w16[c.lm()+"embed_tokens.weight"],
-		norm: w[c.lm()+"norm.weight"].v, byPath: map[string]*linear[E]{}}
+		norm: w[c.lm()+"norm.weight"].V, byPath: map[string]*linear[E]{}}
 	lin := func(path string) *linear[E] {
 		l := &linear[E]{id: len(m.linears), path: path}
 		if path == "lm_head" && c.TieWordEmbeddings {
@@ -123,10 +116,10 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 			l.in, l.out = c.HiddenSize, c.VocabSize
 		} else {
 			l.w, l.w16 = w[path+".weight"], w16[path+".weight"]
-			l.in, l.out = l.w.dims[0], l.w.dims[1]
+			l.in, l.out = l.w.Dims[0], l.w.Dims[1]
 		}
 		if b, ok := w[path+".bias"]; ok {
-			l.bias = b.v
+			l.bias = b.V
 		}
 		m.linears = append(m.linears, l)
 		m.byPath[path] = l
@@ -135,13 +128,13 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
 		L := decoderLayer[E]{
-			inputNorm: w[p+"input_layernorm.weight"].v, postNorm: w[p+"post_attention_layernorm.weight"].v,
+			inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
 			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
 			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
 			down: lin(p + "mlp.down_proj"),
 		}
 		if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
-			L.qNorm, L.kNorm = n.v, w[p+"self_attn.k_norm.weight"].v
+			L.qNorm, L.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
 		}
 		m.layers = append(m.layers, L)
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"runtime/debug"
 )
 
@@ -14,8 +15,8 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
 	B, T := hi-lo, padLen(longest(p.tokens[lo:hi]))
-	ar := newArena[E](e.base.mm)
-	defer ar.free()
+	ar := tensor.NewArena[E](e.base.mm)
+	defer ar.Free()
 	lora, scale := loraOf(ar, a, modelOf[E](e.base)) // the adapter's matrices, copied into the pass's arena
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads})
@@ -23,24 +24,24 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not
 	// everything it ever allocated; a forward-only pass holds one layer at a time.
-	m0 := s.ar.mark()
+	m0 := s.ar.Mark()
 	h, marks := s.layers(s.embed(p.tokens[lo:hi]), m0)
-	if s.ar.err != nil { // cancelled, or a failed allocation: the rest would compute nothing
-		return 0, s.ar.err
+	if s.ar.Err != nil { // cancelled, or a failed allocation: the rest would compute nothing
+		return 0, s.ar.Err
 	}
 	logits, invF := s.unembed(h)
 	target := passTargets(p.targets[lo:hi], T)
 	lp, sumExp := tokenLogprobs(logits, e.Config.VocabSize, target)
 	var dlp []float64
 	dlp, total = tokenLosses(loss, p, lo, hi, T, lp, res)
-	if grads == nil || s.ar.err != nil {
-		return total, s.ar.err
+	if grads == nil || s.ar.Err != nil {
+		return total, s.ar.Err
 	}
 	logitsGrad(logits, e.Config.VocabSize, dlp, sumExp, target)
 	if !s.backward(h, invF, logits, marks) {
-		return 0, s.ar.err
+		return 0, s.ar.Err
 	}
-	return total, s.ar.err
+	return total, s.ar.Err
 }
 
 // longest is the length of the longest sequence.

@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"math"
-
-	"github.com/gomlx/compute/dtypes"
 )
 
 // ForwardResult is what forward and forward_backward return.
@@ -70,7 +68,7 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 		}
 		var l float64
 		var err error
-		if e.dtype == dtypes.Float64 {
+		if e.opts.Float64 {
 			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
 		} else {
 			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], p.loss, res, grads)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 )
 
@@ -40,9 +41,9 @@ type pass[E float] struct {
 // (later arena calls are no-ops and the pass returns it). It also calls the engine's test hook.
 func (s *pass[E]) cancelled() bool {
 	if err := stopped(s.ctx); err != nil {
-		s.ar.fail(err)
+		s.ar.Fail(err)
 	}
-	return s.ar.err != nil
+	return s.ar.Err != nil
 }
 
 // trainState is what a training pass keeps for its backward pass.
@@ -101,14 +102,14 @@ func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E
 // embed looks up tokens [B][≤T]; positions past a row's end are zero.
 func (s *pass[E]) embed(tok [][]int) mat[E] {
 	D := s.c.HiddenSize
-	h := s.ar.zeros(s.B*s.T, D)
+	h := s.ar.Zeros(s.B*s.T, D)
 	for b, row := range tok {
 		for t, id := range row {
 			n := b*s.T + t
 			if s.m.embed16 != nil {
-				kernels.WidenBF16(h.v[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
+				kernels.WidenBF16(h.V[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
 			} else {
-				copy(h.v[n*D:(n+1)*D], s.m.embed.v[id*D:(id+1)*D])
+				copy(h.V[n*D:(n+1)*D], s.m.embed.V[id*D:(id+1)*D])
 			}
 		}
 	}
@@ -120,7 +121,7 @@ func (s *pass[E]) embed(tok [][]int) mat[E] {
 // each layer's tensors as soon as the next has its input, so it holds one layer at a time; a
 // training pass keeps them and returns where each layer's allocations begin (and where the
 // last ends).
-func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
+func (s *pass[E]) layers(h mat[E], m0 tensor.Point) (mat[E], []tensor.Point) {
 	L := s.c.NumHiddenLayers
 	if s.train == nil {
 		for l := range L {
@@ -129,20 +130,20 @@ func (s *pass[E]) layers(h mat[E], m0 arenaMark) (mat[E], []arenaMark) {
 			}
 			h = s.layer(l, h)
 			s.addDeepstack(l, h)
-			s.ar.releaseExcept(m0, h)
+			s.ar.ReleaseExcept(m0, h)
 		}
 		return h, nil
 	}
-	marks := make([]arenaMark, L+1)
+	marks := make([]tensor.Point, L+1)
 	for l := range L {
 		if s.beforeLayer(l) {
 			return h, nil
 		}
-		marks[l] = s.ar.mark()
+		marks[l] = s.ar.Mark()
 		h = s.layer(l, h)
 		s.addDeepstack(l, h)
 	}
-	marks[L] = s.ar.mark()
+	marks[L] = s.ar.Mark()
 	return h, marks
 }
 
@@ -156,8 +157,8 @@ func (s *pass[E]) beforeLayer(l int) bool {
 
 // unembed is the final norm and the head: logits [rows, V] and 1/rms per row.
 func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
-	hf, inv := s.ar.alloc(h.dims[0], s.c.HiddenSize), make([]E, h.dims[0])
-	kernels.RMSNorm(h.v, s.m.norm, s.c.RMSNormEps, hf.v, inv)
+	hf, inv := s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
+	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
 	return s.linear(hf, s.m.head), inv
 }
 
@@ -165,7 +166,7 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 // to its input. A forward-only pass gives back attention's tensors before the block runs, and every merged
 // weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
-	start := s.ar.mark()
+	start := s.ar.Mark()
 	var la *layerActs[E]
 	if s.train != nil {
 		la = &s.train.acts[l]
@@ -174,7 +175,7 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	h2 := s.attention(l, h, la)
 	if la == nil { // attention's tensors are spent
 		s.dropMerged()
-		s.ar.releaseExcept(start, h2)
+		s.ar.ReleaseExcept(start, h2)
 	}
 	out := s.feedForward(l, h2, la)
 	if la == nil || !s.train.keepMerged {
@@ -188,8 +189,8 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
-	x1, inv1 := s.ar.alloc(N, D), s.ar.alloc(N)
-	kernels.RMSNorm(h.v, L.inputNorm, c.RMSNormEps, x1.v, inv1.v)
+	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
+	kernels.RMSNorm(h.V, L.inputNorm, c.RMSNormEps, x1.V, inv1.V)
 	yq := s.linear(x1, L.q)
 	yk := s.linear(x1, L.k)
 	yv := s.linear(x1, L.v)
@@ -201,12 +202,12 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 		if s.e.recomputeProbs(s.T) {
 			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
 			// backward pass computes them again (one more matmul) instead of holding them.
-			s.ar.releaseOne(probs)
+			s.ar.ReleaseOne(probs)
 			la.p = mat[E]{}
 		}
 	}
 	h2 := s.linear(ot, L.o)
-	kernels.AddScaled(h2.v, h.v, 1)
+	kernels.AddScaled(h2.V, h.V, 1)
 	return h2
 }
 
@@ -219,9 +220,9 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 	T, N := s.T, s.B*s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, BK := H/KVH, s.B*KVH
-	qh = s.ar.alloc(BK, G*T, hd)
+	qh = s.ar.Alloc(BK, G*T, hd)
 	if training {
-		qhT = s.ar.alloc(BK, hd, G*T)
+		qhT = s.ar.Alloc(BK, hd, G*T)
 		if L.qNorm != nil {
 			qInv, kInv = make([]E, N*H), make([]E, N*KVH)
 		}
@@ -235,7 +236,7 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 			cs, sn := s.ropeAt(b, t, ps)
 			for hh := range H {
 				kv, g := hh/G, hh%G
-				src := yq.v[(n*H+hh)*hd : (n*H+hh+1)*hd]
+				src := yq.V[(n*H+hh)*hd : (n*H+hh+1)*hd]
 				if L.qNorm != nil {
 					inv := &scratch
 					if qInv != nil {
@@ -245,17 +246,17 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 					src = buf
 				}
 				row := (b*KVH+kv)*G*T + g*T + t
-				dst := qh.v[row*hd : (row+1)*hd]
+				dst := qh.V[row*hd : (row+1)*hd]
 				ropeRow(src, dst, cs, sn)
 				if training {
 					base := (b*KVH + kv) * hd * G * T
 					for d, v := range dst {
-						qhT.v[base+d*G*T+g*T+t] = v
+						qhT.V[base+d*G*T+g*T+t] = v
 					}
 				}
 			}
 			for kv := range KVH {
-				src := yk.v[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
+				src := yk.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
 				if L.kNorm != nil {
 					inv := &scratch
 					if kInv != nil {
@@ -265,7 +266,7 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 					src = buf
 				}
 				ropeRow(src, kr, cs, sn)
-				s.kv.put(l, b, t, kv, kr, yv.v[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
+				s.kv.put(l, b, t, kv, kr, yv.V[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
 			}
 		}
 	})
@@ -277,18 +278,18 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
 	c, B, T := s.c, s.B, s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK, S := H/KVH, B*KVH, values.dims[1]
+	G, BK, S := H/KVH, B*KVH, values.Dims[1]
 	scale := E(1 / math.Sqrt(float64(hd)))
-	probs = s.ar.matmul(qh, keysT, BK, false) // [BK, G·T, S]
+	probs = s.ar.MatMul(qh, keysT, BK, false) // [BK, G·T, S]
 	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
 			b, t := r/(KVH*G*T), r%T
-			kernels.SoftmaxRow(probs.v[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
+			kernels.SoftmaxRow(probs.V[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
 		}
 	})
-	o := s.ar.matmul(probs, values, BK, false) // [BK, G·T, hd]
-	ot = s.ar.alloc(B*T, H*hd)
-	headsToTokens(o.v, ot.v, B, T, KVH, G, hd)
+	o := s.ar.MatMul(probs, values, BK, false) // [BK, G·T, hd]
+	ot = s.ar.Alloc(B*T, H*hd)
+	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
 	return probs, ot
 }
 
@@ -297,10 +298,10 @@ func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
 func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
-	x2, inv2 := s.ar.alloc(N, D), s.ar.alloc(N)
-	kernels.RMSNorm(h2.v, L.postNorm, c.RMSNormEps, x2.v, inv2.v)
+	x2, inv2 := s.ar.Alloc(N, D), s.ar.Alloc(N)
+	kernels.RMSNorm(h2.V, L.postNorm, c.RMSNormEps, x2.V, inv2.V)
 	out := L.ffn().forward(s, x2, la)
-	kernels.AddScaled(out.v, h2.v, 1)
+	kernels.AddScaled(out.V, h2.V, 1)
 	if la != nil {
 		la.h2, la.x2, la.inv2 = h2, x2, inv2
 	}
@@ -312,12 +313,12 @@ func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 	var y mat[E]
 	if lm := s.lora[lin.id]; lm != nil {
-		y = s.loraWay(lin, x.dims[0]).forward(s, x, lin, lm)
+		y = s.loraWay(lin, x.Dims[0]).forward(s, x, lin, lm)
 	} else {
 		y = s.baseProduct(x, lin, false)
 	}
 	if lin.bias != nil {
-		kernels.AddBias(y.v, lin.bias)
+		kernels.AddBias(y.V, lin.bias)
 	}
 	return y
 }
@@ -327,8 +328,8 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 // merged weights are small next to the step budget keep them instead (Engine.keepsMerged).
 func (s *pass[E]) dropMerged() {
 	for id, f := range s.merged {
-		if f.buf != nil {
-			s.ar.releaseOne(f)
+		if f.Buf != nil {
+			s.ar.ReleaseOne(f)
 			s.merged[id] = mat[E]{}
 		}
 	}

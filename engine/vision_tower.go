@@ -3,11 +3,9 @@ package engine
 import (
 	"fmt"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
-
-	"github.com/gomlx/compute"
-	"github.com/gomlx/compute/dtypes"
-	"github.com/gomlx/compute/shapes"
+	"unsafe"
 
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -53,7 +51,7 @@ type visionMerger[E float] struct {
 }
 
 // loadVisionTower takes the tower's weights out of host (checked by loadWeights).
-func loadVisionTower[E float](backend compute.Backend, dtype dtypes.DType, c *Config, host map[string]safetensors.Tensor) (*visionTower[E], int, error) {
+func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*visionTower[E], int, error) {
 	v := c.VisionConfig
 	var err error
 	bytes := 0
@@ -74,30 +72,30 @@ func loadVisionTower[E float](backend compute.Backend, dtype dtypes.DType, c *Co
 		for i, f := range x {
 			out[i] = E(f)
 		}
-		bytes += len(out) * dtype.Size()
+		bytes += len(out) * int(unsafe.Sizeof(E(0)))
 		return out
 	}
 	lin := func(p string) vlinear[E] {
 		s := c.expectedShape(p + ".weight")
-		out, in := s[0], prod(s[1:])
+		out, in := s[0], tensor.Prod(s[1:])
 		x := get(p + ".weight")
 		l := vlinear[E]{b: vec(p + ".bias")}
 		if err != nil {
 			return l
 		}
-		buf, flat, e := backend.NewSharedBuffer(0, shapes.Make(dtype, in, out))
+		t, size, e := tensor.NewWeight[E](in, out)
 		if e != nil {
 			err = fmt.Errorf("engine: placing weight %s: %w", p, e)
 			return l
 		}
-		f := flat.([]E)
+		f := t.V
 		for o := range out {
 			for i := range in {
 				f[i*out+o] = E(x[o*in+i])
 			}
 		}
-		bytes += len(f) * dtype.Size()
-		l.w = mat[E]{buf: buf, v: f, dims: []int{in, out}}
+		bytes += size
+		l.w = t
 		return l
 	}
 	vt := &visionTower[E]{cfg: *v, lmHidden: c.HiddenSize}
@@ -126,17 +124,17 @@ func loadVisionTower[E float](backend compute.Backend, dtype dtypes.DType, c *Co
 
 // apply is x [n, in] · W + b.
 func (l *vlinear[E]) apply(ar *arena[E], x mat[E]) mat[E] {
-	y := ar.matmul(x, l.w, 0, false)
-	kernels.AddBias(y.v, l.b)
+	y := ar.MatMul(x, l.w, 0, false)
+	kernels.AddBias(y.V, l.b)
 	return y
 }
 
 func layerNorm[E float](ar *arena[E], x mat[E], w, b []E, eps float64) mat[E] {
 	dim := len(w)
-	y := ar.alloc(x.dims...)
-	kernels.ParallelRows(len(x.v)/dim, func(r0, r1 int) {
+	y := ar.Alloc(x.Dims...)
+	kernels.ParallelRows(len(x.V)/dim, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
-			xr, yr := x.v[r*dim:(r+1)*dim], y.v[r*dim:(r+1)*dim]
+			xr, yr := x.V[r*dim:(r+1)*dim], y.V[r*dim:(r+1)*dim]
 			var mean, vr float64
 			for _, v := range xr {
 				mean += float64(v)
@@ -177,15 +175,15 @@ type imageFeatures struct {
 }
 
 // forward runs the tower over one image: patches [t·h·w, C·T·P·P] of grid (t, h, w).
-func (vt *visionTower[E]) forward(mm *matmuls, patches []float64, grid [3]int) (_ imageFeatures, err error) {
+func (vt *visionTower[E]) forward(mm *tensor.Matmuls, patches []float64, grid [3]int) (_ imageFeatures, err error) {
 	defer recoverCompute(&err)
-	ar := newArena[E](mm)
-	defer ar.free()
+	ar := tensor.NewArena[E](mm)
+	defer ar.Free()
 	v := &vt.cfg
 	gt, gh, gw := grid[0], grid[1], grid[2]
 	m := v.SpatialMergeSize
 	n, D := gt*gh*gw, v.HiddenSize
-	h := vt.patch.apply(ar, ar.from(patches, n, v.patchDim()))
+	h := vt.patch.apply(ar, ar.From(patches, n, v.patchDim()))
 	rowCol := make([][2]int, n) // each patch's full-resolution row and column
 	for i := range n {
 		j := i % (gh * gw)
@@ -193,7 +191,7 @@ func (vt *visionTower[E]) forward(mm *matmuls, patches []float64, grid [3]int) (
 		bh, bw := blk/(gw/m), blk%(gw/m)
 		rowCol[i] = [2]int{bh*m + in/m, bw*m + in%m}
 	}
-	vt.addPositions(h.v, rowCol, gh, gw)
+	vt.addPositions(h.V, rowCol, gh, gw)
 
 	// 2D rotary: the first half of each head's angles turn with the row, the second with the
 	// column (HF's rot_pos_emb, then cat(emb, emb) and rotate_half).
@@ -213,25 +211,25 @@ func (vt *visionTower[E]) forward(mm *matmuls, patches []float64, grid [3]int) (
 	var deep [][]float64
 	for bi := range vt.blocks {
 		b := &vt.blocks[bi]
-		mk := ar.mark()
+		mk := ar.Mark()
 		att := vt.attention(ar, b, layerNorm(ar, h, b.norm1w, b.norm1b, 1e-6), gt, cos, sin)
-		kernels.AddScaled(h.v, att.v, 1)
+		kernels.AddScaled(h.V, att.V, 1)
 		u := b.fc1.apply(ar, layerNorm(ar, h, b.norm2w, b.norm2b, 1e-6))
 		if v.HiddenAct == "gelu" {
-			applyGELU(u.v, geluErf)
+			applyGELU(u.V, geluErf)
 		} else {
-			applyGELU(u.v, geluTanh)
+			applyGELU(u.V, geluTanh)
 		}
-		kernels.AddScaled(h.v, b.fc2.apply(ar, u).v, 1)
+		kernels.AddScaled(h.V, b.fc2.apply(ar, u).V, 1)
 		for j, l := range v.DeepstackVisualIndexes {
 			if l == bi {
 				deep = append(deep, vt.deepstack[j].merge(ar, h, m*m))
 			}
 		}
-		ar.releaseExcept(mk, h)
+		ar.ReleaseExcept(mk, h)
 	}
 	out := imageFeatures{embeds: vt.merger.merge(ar, h, m*m), deepstack: deep, tokens: n / (m * m)}
-	return out, ar.err
+	return out, ar.Err
 }
 
 // addPositions adds the learned position table, bilinearly interpolated to the gh×gw grid
@@ -268,39 +266,39 @@ func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
 // through the backend's matmuls.
 func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], frames int, cos, sin []E) mat[E] {
 	D, H := vt.cfg.HiddenSize, vt.cfg.NumHeads
-	n := x.dims[0]
+	n := x.Dims[0]
 	hd, per := D/H, n/frames
 	qkv := b.qkv.apply(ar, x)
 	BH := frames * H
-	q, k, v := ar.alloc(BH, per, hd), ar.alloc(BH, per, hd), ar.alloc(BH, per, hd)
+	q, k, v := ar.Alloc(BH, per, hd), ar.Alloc(BH, per, hd), ar.Alloc(BH, per, hd)
 	kernels.ParallelRows(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			f, t := i/per, i%per
 			cs, sn := cos[i*hd/2:(i+1)*hd/2], sin[i*hd/2:(i+1)*hd/2]
 			for hh := range H {
 				dst := ((f*H+hh)*per + t) * hd
-				src := qkv.v[i*3*D+hh*hd:]
-				ropeRow(src[:hd], q.v[dst:dst+hd], cs, sn)
-				ropeRow(src[D:D+hd], k.v[dst:dst+hd], cs, sn)
-				copy(v.v[dst:dst+hd], src[2*D:2*D+hd])
+				src := qkv.V[i*3*D+hh*hd:]
+				ropeRow(src[:hd], q.V[dst:dst+hd], cs, sn)
+				ropeRow(src[D:D+hd], k.V[dst:dst+hd], cs, sn)
+				copy(v.V[dst:dst+hd], src[2*D:2*D+hd])
 			}
 		}
 	})
-	p := ar.matmul(q, k, BH, true) // [BH, per, per]
+	p := ar.MatMul(q, k, BH, true) // [BH, per, per]
 	scale := E(1 / math.Sqrt(float64(hd)))
 	kernels.ParallelRows(BH*per, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
-			kernels.SoftmaxRow(p.v[r*per:(r+1)*per], per-1, scale)
+			kernels.SoftmaxRow(p.V[r*per:(r+1)*per], per-1, scale)
 		}
 	})
-	o := ar.matmul(p, v, BH, false) // [BH, per, hd]
-	ot := ar.alloc(n, D)
+	o := ar.MatMul(p, v, BH, false) // [BH, per, hd]
+	ot := ar.Alloc(n, D)
 	kernels.ParallelRows(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			f, t := i/per, i%per
 			for hh := range H {
 				src := ((f*H+hh)*per + t) * hd
-				copy(ot.v[i*D+hh*hd:i*D+(hh+1)*hd], o.v[src:src+hd])
+				copy(ot.V[i*D+hh*hd:i*D+(hh+1)*hd], o.V[src:src+hd])
 			}
 		}
 	})
@@ -309,15 +307,15 @@ func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], f
 
 // merge turns n patches [n, D] into n/unit LM tokens [n/unit, lmHidden], widened to float64.
 func (mg *visionMerger[E]) merge(ar *arena[E], h mat[E], unit int) []float64 {
-	n, D := h.dims[0], h.dims[1]
+	n, D := h.Dims[0], h.Dims[1]
 	x := layerNorm(ar, h, mg.normW, mg.normB, 1e-6) // per patch, or over the merged row
-	merged := ar.alloc(n/unit, D*unit)              // the same values, as the matmul's shape
-	copy(merged.v, x.v)
+	merged := ar.Alloc(n/unit, D*unit)              // the same values, as the matmul's shape
+	copy(merged.V, x.V)
 	u := mg.fc1.apply(ar, merged)
-	applyGELU(u.v, geluErf)
+	applyGELU(u.V, geluErf)
 	y := mg.fc2.apply(ar, u)
-	out := make([]float64, len(y.v))
-	for i, v := range y.v {
+	out := make([]float64, len(y.V))
+	for i, v := range y.V {
 		out[i] = float64(v)
 	}
 	return out

@@ -274,7 +274,7 @@ func (s *pass[E]) placeImages(h mat[E]) {
 	}
 	D := s.c.HiddenSize
 	for i, n := range s.vis.at {
-		dst := h.v[n*D : (n+1)*D]
+		dst := h.V[n*D : (n+1)*D]
 		for k, x := range s.vis.embeds[i] {
 			dst[k] = E(x)
 		}
@@ -288,7 +288,7 @@ func (s *pass[E]) addDeepstack(l int, h mat[E]) {
 	}
 	D := s.c.HiddenSize
 	for i, n := range s.vis.at {
-		dst := h.v[n*D : (n+1)*D]
+		dst := h.V[n*D : (n+1)*D]
 		for k, x := range s.vis.deepstack[l][i] {
 			dst[k] += E(x)
 		}

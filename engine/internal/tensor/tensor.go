@@ -1,8 +1,11 @@
-package engine
+// Package tensor holds a step's tensors: matrices in backend shared buffers, the arena that hands
+// them out and takes them back, and the matmuls that multiply them (the kernels' GEMM where the
+// path has one, GoMLX's Go backend otherwise). It is the only importer of GoMLX.
+package tensor
 
 import (
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"os"
 	"reflect"
 	"runtime/debug"
 	"sync"
@@ -10,24 +13,24 @@ import (
 
 	"github.com/gomlx/compute"
 	"github.com/gomlx/compute/dtypes"
+	"github.com/gomlx/compute/gobackend"
 	"github.com/gomlx/compute/shapes"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // Training and sampling run op by op: the backend multiplies matrices (its tuned, multi-threaded
 // kernels are the fastest we have in Go), and everything between the matmuls is skein's own
-// fused Go code (kernels.go). Inside one big GoMLX graph those element-wise ops ran one op at a
+// fused Go code (internal/kernels). Inside one big GoMLX graph those element-wise ops ran one op at a
 // time on one core, each a full pass over memory: more than half of a training step on the small
 // preset. Here each matmul is a one-node executable compiled once per shape, and every tensor is a
 // backend "shared buffer", so Go code and matmuls read and write the same memory without copies.
 
-// float is the element type of a pass: float32 in production, float64 for gradient checks.
-type float = kernels.Float
-
-// mat is a tensor in a backend shared buffer: buf goes to matmuls, v is the same memory in Go.
-type mat[T float] struct {
-	buf  compute.Buffer
-	v    []T
-	dims []int
+// Mat is a tensor in a backend shared buffer: Buf goes to matmuls, V is the same memory in Go.
+type Mat[T kernels.Float] struct {
+	Buf  compute.Buffer
+	V    []T
+	Dims []int
 }
 
 // mmKey names one compiled matmul: [batch,] m×k times k×n, or times (n×k)ᵀ when transB. These
@@ -39,11 +42,11 @@ type mmKey struct {
 	transB  bool
 }
 
-// matmuls compiles and caches one-node DotGeneral executables, shared by an engine's forks, and
+// Matmuls compiles and caches one-node DotGeneral executables, shared by an engine's forks, and
 // keeps the step buffers for reuse: a training step needs hundreds of megabytes, and fresh memory
 // each step costs more than the step's element-wise work (the runtime clears it and the kernel
 // takes page faults writing it).
-type matmuls struct {
+type Matmuls struct {
 	backend  compute.Backend
 	mu       sync.Mutex
 	execs    map[mmKey]compute.Executable
@@ -77,9 +80,13 @@ type sharedBuf struct {
 // between two training steps, short enough that memory of old shapes goes back.
 const maxIdle = 2 * time.Minute
 
-// newMatmuls keeps at most maxFree bytes of free step buffers.
-func newMatmuls(b compute.Backend, maxFree int) *matmuls {
-	mm := &matmuls{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}, maxFree: maxFree}
+// NewMatmuls keeps at most maxFree bytes of free step buffers.
+func NewMatmuls(maxFree int) (*Matmuls, error) {
+	b, err := sharedBackend()
+	if err != nil {
+		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
+	}
+	mm := &Matmuls{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}, maxFree: maxFree}
 	// The Go backend's PutBuffer is an exported method of an internal type, reachable only by
 	// reflection; without it outputs are finalized and their memory left to the garbage collector.
 	if m := reflect.ValueOf(b).MethodByName("PutBuffer"); m.IsValid() && m.Type().NumIn() == 1 {
@@ -93,11 +100,11 @@ func newMatmuls(b compute.Backend, maxFree int) *matmuls {
 			m.Call([]reflect.Value{v})
 		}
 	}
-	return mm
+	return mm, nil
 }
 
 // takeShared returns a shared buffer of the given shape, reused if one is free.
-func (mm *matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error) {
+func (mm *Matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error) {
 	key := bufKey{dtype, fmt.Sprint(dims)}
 	mm.mu.Lock()
 	if l := mm.free[key]; len(l) > 0 {
@@ -115,7 +122,7 @@ func (mm *matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error)
 // giveBack returns buffers: shared ones to our free lists, matmul outputs to the backend. At the
 // end of a pass, free buffers idle for maxIdle are dropped, and then the least recently returned
 // ones while the lists hold more than maxFree bytes.
-func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
+func (mm *Matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
 	now := time.Now()
 	mm.mu.Lock()
 	for _, b := range shared {
@@ -143,7 +150,7 @@ func (mm *matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfS
 
 // trimFree drops idle free buffers, then the oldest while over maxFree. Each list is in return
 // order, oldest first. Called with mm.mu held.
-func (mm *matmuls) trimFree(now time.Time) {
+func (mm *Matmuls) trimFree(now time.Time) {
 	for k, l := range mm.free {
 		i := 0
 		for i < len(l) && now.Sub(l[i].returned) > maxIdle {
@@ -173,12 +180,12 @@ func (mm *matmuls) trimFree(now time.Time) {
 	}
 }
 
-func (mm *matmuls) dropFree(b sharedBuf) {
+func (mm *Matmuls) dropFree(b sharedBuf) {
 	mm.freeBytes -= b.bytes
 	_ = b.buf.Finalize()
 }
 
-func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {
+func (mm *Matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	if x, ok := mm.execs[key]; ok {
@@ -235,13 +242,13 @@ func (mm *matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	return x, nil
 }
 
-func (mm *matmuls) notePeak(bytes int) {
+func (mm *Matmuls) notePeak(bytes int) {
 	mm.mu.Lock()
 	mm.peakBytes = max(mm.peakBytes, bytes)
 	mm.mu.Unlock()
 }
 
-func (mm *matmuls) peak() int {
+func (mm *Matmuls) Peak() int {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	return mm.peakBytes
@@ -250,76 +257,71 @@ func (mm *matmuls) peak() int {
 // maxMatmuls bounds the compiled matmuls kept; a training shape needs about twenty.
 const maxMatmuls = 4096
 
-func (mm *matmuls) stats() CompileStats {
+func (mm *Matmuls) Stats() CompileStats {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	return mm.compiles
 }
 
-// arena hands out shared buffers for one step and frees them all at its end.
-type arena[T float] struct {
-	mm     *matmuls
+// Arena hands out shared buffers for one step and frees them all at its end.
+type Arena[T kernels.Float] struct {
+	MM     *Matmuls
 	dtype  dtypes.DType
 	owned  []compute.Buffer // matmul outputs
 	shared []sharedBuf      // from alloc
-	err    error            // first failure; later calls are no-ops and the step returns it
+	Err    error            // first failure; later calls are no-ops and the step returns it
 	// live and peak count the bytes the step holds (weights excluded).
 	live, peak int
 }
 
-func newArena[T float](mm *matmuls) *arena[T] {
-	var zero T
-	dt := dtypes.Float32
-	if any(zero) == any(float64(0)) {
-		dt = dtypes.Float64
-	}
-	return &arena[T]{mm: mm, dtype: dt}
+func NewArena[T kernels.Float](mm *Matmuls) *Arena[T] {
+	return &Arena[T]{MM: mm, dtype: dtypeOf[T]()}
 }
 
-func (a *arena[T]) fail(err error) {
-	if a.err == nil {
-		a.err = err
+func (a *Arena[T]) Fail(err error) {
+	if a.Err == nil {
+		a.Err = err
 	}
 }
 
-// alloc returns an uninitialised tensor (the backend reuses memory): callers write every element.
-func (a *arena[T]) alloc(dims ...int) mat[T] {
-	if a.err != nil {
-		return mat[T]{v: make([]T, prod(dims)), dims: dims}
+// Alloc returns an uninitialised tensor (the backend reuses memory): callers write every element.
+func (a *Arena[T]) Alloc(dims ...int) Mat[T] {
+	if a.Err != nil {
+		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
 	}
-	sb, err := a.mm.takeShared(a.dtype, dims)
+	sb, err := a.MM.takeShared(a.dtype, dims)
 	if err != nil {
-		a.fail(fmt.Errorf("engine: allocating %v: %w", dims, err))
-		return mat[T]{v: make([]T, prod(dims)), dims: dims}
+		a.Fail(fmt.Errorf("engine: allocating %v: %w", dims, err))
+		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
 	}
 	a.shared = append(a.shared, sb)
-	a.count(prod(dims))
-	return mat[T]{buf: sb.buf, v: sb.flat.([]T), dims: dims}
+	a.count(Prod(dims))
+	return Mat[T]{Buf: sb.buf, V: sb.flat.([]T), Dims: dims}
 }
 
-func (a *arena[T]) zeros(dims ...int) mat[T] {
-	m := a.alloc(dims...)
-	clear(m.v)
+func (a *Arena[T]) Zeros(dims ...int) Mat[T] {
+	m := a.Alloc(dims...)
+	clear(m.V)
 	return m
 }
 
-// from copies float64 values into a new tensor.
-func (a *arena[T]) from(v []float64, dims ...int) mat[T] {
-	m := a.alloc(dims...)
+// From copies float64 values into a new tensor.
+func (a *Arena[T]) From(v []float64, dims ...int) Mat[T] {
+	m := a.Alloc(dims...)
 	for i, x := range v {
-		m.v[i] = T(x)
+		m.V[i] = T(x)
 	}
 	return m
 }
 
-// free returns every buffer of the step; no tensor of the arena may be used afterwards.
-func (a *arena[T]) free() {
-	a.mm.notePeak(a.peak)
-	a.mm.giveBack(a.shared, a.owned, true)
+// Free returns every buffer of the step; no tensor of the arena may be used afterwards.
+func (a *Arena[T]) Free() {
+	a.MM.notePeak(a.peak)
+	a.MM.giveBack(a.shared, a.owned, true)
 	a.owned, a.shared = nil, nil
 }
 
-func (a *arena[T]) count(elems int) {
+func (a *Arena[T]) count(elems int) {
 	a.live += elems * a.dtype.Size()
 	a.peak = max(a.peak, a.live)
 }
@@ -332,21 +334,21 @@ func bufBytes(b compute.Buffer) int {
 	return int(sh.Memory())
 }
 
-// arenaMark is a point in an arena's allocations.
-type arenaMark struct{ owned, shared int }
+// Point is a point in an arena's allocations.
+type Point struct{ owned, shared int }
 
-func (a *arena[T]) mark() arenaMark { return arenaMark{len(a.owned), len(a.shared)} }
+func (a *Arena[T]) Mark() Point { return Point{len(a.owned), len(a.shared)} }
 
-// release gives back, in the middle of a step, everything allocated between two marks: later
+// Release gives back, in the middle of a step, everything allocated between two marks: later
 // allocations of the step reuse it. Nothing allocated there may be used afterwards.
-func (a *arena[T]) release(from, to arenaMark) { a.releaseRange(from, to, nil) }
+func (a *Arena[T]) Release(from, to Point) { a.releaseRange(from, to, nil) }
 
-// releaseExcept gives back everything allocated since from except keep.
-func (a *arena[T]) releaseExcept(from arenaMark, keep mat[T]) {
-	a.releaseRange(from, a.mark(), keep.buf)
+// ReleaseExcept gives back everything allocated since from except keep.
+func (a *Arena[T]) ReleaseExcept(from Point, keep Mat[T]) {
+	a.releaseRange(from, a.Mark(), keep.Buf)
 }
 
-func (a *arena[T]) releaseRange(from, to arenaMark, keep compute.Buffer) {
+func (a *Arena[T]) releaseRange(from, to Point, keep compute.Buffer) {
 	var shared []sharedBuf
 	for i := from.shared; i < to.shared; i++ {
 		if a.shared[i].buf != nil && (keep == nil || a.shared[i].buf != keep) {
@@ -363,36 +365,36 @@ func (a *arena[T]) releaseRange(from, to arenaMark, keep compute.Buffer) {
 			a.owned[i] = nil
 		}
 	}
-	a.mm.giveBack(shared, outputs, false)
+	a.MM.giveBack(shared, outputs, false)
 }
 
-// releaseOne gives back one tensor (a matmul output or an allocation) in the middle of a step.
-func (a *arena[T]) releaseOne(m mat[T]) {
-	if m.buf == nil {
+// ReleaseOne gives back one tensor (a matmul output or an allocation) in the middle of a step.
+func (a *Arena[T]) ReleaseOne(m Mat[T]) {
+	if m.Buf == nil {
 		return
 	}
 	for i := len(a.shared) - 1; i >= 0; i-- {
-		if a.shared[i].buf == m.buf {
+		if a.shared[i].buf == m.Buf {
 			a.live -= a.shared[i].bytes
-			a.mm.giveBack([]sharedBuf{a.shared[i]}, nil, false)
+			a.MM.giveBack([]sharedBuf{a.shared[i]}, nil, false)
 			a.shared[i] = sharedBuf{}
 			return
 		}
 	}
 	for i := len(a.owned) - 1; i >= 0; i-- {
-		if a.owned[i] != nil && a.owned[i] == m.buf {
-			a.live -= bufBytes(m.buf)
+		if a.owned[i] != nil && a.owned[i] == m.Buf {
+			a.live -= bufBytes(m.Buf)
 			a.owned[i] = nil
-			a.mm.giveBack(nil, []compute.Buffer{m.buf}, false)
+			a.MM.giveBack(nil, []compute.Buffer{m.Buf}, false)
 			return
 		}
 	}
 }
 
-// matmul returns x·y (y given as [k,n]) or x·yᵀ (transB: y given as [n,k]); with batch > 0 both
+// MatMul returns x·y (y given as [k,n]) or x·yᵀ (transB: y given as [n,k]); with batch > 0 both
 // operands have a leading batch axis.
-func (a *arena[T]) matmul(x, y mat[T], batch int, transB bool) mat[T] {
-	xd, yd := x.dims[len(x.dims)-2:], y.dims[len(y.dims)-2:]
+func (a *Arena[T]) MatMul(x, y Mat[T], batch int, transB bool) Mat[T] {
+	xd, yd := x.Dims[len(x.Dims)-2:], y.Dims[len(y.Dims)-2:]
 	m, k := xd[0], xd[1]
 	n := yd[1]
 	if transB {
@@ -402,40 +404,94 @@ func (a *arena[T]) matmul(x, y mat[T], batch int, transB bool) mat[T] {
 	if batch > 0 {
 		outDims = []int{batch, m, n}
 	}
-	if a.err != nil {
-		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
+	if a.Err != nil {
+		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
-	if xf, ok := any(x.v).([]float32); ok && kernels.HaveGEMM() {
-		out := a.alloc(outDims...)
-		if a.err == nil {
-			kernels.MatMul(any(out.v).([]float32), xf, any(y.v).([]float32), max(batch, 1), m, k, n, transB)
+	if xf, ok := any(x.V).([]float32); ok && kernels.HaveGEMM() {
+		out := a.Alloc(outDims...)
+		if a.Err == nil {
+			kernels.MatMul(any(out.V).([]float32), xf, any(y.V).([]float32), max(batch, 1), m, k, n, transB)
 		}
 		return out
 	}
-	x2, err := a.mm.exec(mmKey{dtype: a.dtype, batch: batch, m: m, k: k, n: n, transB: transB})
+	x2, err := a.MM.exec(mmKey{dtype: a.dtype, batch: batch, m: m, k: k, n: n, transB: transB})
 	if err != nil {
-		a.fail(err)
-		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
+		a.Fail(err)
+		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
-	outs, err := x2.Execute([]compute.Buffer{x.buf, y.buf}, nil, 0)
+	outs, err := x2.Execute([]compute.Buffer{x.Buf, y.Buf}, nil, 0)
 	if err != nil {
-		a.fail(fmt.Errorf("engine: matmul %v·%v: %w", x.dims, y.dims, err))
-		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
+		a.Fail(fmt.Errorf("engine: matmul %v·%v: %w", x.Dims, y.Dims, err))
+		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
 	flat, err := outs[0].Data()
 	if err != nil {
-		a.fail(err)
-		return mat[T]{v: make([]T, prod(outDims)), dims: outDims}
+		a.Fail(err)
+		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
 	a.owned = append(a.owned, outs[0])
-	a.count(prod(outDims))
-	return mat[T]{buf: outs[0], v: flat.([]T), dims: outDims}
+	a.count(Prod(outDims))
+	return Mat[T]{Buf: outs[0], V: flat.([]T), Dims: outDims}
 }
 
-func prod(dims []int) int {
+// Prod is the number of elements of a tensor of the given dimensions.
+func Prod(dims []int) int {
 	n := 1
 	for _, d := range dims {
 		n *= d
 	}
 	return n
+}
+
+// CompileStats counts compilations: one one-node matmul per distinct shape.
+type CompileStats struct {
+	Count int
+	Total time.Duration
+}
+
+// sharedBackend is GoMLX's Go backend with unlimited worker parallelism. With the default (a pool of
+// 2×GOMAXPROCS workers) several large matmuls running at once deadlock when each waits in Saturate
+// for workers the others hold (seen with GoMLX graphs at batch 8 × 256 on the small preset; replicas
+// training side by side also run matmuls at once). Unlimited parallelism has no pool to exhaust:
+// each matmul still splits into GOMAXPROCS workers. SKEIN_GOBACKEND_CONFIG overrides the setting.
+var sharedBackend = sync.OnceValues(func() (compute.Backend, error) {
+	cfg := os.Getenv("SKEIN_GOBACKEND_CONFIG")
+	if cfg == "" {
+		cfg = "parallelism=-1"
+	}
+	// The backend prints its parallelism setting to stdout; keep stdout for our own output.
+	stdout := os.Stdout
+	if devnull, err := os.Open(os.DevNull); err == nil {
+		os.Stdout = devnull
+		defer func() { os.Stdout = stdout; devnull.Close() }()
+	}
+	return gobackend.New(cfg)
+})
+
+// dtypeOf is the backend's element type for T.
+func dtypeOf[T kernels.Float]() dtypes.DType {
+	var zero T
+	if any(zero) == any(float64(0)) {
+		return dtypes.Float64
+	}
+	return dtypes.Float32
+}
+
+// NewWeight returns a tensor of the given dimensions in a backend shared buffer that lives as long
+// as it is referenced (a model's weights), and its size in bytes.
+func NewWeight[T kernels.Float](dims ...int) (Mat[T], int, error) {
+	b, err := sharedBackend()
+	if err != nil {
+		return Mat[T]{}, 0, err
+	}
+	sh := shapes.Make(dtypeOf[T](), dims...)
+	buf, flat, err := b.NewSharedBuffer(0, sh)
+	if err != nil {
+		return Mat[T]{}, 0, err
+	}
+	v, ok := flat.([]T)
+	if !ok {
+		return Mat[T]{}, 0, fmt.Errorf("backend gave %T for %v", flat, sh)
+	}
+	return Mat[T]{Buf: buf, V: v, Dims: dims}, int(sh.Memory()), nil
 }

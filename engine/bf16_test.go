@@ -231,3 +231,60 @@ func TestBF16GEMMTrainsNearFloat32(t *testing.T) {
 		})
 	}
 }
+
+// A bf16 engine loaded on a path with the bf16 unit keeps its linear weights as pairs of rows
+// (the same bytes as rows); on another path it computes from them exactly what an engine loaded
+// there computes from rows: training over many rows and few, and sampling.
+func TestBF16PairsLayoutGivesTheRowsResults(t *testing.T) {
+	onPath(t, kernels.AVX512BF16)
+	dir, fileSize := bf16Model(t, ArchQwen3)
+	paired, err := Load(dir, Options{Precision: PrecisionBF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := modelOf[float32](paired.base); m.layers[0].q.w2 == nil || m.layers[0].q.w16 != nil {
+		t.Fatal("the engine loaded on the bf16 path did not keep its weights as pairs")
+	}
+	if wb := float64(paired.WeightBytes()); wb > 1.15*float64(fileSize) {
+		t.Fatalf("pairs take %.0f bytes, file %d", wb, fileSize)
+	}
+	undo, err := kernels.Use(kernels.AVX512)
+	if err != nil {
+		t.Skip("CPU lacks avx512")
+	}
+	defer undo()
+	rows, err := Load(dir, Options{Precision: PrecisionBF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(e *Engine) ([][]float64, []SampledSequence) {
+		var lps [][]float64
+		for _, n := range []int{9, 80} {
+			ids := make([]int, n)
+			for i := range ids {
+				ids[i] = (i*13+7)%400 + 3
+			}
+			a := adapterWithB(t, e, fmt.Sprint("p", n), LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true},
+				func(i, j int) float64 { return 0.02 * math.Sin(float64(i+j)) })
+			r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lps = append(lps, r.Logprobs...)
+			for _, q := range a.params {
+				lps = append(lps, q.g)
+			}
+		}
+		seed := int64(5)
+		s, err := e.Sample("p9", SampleRequest{Prompt: []int{3, 4, 5}, NumSamples: 2, Params: SampleParams{MaxTokens: 4, Temperature: 1, Seed: &seed}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lps, s.Sequences
+	}
+	lpA, sA := run(paired)
+	lpB, sB := run(rows)
+	if !reflect.DeepEqual(lpA, lpB) || !reflect.DeepEqual(sA, sB) {
+		t.Fatal("on the avx512 path, weights kept as pairs give other results than weights kept as rows")
+	}
+}

@@ -9,15 +9,32 @@ import (
 
 // baseProduct returns x·W for module lin's base weight, or x·Wᵀ when transposed (an input
 // gradient); bias and LoRA are the caller's. A float32 pass over a weight kept in bf16 reads the
-// bits where it is: up to kernels.FewRowsBF16() rows through the few-row kernels (float32 rows,
-// the weight widened in registers), more through the bf16 GEMM where the path has one (the rows
-// rounded to bf16, as PyTorch's bf16 autocast does). Everything else widens the weight for the
-// float32 matmul.
+// bits where they are. Kept as pairs of rows (loaded on a path with the bf16 unit): few rows
+// through the pairs kernels, more through the bf16 GEMM, the rows rounded to bf16 as PyTorch's
+// bf16 autocast does. Kept as rows: up to kernels.FewRowsBF16() rows through the few-row kernels
+// (the weight widened in registers), more through the bf16 GEMM where the path has one.
+// Everything else widens the weight for the float32 matmul.
 func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
 	transB := lin.outIn != transposed // the stored layout multiplied transposed
 	k, n := lin.in, lin.out
 	if transposed {
 		k, n = n, k
+	}
+	if xf, ok := any(x.V).([]float32); ok && lin.w2 != nil && len(x.Dims) == 2 && x.Dims[1] == k {
+		// Kept as pairs of rows of [in, out]: x·W multiplies the pairs as stored, x·Wᵀ as its
+		// transpose's.
+		rows := x.Dims[0]
+		if rows <= kernels.FewRowsBF16() || kernels.HaveBF16GEMM() {
+			y := s.ar.Alloc(rows, n)
+			if s.ar.Err == nil {
+				if rows <= kernels.FewRowsBF16() {
+					kernels.PairsProduct(any(y.V).([]float32), xf, lin.w2, rows, k, n, transposed)
+				} else {
+					kernels.PairsMatMul(any(y.V).([]float32), xf, lin.w2, rows, k, n, transposed)
+				}
+			}
+			return y
+		}
 	}
 	if xf, ok := any(x.V).([]float32); ok && kernels.FewRowKernels() && len(x.Dims) == 2 && x.Dims[1] == k {
 		rows := x.Dims[0]
@@ -35,7 +52,7 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 			}
 			return y
 		}
-		if wf, ok := any(lin.w.V).([]float32); ok && lin.w16 == nil && rows <= kernels.FewRowsF32() {
+		if wf, ok := any(lin.w.V).([]float32); ok && lin.w16 == nil && lin.w2 == nil && rows <= kernels.FewRowsF32() {
 			y := s.ar.Alloc(rows, n)
 			if s.ar.Err == nil {
 				kernels.F32Product(any(y.V).([]float32), xf, wf, rows, k, n, transB)
@@ -53,6 +70,11 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 // widened copy when the weight is kept in bf16 (a no-op otherwise). Use it right before the
 // product and call done right after.
 func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
+	if lin.w2 != nil {
+		w = s.ar.Alloc(lin.w.Dims...)
+		kernels.WidenPairs(w.V, lin.w2, lin.in, lin.out)
+		return w, func() { s.ar.ReleaseOne(w) }
+	}
 	if lin.w16 == nil {
 		return lin.w, func() {}
 	}

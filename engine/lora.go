@@ -60,7 +60,7 @@ type loraApply[E float] interface {
 // a merged weight would be float32. The choice depends on the shape, the weight and the path
 // only, so a pass computes the same bits whether training, a forward or the sampler asked for it.
 func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
-	if lin.w16 != nil && kernels.HaveBF16GEMM() {
+	if (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() {
 		return addedLoRA[E]{}
 	}
 	if rows*(lin.in+lin.out) >= lin.in*lin.out {

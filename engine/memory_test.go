@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"testing"
-
 )
 
 // A pass holds what stepElemsPerToken predicts, not more: the estimate that sizes chunks

@@ -45,7 +45,8 @@ type linear[E float] struct {
 	id      int      // index into model.linears and a pass's per-module slices
 	path    string   // HF module path, e.g. "model.layers.3.self_attn.q_proj"
 	w       mat[E]   // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
-	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16)
+	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16 as rows)
+	w2      []uint32 // or the bits as pairs of rows of [in, out] (kernels.PackPairs), on a bf16 path
 	outIn   bool     // a tied head: the embedding [V, D], multiplied transposed
 	bias    []E      // nil when the module has none
 	in, out int
@@ -117,6 +118,10 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 		} else {
 			l.w, l.w16 = w[path+".weight"], w16[path+".weight"]
 			l.in, l.out = l.w.Dims[0], l.w.Dims[1]
+			if l.w16 != nil && kernels.HaveBF16GEMM() {
+				// Packed once for the bf16 unit, replacing the rows: the same bytes.
+				l.w2, l.w16 = kernels.PackPairs(l.w16, l.in, l.out), nil
+			}
 		}
 		if b, ok := w[path+".bias"]; ok {
 			l.bias = b.V

@@ -23,20 +23,20 @@ func FewRowsBF16() int {
 
 // FewRowsF32 is the most rows a product over float32 weights runs in the same tiles
 // (f32_*_gen.go, derived from these) on the active path: past it the GEMM, packing B included,
-// is faster (BenchmarkFewRowsOrGEMM: from 16 rows with AVX-512's, from 64 with AVX2's).
+// is faster (BenchmarkFewRowsOrGEMM: past one 12-row panel with AVX-512's, past 64 rows with AVX2's).
 func FewRowsF32() int {
 	if rowPath(active) >= AVX512 {
-		return 16
+		return 12
 	}
 	return 64
 }
 
 //go:generate go run gen_f32_kernels.go
 
-// BF16Product sets y [R, N] = x [R, K] · W, W given as bf16 bits [K, N], or [N, K] when transB
+// widenedProduct sets y [R, N] = x [R, K] · W, W given as bf16 bits [K, N], or [N, K] when transB
 // (then y = x·Wᵀ). Work is split across the cores by output columns, so every output sums its
 // K products in the same order whatever the number of cores.
-func BF16Product(y, x []float32, w []uint16, R, K, N int, transB bool) {
+func widenedProduct(y, x []float32, w []uint16, R, K, N int, transB bool) {
 	if R == 0 || N == 0 {
 		return
 	}

@@ -26,7 +26,7 @@ func productKinds(rng *rand.Rand, size int) []productKind {
 		w16[i], w32[i] = BF16Of(v), v
 	}
 	return []productKind{
-		{"bf16", func(y, x []float32, R, K, N int, t bool) { BF16Product(y, x, w16, R, K, N, t) },
+		{"bf16", func(y, x []float32, R, K, N int, t bool) { widenedProduct(y, x, w16, R, K, N, t) }, // BF16Product on a path without pairs
 			func(y, x []float32, R, K, N int, t bool) {
 				if t {
 					bf16NTScalar(y, x, w16, R, K, N, 0, N)

@@ -82,6 +82,16 @@ func Check(p Path) error {
 			errs = append(errs, err)
 		}
 	}
+	if pairsProduct() {
+		if err := checkBF16Pairs(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if pairsNN[0] != nil && bf16Kernel() != nil {
+		if err := checkPairsNN(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("kernel path %s disagrees with its reference: %w", p, err)
 	}
@@ -154,6 +164,10 @@ func checkBF16GEMM(km *microKernel[uint32]) error {
 // compareProduct checks c against the float64 sums of product(i, k, j) over k, each within
 // float32 rounding of the sum of the products' magnitudes.
 func compareProduct(name string, c []float32, product func(i, k, j int) float64) error {
+	return compareProductK(name, c, checkK, product)
+}
+
+func compareProductK(name string, c []float32, checkK int, product func(i, k, j int) float64) error {
 	for i := range checkM {
 		for j := range checkN {
 			var ref, abs float64
@@ -162,8 +176,55 @@ func compareProduct(name string, c []float32, product func(i, k, j int) float64)
 				ref += p
 				abs += math.Abs(p)
 			}
-			if d := math.Abs(float64(c[i*checkN+j]) - ref); !(d <= checkK*0x1p-23*abs) {
+			if d := math.Abs(float64(c[i*checkN+j]) - ref); !(d <= float64(checkK)*0x1p-23*abs) {
 				return fmt.Errorf("%s: c[%d,%d] = %v, want %v", name, i, j, c[i*checkN+j], ref)
+			}
+		}
+	}
+	return nil
+}
+
+// checkBF16Pairs runs the few-row pairs product over 29 rows of 160 values (80 pairs: 64 through
+// the kernel, 16 after it) by 45 weight rows (eleven groups of four and one row alone).
+func checkBF16Pairs() error {
+	const K = 160
+	a, w := make([]float32, checkM*K), make([]uint16, checkN*K)
+	for i := range a {
+		a[i] = checkValue(i, 7)
+	}
+	for i := range w {
+		w[i] = BF16Of(checkValue(i, 8))
+	}
+	c := make([]float32, checkM*checkN)
+	bf16PairsProduct(c, a, w, checkM, K, checkN)
+	return compareProductK("bf16 pairs product", c, K, func(i, k, j int) float64 {
+		return float64(BF16To32(BF16Of(a[i*K+k]))) * float64(BF16To32(w[j*K+k]))
+	})
+}
+
+// checkPairsNN runs the few-row product over a weight kept as pairs of rows: 29 rows by a
+// [67, 45+128] weight (a strip of 128 columns, one of 32, and 13 columns in Go).
+func checkPairsNN() error {
+	const N = checkN + 128
+	a, w := make([]float32, checkM*checkK), make([]uint16, checkK*N)
+	for i := range a {
+		a[i] = checkValue(i, 9)
+	}
+	for i := range w {
+		w[i] = BF16Of(checkValue(i, 10))
+	}
+	c := make([]float32, checkM*N)
+	pairsNNProduct(c, a, PackPairs(w, checkK, N), checkM, checkK, N)
+	for i := range checkM {
+		for j := range N {
+			var ref, abs float64
+			for k := range checkK {
+				p := float64(BF16To32(BF16Of(a[i*checkK+k]))) * float64(BF16To32(w[k*N+j]))
+				ref += p
+				abs += math.Abs(p)
+			}
+			if d := math.Abs(float64(c[i*N+j]) - ref); !(d <= checkK*0x1p-23*abs) {
+				return fmt.Errorf("pairs product: c[%d,%d] = %v, want %v", i, j, c[i*N+j], ref)
 			}
 		}
 	}

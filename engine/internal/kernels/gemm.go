@@ -61,6 +61,11 @@ func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
 	if km == nil {
 		panic("kernels: MatMul on a path without a GEMM")
 	}
+	if N <= avx2Micro.nr && km == &avx512Micro {
+		// Sixteen columns or fewer (x·Aᵀ of a LoRA of rank ≤ 16) fill the 6×16 tile exactly; the
+		// 12×32 one would run every tile half empty, through the edge buffer.
+		km = &avx2Micro
+	}
 	if M <= FewRowsF32() {
 		for i := range batch {
 			F32Product(c[i*M*N:][:M*N], a[i*M*K:][:M*K], b[i*K*N:][:K*N], M, K, N, transB)

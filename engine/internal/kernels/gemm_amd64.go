@@ -21,3 +21,19 @@ func micro12x32asm(kc int, a *float32, lda int, b, c *float32, ldc int, first bo
 
 //go:noescape
 func micro12x32bf16asm(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool)
+
+//go:noescape
+func dot4bf16asm(kp int, x *uint32, w *uint32, ldw int, out *float32)
+
+// dot4bf16 is the few-row bf16 pairs kernel (bf16_pairs.go).
+var dot4bf16 = dot4bf16asm
+
+//go:noescape
+func pairsNN128asm(kp int, x *uint32, w *uint32, ldw int, y *float32)
+
+//go:noescape
+func pairsNN32asm(kp int, x *uint32, w *uint32, ldw int, y *float32)
+
+// pairsNN are the few-row kernels over weights kept as pairs (bf16_pairs.go), 128 and 32 columns
+// at a time.
+var pairsNN = [2]func(kp int, x, w *uint32, ldw int, y *float32){pairsNN128asm, pairsNN32asm}

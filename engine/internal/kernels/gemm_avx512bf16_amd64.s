@@ -176,3 +176,170 @@ loop:
 	VMOVUPS Z23, 64(DX)
 	VZEROUPPER
 	RET
+
+// func dot4bf16asm(kp int, x *uint32, w *uint32, ldw int, out *float32)
+//
+// out[j] = Σ_p dot(x[p], w[j*ldw+p]) for the four rows j of w, over kp pairs (a multiple of 32):
+// the few-row bf16 products' kernel (bf16_avx512bf16.go), one row of x against four weight rows.
+// Z0–Z3 take the even 16-pair chunks of each row, Z8–Z11 the odd ones, so eight VDPBF16PS
+// chains are in flight; Z4/Z5 hold x's chunks, Z12–Z19 the weights'. Each row's 32 lanes are
+// then added up and stored.
+TEXT ·dot4bf16asm(SB), NOSPLIT, $0-40
+	MOVQ kp+0(FP), CX
+	MOVQ x+8(FP), AX
+	MOVQ w+16(FP), BX
+	MOVQ ldw+24(FP), R10
+	SHLQ $2, R10
+	LEAQ (BX)(R10*2), R11
+	ADDQ R10, R11          // R11: row 3
+	MOVQ out+32(FP), DX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+
+dotloop:
+	VMOVDQU32 (AX), Z4
+	VMOVDQU32 64(AX), Z5
+	VMOVDQU32 (BX), Z12
+	VMOVDQU32 64(BX), Z16
+	VMOVDQU32 (BX)(R10*1), Z13
+	VMOVDQU32 64(BX)(R10*1), Z17
+	VMOVDQU32 (BX)(R10*2), Z14
+	VMOVDQU32 64(BX)(R10*2), Z18
+	VMOVDQU32 (R11), Z15
+	VMOVDQU32 64(R11), Z19
+	BYTE $0x62; BYTE $0xf2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xc4 // VDPBF16PS Z4, Z12, Z0
+	BYTE $0x62; BYTE $0x72; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc5 // VDPBF16PS Z5, Z16, Z8
+	BYTE $0x62; BYTE $0xf2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc // VDPBF16PS Z4, Z13, Z1
+	BYTE $0x62; BYTE $0x72; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xcd // VDPBF16PS Z5, Z17, Z9
+	BYTE $0x62; BYTE $0xf2; BYTE $0x0e; BYTE $0x48; BYTE $0x52; BYTE $0xd4 // VDPBF16PS Z4, Z14, Z2
+	BYTE $0x62; BYTE $0x72; BYTE $0x6e; BYTE $0x40; BYTE $0x52; BYTE $0xd5 // VDPBF16PS Z5, Z18, Z10
+	BYTE $0x62; BYTE $0xf2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xdc // VDPBF16PS Z4, Z15, Z3
+	BYTE $0x62; BYTE $0x72; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdd // VDPBF16PS Z5, Z19, Z11
+	ADDQ $128, AX
+	ADDQ $128, BX
+	ADDQ $128, R11
+	SUBQ $32, CX
+	JNZ dotloop
+
+	VADDPS Z8, Z0, Z0
+	VEXTRACTF32X8 $1, Z0, Y5
+	VADDPS Y5, Y0, Y0
+	VEXTRACTF128 $1, Y0, X5
+	VADDPS X5, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, 0(DX)
+	VADDPS Z9, Z1, Z1
+	VEXTRACTF32X8 $1, Z1, Y5
+	VADDPS Y5, Y1, Y1
+	VEXTRACTF128 $1, Y1, X5
+	VADDPS X5, X1, X1
+	VHADDPS X1, X1, X1
+	VHADDPS X1, X1, X1
+	VMOVSS X1, 4(DX)
+	VADDPS Z10, Z2, Z2
+	VEXTRACTF32X8 $1, Z2, Y5
+	VADDPS Y5, Y2, Y2
+	VEXTRACTF128 $1, Y2, X5
+	VADDPS X5, X2, X2
+	VHADDPS X2, X2, X2
+	VHADDPS X2, X2, X2
+	VMOVSS X2, 8(DX)
+	VADDPS Z11, Z3, Z3
+	VEXTRACTF32X8 $1, Z3, Y5
+	VADDPS Y5, Y3, Y3
+	VEXTRACTF128 $1, Y3, X5
+	VADDPS X5, X3, X3
+	VHADDPS X3, X3, X3
+	VHADDPS X3, X3, X3
+	VMOVSS X3, 12(DX)
+	VZEROUPPER
+	RET
+
+// func pairsNN128asm(kp int, x *uint32, w *uint32, ldw int, y *float32)
+//
+// y[0:128] = Σ_p dot(x[p], w[p*ldw + j]) for j < 128: one row of x against 128 columns of a
+// weight kept as pairs of rows (bf16_pairs.go), each column one VDPBF16PS chain over p in order,
+// from zero. Z0–Z7 are the accumulators, Z16–Z23 the weight's pairs, Z31 x's pair. kp ≥ 1.
+TEXT ·pairsNN128asm(SB), NOSPLIT, $0-40
+	MOVQ kp+0(FP), CX
+	MOVQ x+8(FP), AX
+	MOVQ w+16(FP), BX
+	MOVQ ldw+24(FP), R10
+	SHLQ $2, R10
+	MOVQ y+32(FP), DX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+nnloop128:
+	VPBROADCASTD (AX), Z31
+	VMOVDQU32 0(BX), Z16
+	VMOVDQU32 64(BX), Z17
+	VMOVDQU32 128(BX), Z18
+	VMOVDQU32 192(BX), Z19
+	VMOVDQU32 256(BX), Z20
+	VMOVDQU32 320(BX), Z21
+	VMOVDQU32 384(BX), Z22
+	VMOVDQU32 448(BX), Z23
+	BYTE $0x62; BYTE $0x92; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc7 // VDPBF16PS Z31, Z16, Z0
+	BYTE $0x62; BYTE $0x92; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xcf // VDPBF16PS Z31, Z17, Z1
+	BYTE $0x62; BYTE $0x92; BYTE $0x6e; BYTE $0x40; BYTE $0x52; BYTE $0xd7 // VDPBF16PS Z31, Z18, Z2
+	BYTE $0x62; BYTE $0x92; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdf // VDPBF16PS Z31, Z19, Z3
+	BYTE $0x62; BYTE $0x92; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe7 // VDPBF16PS Z31, Z20, Z4
+	BYTE $0x62; BYTE $0x92; BYTE $0x56; BYTE $0x40; BYTE $0x52; BYTE $0xef // VDPBF16PS Z31, Z21, Z5
+	BYTE $0x62; BYTE $0x92; BYTE $0x4e; BYTE $0x40; BYTE $0x52; BYTE $0xf7 // VDPBF16PS Z31, Z22, Z6
+	BYTE $0x62; BYTE $0x92; BYTE $0x46; BYTE $0x40; BYTE $0x52; BYTE $0xff // VDPBF16PS Z31, Z23, Z7
+	ADDQ $4, AX
+	ADDQ R10, BX
+	DECQ CX
+	JNZ nnloop128
+	VMOVUPS Z0, 0(DX)
+	VMOVUPS Z1, 64(DX)
+	VMOVUPS Z2, 128(DX)
+	VMOVUPS Z3, 192(DX)
+	VMOVUPS Z4, 256(DX)
+	VMOVUPS Z5, 320(DX)
+	VMOVUPS Z6, 384(DX)
+	VMOVUPS Z7, 448(DX)
+	VZEROUPPER
+	RET
+
+// func pairsNN32asm(kp int, x *uint32, w *uint32, ldw int, y *float32)
+//
+// y[0:32] = Σ_p dot(x[p], w[p*ldw + j]) for j < 32: one row of x against 32 columns of a
+// weight kept as pairs of rows (bf16_pairs.go), each column one VDPBF16PS chain over p in order,
+// from zero. Z0–Z1 are the accumulators, Z16–Z17 the weight's pairs, Z31 x's pair. kp ≥ 1.
+TEXT ·pairsNN32asm(SB), NOSPLIT, $0-40
+	MOVQ kp+0(FP), CX
+	MOVQ x+8(FP), AX
+	MOVQ w+16(FP), BX
+	MOVQ ldw+24(FP), R10
+	SHLQ $2, R10
+	MOVQ y+32(FP), DX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+nnloop32:
+	VPBROADCASTD (AX), Z31
+	VMOVDQU32 0(BX), Z16
+	VMOVDQU32 64(BX), Z17
+	BYTE $0x62; BYTE $0x92; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc7 // VDPBF16PS Z31, Z16, Z0
+	BYTE $0x62; BYTE $0x92; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xcf // VDPBF16PS Z31, Z17, Z1
+	ADDQ $4, AX
+	ADDQ R10, BX
+	DECQ CX
+	JNZ nnloop32
+	VMOVUPS Z0, 0(DX)
+	VMOVUPS Z1, 64(DX)
+	VZEROUPPER
+	RET

@@ -198,3 +198,58 @@ func BenchmarkBF16FewRowsOrGEMM(b *testing.B) {
 		}
 	}
 }
+
+// pairsShapes: one row and several, K with a tail of pairs after the kernel's multiple of 32
+// pairs and without, N with weight rows left over after the groups of four.
+var pairsShapes = []struct{ R, K, N int }{{1, 64, 4}, {1, 66, 7}, {3, 512, 33}, {8, 1000, 9}, {24, 130, 1}}
+
+// The few-row pairs product, with the Go model of its kernel in place of the assembly (any
+// CPU), multiplies the bf16-rounded rows by the weight to float32 accuracy.
+func TestBF16PairsProductModelMatchesFloat64(t *testing.T) {
+	saved := dot4bf16
+	t.Cleanup(func() { dot4bf16 = saved })
+	dot4bf16 = dot4bf16Model
+	rng := rand.New(rand.NewPCG(6, 3))
+	for _, sh := range pairsShapes {
+		x, w := bf16Operands(rng, sh.R, sh.K, sh.N) // w read as [N, K]
+		y := make([]float32, sh.R*sh.N)
+		bf16PairsProduct(y, x, w, sh.R, sh.K, sh.N)
+		for r := range sh.R {
+			for n := range sh.N {
+				var ref, abs float64
+				for k := range sh.K {
+					p := float64(BF16To32(BF16Of(x[r*sh.K+k]))) * float64(BF16To32(w[n*sh.K+k]))
+					ref += p
+					abs += math.Abs(p)
+				}
+				if d := math.Abs(float64(y[r*sh.N+n]) - ref); !(d <= float64(sh.K)*0x1p-23*abs) {
+					t.Fatalf("%v: y[%d,%d] = %v, want %v", sh, r, n, y[r*sh.N+n], ref)
+				}
+			}
+		}
+	}
+}
+
+// Where the CPU has AVX512_BF16 the pairs kernel gives its model's bits, and BF16Product takes
+// it for x·Wᵀ; where it does not, the test says so and skips.
+func TestBF16PairsAssemblyMatchesModel(t *testing.T) {
+	usePath(t, AVX512BF16)
+	if dot4bf16 == nil {
+		t.Skip("no pairs kernel in this build")
+	}
+	rng := rand.New(rand.NewPCG(6, 4))
+	for _, sh := range pairsShapes {
+		x, w := bf16Operands(rng, sh.R, sh.K, sh.N)
+		got, want := make([]float32, sh.R*sh.N), make([]float32, sh.R*sh.N)
+		BF16Product(got, x, w, sh.R, sh.K, sh.N, true)
+		saved := dot4bf16
+		dot4bf16 = dot4bf16Model
+		bf16PairsProduct(want, x, w, sh.R, sh.K, sh.N)
+		dot4bf16 = saved
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%v: output %d is %v from the assembly, %v from the model", sh, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -20,7 +20,7 @@ import (
 
 // renames maps each derived function's bf16 name to its float32 name.
 var renames = map[string]string{
-	"BF16Product": "F32Product", "bf16NN": "f32NN", "bf16NT": "f32NT",
+	"widenedProduct": "F32Product", "bf16NN": "f32NN", "bf16NT": "f32NT",
 	"bf16NNScalar": "f32NNScalar", "bf16NTScalar": "f32NTScalar", "dotBF16Scalar": "dotF32Scalar",
 	"nn4x16": "nn4x16f", "nn1x64": "nn1x64f", "nn1x16": "nn1x16f", "nn1x8": "nn1x8f",
 	"nt2x4": "nt2x4f", "nt1x8": "nt1x8f", "dotBF16": "dotF32", "bfAddTails4": "f32AddTails4",
@@ -31,7 +31,7 @@ var sources = []struct {
 	from, to string
 	funcs    []string
 }{
-	{"bf16.go", "f32_kernels_gen.go", []string{"BF16Product", "bf16NNScalar", "bf16NTScalar", "dotBF16Scalar"}},
+	{"bf16.go", "f32_kernels_gen.go", []string{"widenedProduct", "bf16NNScalar", "bf16NTScalar", "dotBF16Scalar"}},
 	{"bf16_avx2_amd64.go", "f32_avx2_amd64_gen.go", []string{"bf16NN", "nn4x16", "nn1x64", "nn1x16", "nn1x8",
 		"bf16NT", "bfAddTails4", "nt2x4", "nt1x8", "dotBF16"}},
 	{"bf16_other.go", "f32_other_gen.go", []string{"bf16NN", "bf16NT"}},

@@ -19,51 +19,95 @@ import (
 // benchOutput is where the bench prints its results (a variable for tests).
 var benchOutput io.Writer = os.Stdout
 
+// benchConfig is what `skein bench engine` was asked to measure.
+type benchConfig struct {
+	model, precision, cpuProfile    string
+	batch, seq, rank, steps, decode int
+	peakSize, images, imageSide     int
+	asJSON                          bool
+}
+
 func benchEngine(args []string) error {
-	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
-	model := fs.String("model", "", "model directory (e.g. one made by `skein model init-tiny --preset small`)")
-	batch := fs.Int("batch", 8, "sequences per forward_backward")
-	seq := fs.Int("seq", 256, "tokens per sequence")
-	rank := fs.Int("rank", 16, "LoRA rank")
-	steps := fs.Int("steps", 5, "timed training steps (the best is reported, and the mean)")
-	decode := fs.Int("decode", 32, "tokens to decode per sequence")
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	precision := fs.String("precision", engine.PrecisionF32, "base weights in memory: f32 or bf16")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed training steps to this file")
-	peakSize := fs.Int("peak-size", 1024, "side of the square float32 matmul that measures the peak")
-	images := fs.Int("images", 8, "vision-language models: images the vision tower is timed on")
-	imageSide := fs.Int("image-side", 224, "vision-language models: side in pixels of the bench's square images")
-	if _, err := parseArgs(fs, args, "skein bench engine --model DIR [flags]"); err != nil {
+	c, err := parseBenchFlags(args)
+	if err != nil {
 		return err
-	}
-	if *model == "" {
-		return fmt.Errorf("--model is required")
-	}
-	if *peakSize < 1 || *peakSize > 8192 {
-		return fmt.Errorf("--peak-size %d: want 1…8192", *peakSize)
 	}
 	if err := setupKernels(slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 		return err
 	}
 	// The matmul peak first, in a quiet process: best of 30 runs of a --peak-size³ float32 matmul.
-	peak, err := engine.MatmulGFLOPS(*peakSize, 30)
+	peak, err := engine.MatmulGFLOPS(c.peakSize, 30)
 	if err != nil {
 		return err
 	}
-	e, err := engine.Load(*model, engine.Options{MaxBatchTokens: *batch * *seq, Precision: *precision})
+	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision})
 	if err != nil {
 		return err
 	}
-	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: *rank, TrainAttn: true, TrainMLP: true}); err != nil {
+	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
+	data := benchData(e, rng, c.batch, c.seq)
+	res, err := benchTraining(e, c, data)
+	if err != nil {
+		return err
+	}
+	// The peak again after training; the higher of the two is the reference.
+	if again, err := engine.MatmulGFLOPS(c.peakSize, 30); err == nil {
+		peak = max(peak, again)
+	}
+	res["peak_gflops"] = peak
+	if err := benchDecoding(e, c, data[0].Tokens[:16], res); err != nil {
+		return err
+	}
+	if e.Info().TakesImages() {
+		step := func(data []engine.Datum) error { return benchStep(e, data, nil) }
+		if err := benchImages(e, res, step, rng, c.batch, c.seq, c.images, c.imageSide, c.steps); err != nil {
+			return err
+		}
+	}
+	cs := e.CompileStats()
+	res["compiles"] = float64(cs.Count)
+	res["compile_s"] = cs.Total.Seconds()
+	return benchReport(e, c, res)
+}
+
+func parseBenchFlags(args []string) (benchConfig, error) {
+	var c benchConfig
+	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
+	fs.StringVar(&c.model, "model", "", "model directory (e.g. one made by `skein model init-tiny --preset small`)")
+	fs.IntVar(&c.batch, "batch", 8, "sequences per forward_backward")
+	fs.IntVar(&c.seq, "seq", 256, "tokens per sequence")
+	fs.IntVar(&c.rank, "rank", 16, "LoRA rank")
+	fs.IntVar(&c.steps, "steps", 5, "timed training steps (the best is reported, and the mean)")
+	fs.IntVar(&c.decode, "decode", 32, "tokens to decode per sequence")
+	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
+	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32 or bf16")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
+	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
+	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")
+	fs.IntVar(&c.imageSide, "image-side", 224, "vision-language models: side in pixels of the bench's square images")
+	if _, err := parseArgs(fs, args, "skein bench engine --model DIR [flags]"); err != nil {
+		return c, err
+	}
+	if c.model == "" {
+		return c, fmt.Errorf("--model is required")
+	}
+	if c.peakSize < 1 || c.peakSize > 8192 {
+		return c, fmt.Errorf("--peak-size %d: want 1…8192", c.peakSize)
+	}
+	return c, nil
+}
+
+// benchData is batch sequences of seq random tokens, with random targets, all weighted.
+func benchData(e *engine.Engine, rng *rand.Rand, batch, seq int) []engine.Datum {
 	token := func() int { return benchToken(rng, e.Config) }
-	data := make([]engine.Datum, *batch)
+	data := make([]engine.Datum, batch)
 	for i := range data {
-		toks := make([]int, *seq)
-		tg := make([]float64, *seq)
-		w := make([]float64, *seq)
+		toks := make([]int, seq)
+		tg := make([]float64, seq)
+		w := make([]float64, seq)
 		for j := range toks {
 			toks[j] = token()
 			tg[j] = float64(token())
@@ -72,61 +116,68 @@ func benchEngine(args []string) error {
 		data[i] = engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
 			"target_tokens": {DType: "int64", Data: tg}, "weights": {DType: "float32", Data: w}}}
 	}
-	var lastLoss float64
-	step := func(data []engine.Datum) error {
-		r, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil)
-		if err != nil {
-			return err
-		}
-		lastLoss = r.Loss
-		_, err = e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
+	return data
+}
+
+// benchStep is one forward_backward and optim_step; loss, if not nil, gets the step's loss.
+func benchStep(e *engine.Engine, data []engine.Datum, loss *float64) error {
+	r, err := e.ForwardBackward(context.Background(), "bench", data, "cross_entropy", nil)
+	if err != nil {
 		return err
 	}
-	if err := step(data); err != nil { // compile
-		return err
+	if loss != nil {
+		*loss = r.Loss
 	}
-	firstLoss := lastLoss // the same model, data and seed on every path: compare paths with it
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	_, err = e.OptimStep(context.Background(), "bench", engine.DefaultAdamParams())
+	return err
+}
+
+// benchTraining runs one untimed step (compiles; its loss is first_loss: the same model, data and
+// seed on every path, so paths compare by it), then times c.steps steps, each alone: the best is
+// reported, as the peak is the best of its runs (on a shared machine both see the same kind of
+// noise), and the mean.
+func benchTraining(e *engine.Engine, c benchConfig, data []engine.Datum) (map[string]float64, error) {
+	var firstLoss float64
+	if err := benchStep(e, data, &firstLoss); err != nil {
+		return nil, err
+	}
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
 		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
+			return nil, err
 		}
 		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
 	}
-	// Each step is timed alone and the best one reported, as the peak is the best of its runs:
-	// on a shared machine both see the same kind of noise. The mean is reported too.
 	start := time.Now()
 	stepTime := time.Duration(1 << 62)
-	for range *steps {
+	for range c.steps {
 		t0 := time.Now()
-		if err := step(data); err != nil {
-			return err
+		if err := benchStep(e, data, nil); err != nil {
+			return nil, err
 		}
 		stepTime = min(stepTime, time.Since(t0))
 	}
-	meanStep := time.Since(start) / time.Duration(*steps)
-	pprof.StopCPUProfile()
-	// The peak again after training; the higher of the two is the reference.
-	if again, err := engine.MatmulGFLOPS(*peakSize, 30); err == nil {
-		peak = max(peak, again)
-	}
-	tokens := *batch * *seq
-	res := map[string]float64{
+	meanStep := time.Since(start) / time.Duration(c.steps)
+	tokens := c.batch * c.seq
+	return map[string]float64{
 		"step_ms":            float64(stepTime.Microseconds()) / 1000,
 		"step_ms_mean":       float64(meanStep.Microseconds()) / 1000,
 		"train_tokens_per_s": float64(tokens) / stepTime.Seconds(),
-		"train_gflops":       e.Config.TrainFLOPs(tokens, *seq) / stepTime.Seconds() / 1e9,
-		"peak_gflops":        peak,
+		"train_gflops":       e.Config.TrainFLOPs(tokens, c.seq) / stepTime.Seconds() / 1e9,
 		"step_peak_mb":       float64(e.PeakStepBytes()) / (1 << 20),
 		"weights_mb":         float64(e.WeightBytes()) / (1 << 20),
 		"first_loss":         firstLoss,
-	}
+	}, nil
+}
+
+// benchDecoding samples c.decode tokens from prompt at batch 1, 8 and 64 (one untimed run first).
+func benchDecoding(e *engine.Engine, c benchConfig, prompt []int, res map[string]float64) error {
 	for _, b := range []int{1, 8, 64} {
-		prompt := data[0].Tokens[:16]
-		req := engine.SampleRequest{Prompt: prompt, NumSamples: b, Params: engine.SampleParams{MaxTokens: *decode, Temperature: 1, TopK: -1, TopP: 1}}
+		req := engine.SampleRequest{Prompt: prompt, NumSamples: b, Params: engine.SampleParams{MaxTokens: c.decode, Temperature: 1, TopK: -1, TopP: 1}}
 		if _, err := e.Sample("bench", req); err != nil { // compile
 			return err
 		}
@@ -141,16 +192,13 @@ func benchEngine(args []string) error {
 		}
 		res[fmt.Sprintf("decode_tokens_per_s_b%d", b)] = float64(n) / time.Since(start).Seconds()
 	}
-	if e.Info().TakesImages() {
-		if err := benchImages(e, res, step, rng, *batch, *seq, *images, *imageSide, *steps); err != nil {
-			return err
-		}
-	}
-	cs := e.CompileStats()
-	res["compiles"] = float64(cs.Count)
-	res["compile_s"] = cs.Total.Seconds()
-	if *asJSON {
-		out := map[string]any{"precision": *precision,
+	return nil
+}
+
+// benchReport prints the results: one JSON object, or lines for a person.
+func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error {
+	if c.asJSON {
+		out := map[string]any{"precision": c.precision,
 			// The float32 GEMM (the peak's, and that of products over float32 weights); on a bf16
 			// path, products over bf16 weights run in bf16 instead (gemm_path).
 			"peak_gemm": engine.GEMMName(), "gemm_path": engine.KernelPath(), "gemm_paths": engine.KernelPaths()}
@@ -161,17 +209,18 @@ func benchEngine(args []string) error {
 		fmt.Fprintln(benchOutput, string(b))
 		return nil
 	}
-	fmt.Fprintf(benchOutput, "model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", *model, e.Config.Arch,
-		e.Config.HiddenSize, e.Config.NumHiddenLayers, *batch, *seq, *rank)
+	fmt.Fprintf(benchOutput, "model %s (%s, hidden %d, %d layers), batch %d × seq %d, LoRA rank %d\n", c.model, e.Config.Arch,
+		e.Config.HiddenSize, e.Config.NumHiddenLayers, c.batch, c.seq, c.rank)
 	fmt.Fprintf(benchOutput, "train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
-	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], *precision,
+	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], c.precision,
 		engine.KernelPath(), engine.KernelPaths(), res["first_loss"])
 	fmt.Fprintf(benchOutput, "decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
 	if v, ok := res["vision_images_per_s"]; ok {
 		fmt.Fprintf(benchOutput, "vision: %.1f images/s (%d×%d pixels, tower alone); train with one image per sequence: %.0f tokens/s\n",
-			v, *imageSide, *imageSide, res["train_tokens_per_s_images"])
+			v, c.imageSide, c.imageSide, res["train_tokens_per_s_images"])
 	}
+	cs := e.CompileStats()
 	fmt.Fprintf(benchOutput, "matmul compiles: %d, %.3f s in all\n", cs.Count, cs.Total.Seconds())
 	return nil
 }

@@ -10,7 +10,9 @@ import (
 // indices of their gradient accumulators.
 type loraMats[E float] struct {
 	a, b   mat[E] // A [r, in], B [out, r]
-	aT, bT mat[E] // Aᵀ [in, r] for merging into an [in, out] weight, Bᵀ [r, out] for adding
+	aT     mat[E] // Aᵀ [in, r] for merging into an [in, out] weight
+	bTs    mat[E] // scale·Bᵀ [r, out] for adding
+	as     mat[E] // scale·A [r, in] for adding to the input gradient
 	ai, bi int
 }
 
@@ -25,6 +27,7 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 		return out, 0
 	}
 	r := a.Config.Rank
+	scale := E(a.Config.Alpha / float64(r))
 	for i, mod := range a.mods {
 		lin := m.byPath[mod.Path]
 		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
@@ -37,11 +40,15 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
 		}
-		lm.bT = ar.Alloc(r, mod.Out)
-		transpose(lm.b.V, lm.bT.V, mod.Out, r, 1)
+		lm.bTs = ar.Alloc(r, mod.Out)
+		transpose(lm.b.V, lm.bTs.V, mod.Out, r, scale)
+		lm.as = ar.Alloc(r, mod.In)
+		for j, v := range lm.a.V {
+			lm.as.V[j] = scale * v
+		}
 		out[lin.id] = lm
 	}
-	return out, E(a.Config.Alpha / float64(r))
+	return out, scale
 }
 
 // loraApply is how a linear module applies its LoRA, forward and for the input gradient.
@@ -104,14 +111,15 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 	return m
 }
 
-// addedLoRA adds scale·(x·Aᵀ)·Bᵀ to x·W: with few rows the rank-r products are tiny, and
-// merging would copy the weight for every call.
+// addedLoRA adds (x·Aᵀ)·(scale·Bᵀ) to x·W, and (dy·B)·(scale·A) to its input gradient, each in
+// one pass over the output (MatMulAdd): with few rows the rank-r products are tiny, and merging
+// would copy the weight for every call.
 type addedLoRA[E float] struct{}
 
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
 	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
-	kernels.AddScaled(y.V, s.ar.MatMul(xa, lm.bT, 0, false).V, s.scale)
+	s.ar.MatMulAdd(y, xa, lm.bTs, false)
 	if s.train != nil {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
@@ -120,7 +128,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	kernels.AddScaled(dx.V, s.ar.MatMul(dyB, lm.a, 0, false).V, s.scale) // (dy·B)·A [N, in]
+	s.ar.MatMulAdd(dx, dyB, lm.as, false) // (dy·B)·(scale·A) [N, in]
 	return dx
 }
 

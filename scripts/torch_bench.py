@@ -16,6 +16,7 @@ and read the tokens/s line. Prints one JSON object with --json.
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -101,7 +102,11 @@ def main():
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="intra-op threads (default: every CPU, as skein uses; torch itself may pick fewer)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
     c = json.load(open(f"{args.model}/config.json"))
     mt = c.get("model_type", "llama")
     torch.manual_seed(0)

@@ -93,6 +93,33 @@ func MatMul(c, a, b []float32, batch, M, K, N int, transB bool) {
 	})
 }
 
+// MatMulAdd adds a [M, K] · b to c [M, N], b given as [K, N] (or [N, K] when transB): each output's
+// chain of FMAs starts from what c holds, so a product and a sum are one pass over c (a LoRA's
+// rank-r term added to the base product). The active path must have a GEMM (HaveGEMM).
+func MatMulAdd(c, a, b []float32, M, K, N int, transB bool) {
+	km := gemmKernel()
+	if km == nil {
+		panic("kernels: MatMulAdd on a path without a GEMM")
+	}
+	if N <= avx2Micro.nr && km == &avx512Micro {
+		km = &avx2Micro // as MatMul
+	}
+	if M == 0 || N == 0 {
+		return
+	}
+	_, _, _ = c[M*N-1], a[M*K-1], b[K*N-1]
+	if M <= FewRowsF32() { // a decode step: no packing, as MatMul
+		p := getBuffer[float32](M * N)
+		defer putBuffer(p)
+		F32Product(p, a, b, M, K, N, transB)
+		rows.axpy(c[:M*N], p, 1)
+		return
+	}
+	km.gemmInto(c, a, M, K, N, func(dst []float32, pc, kc, jc, nc int) {
+		packB(dst, b, K, N, pc, kc, jc, nc, km.nr, transB)
+	}, true, true)
+}
+
 // gemmF32 sets c [M, N] = a [M, K] · b, b given as [K, N], or [N, K] when transB.
 func gemmF32(km *microKernel[float32], c, a, b []float32, M, K, N int, transB, parallel bool) {
 	km.gemm(c, a, M, K, N, func(dst []float32, pc, kc, jc, nc int) {
@@ -104,12 +131,19 @@ func gemmF32(km *microKernel[float32], c, a, b []float32, M, K, N int, transB, p
 // panels of nr columns (each kc rows of nr, zero-padded past nc); parallel splits the row blocks
 // across the cores.
 func (km *microKernel[E]) gemm(c []float32, a []E, M, K, N int, pack func(dst []E, pc, kc, jc, nc int), parallel bool) {
+	km.gemmInto(c, a, M, K, N, pack, parallel, false)
+}
+
+// gemmInto is gemm, adding to what c holds when accumulate (each output's chain starts from c).
+func (km *microKernel[E]) gemmInto(c []float32, a []E, M, K, N int, pack func(dst []E, pc, kc, jc, nc int), parallel, accumulate bool) {
 	if M == 0 || N == 0 {
 		return
 	}
 	_, _ = c[M*N-1], a[M*K-1]
 	if K == 0 {
-		clear(c[:M*N])
+		if !accumulate {
+			clear(c[:M*N])
+		}
 		return
 	}
 	nc := min(N, km.nc)
@@ -120,7 +154,7 @@ func (km *microKernel[E]) gemm(c []float32, a []E, M, K, N int, pack func(dst []
 		for pc := 0; pc < K; pc += km.kc {
 			kc := min(km.kc, K-pc)
 			pack(bp, pc, kc, jc, ncur)
-			first := pc == 0
+			first := pc == 0 && !accumulate
 			blocks := (M + km.mc - 1) / km.mc
 			work := func(lo, hi int) {
 				edgeA := getBuffer[E](km.mr * kc) // a last panel of fewer than mr rows, padded

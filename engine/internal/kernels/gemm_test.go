@@ -157,3 +157,44 @@ func BenchmarkFewRowsOrGEMM(b *testing.B) {
 		}
 	}
 }
+
+// MatMulAdd adds the product to what c holds, on every GEMM path, for few rows and many, rank-
+// sized K and N, transposed or not: c0 + a·b to float32 accuracy.
+func TestMatMulAddAddsTheProduct(t *testing.T) {
+	forGEMMPaths(t, func(t *testing.T, km *microKernel[float32]) {
+		rng := rand.New(rand.NewPCG(12, 1))
+		for _, sh := range []struct{ M, K, N int }{{1, 16, 40}, {5, 16, 16}, {100, 16, 70}, {300, 40, 16}, {97, 300, 33}} {
+			for _, transB := range []bool{false, true} {
+				M, K, N := sh.M, sh.K, sh.N
+				a, b, c := make([]float32, M*K), make([]float32, K*N), make([]float32, M*N)
+				for i := range a {
+					a[i] = float32(rng.NormFloat64())
+				}
+				for i := range b {
+					b[i] = float32(rng.NormFloat64())
+				}
+				for i := range c {
+					c[i] = float32(rng.NormFloat64())
+				}
+				c0 := append([]float32(nil), c...)
+				MatMulAdd(c, a, b, M, K, N, transB)
+				for i := range M {
+					for j := range N {
+						ref, abs := float64(c0[i*N+j]), math.Abs(float64(c0[i*N+j]))
+						for k := range K {
+							bv := b[k*N+j]
+							if transB {
+								bv = b[j*K+k]
+							}
+							ref += float64(a[i*K+k]) * float64(bv)
+							abs += math.Abs(float64(a[i*K+k]) * float64(bv))
+						}
+						if d := math.Abs(float64(c[i*N+j]) - ref); !(d <= float64(K+1)*0x1p-23*abs) {
+							t.Fatalf("%v transB=%v: c[%d,%d] = %v, want %v", sh, transB, i, j, c[i*N+j], ref)
+						}
+					}
+				}
+			}
+		}
+	})
+}

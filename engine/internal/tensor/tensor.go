@@ -391,6 +391,25 @@ func (a *Arena[T]) ReleaseOne(m Mat[T]) {
 	}
 }
 
+// MatMulAdd adds x·y (or x·yᵀ when transB) to c, in one pass over c where the kernels' GEMM runs.
+func (a *Arena[T]) MatMulAdd(c, x, y Mat[T], transB bool) {
+	if a.Err != nil {
+		return
+	}
+	if cf, ok := any(c.V).([]float32); ok && kernels.HaveGEMM() {
+		m, k := x.Dims[len(x.Dims)-2], x.Dims[len(x.Dims)-1]
+		n := y.Dims[len(y.Dims)-1]
+		if transB {
+			n = y.Dims[len(y.Dims)-2]
+		}
+		kernels.MatMulAdd(cf, any(x.V).([]float32), any(y.V).([]float32), m, k, n, transB)
+		return
+	}
+	p := a.MatMul(x, y, 0, transB)
+	kernels.AddScaled(c.V, p.V, 1)
+	a.ReleaseOne(p)
+}
+
 // MatMul returns x·y (y given as [k,n]) or x·yᵀ (transB: y given as [n,k]); with batch > 0 both
 // operands have a leading batch axis.
 func (a *Arena[T]) MatMul(x, y Mat[T], batch int, transB bool) Mat[T] {

@@ -17,6 +17,7 @@ type microKernel[E float32 | uint32] struct {
 	name   string
 	mr, nr int // rows and columns of the register tile
 	kc     int // steps of k (units of E) per packed block: a B micro-panel (kc·nr) stays in L1
+	kunit  int // the kernel takes k in multiples of this (AMX: 16 pairs); 0 or 1: any
 	mc     int // rows per block of A (a multiple of mr, kc·mc units in L2), the unit the cores split
 	nc     int // columns per packed block of B
 	// run sets c[0:mr, 0:nr] (row stride ldc) to a[0:mr, 0:kc]·B for a packed B micro-panel (kc
@@ -251,7 +252,7 @@ func (km *microKernel[E]) macro(c []float32, a, edgeA, bp []E, K, N, ic, mc, pc,
 }
 
 // The largest register tile of any path (the edge buffer's size).
-const maxMR, maxNR = 12, 32
+const maxMR, maxNR = 32, 32
 
 // micro runs the micro-kernel over checked slices: the assembly reads and writes exactly these
 // ranges, so they are checked here, once.

@@ -37,3 +37,9 @@ func pairsNN32asm(kp int, x *uint32, w *uint32, ldw int, y *float32)
 // pairsNN are the few-row kernels over weights kept as pairs (bf16_pairs.go), 128 and 32 columns
 // at a time.
 var pairsNN = [2]func(kp int, x, w *uint32, ldw int, y *float32){pairsNN128asm, pairsNN32asm}
+
+// amxMicro: 32×32 in four AMX tiles, k 16 pairs at a time; blocks of 192 pairs (a multiple of 16).
+var amxMicro = microKernel[uint32]{name: "bf16 AMX GEMM (32×32 in tiles)", mr: 32, nr: 32, kc: 192, kunit: 16, mc: 96, nc: 2048, run: micro32x32amxasm}
+
+//go:noescape
+func micro32x32amxasm(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool)

@@ -15,10 +15,25 @@ import (
 
 // bf16Kernel is the active path's bf16 micro-kernel, nil where the path has none.
 func bf16Kernel() *microKernel[uint32] {
-	if vectorBuild && (active == AVX512BF16 || active == AMX) {
+	switch {
+	case !vectorBuild:
+		return nil
+	case active == AMX && amxBuilt:
+		return &amxMicro
+	case active >= AVX512BF16:
 		return &avx512bf16Micro
 	}
 	return nil
+}
+
+// pairsOf is the number of pairs a row of K values takes for kernel km: ⌈K/2⌉, rounded up to the
+// kernel's unit of k (the pairs past K are 0).
+func pairsOf(km *microKernel[uint32], K int) int {
+	K2 := (K + 1) / 2
+	if km.kunit > 1 {
+		K2 = roundUp(K2, km.kunit)
+	}
+	return K2
 }
 
 // HaveBF16GEMM reports whether the active path multiplies by bf16 weights in bf16 (BF16MatMul);
@@ -40,10 +55,10 @@ func bf16GEMM(km *microKernel[uint32], c, a []float32, w []uint16, M, K, N int, 
 		return
 	}
 	_, _, _ = c[M*N-1], a[M*K-1], w[K*N-1]
-	K2 := (K + 1) / 2
+	K2 := pairsOf(km, K)
 	a2 := getBuffer[uint32](M * K2)
 	defer putBuffer(a2)
-	ParallelRows(M, func(lo, hi int) { roundPairs(a2, a, lo, hi, K) })
+	ParallelRows(M, func(lo, hi int) { roundPairsPadded(a2, a, lo, hi, K, K2) })
 	km.gemm(c, a2, M, K2, N, func(dst []uint32, pc, kc, jc, nc int) {
 		packPairs(dst, w, K, N, pc, kc, jc, nc, km.nr, transB)
 	}, true)
@@ -53,13 +68,15 @@ func bf16GEMM(km *microKernel[uint32], c, a []float32, w []uint16, M, K, N int, 
 // in its low half and a[r, 2p+1] in its high half (0 past K). That is the rows in bf16, one after
 // another, each padded to an even length.
 func roundPairs(dst []uint32, a []float32, lo, hi, K int) {
-	K2 := (K + 1) / 2
+	roundPairsPadded(dst, a, lo, hi, K, (K+1)/2)
+}
+
+// roundPairsPadded is roundPairs with rows K2 ≥ ⌈K/2⌉ pairs apart, the pairs past K zero.
+func roundPairsPadded(dst []uint32, a []float32, lo, hi, K, K2 int) {
 	for r := lo; r < hi; r++ {
 		out := unsafeSlice((*uint16)(unsafe.Pointer(&dst[r*K2])), 2*K2)
 		rows.roundBF16(out[:K], a[r*K:][:K])
-		if K%2 == 1 {
-			out[K] = 0
-		}
+		clear(out[K:])
 	}
 }
 

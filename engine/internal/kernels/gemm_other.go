@@ -12,3 +12,5 @@ var dot4bf16 func(kp int, x, w *uint32, ldw int, out *float32)
 
 // pairsNN is empty: no pairs kernels without the assembly.
 var pairsNN [2]func(kp int, x, w *uint32, ldw int, y *float32)
+
+var amxMicro microKernel[uint32]

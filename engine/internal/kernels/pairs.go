@@ -139,14 +139,18 @@ func PairsMatMul(c, a []float32, w2 []uint32, M, K, N int, transB bool) {
 	if km == nil {
 		panic("kernels: PairsMatMul on a path without a bf16 GEMM")
 	}
+	pairsGEMM(km, c, a, w2, M, K, N, transB)
+}
+
+func pairsGEMM(km *microKernel[uint32], c, a []float32, w2 []uint32, M, K, N int, transB bool) {
 	if M == 0 || N == 0 {
 		return
 	}
 	_, _ = c[M*N-1], a[M*K-1]
-	K2 := (K + 1) / 2
+	K2 := pairsOf(km, K)
 	a2 := getBuffer[uint32](M * K2)
 	defer putBuffer(a2)
-	ParallelRows(M, func(lo, hi int) { roundPairs(a2, a, lo, hi, K) })
+	ParallelRows(M, func(lo, hi int) { roundPairsPadded(a2, a, lo, hi, K, K2) })
 	km.gemm(c, a2, M, K2, N, func(dst []uint32, pc, kc, jc, nc int) {
 		if transB {
 			packPairsOfColumns(dst, w2, K, N, pc, kc, jc, nc, km.nr)
@@ -164,6 +168,10 @@ func packPairsOfRows(dst, w2 []uint32, N, pc, kc, jc, nc, nr int) {
 		panel := dst[(j0/nr)*kc*nr:][:kc*nr]
 		for p := range kc {
 			row := panel[p*nr : p*nr+nr : p*nr+nr]
+			if (pc+p)*N >= len(w2) { // a pair past K: the kernel's unit of k rounded up
+				clear(row)
+				continue
+			}
 			copy(row, w2[(pc+p)*N+jc+j0:][:wd])
 			clear(row[wd:])
 		}
@@ -185,6 +193,10 @@ func packPairsOfColumns(dst, w2 []uint32, K, N, pc, kc, jc, nc, nr int) {
 			src, shift := w2[(n/2)*K:][:K], uint(16*(n%2))
 			for p := range kc {
 				k := 2 * (pc + p)
+				if k >= K { // past K: the kernel's unit of k rounded up
+					panel[p*nr+j] = 0
+					continue
+				}
 				v := src[k] >> shift & 0xffff
 				if k+1 < K {
 					v |= (src[k+1] >> shift & 0xffff) << 16

@@ -75,11 +75,13 @@ func SupportedPaths() []Path {
 	return out
 }
 
-// Best is the fastest path this CPU supports.
+// Best is the fastest path this CPU supports, AMX aside: its kernel has not run on a machine
+// with AMX yet, and a tile kernel's fault would stop the process rather than fail the start-up
+// check, so it is used only when SKEIN_GEMM asks for it.
 func Best() Path {
 	best := Scalar
 	for _, p := range Paths {
-		if Supported(p) {
+		if Supported(p) && p != AMX {
 			best = p
 		}
 	}

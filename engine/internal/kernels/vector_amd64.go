@@ -6,7 +6,7 @@ package kernels
 const vectorBuild = true
 
 // amxBuilt: the AMX kernel is assembled into this build.
-const amxBuilt = false
+const amxBuilt = true
 
 // Package variables are initialised before any init function runs, so the vector tables are in
 // place when paths.go's init chooses a path.

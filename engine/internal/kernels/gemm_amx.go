@@ -1,0 +1,44 @@
+package kernels
+
+// The AMX path multiplies bf16 pairs in tiles: TDPBF16PS adds a 16-row tile of A's pairs (16
+// pairs a row) times a 16-pair tile of B (16 columns a row, the pairs-of-rows layout the bf16 path
+// already packs) into a 16×16 float32 tile. Its micro-kernel (gemm_amx_amd64.s) keeps a 32×32 block
+// of c in four tiles and takes k 16 pairs at a time (kunit); the driver, the packing and the
+// rounding are the bf16 GEMM's. No machine of this project has had AMX yet, so the kernel has run
+// only as its Go model (amxModelMicro) and is chosen only when asked (SKEIN_GEMM=amx); the start-up
+// check compares it with a float64 reference before it is used.
+
+// amxTileConfig is LDTILECFG's 64 bytes: palette 1; tiles 0–7 each 16 rows of 64 bytes (c: 16
+// float32, A: 16 pairs, B: 16 pairs' columns).
+var amxTileConfig = func() (cfg [64]byte) {
+	cfg[0] = 1
+	for t := range 8 {
+		cfg[16+2*t] = 64 // colsb, little-endian uint16
+		cfg[48+t] = 16   // rows
+	}
+	return cfg
+}()
+
+// amxModelMicro is the AMX micro-kernel in Go: each output a chain over the pairs in order, each
+// pair adding its even product and then its odd one (TDPBF16PS as Intel describes it; the
+// opposite order from VDPBF16PS), products exact, denormal inputs and sums flushed as measured
+// for VDPBF16PS. Only the model has run: where AMX is present the assembly is compared with it to
+// float32 tolerance, not bit for bit.
+func amxModelMicro(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool) {
+	const mr, nr = 32, 32
+	as, bs, cs := unsafeSlice(a, (mr-1)*lda+kp), unsafeSlice(b, kp*nr), unsafeSlice(c, (mr-1)*ldc+nr)
+	for i := range mr {
+		for j := range nr {
+			var acc float32
+			if !first {
+				acc = cs[i*ldc+j]
+			}
+			for p := range kp {
+				x, w := as[i*lda+p], bs[p*nr+j]
+				acc = dotPairBF16(acc, x&0xffff, w&0xffff)   // even: the low halves
+				acc = dotPairBF16(acc, x&^0xffff, w&^0xffff) // odd: the high halves
+			}
+			cs[i*ldc+j] = acc
+		}
+	}
+}

@@ -52,7 +52,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
-	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32, or bf16 (half the memory, widened per product)")
+	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32, or bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened)")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", gateway.DefaultQueueTimeout, "how long an op waits for a free LoRA slot")
 	fs.DurationVar(&c.FutureTTL, "future-ttl", gateway.DefaultFutureTTL, "how long request results are kept")
 	fs.DurationVar(&c.SessionTimeout, "session-timeout", gateway.DefaultSessionTimeout, "a session without a heartbeat for this long expires: its samplers go and its adapters are unloaded (checkpoints stay)")

@@ -8,17 +8,6 @@ package kernels
 // only as its Go model (amxModelMicro) and is chosen only when asked (SKEIN_GEMM=amx); the start-up
 // check compares it with a float64 reference before it is used.
 
-// amxTileConfig is LDTILECFG's 64 bytes: palette 1; tiles 0–7 each 16 rows of 64 bytes (c: 16
-// float32, A: 16 pairs, B: 16 pairs' columns).
-var amxTileConfig = func() (cfg [64]byte) {
-	cfg[0] = 1
-	for t := range 8 {
-		cfg[16+2*t] = 64 // colsb, little-endian uint16
-		cfg[48+t] = 16   // rows
-	}
-	return cfg
-}()
-
 // amxModelMicro is the AMX micro-kernel in Go: each output a chain over the pairs in order, each
 // pair adding its even product and then its odd one (TDPBF16PS as Intel describes it; the
 // opposite order from VDPBF16PS), products exact, denormal inputs and sums flushed as measured

@@ -2,13 +2,25 @@
 
 #include "textflag.h"
 
+// amxTileConfig is LDTILECFG's 64 bytes: palette 1 (byte 0); tiles 0–7 each 64 bytes a row
+// (colsb, uint16s at 16–31) and 16 rows (bytes 48–55): c 16 float32, A 16 pairs, B 16 columns.
+DATA amxTileConfig<>+0(SB)/8, $1
+DATA amxTileConfig<>+8(SB)/8, $0
+DATA amxTileConfig<>+16(SB)/8, $0x0040004000400040
+DATA amxTileConfig<>+24(SB)/8, $0x0040004000400040
+DATA amxTileConfig<>+32(SB)/8, $0
+DATA amxTileConfig<>+40(SB)/8, $0
+DATA amxTileConfig<>+48(SB)/8, $0x1010101010101010
+DATA amxTileConfig<>+56(SB)/8, $0
+GLOBL amxTileConfig<>(SB), RODATA|NOPTR, $64
+
 // func micro32x32amxasm(kp int, a *uint32, lda int, b *uint32, c *float32, ldc int, first bool)
 //
 // c[0:32, 0:32] (rows ldc apart) = Σ_p dot(a[i*lda+p], b[p*32+j]) over kp pairs of k (a multiple of
 // 16), from zero (first) or from what c holds: the AMX path's micro-kernel (gemm_amx.go). Four
 // 16×16 float32 tiles of c (tmm0–3), two 16-row tiles of A's pairs (tmm4, tmm5: rows 0–15 and
 // 16–31, 16 pairs each) and two 16-pair tiles of B's panel (tmm6, tmm7: columns 0–15 and 16–31,
-// rows 128 bytes apart), four TDPBF16PS per 16 pairs. The tiles are configured (amxTileConfig),
+// rows 128 bytes apart), four TDPBF16PS per 16 pairs. The tiles are configured (amxTileConfig, below),
 // used and released inside this one function: tile state belongs to the thread, and Go does not
 // move a goroutine in the middle of an assembly function. Go's assembler knows no AMX: each
 // instruction is its VEX bytes, taken from GNU as, with the mnemonic beside it. Not run on any
@@ -30,7 +42,7 @@ TEXT ·micro32x32amxasm(SB), NOSPLIT, $0-49
 	MOVQ R8, R12
 	SHLQ $4, R12
 	ADDQ DX, R12          // R12: c's row 16
-	LEAQ ·amxTileConfig(SB), R11
+	LEAQ amxTileConfig<>(SB), R11
 	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x03 // LDTILECFG (R11)
 	MOVBLZX first+48(FP), R13
 	TESTQ R13, R13

@@ -1,10 +1,10 @@
 package engine
 
 import (
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // The backward pass of the transformer's layer (transformer.go), reading what its forward

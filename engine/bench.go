@@ -2,10 +2,11 @@ package engine
 
 import (
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // MatmulGFLOPS measures an n×n×n float32 matmul on the engine's backend, through the same

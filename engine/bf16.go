@@ -2,18 +2,19 @@ package engine
 
 import (
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/safetensors"
 )
 
 // Base weights may be kept in bfloat16 (Options.Precision "bf16"): the projections and the
-// embedding, which are nearly all of a model, at half the memory of float32. A product of many
-// rows widens its weight into a step buffer of the pass's dtype just before the matmul and gives
-// it back right after, so a pass holds at most one widened weight at a time besides merged LoRA
-// weights; norms and biases stay in the pass's dtype. Widening is exact, so such a product is a
-// float32 engine's over the same bf16-rounded weights, bit for bit. Few-row products read the
-// bf16 bits directly instead (bf16_kernels.go).
+// embedding, which are nearly all of a model, at half the memory of float32; norms and biases stay
+// in the pass's dtype. On a path with the bf16 unit the weights are kept as pairs of rows and
+// their products run in bf16 with float32 sums (linear.go; internal/kernels: gemm_bf16.go,
+// pairs.go). Elsewhere a product of many rows widens its weight into a step buffer just before
+// the matmul and gives it back right after (a pass holds at most one widened weight besides
+// merged LoRA weights): widening is exact, so such a product is a float32 engine's over the same
+// bf16-rounded weights, bit for bit; few-row products read the bits directly (bf16.go there).
 
 // Precisions of base weights.
 const (

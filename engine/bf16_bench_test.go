@@ -2,10 +2,11 @@ package engine
 
 import (
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // BenchmarkBF16Product compares, shape by shape, the three ways a product meets its weight: a

@@ -3,13 +3,13 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/safetensors"
 )
 

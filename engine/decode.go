@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/tensor"
 )

@@ -10,12 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"os"
 	"path/filepath"
 	"sync"
 
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
 )

@@ -5,11 +5,12 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 func BenchmarkGEMM(b *testing.B) {

@@ -3,8 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"runtime/debug"
+
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses

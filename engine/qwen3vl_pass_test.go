@@ -3,11 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // vlDatum is the fixture's prompt as a cross-entropy datum with its images in loss_fn_inputs

@@ -3,11 +3,12 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // SampleParams are Tinker's SamplingParams.

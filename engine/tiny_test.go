@@ -2,11 +2,11 @@ package engine
 
 import (
 	"encoding/json"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/safetensors"
 )
 

@@ -2,9 +2,10 @@ package engine
 
 import (
 	"context"
+	"math"
+
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/tensor"
-	"math"
 )
 
 // The one transformer. Training, forward-only passes (forward, compute_logprobs) and the

@@ -54,14 +54,24 @@ func bf16GEMM(km *microKernel[uint32], c, a []float32, w []uint16, M, K, N int, 
 	if M == 0 || N == 0 {
 		return
 	}
-	_, _, _ = c[M*N-1], a[M*K-1], w[K*N-1]
+	_ = w[K*N-1]
+	roundedGEMM(km, c, a, M, K, N, func(dst []uint32, pc, kc, jc, nc int) {
+		packPairs(dst, w, K, N, pc, kc, jc, nc, km.nr, transB)
+	})
+}
+
+// roundedGEMM sets c [M, N] = bf16(a) [M, K] · B: a rounded into pairs once (rows padded to the
+// kernel's unit of k), then the driver, with pack writing B's panels of pairs.
+func roundedGEMM(km *microKernel[uint32], c, a []float32, M, K, N int, pack func(dst []uint32, pc, kc, jc, nc int)) {
+	if M == 0 || N == 0 {
+		return
+	}
+	_, _ = c[M*N-1], a[M*K-1]
 	K2 := pairsOf(km, K)
 	a2 := getBuffer[uint32](M * K2)
 	defer putBuffer(a2)
 	ParallelRows(M, func(lo, hi int) { roundPairsPadded(a2, a, lo, hi, K, K2) })
-	km.gemm(c, a2, M, K2, N, func(dst []uint32, pc, kc, jc, nc int) {
-		packPairs(dst, w, K, N, pc, kc, jc, nc, km.nr, transB)
-	}, true)
+	km.gemm(c, a2, M, K2, N, pack, true)
 }
 
 // roundPairs writes rows lo…hi of a [M, K], rounded to bf16, as pairs: dst[r·K2+p] holds a[r, 2p]

@@ -143,21 +143,13 @@ func PairsMatMul(c, a []float32, w2 []uint32, M, K, N int, transB bool) {
 }
 
 func pairsGEMM(km *microKernel[uint32], c, a []float32, w2 []uint32, M, K, N int, transB bool) {
-	if M == 0 || N == 0 {
-		return
-	}
-	_, _ = c[M*N-1], a[M*K-1]
-	K2 := pairsOf(km, K)
-	a2 := getBuffer[uint32](M * K2)
-	defer putBuffer(a2)
-	ParallelRows(M, func(lo, hi int) { roundPairsPadded(a2, a, lo, hi, K, K2) })
-	km.gemm(c, a2, M, K2, N, func(dst []uint32, pc, kc, jc, nc int) {
+	roundedGEMM(km, c, a, M, K, N, func(dst []uint32, pc, kc, jc, nc int) {
 		if transB {
 			packPairsOfColumns(dst, w2, K, N, pc, kc, jc, nc, km.nr)
 		} else {
 			packPairsOfRows(dst, w2, N, pc, kc, jc, nc, km.nr)
 		}
-	}, true)
+	})
 }
 
 // packPairsOfRows writes pairs pc…pc+kc of columns jc…jc+nc of W [K, N] kept as pairs of rows

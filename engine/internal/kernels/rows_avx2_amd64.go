@@ -8,7 +8,7 @@ import (
 	"github.com/skein-ai/skein/engine/internal/cpu"
 )
 
-// The 8-lane kernels below are the AVX2+FMA versions of the 16-lane ones in simd_amd64.go, for
+// The 8-lane kernels below are the AVX2+FMA versions of the 16-lane ones in rows_avx512_amd64.go, for
 // CPUs without AVX-512 (AMD before Zen 4, Intel client parts). They use only AVX, AVX2 and FMA
 // instructions: several Float32x8 methods (RoundToEvenScaled, Scale, ConvertToFloat64) are
 // AVX-512 instructions and would fault here.

@@ -61,8 +61,8 @@ func sigmoid16(dst, src []float32) {
 }
 
 // The row kernels below are 16-lane versions of loops in kernels.go; each leaves a tail of
-// fewer than 16 elements to the scalar version (kernels_scalar.go), which machines without
-// AVX2 use for everything; simd_avx2_amd64.go has the 8-lane versions. Each clears the upper
+// fewer than 16 elements to the scalar version (rows_scalar.go), which machines without
+// AVX2 use for everything; rows_avx2_amd64.go has the 8-lane versions. Each clears the upper
 // halves (VZEROUPPER) after its last vector, before scalar code (see the note above load8).
 
 func load(v []float32) archsimd.Float32x16 { return archsimd.LoadFloat32x16Slice(v) }

@@ -1,7 +1,7 @@
 package kernels
 
 // Scalar row kernels: the float64 path, machines without AVX2, and the tails of the 8- and
-// 16-lane versions in simd_avx2_amd64.go and simd_amd64.go.
+// 16-lane versions in rows_avx2_amd64.go and rows_avx512_amd64.go.
 
 func maxScalar[T Float](v []T) T {
 	m := v[0]

@@ -35,7 +35,20 @@ func (s *Server) runOf(tenant, id string) (*trainingRun, error) {
 	if run == nil || run.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "model %q not found", id)
 	}
+	return run, nil
+}
+
+// usedRun is runOf for a request that acts on the run (trains, saves, loads, unloads): it also
+// moves the run's last_request_time. Reads (get_info, get_training_run) leave it, so that a console
+// or `tinker run list` looking at runs does not make them all "just now".
+func (s *Server) usedRun(tenant, id string) (*trainingRun, error) {
+	run, err := s.runOf(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	s.runs.mu.Lock()
 	run.lastRequest = time.Now()
+	s.runs.mu.Unlock()
 	return run, nil
 }
 
@@ -134,7 +147,7 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +188,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		}
 		req.ForwardOnly = strings.HasSuffix(r.URL.Path, "/forward")
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +248,7 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +138,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	run, err := s.runOf(tenant, req.ModelID)
+	run, err := s.usedRun(tenant, req.ModelID)
 	if err != nil {
 		return nil, err
 	}

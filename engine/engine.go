@@ -103,6 +103,15 @@ type (
 	arena[E float] = tensor.Arena[E]
 )
 
+// CheckPrecision refuses a precision of base weights that Load would refuse ("" is f32).
+func CheckPrecision(p string) error {
+	switch p {
+	case "", PrecisionF32, PrecisionBF16:
+		return nil
+	}
+	return fmt.Errorf("engine: unknown precision %q (f32, bf16)", p)
+}
+
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
 func Load(dir string, opts Options) (*Engine, error) {
 	cfg, err := LoadConfig(dir)
@@ -136,12 +145,11 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.MaxStepBytes == 0 {
 		opts.MaxStepBytes = 4 << 30
 	}
-	switch opts.Precision {
-	case "":
+	if err := CheckPrecision(opts.Precision); err != nil {
+		return nil, err
+	}
+	if opts.Precision == "" {
 		opts.Precision = PrecisionF32
-	case PrecisionF32, PrecisionBF16:
-	default:
-		return nil, fmt.Errorf("engine: unknown precision %q (f32, bf16)", opts.Precision)
 	}
 	mm, err := tensor.NewMatmuls(opts.MaxStepBytes)
 	if err != nil {

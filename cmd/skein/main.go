@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -160,6 +161,16 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
+	if err := engine.CheckPrecision(cfg.Precision); err != nil { // before any model is generated or loaded
+		return err
+	}
+	// The address is taken before the models load, so that a port in use fails at once rather
+	// than after minutes of loading; connections wait in the backlog until the server runs.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	if !gatewayOnly {
 		if err := setupKernels(log); err != nil {
 			return err
@@ -255,8 +266,8 @@ func serve(args []string, gatewayOnly bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- hs.ListenAndServe() }()
-	log.Info("skein serving the Tinker API", "addr", "http://"+cfg.Addr, "data", cfg.Data, "auth", mode)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("skein serving the Tinker API", "addr", "http://"+ln.Addr().String(), "data", cfg.Data, "auth", mode)
 	select {
 	case err := <-errc:
 		return err

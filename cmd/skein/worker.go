@@ -84,14 +84,19 @@ func runWorker(args []string) error {
 	if c.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
+	if err := engine.CheckPrecision(c.Precision); err != nil {
+		return err
+	}
+	// The address first, as serve does: a port in use fails before the model loads.
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	if err := setupKernels(log); err != nil {
 		return err
 	}
 	e, err := engine.Load(*model, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -152,7 +153,6 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	limits := cfg.Limits
 	mode, err := authMode(cfg.Auth, cfg.Addr)
 	if err != nil {
 		return err
@@ -161,7 +161,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	if err := engine.CheckPrecision(cfg.Precision); err != nil { // before any model is generated or loaded
+	if err := checkServeConfig(cfg); err != nil { // before any model is generated or loaded
 		return err
 	}
 	// The address is taken before the models load, so that a port in use fails at once rather
@@ -183,19 +183,38 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	models, names := cfg.Models, cfg.Names
-	if len(models) == 0 && !gatewayOnly {
-		dir := filepath.Join(cfg.Data, "models", "tiny-qwen3")
-		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-			log.Info("no --model given: generating the tiny model", "dir", dir)
-			if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
-				return err
-			}
-		}
-		if err := engine.AddTinyChatTemplate(dir); err != nil { // a data dir from before chat templates
-			return err
-		}
-		models = append(models, dir)
+	models, err := servedModels(cfg, gatewayOnly, log)
+	if err != nil {
+		return err
+	}
+	reps, err := loadReplicas(cfg, models, log)
+	if err != nil {
+		return err
+	}
+	st, closeState, err := openState(cfg.State)
+	if err != nil {
+		return err
+	}
+	defer closeState()
+	w, err := parseWeights(cfg.RouterWeights)
+	if err != nil {
+		return err
+	}
+	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
+		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
+		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
+		ImageDir: cfg.ImageDir}), reps...)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	return runHTTP(cfg, srv, ln, log, mode)
+}
+
+// checkServeConfig refuses the settings that can be refused without touching a model.
+func checkServeConfig(cfg *serveConfig) error {
+	if err := engine.CheckPrecision(cfg.Precision); err != nil {
+		return err
 	}
 	if cfg.Replicas < 1 || cfg.MaxLoras < 1 {
 		return errors.New("--replicas and --max-loras must be at least 1")
@@ -203,25 +222,47 @@ func serve(args []string, gatewayOnly bool) error {
 	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
-	if err := limits.check(); err != nil {
-		return err
+	return cfg.Limits.check()
+}
+
+// servedModels is the model directories to serve: --model's, or with none (and not a bare
+// gateway) the tiny model, generated into the data directory the first time.
+func servedModels(cfg *serveConfig, gatewayOnly bool, log *slog.Logger) ([]string, error) {
+	models := cfg.Models
+	if len(models) > 0 || gatewayOnly {
+		return models, nil
 	}
+	dir := filepath.Join(cfg.Data, "models", "tiny-qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		log.Info("no --model given: generating the tiny model", "dir", dir)
+		if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+			return nil, err
+		}
+	}
+	if err := engine.AddTinyChatTemplate(dir); err != nil { // a data dir from before chat templates
+		return nil, err
+	}
+	return append(models, dir), nil
+}
+
+// loadReplicas loads each model once and serves it by --replicas replicas sharing its weights.
+func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*replica.Replica, error) {
 	var reps []*replica.Replica
-	names2 := map[string]bool{}
+	seen := map[string]bool{}
 	for i, dir := range models {
 		name := filepath.Base(filepath.Clean(dir))
-		if i < len(names) {
-			name = names[i]
+		if i < len(cfg.Names) {
+			name = cfg.Names[i]
 		}
 		start := time.Now()
 		e, err := engine.Load(dir, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if names2[name] {
-			return fmt.Errorf("two models named %q: use --name", name)
+		if seen[name] {
+			return nil, fmt.Errorf("two models named %q: use --name", name)
 		}
-		names2[name] = true
+		seen[name] = true
 		for k := range cfg.Replicas {
 			eng := e
 			if k > 0 {
@@ -232,37 +273,34 @@ func serve(args []string, gatewayOnly bool) error {
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", cfg.Replicas,
 			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))
 	}
-	var st store.Store
-	if cfg.State != "" {
-		if !strings.HasPrefix(cfg.State, "postgres://") && !strings.HasPrefix(cfg.State, "postgresql://") {
-			return fmt.Errorf("--state: want a postgres:// URL, got %q", cfg.State)
-		}
-		pg, err := store.OpenPostgres(cfg.State)
-		if err != nil {
-			return err
-		}
-		defer pg.Close()
-		st = pg
+	return reps, nil
+}
+
+// openState opens --state's PostgreSQL (nil store, the gateway's SQLite, without one).
+func openState(state string) (store.Store, func(), error) {
+	if state == "" {
+		return nil, func() {}, nil
 	}
-	w, err := parseWeights(cfg.RouterWeights)
+	if !strings.HasPrefix(state, "postgres://") && !strings.HasPrefix(state, "postgresql://") {
+		return nil, nil, fmt.Errorf("--state: want a postgres:// URL, got %q", state)
+	}
+	pg, err := store.OpenPostgres(state)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	srv, err := gateway.New(limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
-		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
-		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
-		ImageDir: cfg.ImageDir}), reps...)
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
+	return pg, func() { pg.Close() }, nil
+}
+
+// runHTTP serves srv on ln until it fails or a signal asks for a graceful shutdown.
+func runHTTP(cfg *serveConfig, srv *gateway.Server, ln net.Listener, log *slog.Logger, mode string) error {
 	var handler http.Handler = srv
 	if cfg.Record != "" {
+		var err error
 		if handler, err = gateway.Recorder(srv, cfg.Record); err != nil {
 			return err
 		}
 	}
-	hs := limits.httpServer(cfg.Addr, handler)
+	hs := cfg.Limits.httpServer(cfg.Addr, handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

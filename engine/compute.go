@@ -95,3 +95,24 @@ func stopped(ctx context.Context) error {
 }
 
 var _ Compute = (*Engine)(nil)
+
+type turnsKey struct{}
+
+// WithTurns returns ctx carrying give, which long work calls between the layers of its passes
+// (training, forwards, and each prefill and decode step): whoever runs the engine serves others'
+// short work there (the replica runs queued sampling batches), so one large op does not hold
+// everyone else for its whole length. give runs on the caller's goroutine, in the middle of the
+// op: it must not change the adapter the op is working on.
+func WithTurns(ctx context.Context, give func()) context.Context {
+	return context.WithValue(ctx, turnsKey{}, give)
+}
+
+// GiveTurn calls ctx's WithTurns function, if any.
+func GiveTurn(ctx context.Context) {
+	if ctx == nil {
+		return
+	}
+	if give, ok := ctx.Value(turnsKey{}).(func()); ok {
+		give()
+	}
+}

@@ -27,12 +27,22 @@ func (e *Engine) newDecodeStep(a *Adapter, B, S int) (stepFunc, func()) {
 // newDecodeStepImages is newDecodeStep over rows whose prompts may hold images (vlpass.go; nil:
 // none has). A step stops between layers once ctx ends.
 func (e *Engine) newDecodeStepImages(ctx context.Context, a *Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
+	rows := make([]*Adapter, B)
+	for b := range rows {
+		rows[b] = a
+	}
+	return e.newDecodeStepRows(ctx, rows, B, S, images)
+}
+
+// newDecodeStepRows is newDecodeStepImages over rows of several adapters: row b samples
+// rowAdapters[b] (nil: the base model).
+func (e *Engine) newDecodeStepRows(ctx context.Context, rowAdapters []*Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
 	if e.opts.Float64 {
-		d := newKVDecoder[float64](e, a, B, S)
+		d := newKVDecoder[float64](e, rowAdapters, B, S)
 		d.images, d.ctx = images, ctx
 		return d.step, d.long.Free
 	}
-	d := newKVDecoder[float32](e, a, B, S)
+	d := newKVDecoder[float32](e, rowAdapters, B, S)
 	d.images, d.ctx = images, ctx
 	return d.step, d.long.Free
 }
@@ -42,15 +52,16 @@ type kvDecoder[E float] struct {
 	B        int
 	long     *arena[E] // cache and LoRA matrices: live for the whole loop
 	cache    *kvCache[E]
-	lora     []*loraMats[E]
+	lora     []*loraMats[E] // one adapter for every row
 	scale    E
-	cos, sin []E         // [S, hd/2]
-	images   []*imageRow // per row; nil: no row has images
-	shift    []int       // per row: decode positions' mRoPE delta (set at the first decode step)
+	segs     []loraSeg[E] // or runs of rows of several adapters (nil: one)
+	cos, sin []E          // [S, hd/2]
+	images   []*imageRow  // per row; nil: no row has images
+	shift    []int        // per row: decode positions' mRoPE delta (set at the first decode step)
 	ctx      context.Context
 }
 
-func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
+func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
 	d := &kvDecoder[E]{e: e, B: B, long: tensor.NewArena[E](e.base.mm)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
@@ -61,7 +72,15 @@ func newKVDecoder[E float](e *Engine, a *Adapter, B, S int) *kvDecoder[E] {
 		d.cache.keysT = append(d.cache.keysT, d.long.Zeros(BK, c.HeadDim, S))
 		d.cache.values = append(d.cache.values, d.long.Zeros(BK, S, c.HeadDim))
 	}
-	d.lora, d.scale = loraOf(d.long, a, modelOf[E](e.base))
+	if runs := adapterRuns(rowAdapters); len(runs) == 1 {
+		// One adapter: the pass chooses how to apply it (merged or added) as training does.
+		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base))
+	} else {
+		for _, r := range runs {
+			lora, _ := loraOf(d.long, r.a, modelOf[E](e.base))
+			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora})
+		}
+	}
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)
 	return d
 }
@@ -81,7 +100,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	}
 	ar := tensor.NewArena[E](e.base.mm)
 	defer ar.Free()
-	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, cos: d.cos, sin: d.sin, cache: d.cache}
+	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, segs: d.segs, cos: d.cos, sin: d.sin, cache: d.cache}
 	if !fromStart {
 		parts.pos = pos
 	}
@@ -126,6 +145,13 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool) ([][]float64,
 		return out, s.ar.Err
 	}
 	M := len(picked)
+	if s.segs != nil { // the head's rows are the picked ones: each keeps its adapter
+		s.rowBatch = make([]int, M)
+		for i, n := range picked {
+			s.rowBatch[i] = n / T
+		}
+		defer func() { s.rowBatch = nil }()
+	}
 	hm := s.ar.Alloc(M, D)
 	for i, n := range picked {
 		copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])

@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,6 +33,9 @@ type SampleRequest struct {
 	TopKPromptLogprobs int
 	// Images of a vision-language prompt (vlpass.go): the prompt holds their pad tokens.
 	Images *Images
+	// Adapter names the adapter this request samples, when requests of several adapters share
+	// one call (SampleBatch); "" takes the call's id.
+	Adapter string `json:",omitempty"`
 	// OnToken, if set, is called on the decode loop's goroutine with every token as it is drawn
 	// (sample is the index among the request's NumSamples); returning false ends that sample
 	// there, e.g. when a streaming client has gone. It must not block: every row of the batch
@@ -168,11 +173,14 @@ func (e *Engine) Sample(id string, r SampleRequest) (*SampleResult, error) {
 // MaxSampleRows bounds the sequences decoded together; bigger batches run in several loops.
 const MaxSampleRows = 64
 
-// SampleBatch serves several sampling requests on one adapter (id "" = base model) with shared
-// decode loops: every sample of every request is a row of one batch, each at its own position
-// with its own sampling parameters and random stream. Requests are validated first; one bad
-// request fails the whole call and nothing runs. A request whose logits turn out non-finite
-// fails alone, in its result's Err; the others are served.
+// SampleBatch serves several sampling requests with shared decode loops: every sample of every
+// request is a row of one batch, each at its own position with its own sampling parameters and
+// random stream. Each request samples the adapter it names (Adapter), or id when it names none
+// ("" = the base model): rows of different adapters share the base model's products, and each
+// run of rows adds only its own adapter's low-rank terms (segmentedLinear). Requests are
+// validated first; one bad request (or a missing adapter) fails the whole call and nothing runs.
+// A request whose logits turn out non-finite fails alone, in its result's Err; the others are
+// served.
 //
 // A cancelled ctx stops decoding between steps (and a step between layers): the call returns
 // the wrapped ctx error and no results; sampling changes no adapter.
@@ -180,31 +188,52 @@ func (e *Engine) SampleBatch(ctx context.Context, id string, reqs []SampleReques
 	if err := stopped(ctx); err != nil {
 		return nil, err
 	}
-	var a *Adapter
-	if id != "" {
-		var err error
-		if a, err = e.adapter(id); err != nil {
+	adapters := make([]*Adapter, len(reqs))
+	names := make([]string, len(reqs))
+	for i := range reqs {
+		names[i] = cmp.Or(reqs[i].Adapter, id)
+		if names[i] == "" {
+			continue
+		}
+		a, err := e.adapter(names[i])
+		if err != nil {
 			return nil, err
 		}
+		adapters[i] = a
 	}
 	for i := range reqs {
 		if err := e.validateSample(&reqs[i]); err != nil {
 			return nil, err
 		}
 	}
+	// Each adapter's requests side by side (in the order they came), so that its rows form one
+	// run of the batch.
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int { return strings.Compare(names[i], names[j]) })
 	out := make([]*SampleResult, len(reqs))
 	// Group requests into loops of at most MaxSampleRows rows (a request is never split).
-	for start := 0; start < len(reqs); {
+	for start := 0; start < len(order); {
 		end, rows := start, 0
-		for end < len(reqs) && (end == start || rows+reqs[end].NumSamples <= MaxSampleRows) {
-			rows += reqs[end].NumSamples
+		for end < len(order) && (end == start || rows+reqs[order[end]].NumSamples <= MaxSampleRows) {
+			rows += reqs[order[end]].NumSamples
 			end++
 		}
-		res, err := e.decode(ctx, a, reqs[start:end])
+		loop := make([]SampleRequest, 0, end-start)
+		of := make([]*Adapter, 0, end-start)
+		for _, i := range order[start:end] {
+			loop = append(loop, reqs[i])
+			of = append(of, adapters[i])
+		}
+		res, err := e.decode(ctx, of, loop)
 		if err != nil {
 			return nil, err
 		}
-		copy(out[start:end], res)
+		for k, i := range order[start:end] {
+			out[i] = res[k]
+		}
 		start = end
 	}
 	return out, nil
@@ -225,8 +254,9 @@ type sampleRow struct {
 	reported int // tokens handed to onToken so far
 }
 
-// decode runs one batched prefill + decode loop over the rows of some requests.
-func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+// decode runs one batched prefill + decode loop over the rows of some requests, request i
+// sampling adapters[i] (nil: the base model).
+func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
 	rows, maxPrompt, maxLen := e.sampleRows(reqs)
 	B := len(rows) // no padding rows: a new row count costs only a few matmul compiles
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
@@ -234,7 +264,11 @@ func (e *Engine) decode(ctx context.Context, a *Adapter, reqs []SampleRequest) (
 	if err != nil {
 		return nil, err
 	}
-	step, done := e.newDecodeStepImages(ctx, a, B, S, images)
+	rowAdapters := make([]*Adapter, B)
+	for b, r := range rows {
+		rowAdapters[b] = adapters[r.req]
+	}
+	step, done := e.newDecodeStepRows(ctx, rowAdapters, B, S, images)
 	defer done()
 
 	first := firstRows(rows)

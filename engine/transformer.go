@@ -29,6 +29,8 @@ type pass[E float] struct {
 	cos, sin []E            // rotary tables [slots, hd/2]
 	lora     []*loraMats[E] // by linear id; nil: no LoRA on the module
 	scale    E              // LoRA alpha/rank
+	segs     []loraSeg[E]   // rows of several adapters (segments.go); nil: lora applies to every row
+	rowBatch []int          // the batch row of each row of the head's product, while segs need it
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
 	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image
@@ -38,9 +40,11 @@ type pass[E float] struct {
 	ctx  context.Context // nil: never cancelled; checked between layers
 }
 
-// cancelled reports whether the pass's context has ended, recording its error as the pass's
-// (later arena calls are no-ops and the pass returns it). It also calls the engine's test hook.
+// cancelled is called between layers: it gives a turn to others' short work (WithTurns), then
+// reports whether the pass's context has ended, recording its error as the pass's (later arena
+// calls are no-ops and the pass returns it).
 func (s *pass[E]) cancelled() bool {
+	GiveTurn(s.ctx)
 	if err := stopped(s.ctx); err != nil {
 		s.ar.Fail(err)
 	}
@@ -73,6 +77,7 @@ type passParts[E float] struct {
 	ctx      context.Context // nil: never cancelled
 	lora     []*loraMats[E]  // by linear id, as loraOf makes them; nil entries: no LoRA
 	scale    E               // LoRA alpha/rank
+	segs     []loraSeg[E]    // forward-only passes over rows of several adapters (nil: lora for all)
 	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
 	grads    [][]float64     // a training pass's gradients, added to (nil: forward only)
 	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
@@ -87,7 +92,7 @@ type passParts[E float] struct {
 func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E] {
 	m := modelOf[E](e.base)
 	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, cos: p.cos, sin: p.sin,
-		lora: p.lora, scale: p.scale, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
+		lora: p.lora, scale: p.scale, segs: p.segs, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
 	if p.pos == nil {
 		s.kv = &passKV[E]{s: s, cache: p.cache}
 	} else {
@@ -313,7 +318,9 @@ func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 // calls for.
 func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 	var y mat[E]
-	if lm := s.lora[lin.id]; lm != nil {
+	if s.segs != nil {
+		y = s.segmentedLinear(x, lin)
+	} else if lm := s.lora[lin.id]; lm != nil {
 		y = s.loraWay(lin, x.Dims[0]).forward(s, x, lin, lm)
 	} else {
 		y = s.baseProduct(x, lin, false)

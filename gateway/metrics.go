@@ -2,11 +2,15 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/skein-ai/skein/replica"
 )
 
 // metrics are Prometheus counters kept by hand (no client library): a few numbers an operator
@@ -95,6 +99,44 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	for _, u := range s.router.Usage() {
 		fmt.Fprintf(&b, "skein_replica_queue_depth{replica=%q} %d\n", u.Endpoint.ID(), u.Endpoint.QueueDepth())
 	}
+	s.writeBatchMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	_, _ = w.Write([]byte(b.String()))
+}
+
+// writeBatchMetrics writes how the replicas batch their work: sampling batches, the samples and
+// the distinct weights (adapters) in them (rows and adapters per pass are the ratios to the
+// batches), and how long each lane's ops waited for their turn.
+func (s *Server) writeBatchMetrics(b *strings.Builder) {
+	reps := s.allReplicas()
+	sort.Slice(reps, func(i, j int) bool { return reps[i].ID() < reps[j].ID() })
+	for _, m := range []struct {
+		name, help string
+		of         func(replica.SamplingStats) int64
+	}{
+		{"skein_sampling_batches_total", "Sampling batches (decode loops over every request taken together).", func(s replica.SamplingStats) int64 { return s.Batches }},
+		{"skein_sampling_rows_total", "Samples decoded in sampling batches; per batch: rows per pass.", func(s replica.SamplingStats) int64 { return s.Rows }},
+		{"skein_sampling_adapters_total", "Distinct weights (adapters, the base model) summed over sampling batches; per batch: adapters per pass.", func(s replica.SamplingStats) int64 { return s.Adapters }},
+	} {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s counter\n", m.name, m.help, m.name)
+		for _, r := range reps {
+			fmt.Fprintf(b, "%s{replica=%q} %d\n", m.name, r.ID(), m.of(r.SamplingStats()))
+		}
+	}
+	fmt.Fprintf(b, "# HELP skein_queue_wait_seconds Time ops waited on a replica before they ran, by lane (a tenant; \"sampling\": the shared sampling batches; \"placement\": loads and evictions).\n# TYPE skein_queue_wait_seconds summary\n")
+	for _, r := range reps {
+		waits := r.LaneWaits()
+		lanes := slices.Sorted(maps.Keys(waits))
+		for _, lane := range lanes {
+			name := lane
+			switch lane {
+			case replica.SamplingLane:
+				name = "sampling"
+			case replica.PlacementLane:
+				name = "placement"
+			}
+			w := waits[lane]
+			fmt.Fprintf(b, "skein_queue_wait_seconds_sum{replica=%q,lane=%q} %g\nskein_queue_wait_seconds_count{replica=%q,lane=%q} %d\n", r.ID(), name, w.Seconds, r.ID(), name, w.Ops)
+		}
+	}
 }

@@ -72,7 +72,7 @@ func (r *Replica) effects() int64 {
 // future outlives the request that made it), and the wait for the worker does not end with ctx
 // either, so a failure always says whether the op ran.
 func (r *Replica) onAdapter(ctx context.Context, a Adapter, fn func(ctx context.Context) error) error {
-	ctx = context.WithoutCancel(ctx)
+	ctx = r.withTurns(context.WithoutCancel(ctx))
 	var opErr error
 	var ran bool
 	err := r.DoIn(ctx, a.Lane, func() {

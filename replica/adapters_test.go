@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,14 +21,14 @@ type fakeCompute struct {
 	adapters map[string]int // id -> step
 	snaps    map[string]bool
 	calls    []string
-	batches  map[string][]int // weights id -> the size of each SampleBatch call
-	effects  int64            // counted like a worker client's, when remote
+	batches  [][]string // the weights of each request of each SampleBatch call
+	effects  int64      // counted like a worker client's, when remote
 	remote   bool
 	fail     map[string]error // method -> the error it answers
 }
 
 func newFake() *fakeCompute {
-	return &fakeCompute{adapters: map[string]int{}, snaps: map[string]bool{}, batches: map[string][]int{}, fail: map[string]error{}}
+	return &fakeCompute{adapters: map[string]int{}, snaps: map[string]bool{}, fail: map[string]error{}}
 }
 
 func (f *fakeCompute) log(call string) error {
@@ -124,7 +125,11 @@ func (f *fakeCompute) SampleBatch(_ context.Context, id string, reqs []engine.Sa
 		return nil, err
 	}
 	f.mu.Lock()
-	f.batches[id] = append(f.batches[id], len(reqs))
+	var call []string
+	for _, r := range reqs {
+		call = append(call, cmp.Or(r.Adapter, id))
+	}
+	f.batches = append(f.batches, call)
 	f.mu.Unlock()
 	out := make([]*engine.SampleResult, len(reqs))
 	for i, r := range reqs {

@@ -17,9 +17,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/skein-ai/skein/engine"
 )
@@ -46,12 +49,17 @@ type Replica struct {
 	closing chan struct{} // closed by Close: waiting Runs give up
 	mu      sync.Mutex
 	wake    *sync.Cond
-	lanes   map[string][]func() // lane -> its queued ops, oldest first
-	turns   []string            // lanes with queued ops, in the order they get their next turn
-	running string              // the lane of the op running now, if busy
+	lanes   map[string][]queuedOp // lane -> its queued ops, oldest first
+	turns   []string              // lanes with queued ops, in the order they get their next turn
+	running string                // the lane of the op running now, if busy
 	busy    bool
 	closed  bool
 	wg      sync.WaitGroup
+	// Turns inside a long op (giveTurn): how many queued ops may run inside another, and
+	// whether one is running inside another now (worker goroutine only).
+	interleavable int
+	inTurn        bool
+	waits         map[string]LaneWait
 
 	sampling samplingState
 	copies   copyLRU
@@ -70,7 +78,7 @@ func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 		maxLoras = DefaultMaxLoras
 	}
 	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, compute: e, local: localEngine(e),
-		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]func(){}}
+		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]queuedOp{}}
 	r.sampling.limit = DefaultMaxQueuedSamples
 	r.wake = sync.NewCond(&r.mu)
 	r.healthy.Store(true)
@@ -111,6 +119,38 @@ func (r *Replica) loop() {
 	}
 }
 
+// queuedOp is an op waiting in its lane. An interleaved op (a sampling batch) may also run inside
+// a long op of another lane, between its layers (giveTurn).
+type queuedOp struct {
+	fn          func()
+	interleaved bool
+	queued      time.Time
+}
+
+// LaneWait sums how long a lane's ops waited in the queue before they ran.
+type LaneWait struct {
+	Ops     int64
+	Seconds float64
+}
+
+// waited records that an op of lane starts now. Called holding r.mu.
+func (r *Replica) waited(lane string, op queuedOp) {
+	if r.waits == nil {
+		r.waits = map[string]LaneWait{}
+	}
+	w := r.waits[lane]
+	w.Ops++
+	w.Seconds += time.Since(op.queued).Seconds()
+	r.waits[lane] = w
+}
+
+// LaneWaits is how long each lane's ops waited, so far (the sampling lane's batches included).
+func (r *Replica) LaneWaits() map[string]LaneWait {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.waits)
+}
+
 // nextOp waits for work and takes the oldest op of the lane whose turn it is. It reports false
 // once closed and drained.
 func (r *Replica) nextOp() (string, func(), bool) {
@@ -126,8 +166,12 @@ func (r *Replica) nextOp() (string, func(), bool) {
 	r.turns = r.turns[1:]
 	ops := r.lanes[lane]
 	r.lanes[lane] = ops[1:]
+	if ops[0].interleaved {
+		r.interleavable--
+	}
+	r.waited(lane, ops[0])
 	r.running, r.busy = lane, true
-	return lane, ops[0], true
+	return lane, ops[0].fn, true
 }
 
 // doneOp ends a lane's turn: if it has more queued (including ops that came while it ran), it
@@ -190,12 +234,35 @@ func (r *Replica) Run(fn func()) error { return r.RunIn("", fn) }
 
 // RunIn queues fn in a lane (a tenant, say): lanes take turns on the worker. It does not wait
 // for fn, only, when the replica already has its maximum queued, for room.
-func (r *Replica) RunIn(lane string, fn func()) error {
+func (r *Replica) RunIn(lane string, fn func()) error { return r.enqueue(lane, queuedOp{fn: fn}) }
+
+func (r *Replica) enqueue(lane string, op queuedOp) error {
 	select {
 	case r.slots <- struct{}{}:
 	case <-r.closing:
 		return ErrClosed
 	}
+	return r.push(lane, op)
+}
+
+// errNoRoom: the replica has its maximum of ops queued.
+var errNoRoom = errors.New("replica queue full")
+
+// tryEnqueue is enqueue without waiting for room: errNoRoom when there is none.
+func (r *Replica) tryEnqueue(lane string, op queuedOp) error {
+	select {
+	case r.slots <- struct{}{}:
+	case <-r.closing:
+		return ErrClosed
+	default:
+		return errNoRoom
+	}
+	return r.push(lane, op)
+}
+
+// push adds an op to its lane, holding a slot.
+func (r *Replica) push(lane string, op queuedOp) error {
+	op.queued = time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -208,9 +275,74 @@ func (r *Replica) RunIn(lane string, fn func()) error {
 	if len(r.lanes[lane]) == 0 && !(r.busy && r.running == lane) {
 		r.turns = append(r.turns, lane)
 	}
-	r.lanes[lane] = append(r.lanes[lane], fn)
+	r.lanes[lane] = append(r.lanes[lane], op)
+	if op.interleaved {
+		r.interleavable++
+	}
 	r.wake.Signal()
 	return nil
+}
+
+// giveTurn is called by the compute between the layers of a long op (engine.WithTurns), on the
+// worker: it runs the interleaved ops (sampling batches) queued by then, so that another
+// tenant's short sample waits about one layer, not the whole op. They read sampler copies and
+// the base model, never the training adapter the op is changing; other ops wait for the op to
+// end. An op run here gives no turns itself.
+func (r *Replica) giveTurn() {
+	if r.inTurn {
+		return
+	}
+	r.mu.Lock()
+	n := r.interleavable
+	r.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	r.inTurn = true
+	defer func() { r.inTurn = false }()
+	for range n { // those queued by now: a stream of new ones cannot hold the op up for ever
+		fn, ok := r.takeInterleaved()
+		if !ok {
+			return
+		}
+		r.runOne(fn)
+		<-r.slots
+		r.queued.Add(-1)
+	}
+}
+
+// takeInterleaved takes the oldest interleaved op of the first lane in line that has one, or
+// else of the running op's lane (which is out of line while it runs).
+func (r *Replica) takeInterleaved() (func(), bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lanes := r.turns
+	if r.busy {
+		lanes = append(slices.Clone(r.turns), r.running)
+	}
+	for _, lane := range lanes {
+		ops := r.lanes[lane]
+		for i, op := range ops {
+			if !op.interleaved {
+				continue
+			}
+			r.lanes[lane] = slices.Delete(ops, i, i+1)
+			r.interleavable--
+			r.waited(lane, op)
+			if len(r.lanes[lane]) == 0 {
+				delete(r.lanes, lane)
+				r.turns = slices.DeleteFunc(r.turns, func(l string) bool { return l == lane })
+			}
+			return op.fn, true
+		}
+	}
+	return nil, false
+}
+
+// withTurns is ctx with giveTurn for the compute to call between layers; a remote worker's compute
+// never calls it (its ops run whole).
+func (r *Replica) withTurns(ctx context.Context) context.Context {
+	return engine.WithTurns(ctx, r.giveTurn)
 }
 
 // Do runs fn on the worker's shared lane and waits for it (or for ctx to end; fn still runs then).

@@ -60,15 +60,27 @@ type SampleOutcome struct {
 }
 
 type samplingState struct {
-	mu      sync.Mutex
-	limit   int
-	waiting int                     // requests queued, all weights together
-	queues  map[string]*sampleQueue // weights id -> its requests
+	mu        sync.Mutex
+	limit     int
+	pending   []queuedSample // every weights' requests, oldest first
+	scheduled bool           // a job on the worker will take from pending
+	stats     SamplingStats
 }
 
-type sampleQueue struct {
-	pending   []SampleJob
-	scheduled bool // a job on the worker will take everything pending
+type queuedSample struct {
+	w   Weights
+	job SampleJob
+}
+
+// SamplingLane is the lane sampling batches wait in: one batch serves every tenant's requests
+// (taken in turn by their Weights.Lane), and it also runs inside other lanes' long ops.
+const SamplingLane = "\x00sampling"
+
+// SamplingStats count the sampling batches a replica ran (for /metrics).
+type SamplingStats struct {
+	Batches  int64 // SampleBatch calls
+	Rows     int64 // samples decoded, all batches together
+	Adapters int64 // distinct weights per batch, summed
 }
 
 // SetSamplingLimit bounds the sampling requests waiting here: 0 means DefaultMaxQueuedSamples,
@@ -93,115 +105,216 @@ func (r *Replica) SamplingLimit() int {
 func (r *Replica) SamplingWaiting() int {
 	r.sampling.mu.Lock()
 	defer r.sampling.mu.Unlock()
-	return r.sampling.waiting
+	return len(r.sampling.pending)
+}
+
+// SamplingStats is what the batches run so far add up to.
+func (r *Replica) SamplingStats() SamplingStats {
+	r.sampling.mu.Lock()
+	defer r.sampling.mu.Unlock()
+	return r.sampling.stats
 }
 
 // SamplingFull reports whether Sample would answer ErrSamplingFull now.
 func (r *Replica) SamplingFull() bool {
 	r.sampling.mu.Lock()
 	defer r.sampling.mu.Unlock()
-	return r.sampling.waiting >= r.sampling.limit
+	return len(r.sampling.pending) >= r.sampling.limit
 }
 
-// Sample queues a request for w; job.Done gets its answer. A request that arrives while a batch
-// for the same weights waits to run joins that batch.
+// Sample queues a request for w; job.Done gets its answer. Every request waiting on the replica,
+// whatever weights it reads, joins the next batch: rows of different adapters decode together,
+// sharing the base model's products (engine.SampleBatch).
 func (r *Replica) Sample(w Weights, job SampleJob) error {
 	st := &r.sampling
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.waiting >= st.limit {
+	if len(st.pending) >= st.limit {
 		return ErrSamplingFull
 	}
-	if st.queues == nil {
-		st.queues = map[string]*sampleQueue{}
-	}
-	q := st.queues[w.ID]
-	if q == nil {
-		q = &sampleQueue{}
-		st.queues[w.ID] = q
-	}
-	q.pending = append(q.pending, job)
-	st.waiting++
-	if q.scheduled {
+	st.pending = append(st.pending, queuedSample{w: w, job: job})
+	if st.scheduled {
 		return nil // the job already queued on the worker will take this one too
 	}
-	q.scheduled = true
-	if err := r.RunIn(w.Lane, func() { r.runSamples(w) }); err != nil {
-		q.scheduled = false
-		q.pending = q.pending[:len(q.pending)-1]
-		st.waiting--
+	// Never wait for room here, holding the queue: the worker takes it to start a batch.
+	if err := r.tryEnqueue(SamplingLane, queuedOp{fn: r.runSamples, interleaved: true}); err != nil {
+		st.pending = st.pending[:len(st.pending)-1]
+		if errors.Is(err, errNoRoom) {
+			return ErrSamplingFull
+		}
 		return err
 	}
+	st.scheduled = true
 	return nil
 }
 
-// runSamples runs on the worker: it takes every request waiting for w and decodes them together.
-func (r *Replica) runSamples(w Weights) {
+// takeBatch takes the next batch from the requests waiting: in turn by lane (tenant), up to
+// engine.MaxSampleRows samples (at least one request) and SamplerCopies distinct sampler copies,
+// so every copy the batch reads stays in memory while it runs. It reports whether requests are
+// left for a next batch.
+func (r *Replica) takeBatch() ([]queuedSample, bool) {
 	st := &r.sampling
 	st.mu.Lock()
-	q := st.queues[w.ID]
-	batch := q.pending
-	q.pending, q.scheduled = nil, false
-	st.waiting -= len(batch)
-	delete(st.queues, w.ID) // a request from now on queues a new job
-	st.mu.Unlock()
+	defer st.mu.Unlock()
+	st.scheduled = false
+	var lanes []string
+	byLane := map[string][]int{}
+	for i, q := range st.pending {
+		if _, ok := byLane[q.w.Lane]; !ok {
+			lanes = append(lanes, q.w.Lane)
+		}
+		byLane[q.w.Lane] = append(byLane[q.w.Lane], i)
+	}
+	var batch []queuedSample
+	taken := make([]bool, len(st.pending))
+	copies := map[string]bool{}
+	rows := 0
+	for progress := true; progress; {
+		progress = false
+		for _, lane := range lanes {
+			idx := byLane[lane]
+			if len(idx) == 0 {
+				continue
+			}
+			q := st.pending[idx[0]]
+			n := max(q.job.Req.NumSamples, 1)
+			newCopy := q.w.ID != "" && !copies[q.w.ID]
+			if len(batch) > 0 && (rows+n > engine.MaxSampleRows || (newCopy && len(copies) == SamplerCopies)) {
+				continue
+			}
+			byLane[lane] = idx[1:]
+			taken[idx[0]] = true
+			batch = append(batch, q)
+			rows += n
+			if newCopy {
+				copies[q.w.ID] = true
+			}
+			progress = true
+		}
+	}
+	left := st.pending[:0:0]
+	for i, q := range st.pending {
+		if !taken[i] {
+			left = append(left, q)
+		}
+	}
+	st.pending = left
+	if len(left) > 0 {
+		st.scheduled = true // by runSamples, below
+	}
+	return batch, len(left) > 0
+}
+
+// runSamples runs on the worker: it takes a batch of the requests waiting and decodes them
+// together, each with its own weights. Requests left over wait for a next job, behind the work
+// that came meanwhile (or, with the replica's queue full, run next in this one).
+func (r *Replica) runSamples() {
+	for {
+		batch, more := r.takeBatch()
+		r.runBatch(batch)
+		if !more || r.tryEnqueue(SamplingLane, queuedOp{fn: r.runSamples, interleaved: true}) == nil {
+			return
+		}
+	}
+}
+
+// runBatch decodes a batch of requests together.
+func (r *Replica) runBatch(batch []queuedSample) {
 	if len(batch) == 0 {
 		return
 	}
-	fail := func(err error) {
-		for _, j := range batch {
-			j.Done(SampleOutcome{Err: err})
-		}
-	}
 	// A panic here (a compute bug) fails this batch's requests instead of leaving them pending.
-	answered := 0
+	answered := make([]bool, len(batch))
 	defer func() {
 		if v := recover(); v != nil {
 			slog.Error("sampling panicked", "replica", r.id, "panic", v, "stack", string(debug.Stack()))
 			err := &PanicError{Replica: r.id, Value: v, Stack: string(debug.Stack())}
-			for _, j := range batch[answered:] {
-				j.Done(SampleOutcome{Err: err})
+			for i, q := range batch {
+				if !answered[i] {
+					q.job.Done(SampleOutcome{Err: err})
+				}
 			}
 		}
 	}()
-	ctx, stop := batchContext(batch)
+	jobs := make([]SampleJob, len(batch))
+	for i, q := range batch {
+		jobs[i] = q.job
+	}
+	ctx, stop := batchContext(jobs)
 	defer stop()
-	if w.ID != "" {
-		if !r.compute.HasAdapter(ctx, w.ID) {
+	ctx = r.withTurns(ctx)
+	// Every sampler copy the batch reads, in memory; a copy that cannot load fails its requests.
+	failed := map[string]error{}
+	for _, q := range batch {
+		id := q.w.ID
+		if id == "" || failed[id] != nil {
+			continue
+		}
+		if !r.compute.HasAdapter(ctx, id) {
 			// A read-only copy: the compute knows it takes no LoRA slot.
-			if err := r.compute.LoadSnapshot(ctx, w.ID, w.Dir); err != nil {
-				answered = len(batch)
-				fail(fmt.Errorf("loading sampler weights: %w", err))
-				return
+			if err := r.compute.LoadSnapshot(ctx, id, q.w.Dir); err != nil {
+				failed[id] = fmt.Errorf("loading sampler weights: %w", err)
+				continue
 			}
 		}
-		r.keepCopy(ctx, w.ID)
+		r.keepCopy(ctx, id)
 	}
-	reqs := make([]engine.SampleRequest, len(batch))
-	for i, j := range batch {
-		reqs[i] = j.Req
+	var reqs []engine.SampleRequest
+	var of []int // batch index of each request sent
+	weights := map[string]bool{}
+	for i, q := range batch {
+		if err := failed[q.w.ID]; err != nil {
+			answered[i] = true
+			q.job.Done(SampleOutcome{Err: err})
+			continue
+		}
+		req := q.job.Req
+		req.Adapter = q.w.ID
+		reqs = append(reqs, req)
+		of = append(of, i)
+		weights[q.w.ID] = true
+	}
+	if len(reqs) == 0 {
+		return
 	}
 	start := time.Now()
-	results, err := r.compute.SampleBatch(ctx, w.ID, reqs)
+	results, err := r.compute.SampleBatch(ctx, "", reqs)
 	if err == nil && len(results) != len(reqs) {
 		err = fmt.Errorf("sampling answered %d results for %d requests", len(results), len(reqs))
 	}
+	r.countBatch(reqs, len(weights))
 	if err != nil {
-		answered = len(batch)
-		fail(err)
+		for _, i := range of {
+			answered[i] = true
+			batch[i].job.Done(SampleOutcome{Err: err})
+		}
 		return
 	}
-	share := time.Since(start).Seconds() / float64(len(batch))
-	for i, j := range batch {
-		out := SampleOutcome{Result: results[i], Start: start, Seconds: share}
-		if results[i] == nil {
+	share := time.Since(start).Seconds() / float64(len(reqs))
+	for k, i := range of {
+		out := SampleOutcome{Result: results[k], Start: start, Seconds: share}
+		if results[k] == nil {
 			out.Result, out.Err = nil, errors.New("sampling answered no result for this request")
-		} else if results[i].Err != nil { // this request failed alone; the others were served
-			out.Result, out.Err = nil, results[i].Err
+		} else if results[k].Err != nil { // this request failed alone; the others were served
+			out.Result, out.Err = nil, results[k].Err
 		}
-		answered = i + 1
-		j.Done(out)
+		answered[i] = true
+		batch[i].job.Done(out)
 	}
+}
+
+// countBatch adds a batch to the replica's sampling statistics.
+func (r *Replica) countBatch(reqs []engine.SampleRequest, weights int) {
+	rows := 0
+	for _, q := range reqs {
+		rows += max(q.NumSamples, 1)
+	}
+	st := &r.sampling
+	st.mu.Lock()
+	st.stats.Batches++
+	st.stats.Rows += int64(rows)
+	st.stats.Adapters += int64(weights)
+	st.mu.Unlock()
 }
 
 // batchContext is the context a batch samples under: it ends once every request's client has

@@ -1,0 +1,112 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+)
+
+// Samples of several tenants, each from its own adapter's sampler weights, and one from the base
+// model, queued while another tenant's training op runs, are served together: one sampling batch
+// of four rows over four weights, run inside the training op (at its first turn), before it ends.
+// /metrics counts the batch, its rows and its adapters.
+func TestSamplesOfManyTenantsShareOneBatch(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
+	rep := replica.New("r0", base, g, 8)
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	defer func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	type tenant struct {
+		c       *client.Client
+		session string
+	}
+	var tenants []tenant
+	for i := range 3 {
+		c, tc := newRun(t, ts.URL, fmt.Sprintf("tml-sampler-%d", i), 4)
+		f, err := tc.SaveWeightsForSampler(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var saved struct {
+			SamplingSessionID string `json:"sampling_session_id"`
+		}
+		if err := f.Result(ctx, &saved); err != nil || saved.SamplingSessionID == "" {
+			t.Fatalf("save for sampler: %v %+v", err, saved)
+		}
+		tenants = append(tenants, tenant{c, saved.SamplingSessionID})
+	}
+	tenants = append(tenants, tenant{client.New(ts.URL, "tml-base-sampler"), ""})
+
+	_, heavy := newRun(t, ts.URL, "tml-heavy", 4)
+	tf, err := heavy.ForwardBackward(ctx, []api.Datum{datum(e.Tokenizer.Encode("a long training op"), true)}, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rep.QueueDepth() < 1 && ctx.Err() == nil { // the training op holds the replica, at the gate
+		time.Sleep(time.Millisecond)
+	}
+	var samples []*client.Future
+	for _, tn := range tenants {
+		n, mt := 1, 3
+		req := api.SampleRequest{SamplingSessionID: tn.session, NumSamples: &n,
+			Prompt:         api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2, 3}}}},
+			SamplingParams: api.SamplingParams{MaxTokens: &mt}}
+		if tn.session == "" {
+			req.BaseModel = base
+		}
+		f, err := tn.c.Sample(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, f)
+	}
+	for rep.SamplingWaiting() < len(tenants) && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	g.gate <- struct{}{}
+	for i, f := range samples {
+		var res api.SampleResponse
+		if err := f.Result(ctx, &res); err != nil || len(res.Sequences) != 1 || len(res.Sequences[0].Tokens) == 0 {
+			t.Fatalf("tenant %d's sample: %v %+v", i, err, res)
+		}
+	}
+	if err := tf.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`skein_sampling_batches_total{replica="r0"} 1`, `skein_sampling_rows_total{replica="r0"} 4`,
+		`skein_sampling_adapters_total{replica="r0"} 4`, `skein_queue_wait_seconds_count{replica="r0",lane="sampling"} 1`} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if st := rep.SamplingStats(); st.Batches != 1 {
+		t.Fatalf("%d sampling batches, want the four requests in one", st.Batches)
+	}
+}

@@ -1,0 +1,138 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+// midway is a compute whose forward_backward stops in the middle, as between two layers: it
+// gives a turn (engine.GiveTurn) and notes which sampling answers had come by then.
+type midway struct {
+	*fakeCompute
+	started, resume chan struct{}
+	answered        func() int
+	seen            int
+}
+
+func (m *midway) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if id != "long" {
+		return m.fakeCompute.ForwardBatch(ctx, id, b, backward)
+	}
+	close(m.started)
+	<-m.resume
+	engine.GiveTurn(ctx)
+	m.seen = m.answered()
+	return m.fakeCompute.ForwardBatch(ctx, id, b, backward)
+}
+
+// While one tenant's long op runs, sampling requests queued meanwhile (any tenant, any weights)
+// are served at its next turn, inside the op, as one batch; other ops (another tenant's
+// forward_backward) still wait for the op to end. Without turns the samples would wait for all
+// of it.
+func TestSamplesRunInsideALongOp(t *testing.T) {
+	f := newFake()
+	got := make(answers, 8)
+	m := &midway{fakeCompute: f, started: make(chan struct{}), resume: make(chan struct{}), answered: func() int { return len(got) }}
+	r := New("r", "m", m, 4)
+	defer r.Close()
+	long := Adapter{ID: "long", Lane: "a", State: &keeper{f: f}}
+	other := Adapter{ID: "other", Lane: "c", State: &keeper{f: f}}
+	if err := r.Place(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	go func() {
+		_, err := r.ForwardBackward(context.Background(), long, &engine.Batch{})
+		done <- err
+	}()
+	<-m.started
+	// Queued while the op runs: another tenant's forward_backward, then three samples.
+	otherDone := make(chan error, 1)
+	go func() {
+		_, err := r.ForwardBackward(context.Background(), other, &engine.Batch{})
+		otherDone <- err
+	}()
+	for r.QueueDepth() < 2 {
+		runtime.Gosched()
+	}
+	for i, w := range []Weights{{Lane: "b"}, {ID: "s1", Dir: "d/s1", Lane: "b"}, {Lane: "d"}} {
+		if err := r.Sample(w, got.job(i, 20+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(m.resume)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m.seen != 3 {
+		t.Fatalf("%d of 3 samples were answered inside the long op", m.seen)
+	}
+	if err := <-otherDone; err != nil {
+		t.Fatal(err)
+	}
+	calls := withoutHas(f.callLog())
+	iLong, iOther := slices.Index(calls, "forward long backward=true"), slices.Index(calls, "forward other backward=true")
+	iSample := slices.Index(calls, "sample ")
+	if iLong < 0 || iOther < 0 || iSample < 0 || !(iSample < iLong && iLong < iOther) {
+		t.Fatalf("calls %v: want the samples inside the long op, the other op after it", calls)
+	}
+	f.mu.Lock()
+	batches := f.batches
+	f.mu.Unlock()
+	if len(batches) != 1 || len(batches[0]) != 3 {
+		t.Fatalf("sampling batches %v, want the three requests in one", batches)
+	}
+}
+
+// A batch takes requests in turn by lane, up to engine.MaxSampleRows samples and SamplerCopies
+// distinct sampler copies; the rest go in the next batch.
+func TestSamplingBatchesAreBounded(t *testing.T) {
+	cases := []struct {
+		name    string
+		weights func(i int) Weights
+		samples int
+		n       int
+		first   int // requests in the first batch
+	}{
+		{"rows", func(i int) Weights { return Weights{Lane: fmt.Sprint(i % 2)} }, 16, 6, engine.MaxSampleRows / 16},
+		{"copies", func(i int) Weights { return Weights{ID: fmt.Sprint("c", i), Dir: "d", Lane: "t"} }, 1, SamplerCopies + 3, SamplerCopies},
+		{"one big request alone", func(int) Weights { return Weights{Lane: "t"} }, engine.MaxSampleRows, 2, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFake()
+			r := New("r", "m", f, 2)
+			defer r.Close()
+			block := make(chan struct{})
+			_ = r.Run(func() { <-block })
+			got := make(answers, c.n)
+			for i := range c.n {
+				j := got.job(i, 1)
+				j.Req.NumSamples = c.samples
+				if err := r.Sample(c.weights(i), j); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(block)
+			for range c.n {
+				if a := <-got; a.o.Err != nil {
+					t.Fatal(a.o.Err)
+				}
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			total := 0
+			for _, b := range f.batches {
+				total += len(b)
+			}
+			if len(f.batches) < 2 || len(f.batches[0]) != c.first || total != c.n {
+				t.Fatalf("batches %v: want %d requests first, %d in all", f.batches, c.first, c.n)
+			}
+		})
+	}
+}

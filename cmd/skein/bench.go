@@ -24,6 +24,7 @@ type benchConfig struct {
 	model, precision, cpuProfile    string
 	batch, seq, rank, steps, decode int
 	peakSize, images, imageSide     int
+	tenants                         int
 	asJSON                          bool
 }
 
@@ -61,6 +62,9 @@ func benchEngine(args []string) error {
 	if err := benchDecoding(e, c, data[0].Tokens[:16], res); err != nil {
 		return err
 	}
+	if err := benchTenants(e, c, data[0].Tokens[:16], res); err != nil {
+		return err
+	}
 	if e.Info().TakesImages() {
 		step := func(data []engine.Datum) error { return benchStep(e, data, nil) }
 		if err := benchImages(e, res, step, rng, c.batch, c.seq, c.images, c.imageSide, c.steps); err != nil {
@@ -88,6 +92,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
 	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")
 	fs.IntVar(&c.imageSide, "image-side", 224, "vision-language models: side in pixels of the bench's square images")
+	fs.IntVar(&c.tenants, "tenants", 8, "multi-tenant sampling: this many adapters with one request each against one adapter with as many (and 64 against 8); 0: skip")
 	if _, err := parseArgs(fs, args, "skein bench engine --model DIR [flags]"); err != nil {
 		return c, err
 	}
@@ -195,6 +200,88 @@ func benchDecoding(e *engine.Engine, c benchConfig, prompt []int, res map[string
 	return nil
 }
 
+// benchTenants times sampling across adapters: n adapters with one request each in one batch
+// against one adapter with n requests (the same rows, prompts and lengths: fresh adapters sample
+// alike), medians of alternating rounds; and 64 adapters against 8, one request each.
+func benchTenants(e *engine.Engine, c benchConfig, prompt []int, res map[string]float64) error {
+	if c.tenants <= 0 {
+		return nil
+	}
+	if c.tenants > 256 {
+		return fmt.Errorf("--tenants %d: at most 256", c.tenants)
+	}
+	slog.Info("bench: sampling across adapters", "tenants", c.tenants)
+	most := max(c.tenants, 64)
+	for i := range most {
+		if _, err := e.CreateAdapter(fmt.Sprintf("tenant-%d", i), engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
+			return err
+		}
+	}
+	seed := int64(3)
+	reqs := func(n int, shared bool) []engine.SampleRequest {
+		out := make([]engine.SampleRequest, n)
+		for i := range out {
+			out[i] = engine.SampleRequest{Prompt: prompt, NumSamples: 1, Adapter: fmt.Sprintf("tenant-%d", i),
+				Params: engine.SampleParams{MaxTokens: c.decode, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}}
+			if shared {
+				out[i].Adapter = "bench"
+			}
+		}
+		return out
+	}
+	rate := func(rs []engine.SampleRequest) (float64, error) {
+		start := time.Now()
+		out, err := e.SampleBatch(context.Background(), "", rs)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, r := range out {
+			for _, s := range r.Sequences {
+				n += len(s.Tokens)
+			}
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	}
+	const rounds = 5
+	median := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
+	compare := func(a, b []engine.SampleRequest) (float64, float64, error) {
+		var ra, rb []float64
+		for i := range rounds + 1 {
+			x, err := rate(a)
+			if err != nil {
+				return 0, 0, err
+			}
+			y, err := rate(b)
+			if err != nil {
+				return 0, 0, err
+			}
+			if i > 0 { // the first round compiles
+				ra, rb = append(ra, x), append(rb, y)
+			}
+		}
+		return median(ra), median(rb), nil
+	}
+	many, one, err := compare(reqs(c.tenants, false), reqs(c.tenants, true))
+	if err != nil {
+		return err
+	}
+	res["tenants"] = float64(c.tenants)
+	res["tenants_sample_tokens_per_s"] = many
+	res["one_adapter_sample_tokens_per_s"] = one
+	res["tenants_sample_ratio"] = many / one
+	m64, m8, err := compare(reqs(64, false), reqs(8, false))
+	if err != nil {
+		return err
+	}
+	res["tenants64_sample_tokens_per_s"] = m64
+	res["tenants64_vs_8_ratio"] = m64 / m8
+	for i := range most {
+		e.DeleteAdapter(context.Background(), fmt.Sprintf("tenant-%d", i))
+	}
+	return nil
+}
+
 // benchReport prints the results: one JSON object, or lines for a person.
 func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error {
 	if c.asJSON {
@@ -216,6 +303,10 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], c.precision,
 		engine.KernelPath(), engine.KernelPaths(), res["first_loss"])
 	fmt.Fprintf(benchOutput, "decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])
+	if v, ok := res["tenants_sample_tokens_per_s"]; ok {
+		fmt.Fprintf(benchOutput, "tenants: %.0f adapters with one request each %.1f tokens/s, one adapter with %.0f requests %.1f (ratio %.2f); 64 adapters %.1f tokens/s (%.2f of 8)\n",
+			res["tenants"], v, res["tenants"], res["one_adapter_sample_tokens_per_s"], res["tenants_sample_ratio"], res["tenants64_sample_tokens_per_s"], res["tenants64_vs_8_ratio"])
+	}
 	if v, ok := res["vision_images_per_s"]; ok {
 		fmt.Fprintf(benchOutput, "vision: %.1f images/s (%d×%d pixels, tower alone); train with one image per sequence: %.0f tokens/s\n",
 			v, c.imageSide, c.imageSide, res["train_tokens_per_s_images"])

@@ -136,3 +136,63 @@ func TestSamplingBatchesAreBounded(t *testing.T) {
 		})
 	}
 }
+
+// bigSampler's first SampleBatch (the big one) gives a turn in the middle, as the engine does
+// between the layers of a decode step, and notes whether the small request was answered by then.
+type bigSampler struct {
+	*fakeCompute
+	calls          int
+	inside, resume chan struct{}
+	answeredInside bool
+	answered       func() bool
+}
+
+func (b *bigSampler) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
+	b.calls++
+	if b.calls == 1 {
+		close(b.inside)
+		<-b.resume
+		engine.GiveTurn(ctx)
+		b.answeredInside = b.answered()
+	}
+	return b.fakeCompute.SampleBatch(ctx, id, reqs)
+}
+
+// One tenant's big sampling request (a long decode) does not hold another tenant's small one:
+// the small one, queued while the big one decodes, is served at the big one's next turn.
+func TestASmallSampleRunsInsideABigOne(t *testing.T) {
+	got := make(answers, 2)
+	b := &bigSampler{fakeCompute: newFake(), inside: make(chan struct{}), resume: make(chan struct{})}
+	small := make(chan struct{})
+	b.answered = func() bool {
+		select {
+		case <-small:
+			return true
+		default:
+			return false
+		}
+	}
+	r := New("r", "m", b, 2)
+	defer r.Close()
+	big := got.job(0, 1)
+	big.Req.NumSamples = 64
+	if err := r.Sample(Weights{Lane: "big"}, big); err != nil {
+		t.Fatal(err)
+	}
+	<-b.inside
+	j := got.job(1, 2)
+	done := j.Done
+	j.Done = func(o SampleOutcome) { close(small); done(o) }
+	if err := r.Sample(Weights{Lane: "small"}, j); err != nil {
+		t.Fatal(err)
+	}
+	close(b.resume)
+	for range 2 {
+		if a := <-got; a.o.Err != nil {
+			t.Fatal(a.o.Err)
+		}
+	}
+	if !b.answeredInside {
+		t.Fatal("the small request waited for the whole big decode")
+	}
+}

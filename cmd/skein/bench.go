@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
 )
 
 // benchOutput is where the bench prints its results (a variable for tests).
@@ -63,6 +64,9 @@ func benchEngine(args []string) error {
 		return err
 	}
 	if err := benchTenants(e, c, data[0].Tokens[:16], res); err != nil {
+		return err
+	}
+	if err := benchTurns(e, data, res); err != nil {
 		return err
 	}
 	if e.Info().TakesImages() {
@@ -282,6 +286,46 @@ func benchTenants(e *engine.Engine, c benchConfig, prompt []int, res map[string]
 	return nil
 }
 
+// benchTurns times how long another tenant's 1-token sample waits while a forward_backward of
+// the bench's batch runs on the same replica: it is served at the op's next turn (between
+// layers), not after the op.
+func benchTurns(e *engine.Engine, data []engine.Datum, res map[string]float64) error {
+	slog.Info("bench: a sample while a forward_backward runs")
+	b, err := e.Info().PrepareBatch(data, "cross_entropy", nil)
+	if err != nil {
+		return err
+	}
+	rep := replica.New("bench", "bench", e, 4)
+	defer rep.Close()
+	start := time.Now()
+	op := make(chan error, 1)
+	go func() {
+		_, err := rep.ForwardBackward(context.Background(), replica.Adapter{ID: "bench", Lane: "trainer"}, b)
+		op <- err
+	}()
+	for rep.QueueDepth() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // well inside the op
+	asked := time.Now()
+	answered := make(chan replica.SampleOutcome, 1)
+	req := engine.SampleRequest{Prompt: data[0].Tokens[:4], NumSamples: 1, Params: engine.SampleParams{MaxTokens: 1}}
+	if err := rep.Sample(replica.Weights{Lane: "sampler"}, replica.SampleJob{Req: req, Done: func(o replica.SampleOutcome) { answered <- o }}); err != nil {
+		return err
+	}
+	o := <-answered
+	if o.Err != nil {
+		return o.Err
+	}
+	wait := time.Since(asked)
+	if err := <-op; err != nil {
+		return err
+	}
+	res["turn_sample_wait_s"] = wait.Seconds()
+	res["turn_op_s"] = time.Since(start).Seconds()
+	return nil
+}
+
 // benchReport prints the results: one JSON object, or lines for a person.
 func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error {
 	if c.asJSON {
@@ -307,6 +351,7 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 		fmt.Fprintf(benchOutput, "tenants: %.0f adapters with one request each %.1f tokens/s, one adapter with %.0f requests %.1f (ratio %.2f); 64 adapters %.1f tokens/s (%.2f of 8)\n",
 			res["tenants"], v, res["tenants"], res["one_adapter_sample_tokens_per_s"], res["tenants_sample_ratio"], res["tenants64_sample_tokens_per_s"], res["tenants64_vs_8_ratio"])
 	}
+	fmt.Fprintf(benchOutput, "turns: a 1-token sample waited %.2f s while a %.1f s forward_backward ran\n", res["turn_sample_wait_s"], res["turn_op_s"])
 	if v, ok := res["vision_images_per_s"]; ok {
 		fmt.Fprintf(benchOutput, "vision: %.1f images/s (%d×%d pixels, tower alone); train with one image per sequence: %.0f tokens/s\n",
 			v, c.imageSide, c.imageSide, res["train_tokens_per_s_images"])

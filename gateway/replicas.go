@@ -202,6 +202,7 @@ var _ router.Endpoint = (*replica.Replica)(nil)
 // addReplica starts routing to a replica (in process, or a worker that registered).
 func (s *Server) addReplica(r *replica.Replica) {
 	r.SetSamplingLimit(s.opts.MaxQueuedSamples)
+	r.SetSamplerCopies(s.opts.SamplerCopies)
 	s.modelsMu.Lock()
 	s.models[r.BaseModel()] = append(s.models[r.BaseModel()], r)
 	s.modelsMu.Unlock()

@@ -49,6 +49,9 @@ type Options struct {
 	// MaxQueuedSamples bounds the sampling requests waiting on one replica (default 4096); past
 	// it asample answers 429.
 	MaxQueuedSamples int
+	// SamplerCopies bounds the read-only sampler weights each replica keeps in memory (default
+	// replica.SamplerCopies); a sampling batch reads at most that many distinct copies.
+	SamplerCopies int
 	// Auth is AuthOpen (any key is a tenant; the default) or AuthKeys (issued keys only; fleet
 	// endpoints need an admin key).
 	Auth string

@@ -149,10 +149,12 @@ func (r *Replica) Sample(w Weights, job SampleJob) error {
 }
 
 // takeBatch takes the next batch from the requests waiting: in turn by lane (tenant), up to
-// engine.MaxSampleRows samples (at least one request) and SamplerCopies distinct sampler copies,
+// engine.MaxSampleRows samples (at least one request) and the replica's bound of distinct sampler
+// copies (SetSamplerCopies),
 // so every copy the batch reads stays in memory while it runs. It reports whether requests are
 // left for a next batch.
 func (r *Replica) takeBatch() ([]queuedSample, bool) {
+	maxCopies := r.copyLimit()
 	st := &r.sampling
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -179,7 +181,7 @@ func (r *Replica) takeBatch() ([]queuedSample, bool) {
 			q := st.pending[idx[0]]
 			n := max(q.job.Req.NumSamples, 1)
 			newCopy := q.w.ID != "" && !copies[q.w.ID]
-			if len(batch) > 0 && (rows+n > engine.MaxSampleRows || (newCopy && len(copies) == SamplerCopies)) {
+			if len(batch) > 0 && (rows+n > engine.MaxSampleRows || (newCopy && len(copies) == maxCopies)) {
 				continue
 			}
 			byLane[lane] = idx[1:]
@@ -346,8 +348,28 @@ func batchContext(batch []SampleJob) (context.Context, func()) {
 
 // copyLRU lists the sampler copies in memory, least recently used first.
 type copyLRU struct {
-	mu  sync.Mutex
-	ids []string
+	mu    sync.Mutex
+	ids   []string
+	limit int // 0: SamplerCopies
+}
+
+// SetSamplerCopies bounds the sampler copies kept in memory here (n ≤ 0: SamplerCopies).
+func (r *Replica) SetSamplerCopies(n int) {
+	c := &r.copies
+	c.mu.Lock()
+	c.limit = n
+	c.mu.Unlock()
+}
+
+// copyLimit is the bound SetSamplerCopies set.
+func (r *Replica) copyLimit() int {
+	c := &r.copies
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.limit <= 0 {
+		return SamplerCopies
+	}
+	return c.limit
 }
 
 // keepCopy marks id as just used and unloads the copies past SamplerCopies. It runs on the
@@ -358,7 +380,11 @@ func (r *Replica) keepCopy(ctx context.Context, id string) {
 	c.ids = slices.DeleteFunc(c.ids, func(x string) bool { return x == id })
 	c.ids = append(c.ids, id)
 	var evict []string
-	if n := len(c.ids) - SamplerCopies; n > 0 {
+	limit := c.limit
+	if limit <= 0 {
+		limit = SamplerCopies
+	}
+	if n := len(c.ids) - limit; n > 0 {
 		evict = slices.Clone(c.ids[:n])
 		c.ids = c.ids[n:]
 	}

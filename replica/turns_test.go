@@ -98,16 +98,19 @@ func TestSamplingBatchesAreBounded(t *testing.T) {
 		samples int
 		n       int
 		first   int // requests in the first batch
+		copies  int // SetSamplerCopies (0: the default)
 	}{
-		{"rows", func(i int) Weights { return Weights{Lane: fmt.Sprint(i % 2)} }, 16, 6, engine.MaxSampleRows / 16},
-		{"copies", func(i int) Weights { return Weights{ID: fmt.Sprint("c", i), Dir: "d", Lane: "t"} }, 1, SamplerCopies + 3, SamplerCopies},
-		{"one big request alone", func(int) Weights { return Weights{Lane: "t"} }, engine.MaxSampleRows, 2, 1},
+		{"rows", func(i int) Weights { return Weights{Lane: fmt.Sprint(i % 2)} }, 16, 6, engine.MaxSampleRows / 16, 0},
+		{"copies", func(i int) Weights { return Weights{ID: fmt.Sprint("c", i), Dir: "d", Lane: "t"} }, 1, SamplerCopies + 3, SamplerCopies, 0},
+		{"one big request alone", func(int) Weights { return Weights{Lane: "t"} }, engine.MaxSampleRows, 2, 1, 0},
+		{"copies set lower", func(i int) Weights { return Weights{ID: fmt.Sprint("c", i), Dir: "d", Lane: "t"} }, 1, 5, 3, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFake()
 			r := New("r", "m", f, 2)
 			defer r.Close()
+			r.SetSamplerCopies(c.copies)
 			block := make(chan struct{})
 			_ = r.Run(func() { <-block })
 			got := make(answers, c.n)

@@ -203,7 +203,7 @@ func serve(args []string, gatewayOnly bool) error {
 	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
 		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
-		ImageDir: cfg.ImageDir}), reps...)
+		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies}), reps...)
 	if err != nil {
 		return err
 	}
@@ -218,6 +218,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	}
 	if cfg.Replicas < 1 || cfg.MaxLoras < 1 {
 		return errors.New("--replicas and --max-loras must be at least 1")
+	}
+	if cfg.SamplerCopies < 1 || cfg.SamplerCopies > 4096 {
+		return fmt.Errorf("--sampler-copies %d: must be in [1, 4096]", cfg.SamplerCopies)
 	}
 	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")

@@ -38,6 +38,7 @@ type serveConfig struct {
 	ImageDir             string
 	AcceptWorkers        bool
 	ShutdownTimeout      time.Duration
+	SamplerCopies        int
 	Limits               *limitFlags
 	Log                  logConfig
 }
@@ -51,6 +52,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body")
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
+	fs.IntVar(&c.SamplerCopies, "sampler-copies", replica.SamplerCopies, "read-only sampler weights each replica keeps in memory (least recently used go first); one sampling batch serves at most this many tenants' sampler weights at once")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32, or bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened)")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", gateway.DefaultQueueTimeout, "how long an op waits for a free LoRA slot")

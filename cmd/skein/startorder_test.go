@@ -22,6 +22,7 @@ func TestServeChecksBeforeLoading(t *testing.T) {
 	}{
 		{"precision", "unknown precision", []string{"--addr", "127.0.0.1:0", "--precision", "f16x"}},
 		{"port in use", "address already in use", []string{"--addr", taken.Addr().String()}},
+		{"sampler copies", "--sampler-copies 0", []string{"--addr", "127.0.0.1:0", "--sampler-copies", "0"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			data := t.TempDir()

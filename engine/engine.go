@@ -245,3 +245,17 @@ func bucket(n, lo int) int {
 	}
 	return b
 }
+
+// AdapterBytes is the memory the loaded adapters hold (training adapters and sampler snapshots):
+// weights, gradient accumulators and optimizer moments, all float64.
+func (e *Engine) AdapterBytes() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, a := range e.adapters {
+		for _, p := range a.params {
+			n += 8 * (len(p.w) + len(p.g) + len(p.m) + len(p.v))
+		}
+	}
+	return n
+}

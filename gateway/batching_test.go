@@ -84,6 +84,14 @@ func TestSamplesOfManyTenantsShareOneBatch(t *testing.T) {
 	for rep.SamplingWaiting() < len(tenants) && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
+	// While the op is held, /metrics shows it running, and what the replica holds.
+	held := metricsText(t, ts.URL)
+	if v := metricValue(t, held, `skein_replica_op_running_seconds{replica="r0"}`); v <= 0 {
+		t.Errorf("the running op shows as %v s running", v)
+	}
+	if w, a := metricValue(t, held, `skein_resident_bytes{replica="r0",kind="weights"}`), metricValue(t, held, `skein_resident_bytes{replica="r0",kind="adapters"}`); w != float64(e.WeightBytes()) || a <= 0 {
+		t.Errorf("resident weights %v (engine: %d), adapters %v", w, e.WeightBytes(), a)
+	}
 	g.gate <- struct{}{}
 	for i, f := range samples {
 		var res api.SampleResponse
@@ -94,19 +102,45 @@ func TestSamplesOfManyTenantsShareOneBatch(t *testing.T) {
 	if err := tf.Result(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get(ts.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{`skein_sampling_batches_total{replica="r0"} 1`, `skein_sampling_rows_total{replica="r0"} 4`,
+	body := metricsText(t, ts.URL)
+	for _, want := range []string{`skein_op_seconds_count{kind="Sample"} 4`, `skein_tokens_total{kind="Sample"} 12`, `skein_sampling_batches_total{replica="r0"} 1`, `skein_sampling_rows_total{replica="r0"} 4`,
 		`skein_sampling_adapters_total{replica="r0"} 4`, `skein_queue_wait_seconds_count{replica="r0",lane="sampling"} 1`} {
-		if !strings.Contains(string(body), want+"\n") {
+		if !strings.Contains(body, want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
 	if st := rep.SamplingStats(); st.Batches != 1 {
 		t.Fatalf("%d sampling batches, want the four requests in one", st.Batches)
 	}
+}
+
+// metricsText is GET /metrics.
+func metricsText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// metricValue is the value of one series in a /metrics text.
+func metricValue(t *testing.T, text, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no %s", series)
+	return 0
 }

@@ -212,6 +212,9 @@ type gatedCompute struct {
 	gate chan struct{}
 }
 
+// LocalEngine makes the gated replica an in-process one (its model's files, its memory).
+func (g *gatedCompute) LocalEngine() *engine.Engine { return g.Engine }
+
 func (g *gatedCompute) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
 	if backward {
 		<-g.gate

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
@@ -39,6 +40,7 @@ func (s *Server) finishOn(f *future, replicaID string, result any, err error) {
 }
 
 func (s *Server) finish(f *future, result any, err error) {
+	s.metrics.opDone(f.kind, time.Since(f.created), resultTokens(result))
 	if err != nil {
 		cat := categorize(err)
 		s.metrics.future(f.kind, cat+"_error")
@@ -93,4 +95,24 @@ func writeProto(w http.ResponseWriter, b []byte) {
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
+}
+
+// resultTokens is the tokens an op's result says it processed: a forward or forward_backward's
+// num_tokens metric, a sample's generated tokens; 0 for other results.
+func resultTokens(result any) int {
+	switch r := result.(type) {
+	case *api.ForwardBackwardOutput:
+		if r != nil {
+			return int(r.Metrics["num_tokens:sum"])
+		}
+	case *api.SampleResponse:
+		if r != nil {
+			n := 0
+			for _, q := range r.Sequences {
+				n += len(q.Tokens)
+			}
+			return n
+		}
+	}
+	return 0
 }

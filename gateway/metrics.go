@@ -16,6 +16,7 @@ import (
 // metrics are Prometheus counters kept by hand (no client library): a few numbers an operator
 // needs, served as text at GET /metrics.
 type metrics struct {
+	ops         map[string]*opHist // by future kind
 	mu          sync.Mutex
 	requests    map[[2]string]int64 // endpoint, status class
 	futures     map[[2]string]int64 // kind, outcome
@@ -31,6 +32,38 @@ func (m *metrics) request(endpoint string, status int) {
 		m.requests = map[[2]string]int64{}
 	}
 	m.requests[[2]string{endpoint, fmt.Sprintf("%dxx", status/100)}]++
+}
+
+// opBuckets are the upper bounds, in seconds, of the op-latency histogram: from a sample's
+// milliseconds to a big forward_backward's minutes.
+var opBuckets = []float64{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800}
+
+// opHist is one kind's latency histogram and tokens.
+type opHist struct {
+	counts []int64 // per bucket, not cumulative; the last is +Inf
+	sum    float64
+	n      int64
+	tokens int64
+}
+
+// opDone records a finished op: its latency from submit to result, and the tokens it processed.
+func (m *metrics) opDone(kind string, d time.Duration, tokens int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ops == nil {
+		m.ops = map[string]*opHist{}
+	}
+	h := m.ops[kind]
+	if h == nil {
+		h = &opHist{counts: make([]int64, len(opBuckets)+1)}
+		m.ops[kind] = h
+	}
+	sec := d.Seconds()
+	i := sort.SearchFloat64s(opBuckets, sec)
+	h.counts[i]++
+	h.sum += sec
+	h.n++
+	h.tokens += int64(tokens)
 }
 
 func (m *metrics) future(kind, outcome string) {
@@ -85,6 +118,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	writeCounter("skein_futures_total", "Finished requests by kind and outcome.", m.futures, "kind", "outcome")
 	fmt.Fprintf(&b, "# HELP skein_evictions_total Adapters saved and evicted to free a LoRA slot.\n# TYPE skein_evictions_total counter\nskein_evictions_total %d\n", m.evictions)
 	fmt.Fprintf(&b, "# HELP skein_adapter_persist_seconds Time to save adapter state before acknowledging a step.\n# TYPE skein_adapter_persist_seconds summary\nskein_adapter_persist_seconds_sum %g\nskein_adapter_persist_seconds_count %d\n", m.persistSecs, m.persistN)
+	writeOps(&b, m.ops)
 	m.mu.Unlock()
 	fmt.Fprintf(&b, "# HELP skein_lora_slots LoRA slots of healthy replicas by base model and state.\n# TYPE skein_lora_slots gauge\n")
 	for _, u := range s.router.Usage() {
@@ -100,6 +134,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(&b, "skein_replica_queue_depth{replica=%q} %d\n", u.Endpoint.ID(), u.Endpoint.QueueDepth())
 	}
 	s.writeBatchMetrics(&b)
+	s.writeReplicaState(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	_, _ = w.Write([]byte(b.String()))
 }
@@ -137,6 +172,43 @@ func (s *Server) writeBatchMetrics(b *strings.Builder) {
 			}
 			w := waits[lane]
 			fmt.Fprintf(b, "skein_queue_wait_seconds_sum{replica=%q,lane=%q} %g\nskein_queue_wait_seconds_count{replica=%q,lane=%q} %d\n", r.ID(), name, w.Seconds, r.ID(), name, w.Ops)
+		}
+	}
+}
+
+// writeOps writes the op-latency histograms and the tokens processed, by kind.
+func writeOps(b *strings.Builder, ops map[string]*opHist) {
+	kinds := slices.Sorted(maps.Keys(ops))
+	fmt.Fprintf(b, "# HELP skein_op_seconds Time from an op's submit to its result, by kind (queue wait included).\n# TYPE skein_op_seconds histogram\n")
+	for _, k := range kinds {
+		h := ops[k]
+		var cum int64
+		for i, le := range opBuckets {
+			cum += h.counts[i]
+			fmt.Fprintf(b, "skein_op_seconds_bucket{kind=%q,le=\"%g\"} %d\n", k, le, cum)
+		}
+		fmt.Fprintf(b, "skein_op_seconds_bucket{kind=%q,le=\"+Inf\"} %d\nskein_op_seconds_sum{kind=%q} %g\nskein_op_seconds_count{kind=%q} %d\n", k, h.n, k, h.sum, k, h.n)
+	}
+	fmt.Fprintf(b, "# HELP skein_tokens_total Tokens processed by finished ops, by kind (trained or scored tokens; sampled tokens).\n# TYPE skein_tokens_total counter\n")
+	for _, k := range kinds {
+		fmt.Fprintf(b, "skein_tokens_total{kind=%q} %d\n", k, ops[k].tokens)
+	}
+}
+
+// writeReplicaState writes what each replica is doing and holds: how long its current op has
+// run (0: idle), and its resident weights and adapters (in-process replicas).
+func (s *Server) writeReplicaState(b *strings.Builder) {
+	reps := s.allReplicas()
+	sort.Slice(reps, func(i, j int) bool { return reps[i].ID() < reps[j].ID() })
+	fmt.Fprintf(b, "# HELP skein_replica_op_running_seconds How long the op running now on a replica has run (0: idle).\n# TYPE skein_replica_op_running_seconds gauge\n")
+	for _, r := range reps {
+		d, _ := r.Running()
+		fmt.Fprintf(b, "skein_replica_op_running_seconds{replica=%q} %g\n", r.ID(), d.Seconds())
+	}
+	fmt.Fprintf(b, "# HELP skein_resident_bytes Memory of an in-process replica by kind: base weights (shared by the replicas of one model) and adapters (weights, gradients, optimizer state).\n# TYPE skein_resident_bytes gauge\n")
+	for _, r := range reps {
+		if w, a, ok := r.Resident(); ok {
+			fmt.Fprintf(b, "skein_resident_bytes{replica=%q,kind=\"weights\"} %d\nskein_resident_bytes{replica=%q,kind=\"adapters\"} %d\n", r.ID(), w, r.ID(), a)
 		}
 	}
 }

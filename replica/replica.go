@@ -52,6 +52,7 @@ type Replica struct {
 	lanes   map[string][]queuedOp // lane -> its queued ops, oldest first
 	turns   []string              // lanes with queued ops, in the order they get their next turn
 	running string                // the lane of the op running now, if busy
+	since   time.Time             // when the op running now started
 	busy    bool
 	closed  bool
 	wg      sync.WaitGroup
@@ -144,6 +145,26 @@ func (r *Replica) waited(lane string, op queuedOp) {
 	r.waits[lane] = w
 }
 
+// Running reports how long the op running now has run (0 and false when the replica is idle),
+// so that a long op shows as running, not as silence.
+func (r *Replica) Running() (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.busy {
+		return 0, false
+	}
+	return time.Since(r.since), true
+}
+
+// Resident is the memory of the in-process compute: its base weights (shared with the other
+// replicas of the model) and its adapters; ok is false for a remote worker's.
+func (r *Replica) Resident() (weights, adapters int, ok bool) {
+	if r.local == nil {
+		return 0, 0, false
+	}
+	return r.local.WeightBytes(), r.local.AdapterBytes(), true
+}
+
 // LaneWaits is how long each lane's ops waited, so far (the sampling lane's batches included).
 func (r *Replica) LaneWaits() map[string]LaneWait {
 	r.mu.Lock()
@@ -170,7 +191,7 @@ func (r *Replica) nextOp() (string, func(), bool) {
 		r.interleavable--
 	}
 	r.waited(lane, ops[0])
-	r.running, r.busy = lane, true
+	r.running, r.busy, r.since = lane, true, time.Now()
 	return lane, ops[0].fn, true
 }
 

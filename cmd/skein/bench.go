@@ -69,6 +69,9 @@ func benchEngine(args []string) error {
 	if err := benchTurns(e, data, res); err != nil {
 		return err
 	}
+	if err := benchTenantTraining(e, c, data, res); err != nil {
+		return err
+	}
 	if e.Info().TakesImages() {
 		step := func(data []engine.Datum) error { return benchStep(e, data, nil) }
 		if err := benchImages(e, res, step, rng, c.batch, c.seq, c.images, c.imageSide, c.steps); err != nil {
@@ -286,6 +289,74 @@ func benchTenants(e *engine.Engine, c benchConfig, prompt []int, res map[string]
 	return nil
 }
 
+// benchTenantTraining times 4 adapters' forward_backward submitted at once to one replica (each
+// tenant its own lane) against one adapter's 4 back to back, the same batch each time: the
+// aggregate tokens/s ratio, best of 2 alternating rounds.
+func benchTenantTraining(e *engine.Engine, c benchConfig, data []engine.Datum, res map[string]float64) error {
+	if c.tenants <= 0 {
+		return nil
+	}
+	slog.Info("bench: training across adapters")
+	b, err := e.Info().PrepareBatch(data, "cross_entropy", nil)
+	if err != nil {
+		return err
+	}
+	const n = 4
+	for i := range n {
+		if _, err := e.CreateAdapter(fmt.Sprintf("trainer-%d", i), engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		for i := range n {
+			e.DeleteAdapter(context.Background(), fmt.Sprintf("trainer-%d", i))
+		}
+	}()
+	rep := replica.New("bench", "bench", e, n+1)
+	defer rep.Close()
+	run := func(many bool) (time.Duration, error) {
+		start := time.Now()
+		errs := make(chan error, n)
+		for i := range n {
+			a := replica.Adapter{ID: "bench", Lane: "one"}
+			if many {
+				a = replica.Adapter{ID: fmt.Sprintf("trainer-%d", i), Lane: fmt.Sprintf("tenant-%d", i)}
+			}
+			go func() {
+				_, err := rep.ForwardBackward(context.Background(), a, b)
+				errs <- err
+			}()
+			if !many { // one adapter's ops go one after another (its run queue's order)
+				if err := <-errs; err != nil {
+					return 0, err
+				}
+				errs <- nil
+			}
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(start), nil
+	}
+	best := [2]time.Duration{1 << 62, 1 << 62}
+	for range 2 {
+		for k, many := range []bool{true, false} {
+			d, err := run(many)
+			if err != nil {
+				return err
+			}
+			best[k] = min(best[k], d)
+		}
+	}
+	tokens := float64(n * c.batch * c.seq)
+	res["tenants_train_tokens_per_s"] = tokens / best[0].Seconds()
+	res["one_adapter_train_tokens_per_s"] = tokens / best[1].Seconds()
+	res["tenants_train_ratio"] = best[1].Seconds() / best[0].Seconds()
+	return nil
+}
+
 // benchTurns times how long another tenant's 1-token sample waits while a forward_backward of
 // the bench's batch runs on the same replica: it is served at the op's next turn (between
 // layers), not after the op.
@@ -350,6 +421,10 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 	if v, ok := res["tenants_sample_tokens_per_s"]; ok {
 		fmt.Fprintf(benchOutput, "tenants: %.0f adapters with one request each %.1f tokens/s, one adapter with %.0f requests %.1f (ratio %.2f); 64 adapters %.1f tokens/s (%.2f of 8)\n",
 			res["tenants"], v, res["tenants"], res["one_adapter_sample_tokens_per_s"], res["tenants_sample_ratio"], res["tenants64_sample_tokens_per_s"], res["tenants64_vs_8_ratio"])
+	}
+	if v, ok := res["tenants_train_ratio"]; ok {
+		fmt.Fprintf(benchOutput, "tenants: 4 adapters' forward_backward at once %.0f tokens/s, one adapter's 4 back to back %.0f (ratio %.2f)\n",
+			res["tenants_train_tokens_per_s"], res["one_adapter_train_tokens_per_s"], v)
 	}
 	fmt.Fprintf(benchOutput, "turns: a 1-token sample waited %.2f s while a %.1f s forward_backward ran\n", res["turn_sample_wait_s"], res["turn_op_s"])
 	if v, ok := res["vision_images_per_s"]; ok {

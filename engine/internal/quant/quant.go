@@ -1,0 +1,120 @@
+// Package quant holds the block formats of frozen base weights below 16 bits, byte for byte as
+// GGUF stores them (llama.cpp's ggml), so that a weight quantized here and one read from a GGUF
+// file are the same blocks and go through the same kernels. Slices in, slices out: no model
+// types.
+//
+// Q8_0: blocks of 32 weights along a row (the input dimension), each 34 bytes: an IEEE half
+// scale d, then 32 int8 q; the weight is d·q. It holds a weight in 8.5 bits.
+package quant
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Q8_0 block geometry.
+const (
+	BlockQ8_0      = 32 // weights per block
+	BlockBytesQ8_0 = 34 // bytes per block: f16 d, 32 × int8
+)
+
+// ErrRowLength: a row whose length is not a whole number of blocks.
+var ErrRowLength = errors.New("quant: row length is not a multiple of the block size")
+
+// QuantizeQ8_0 quantizes rows of n weights (n a multiple of 32) as ggml's reference quantizer
+// (quantize_row_q8_0_ref) does: per block d = max|x|/127, q = round(x/d) half away from zero,
+// computed with the float32 reciprocal of d, and d stored rounded to half precision.
+func QuantizeQ8_0(x []float32, n int) ([]byte, error) {
+	if n <= 0 || n%BlockQ8_0 != 0 || len(x)%n != 0 {
+		return nil, fmt.Errorf("%w: %d weights in rows of %d (blocks of %d)", ErrRowLength, len(x), n, BlockQ8_0)
+	}
+	out := make([]byte, len(x)/BlockQ8_0*BlockBytesQ8_0)
+	for b := range len(x) / BlockQ8_0 {
+		blk := x[b*BlockQ8_0 : (b+1)*BlockQ8_0]
+		var amax float32
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		o := out[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
+		h := F32ToF16(d)
+		o[0], o[1] = byte(h), byte(h>>8)
+		for j, v := range blk {
+			o[2+j] = byte(int8(math.Round(float64(v * id))))
+		}
+	}
+	return out, nil
+}
+
+// DequantizeQ8_0 writes the weights of Q8_0 blocks into dst (len(dst) = 32 per block).
+func DequantizeQ8_0(dst []float32, blocks []byte) {
+	for b := range len(dst) / BlockQ8_0 {
+		o := blocks[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
+		d := F16ToF32(uint16(o[0]) | uint16(o[1])<<8)
+		row := dst[b*BlockQ8_0 : (b+1)*BlockQ8_0]
+		for j := range row {
+			row[j] = d * float32(int8(o[2+j]))
+		}
+	}
+}
+
+// F32ToF16 rounds a float32 to the nearest IEEE half (ties to even), as ggml's
+// GGML_FP32_TO_FP16 does: overflow gives ±Inf, NaN stays NaN, small values become subnormal
+// halves or zero.
+func F32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int(b>>23) & 0xff
+	mant := b & 0x7fffff
+	switch {
+	case exp == 0xff: // Inf or NaN
+		if mant != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	case exp > 142: // ≥ 2^16: beyond the largest half
+		return sign | 0x7c00
+	case exp >= 113: // a normal half: round 23 mantissa bits to 10
+		h := uint32(exp-112)<<10 | mant>>13
+		rest := mant & 0x1fff
+		if rest > 0x1000 || (rest == 0x1000 && h&1 == 1) {
+			h++ // may carry into the exponent, up to Inf: still correct
+		}
+		return sign | uint16(h)
+	case exp >= 90: // a subnormal half (or rounds up to the smallest normal)
+		m := mant | 0x800000 // the implicit bit
+		shift := uint(126 - exp) // 14 … 36: value = m·2^(exp−150), in units of 2^−24
+		h := m >> shift
+		rest := m & (1<<shift - 1)
+		half := uint32(1) << (shift - 1)
+		if rest > half || (rest == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	default: // below half the smallest subnormal: zero
+		return sign
+	}
+}
+
+// F16ToF32 widens an IEEE half exactly.
+func F16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	case exp == 0:
+		if mant == 0 {
+			return math.Float32frombits(sign)
+		}
+		return float32(math.Copysign(float64(mant)*0x1p-24, float64(math.Float32frombits(sign|0x3f800000))))
+	default:
+		return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+	}
+}

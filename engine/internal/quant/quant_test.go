@@ -1,0 +1,108 @@
+package quant
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"math"
+	"os"
+	"testing"
+)
+
+type ggmlCase struct {
+	X      string `json:"x"`      // float32 inputs, little-endian, hex
+	Blocks string `json:"blocks"` // ggml's blocks, hex
+}
+
+// fixtures are the blocks ggml's own reference quantizers made of fixed inputs
+// (scripts/ggml_quant_fixture.c over the npm package's libggml-base.so).
+func fixtures(t *testing.T) map[string][]ggmlCase {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/ggml_blocks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f map[string][]ggmlCase
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func floats(t *testing.T, h string) []float32 {
+	t.Helper()
+	b, err := hex.DecodeString(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, len(b)/4)
+	for i := range x {
+		x[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return x
+}
+
+// Q8_0 blocks equal ggml's bit for bit: normal weights, a zero block, exact half-way ties, tiny
+// and huge magnitudes, outliers.
+func TestQ8_0MatchesGGML(t *testing.T) {
+	cases := fixtures(t)["q8_0"]
+	if len(cases) == 0 {
+		t.Fatal("no q8_0 fixtures")
+	}
+	for i, c := range cases {
+		x := floats(t, c.X)
+		want, _ := hex.DecodeString(c.Blocks)
+		got, err := QuantizeQ8_0(x, len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			for b := 0; b < len(got); b += BlockBytesQ8_0 {
+				if !bytes.Equal(got[b:b+BlockBytesQ8_0], want[b:b+BlockBytesQ8_0]) {
+					t.Fatalf("case %d block %d: %x, ggml %x", i, b/BlockBytesQ8_0, got[b:b+BlockBytesQ8_0], want[b:b+BlockBytesQ8_0])
+				}
+			}
+		}
+		// Dequantized, every weight is within half a step of its block's scale.
+		back := make([]float32, len(x))
+		DequantizeQ8_0(back, got)
+		for j := range x {
+			d := F16ToF32(uint16(got[j/32*34]) | uint16(got[j/32*34+1])<<8)
+			if diff := math.Abs(float64(back[j] - x[j])); diff > 0.51*float64(d)+1e-3*math.Abs(float64(x[j])) && d != 0 && !math.IsInf(float64(d), 0) {
+				t.Fatalf("case %d weight %d: %v back as %v (d %v)", i, j, x[j], back[j], d)
+			}
+		}
+	}
+	if _, err := QuantizeQ8_0(make([]float32, 48), 48); err == nil {
+		t.Fatal("a row of 48 weights was quantized into blocks of 32")
+	}
+}
+
+// Every half converts to float32 and back unchanged, and float32 rounds to the nearest half
+// (ties to even) across the normal, subnormal and overflow ranges.
+func TestHalfConversions(t *testing.T) {
+	for h := range 1 << 16 {
+		f := F16ToF32(uint16(h))
+		if math.IsNaN(float64(f)) {
+			continue
+		}
+		if back := F32ToF16(f); back != uint16(h) {
+			t.Fatalf("half %#04x → %v → %#04x", h, f, back)
+		}
+	}
+	for _, c := range []struct {
+		f    float32
+		want uint16
+	}{
+		{1 + 0x1p-11, 0x3c00},           // tie, rounds to even (down)
+		{1 + 3*0x1p-11, 0x3c02},         // tie, rounds to even (up)
+		{65504, 0x7bff}, {65520, 0x7c00}, // largest half; the tie above it overflows
+		{0x1p-25, 0}, {0x1p-25 * 1.5, 1}, // half the smallest subnormal ties to 0; above it, up
+		{-0x1p-24, 0x8001},
+	} {
+		if got := F32ToF16(c.f); got != c.want {
+			t.Errorf("F32ToF16(%v) = %#04x, want %#04x", c.f, got, c.want)
+		}
+	}
+}

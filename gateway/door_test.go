@@ -1,10 +1,14 @@
 package gateway_test
 
 import (
+	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/gateway"
 )
 
@@ -48,5 +52,53 @@ func TestOpenModeRefusesForeignHostHeaders(t *testing.T) {
 	key, _ := issue(t, st, "k", false)
 	if code, body := hostStatus(t, keys, key, "evil.example"); code != http.StatusOK {
 		t.Errorf("keys mode, Host evil.example: %d %s; want 200 (unchanged)", code, body)
+	}
+}
+
+// get fetches url without a key and returns the status and the body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A download link (checkpoint archive, session trace) needs no key, but in keys mode it works
+// only while the key that asked for it is valid: revoking a key also ends its links.
+func TestDownloadLinksEndWithTheirKey(t *testing.T) {
+	ts, st := newKeysServer(t)
+	key, row := issue(t, st, "links", false)
+	ctx := context.Background()
+	c, tc := trainedModel(t, ts, key)
+	f, err := tc.ForwardBackward(ctx, []api.Datum{datum([]int{1, 2, 3, 4}, true)}, "cross_entropy", nil, false)
+	await(t, f, err, nil)
+	save, _ := tc.SaveState(ctx, "a1")
+	if err := save.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var archive api.ArchiveURLResponse
+	if err := c.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/checkpoints/weights/a1/archive", nil, &archive); err != nil {
+		t.Fatal(err)
+	}
+	var trace api.TraceExportResponse
+	if err := c.Do(ctx, "GET", "sessions/"+strings.Split(tc.ModelID, ":")[0]+"/trace_export", nil, &trace); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{archive.URL, trace.URL} {
+		if code, body := get(t, u); code != http.StatusOK {
+			t.Fatalf("%s before the revocation: %d %.200s", u, code, body)
+		}
+	}
+	if err := st.RevokeKey(ctx, row.ID, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{archive.URL, trace.URL} {
+		if code, body := get(t, u); code != http.StatusForbidden || !strings.Contains(body, "revoked") {
+			t.Errorf("%s after the revocation: %d %.200s; want 403 saying the key was revoked", u, code, body)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -100,5 +101,37 @@ func TestDownloadLinksEndWithTheirKey(t *testing.T) {
 		if code, body := get(t, u); code != http.StatusForbidden || !strings.Contains(body, "revoked") {
 			t.Errorf("%s after the revocation: %d %.200s; want 403 saying the key was revoked", u, code, body)
 		}
+	}
+}
+
+// Text is refused by its length in bytes before it is tokenized or rendered: a prompt far longer
+// than the model's context (1,024 tokens for the tiny model) costs a 400 naming the byte limit,
+// not the time and memory of tokenizing it. The OpenAI endpoints' bodies have their own, smaller
+// size limit (413).
+func TestLongTextIsRefusedBeforeTokenizing(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	big := strings.Repeat("lorem ipsum ", 1<<20/12) // 1 MiB, a thousand times the context
+	for _, tc := range []struct{ name, path, body, param string }{
+		{"completion", "/v1/completions", `{"model":"` + base + `","prompt":"` + big + `"}`, "prompt"},
+		{"completion list", "/v1/completions", `{"model":"` + base + `","prompt":["` + big + `"]}`, "prompt"},
+		{"chat", "/v1/chat/completions", `{"model":"` + base + `","messages":[{"role":"user","content":"` + big[:len(big)/2] +
+			`"},{"role":"assistant","content":"ok"},{"role":"user","content":[{"type":"text","text":"` + big[:len(big)/2] + `"}]}]}`, "messages"},
+	} {
+		status, body := oai(t, "POST", ts.URL, "tml-long", tc.path, tc.body)
+		var e struct {
+			Error struct{ Message, Param string }
+		}
+		_ = json.Unmarshal(body, &e)
+		if status != http.StatusBadRequest || e.Error.Param != tc.param || !strings.Contains(e.Error.Message, "bytes") {
+			t.Errorf("%s: %d %.300s; want 400 on %q naming the byte limit", tc.name, status, body, tc.param)
+		}
+	}
+	huge := `{"model":"` + base + `","prompt":"` + strings.Repeat("a", 20<<20) + `"}`
+	if status, body := oai(t, "POST", ts.URL, "tml-long", "/v1/completions", huge); status != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 20 MiB completion body: %d %.300s; want 413", status, body)
+	}
+	// Within the limits nothing changes.
+	if status, body := oai(t, "POST", ts.URL, "tml-long", "/v1/completions", `{"model":"`+base+`","prompt":"lorem ipsum","max_tokens":2}`); status != http.StatusOK {
+		t.Errorf("a short prompt: %d %s", status, body)
 	}
 }

@@ -3,13 +3,16 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/gateway"
 )
 
@@ -133,5 +136,122 @@ func TestLongTextIsRefusedBeforeTokenizing(t *testing.T) {
 	// Within the limits nothing changes.
 	if status, body := oai(t, "POST", ts.URL, "tml-long", "/v1/completions", `{"model":"`+base+`","prompt":"lorem ipsum","max_tokens":2}`); status != http.StatusOK {
 		t.Errorf("a short prompt: %d %s", status, body)
+	}
+}
+
+// auditPages reads GET /api/v1/audit?query as key, following next_cursor, and returns every
+// entry and the largest page.
+func auditPages(t *testing.T, c *client.Client, query string) ([]api.AuditLogEntry, int) {
+	t.Helper()
+	var all []api.AuditLogEntry
+	largest, cursor := 0, ""
+	for range 1000 {
+		q := query
+		if cursor != "" {
+			q += "&cursor=" + url.QueryEscape(cursor)
+		}
+		var page api.AuditLogResponse
+		if err := c.Do(context.Background(), "GET", "audit?"+q, nil, &page); err != nil {
+			t.Fatalf("audit?%s: %v", q, err)
+		}
+		all, largest = append(all, page.Entries...), max(largest, len(page.Entries))
+		if cursor = page.NextCursor; cursor == "" {
+			return all, largest
+		}
+	}
+	t.Fatal("the audit log's cursor never ended")
+	return nil, 0
+}
+
+// One tenant's stream of cheap calls cannot push other tenants' events, or the admin's, out of
+// the audit log: the log pages (limit, next_cursor) instead of stopping at a cap, a tenant's
+// routine events past its audit rate are collapsed into one row that counts them, and
+// security-relevant events (keys, checkpoint saves and deletes) are always recorded.
+func TestAuditLogPagesAndOneTenantCannotFloodIt(t *testing.T) {
+	ts, st := newKeysServer(t)
+	ctx := context.Background()
+	adminKey, _ := issue(t, st, "admin", true)
+	floodKey, _ := issue(t, st, "flood", false)
+	quietKey, _ := issue(t, st, "quiet", false)
+	admin := client.New(ts.URL, adminKey)
+
+	flood, ftc := trainedModel(t, ts, floodKey)
+	save, err := ftc.SaveState(ctx, "f1")
+	await(t, save, err, nil)
+	const calls = 250
+	for i := range calls {
+		if err := flood.Do(ctx, "PUT", "training_runs/"+ftc.ModelID+"/checkpoints/weights/f1/ttl", map[string]any{"ttl_seconds": 3600 + i}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, qtc := trainedModel(t, ts, quietKey)
+	save, err = qtc.SaveState(ctx, "q1")
+	await(t, save, err, nil)
+	var created api.CreatedKey
+	if err := admin.Do(ctx, "POST", "skein/keys", map[string]any{"name": "temp"}, &created); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "DELETE", "skein/keys/"+created.ID, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// The flooding tenant's own log counts every call, most of them in "suppressed" rows.
+	own, _ := auditPages(t, flood, "limit=10000")
+	recorded, suppressed := 0, 0
+	for _, e := range own {
+		switch e.Event {
+		case "checkpoint.set_ttl":
+			recorded++
+		case "audit.suppressed":
+			var n int
+			if _, err := fmt.Sscanf(e.Purpose, "%d", &n); err != nil || n < 1 {
+				t.Fatalf("suppressed row without a count: %+v", e)
+			}
+			suppressed += n
+		}
+	}
+	if recorded >= calls || recorded+suppressed != calls {
+		t.Errorf("%d calls: %d recorded, %d counted as suppressed; want fewer recorded and all counted", calls, recorded, suppressed)
+	}
+
+	// The admin pages through everything; nothing of the others is missing.
+	whole, _ := auditPages(t, admin, "")
+	paged, largest := auditPages(t, admin, "limit=7")
+	if largest > 7 || len(paged) != len(whole) {
+		t.Fatalf("pages of 7: %d entries (largest page %d); unpaged %d", len(paged), largest, len(whole))
+	}
+	has := func(entries []api.AuditLogEntry, event, path string) bool {
+		for _, e := range entries {
+			if e.Event == event && strings.Contains(e.TinkerPath+e.Purpose, path) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, want := range [][2]string{{"checkpoint.save", qtc.ModelID}, {"checkpoint.save", ftc.ModelID}, {"api_key.create", created.ID}, {"api_key.revoke", created.ID}} {
+		if !has(paged, want[0], want[1]) {
+			t.Errorf("the admin's pages miss %s of %s", want[0], want[1])
+		}
+	}
+	for i := 1; i < len(paged); i++ {
+		prev, _ := time.Parse(time.RFC3339Nano, paged[i-1].Timestamp)
+		if at, err := time.Parse(time.RFC3339Nano, paged[i].Timestamp); err != nil || at.Before(prev) {
+			t.Fatalf("pages out of order at %d: %+v then %+v", i, paged[i-1], paged[i])
+		}
+	}
+
+	// Filters: by tenant (admin only) and by event.
+	quietTenant := gateway.KeyTenant(strings.Split(strings.TrimPrefix(quietKey, "tml-"), "_")[0])
+	only, _ := auditPages(t, admin, "tenant="+quietTenant+"&event=checkpoint.save")
+	if len(only) != 1 || only[0].Actor != quietTenant || !strings.Contains(only[0].TinkerPath, qtc.ModelID) {
+		t.Errorf("the quiet tenant's saves: %+v", only)
+	}
+	if err := flood.Do(ctx, "GET", "audit?tenant="+quietTenant, nil, nil); !isStatus(err, http.StatusForbidden) {
+		t.Errorf("a tenant reading another's log: %v; want 403", err)
+	}
+	for _, bad := range []string{"limit=0", "limit=10001", "cursor=nonsense", "event=" + strings.Repeat("x", 200)} {
+		if err := admin.Do(ctx, "GET", "audit?"+bad, nil, nil); !isStatus(err, http.StatusBadRequest) {
+			t.Errorf("audit?%.40s: %v; want 400", bad, err)
+		}
 	}
 }

@@ -119,6 +119,8 @@ type Server struct {
 	secretOnce sync.Once
 	secret     []byte
 
+	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
+
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
 	workersMu  sync.Mutex
 	visionCfgs sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
@@ -317,6 +319,7 @@ func (s *Server) sweeper() {
 			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
 			s.sweepEvents(now)
+			s.flushSuppressed("", now)
 			s.sweepSessions(now)
 			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}

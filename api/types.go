@@ -388,6 +388,8 @@ type AuditLogEntry struct {
 // AuditLogResponse answers GET /api/v1/audit, oldest first.
 type AuditLogResponse struct {
 	Entries []AuditLogEntry `json:"entries"`
+	// NextCursor, when set, is the cursor= of the next page (skein; absent on the last page).
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // BillingEventInfo is the kind-specific part of a billing usage bucket, tagged by Type:

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/store"
 )
 
 // archiveCheckpoint answers with a signed download URL, valid for 15 minutes and usable without
@@ -36,7 +37,7 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(m.Path, m.Generation, expires))
+	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID}, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
 	}
@@ -48,10 +49,11 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 
 // downloadArchive streams a checkpoint as .tar.gz for a valid signed token.
 func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	path, generation, err := s.verifyArchive(r.PathValue("token"), time.Now())
+	c, err := s.verifyArchive(r, r.PathValue("token"), time.Now())
 	if err != nil {
-		return nil, errf(http.StatusForbidden, "%v", err)
+		return nil, err
 	}
+	path, generation := c.Path, c.Generation
 	s.ckpts.mu.Lock()
 	m := s.ckpts.m[path]
 	if m != nil && m.Generation != generation {
@@ -128,38 +130,70 @@ func (s *Server) archiveSecret() []byte {
 type archiveClaim struct {
 	Path       string `json:"p"`
 	Generation string `json:"g,omitempty"` // the checkpoint's generation when the link was made
+	KeyID      string `json:"k,omitempty"` // the key that asked for the link (keys mode)
 	Expires    int64  `json:"e"`
 }
 
-func (s *Server) signArchive(path, generation string, expires time.Time) string {
-	body, _ := json.Marshal(archiveClaim{Path: path, Generation: generation, Expires: expires.Unix()})
+// signArchive makes the token of a download link for claim, valid until expires.
+func (s *Server) signArchive(c archiveClaim, expires time.Time) string {
+	c.Expires = expires.Unix()
+	body, _ := json.Marshal(c)
 	enc := base64.RawURLEncoding.EncodeToString(body)
 	mac := hmac.New(sha256.New, s.archiveSecret())
 	mac.Write([]byte(enc))
 	return enc + "." + hex.EncodeToString(mac.Sum(nil))
 }
 
-func (s *Server) verifyArchive(token string, now time.Time) (path, generation string, err error) {
+// verifyArchive checks a download token: its signature, its expiry and, in keys mode, that the
+// key which asked for the link is still valid. A link needs no key to be used (the SDK downloads
+// with a plain GET), so without this check a revoked key's links would keep working for their
+// whole life (15 minutes for archives, an hour for traces). Errors are 403s (503 when the store
+// cannot be read).
+func (s *Server) verifyArchive(r *http.Request, token string, now time.Time) (archiveClaim, error) {
+	c, err := s.parseArchiveToken(token, now)
+	if err != nil {
+		return archiveClaim{}, errf(http.StatusForbidden, "%v", err)
+	}
+	if s.opts.Auth != AuthKeys {
+		return c, nil
+	}
+	if c.KeyID == "" { // made in open mode, before this server required keys
+		return archiveClaim{}, errf(http.StatusForbidden, "this download link was not made with an API key: ask for a new one")
+	}
+	row, err := s.st.GetKey(r.Context(), c.KeyID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return archiveClaim{}, errf(http.StatusForbidden, "the API key that made this download link no longer exists")
+	case err != nil:
+		s.log.Error("reading an API key", "key_id", c.KeyID, "err", err)
+		return archiveClaim{}, errf(http.StatusServiceUnavailable, "cannot check the download link's API key now; retry")
+	case row.Revoked != nil:
+		return archiveClaim{}, errf(http.StatusForbidden, "the API key that made this download link (%s) was revoked", c.KeyID)
+	}
+	return c, nil
+}
+
+func (s *Server) parseArchiveToken(token string, now time.Time) (archiveClaim, error) {
 	enc, sig, ok := strings.Cut(token, ".")
 	if !ok {
-		return "", "", errors.New("malformed download token")
+		return archiveClaim{}, errors.New("malformed download token")
 	}
 	mac := hmac.New(sha256.New, s.archiveSecret())
 	mac.Write([]byte(enc))
 	want := hex.EncodeToString(mac.Sum(nil))
 	if !hmac.Equal([]byte(sig), []byte(want)) {
-		return "", "", errors.New("invalid download token")
+		return archiveClaim{}, errors.New("invalid download token")
 	}
 	body, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil {
-		return "", "", errors.New("malformed download token")
+		return archiveClaim{}, errors.New("malformed download token")
 	}
 	var c archiveClaim
 	if err := json.Unmarshal(body, &c); err != nil {
-		return "", "", errors.New("malformed download token")
+		return archiveClaim{}, errors.New("malformed download token")
 	}
 	if now.Unix() > c.Expires {
-		return "", "", errors.New("download link expired: ask for a new one")
+		return archiveClaim{}, errors.New("download link expired: ask for a new one")
 	}
-	return c.Path, c.Generation, nil
+	return c, nil
 }

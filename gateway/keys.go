@@ -131,6 +131,7 @@ func writeAuthError(w http.ResponseWriter, err error) {
 type caller struct {
 	tenant string
 	admin  bool
+	keyID  string // the issued key's id in keys mode (download links name it); empty in open mode
 }
 
 type callerCtxKey struct{}
@@ -170,7 +171,7 @@ func (s *Server) authenticate(r *http.Request) (caller, error) {
 	if row.Revoked != nil {
 		return caller{}, errf(http.StatusUnauthorized, "API key %s was revoked", id)
 	}
-	return caller{tenant: KeyTenant(id), admin: row.Admin}, nil
+	return caller{tenant: KeyTenant(id), admin: row.Admin, keyID: id}, nil
 }
 
 // withCaller authenticates a request for the handlers that need its caller.

@@ -25,7 +25,37 @@ const (
 	// MaxTopLogprobs is OpenAI's bound on top_logprobs; legacy completions' logprobs go to 5.
 	MaxTopLogprobs        = 20
 	MaxCompletionLogprobs = 5
+
+	// MaxPromptBytesPerToken bounds a text prompt's length in bytes by the model's context: text
+	// longer than context × 32 bytes is refused before it is tokenized or rendered. Tokenizing is
+	// the costly step (a 32 MB prompt took a gigabyte and half a minute only to be refused for its
+	// token count), and real text averages 3–5 bytes a token, so a prompt refused here could fit
+	// only if its tokens averaged over 32 bytes (long runs of one character).
+	MaxPromptBytesPerToken = 32
+	// MaxOpenAIBodyBytes is the body limit of /v1/completions and /v1/chat/completions (the
+	// server's --max-body-bytes is for training data): a 128k-token context's prompt bytes, with
+	// room for JSON escapes.
+	MaxOpenAIBodyBytes = 16 << 20
 )
+
+// checkPromptBytes refuses text of n bytes for a model of the given context before any work on it.
+func checkPromptBytes(param string, n int, e replica.LocalModel) error {
+	ctxLen := e.Config.MaxPositionEmbeddings
+	if limit := ctxLen * MaxPromptBytesPerToken; n > limit {
+		return badParam(param, fmt.Sprintf("%d bytes of text, over the %d bytes a prompt for this model's context of %d tokens may have (%d bytes a token)",
+			n, limit, ctxLen, MaxPromptBytesPerToken))
+	}
+	return nil
+}
+
+// decodeOpenAI reads an OpenAI request within MaxOpenAIBodyBytes.
+func (s *Server) decodeOpenAI(r *http.Request, v any) error {
+	b, err := s.readBodyWithin(r, MaxOpenAIBodyBytes)
+	if err != nil {
+		return err
+	}
+	return decodeJSONBytes(b, v)
+}
 
 // oaiJob is one OpenAI request as an engine sampling request, with what its answer needs.
 type oaiJob struct {
@@ -46,7 +76,7 @@ type oaiJob struct {
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.ChatCompletionRequest
-	if err := s.decodeJSON(r, &req); err != nil {
+	if err := s.decodeOpenAI(r, &req); err != nil {
 		return nil, err
 	}
 	if t := strings.TrimSpace(string(req.Tools)); t != "" && t != "null" && t != "[]" {
@@ -79,8 +109,21 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 	if err != nil {
 		return nil, err
 	}
+	// The messages are measured before the template renders them, the rendered text before it
+	// is tokenized (the template adds its own text around each message).
+	n := 0
+	for _, m := range req.Messages {
+		text, _ := m.Text() // an error is render's to report
+		n += len(text)
+	}
+	if err := checkPromptBytes("messages", n, job.eng); err != nil {
+		return nil, err
+	}
 	text, err := tmpl.render(req.Messages)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkPromptBytes("messages", len(text), job.eng); err != nil {
 		return nil, err
 	}
 	maxTokens, param := req.MaxCompletionTokens, "max_completion_tokens"
@@ -101,7 +144,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CompletionRequest
-	if err := s.decodeJSON(r, &req); err != nil {
+	if err := s.decodeOpenAI(r, &req); err != nil {
 		return nil, err
 	}
 	switch {
@@ -136,6 +179,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant stri
 func completionPrompt(raw json.RawMessage, e replica.LocalModel) ([]int, error) {
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
+		if err := checkPromptBytes("prompt", len(text), e); err != nil {
+			return nil, err
+		}
 		return e.Tokenizer.EncodeWithSpecialTokens(text), nil
 	}
 	var ids []int

@@ -40,3 +40,29 @@ func (s *Server) publicBase(r *http.Request) (string, error) {
 	return "", errf(http.StatusNotImplemented, "download links need this server's public URL: start it with --public-url "+
 		"(or SKEIN_PUBLIC_URL), e.g. --public-url https://skein.example.com")
 }
+
+// openModeHostOK says whether an open-mode server answers a request with this Host header. Open
+// mode trusts any key, so its only defence is that it listens on loopback; a web page the user
+// visits can still reach it through DNS rebinding (evil.example resolving to 127.0.0.1), and such
+// requests carry the page's name as Host. Loopback names (localhost, *.localhost, 127.0.0.0/8,
+// ::1) and the public URL's host, with any port, are all a local client ever needs.
+func (s *Server) openModeHostOK(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"))
+	name = strings.TrimSuffix(name, ".") // "localhost." is the same name
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	if ip := net.ParseIP(name); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	if s.opts.PublicURL != "" {
+		if u, err := url.Parse(s.opts.PublicURL); err == nil && strings.EqualFold(u.Hostname(), name) {
+			return true
+		}
+	}
+	return false
+}

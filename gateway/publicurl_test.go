@@ -41,7 +41,8 @@ func TestArchiveURLIgnoresHostHeader(t *testing.T) {
 		if public != "" {
 			want = "https://skein.example.com/api/v1/archives/"
 		}
-		code, url := archiveURL(t, ts, "tml-host", tc.ModelID, "evil.example")
+		// A Host open mode accepts (loopback names only, against DNS rebinding) but still forged.
+		code, url := archiveURL(t, ts, "tml-host", tc.ModelID, "evil.localhost")
 		if code != http.StatusOK || !strings.HasPrefix(url, want) {
 			t.Fatalf("public URL %q: %d %q, want it under %s", public, code, url, want)
 		}
@@ -57,12 +58,12 @@ func TestArchiveURLNeedsPublicURLOffLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := httptest.NewRequest("GET", "/api/v1/training_runs/"+tc.ModelID+"/checkpoints/weights/a1/archive", nil)
-	req.Host = "evil.example"
+	req.Host = "evil.localhost"
 	req.Header.Set("X-API-Key", "tml-nopublic")
 	req.Header.Set("Accept", "application/json")
 	rec := httptest.NewRecorder()
 	ts.gw.ServeHTTP(rec, req) // no connection: not loopback
-	if rec.Code == http.StatusOK || strings.Contains(rec.Body.String(), "evil.example") || !strings.Contains(rec.Body.String(), "--public-url") {
+	if rec.Code == http.StatusOK || strings.Contains(rec.Body.String(), "evil.localhost") || !strings.Contains(rec.Body.String(), "--public-url") {
 		t.Fatalf("archive URL without a public URL off loopback: %d %s", rec.Code, rec.Body)
 	}
 	if _, err := gateway.New(gateway.Options{DataDir: t.TempDir(), PublicURL: "ftp://x"}); err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -122,7 +123,13 @@ func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info))
 	w := &info.rec
 	w.ResponseWriter = rw
-	s.serveRecovered(w, r)
+	if s.opts.Auth == AuthOpen && !s.openModeHostOK(r.Host) {
+		writeError(w, http.StatusMisdirectedRequest, fmt.Sprintf("Host %q is not served: in open mode (no API keys) this server "+
+			"answers only loopback names (localhost, 127.0.0.1, [::1]) and the host of --public-url, so a web page cannot "+
+			"reach it through DNS rebinding; use one of those, or run with --auth keys", r.Host))
+	} else {
+		s.serveRecovered(w, r)
+	}
 	if w.status == 0 {
 		w.status = http.StatusOK // nothing written: net/http answers 200
 	}

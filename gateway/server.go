@@ -122,6 +122,8 @@ type Server struct {
 	secretOnce sync.Once
 	secret     []byte
 
+	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
+
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
 	workersMu  sync.Mutex
 	visionCfgs sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
@@ -320,6 +322,7 @@ func (s *Server) sweeper() {
 			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
 			s.sweepEvents(now)
+			s.flushSuppressed("", now)
 			s.sweepSessions(now)
 			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}
@@ -443,27 +446,33 @@ func apiKeyOf(r *http.Request) string {
 
 // readBody reads a request body within the size limit, undoing zstd if declared.
 func (s *Server) readBody(r *http.Request) ([]byte, error) {
-	limited := http.MaxBytesReader(nil, r.Body, s.opts.MaxBodyBytes)
+	return s.readBodyWithin(r, s.opts.MaxBodyBytes)
+}
+
+// readBodyWithin is readBody with a limit of its own (at most MaxBodyBytes).
+func (s *Server) readBodyWithin(r *http.Request, limit int64) ([]byte, error) {
+	limit = min(limit, s.opts.MaxBodyBytes)
+	limited := http.MaxBytesReader(nil, r.Body, limit)
 	b, err := io.ReadAll(limited)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", s.opts.MaxBodyBytes)
+			return nil, errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", limit)
 		}
 		return nil, errf(http.StatusBadRequest, "reading body: %v", err)
 	}
 	if strings.EqualFold(r.Header.Get("Content-Encoding"), "zstd") {
-		dec, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderMaxMemory(uint64(s.opts.MaxBodyBytes)))
+		dec, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderMaxMemory(uint64(limit)))
 		if err != nil {
 			return nil, errf(http.StatusBadRequest, "zstd: %v", err)
 		}
 		defer dec.Close()
-		out, err := io.ReadAll(io.LimitReader(dec, s.opts.MaxBodyBytes+1))
+		out, err := io.ReadAll(io.LimitReader(dec, limit+1))
 		if err != nil {
 			return nil, errf(http.StatusBadRequest, "zstd body: %v", err)
 		}
-		if int64(len(out)) > s.opts.MaxBodyBytes {
-			return nil, errf(http.StatusRequestEntityTooLarge, "decompressed body over the %d-byte limit", s.opts.MaxBodyBytes)
+		if int64(len(out)) > limit {
+			return nil, errf(http.StatusRequestEntityTooLarge, "decompressed body over the %d-byte limit", limit)
 		}
 		b = out
 	}

@@ -36,7 +36,7 @@ func (s *Server) exportSessionTrace(w http.ResponseWriter, r *http.Request, tena
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("%s%straces/%s", public, v1, s.signArchive(claim, "", expires))
+	url := fmt.Sprintf("%s%straces/%s", public, v1, s.signArchive(archiveClaim{Path: claim, KeyID: callerOf(r).keyID}, expires))
 	return api.TraceExportResponse{Status: "ready", URL: url}, nil
 }
 
@@ -67,10 +67,11 @@ type traceFile struct {
 // downloadTrace serves a session's trace for a valid signed token (no API key, as the SDK's CLI
 // downloads it with a plain GET).
 func (s *Server) downloadTrace(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	claim, _, err := s.verifyArchive(r.PathValue("token"), time.Now())
+	c, err := s.verifyArchive(r, r.PathValue("token"), time.Now())
 	if err != nil {
-		return nil, errf(http.StatusForbidden, "%v", err)
+		return nil, err
 	}
+	claim := c.Path
 	parts := strings.Split(strings.TrimPrefix(claim, tracePrefix), "/")
 	if !strings.HasPrefix(claim, tracePrefix) || len(parts) != 3 {
 		return nil, errf(http.StatusForbidden, "not a trace download token")

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"time"
 )
 
@@ -21,6 +22,10 @@ func (s *SQL) Events(ctx context.Context, kind, tenant string, from, to time.Tim
 	if err != nil {
 		return nil, err
 	}
+	return scanEvents(rows)
+}
+
+func scanEvents(rows *sql.Rows) ([]Event, error) {
 	defer rows.Close()
 	var out []Event
 	for rows.Next() {
@@ -34,6 +39,20 @@ func (s *SQL) Events(ctx context.Context, kind, tenant string, from, to time.Tim
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// EventPage lists one page of events, oldest first, for keyset paging: rows at q.From's
+// millisecond come in a fixed order (ties broken by every column, so rows that still tie are
+// identical), and q.Skip of them are left out: those a previous page already returned.
+func (s *SQL) EventPage(ctx context.Context, q EventQuery) ([]Event, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT tenant, at, kind, name, model_id, tinker_path, session_id, base_model,
+		detail, amount, seconds FROM events WHERE kind = ? AND (? = '' OR tenant = ?) AND (? = '' OR substr(name, 1, ?) = ?)
+		AND at >= ? AND at < ? ORDER BY at, tenant, name, model_id, tinker_path, detail LIMIT ? OFFSET ?`),
+		q.Kind, q.Tenant, q.Tenant, q.NamePrefix, len(q.NamePrefix), q.NamePrefix, ms(q.From), ms(q.To), q.Limit, q.Skip)
+	if err != nil {
+		return nil, err
+	}
+	return scanEvents(rows)
 }
 
 // UsageBuckets sums usage by hour (integer division of the millisecond time), tenant, name,

@@ -43,6 +43,48 @@ func TestEventsContract(t *testing.T) {
 		if b, _ := s.UsageBuckets(ctx, "", h, h.Add(time.Hour), 100); len(b) != 2 || b[0].Tenant != "b" || b[0].Amount != 100 {
 			t.Fatalf("usage of all in the first hour (largest first): %+v", b)
 		}
+		// Pages: keyset on time, with the rows already taken at the page's last millisecond skipped,
+		// so ties are neither lost nor repeated; filters by tenant and name prefix are in SQL.
+		for i := range 5 {
+			add(Event{Tenant: "c", At: h.Add(20 * time.Minute), Kind: EventAudit, Name: "checkpoint.set_ttl", Detail: string(rune('0' + i))})
+		}
+		add(Event{Tenant: "c", At: h.Add(21 * time.Minute), Kind: EventAudit, Name: "api_key.revoke"})
+		var paged []Event
+		q := EventQuery{Kind: EventAudit, Tenant: "c", From: h, To: h.Add(time.Hour), Limit: 2}
+		for range 10 {
+			page, err := s.EventPage(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			paged = append(paged, page...)
+			if len(page) < q.Limit {
+				break
+			}
+			last := page[len(page)-1].At
+			if last.Equal(q.From) {
+				q.Skip += len(page)
+			} else {
+				q.From, q.Skip = last, 0
+				for _, e := range page {
+					if e.At.Equal(last) {
+						q.Skip++
+					}
+				}
+			}
+		}
+		seen := map[string]bool{}
+		for _, e := range paged {
+			seen[e.Name+e.Detail] = true
+		}
+		if len(paged) != 6 || len(seen) != 6 || paged[5].Name != "api_key.revoke" {
+			t.Fatalf("pages of 2: %+v", paged)
+		}
+		if ck, err := s.EventPage(ctx, EventQuery{Kind: EventAudit, NamePrefix: "checkpoint.", From: h, To: h.Add(time.Hour), Limit: 100}); err != nil || len(ck) != 7 {
+			t.Fatalf("checkpoint events of all: %d %v", len(ck), err)
+		}
+		if ck, _ := s.EventPage(ctx, EventQuery{Kind: EventAudit, Tenant: "c", NamePrefix: "api_key.revoke", From: h, To: h.Add(time.Hour), Limit: 100}); len(ck) != 1 {
+			t.Fatalf("one event name: %+v", ck)
+		}
 		n, err := s.SweepEvents(ctx, h.Add(3*time.Minute))
 		if err != nil || n != 3 {
 			t.Fatalf("swept %d %v", n, err)

@@ -63,6 +63,15 @@ const (
 	EventUsage = "usage" // what a tenant used: tokens, checkpoints, compute time
 )
 
+// EventQuery selects a page of events: of one kind, of one tenant ("" for all), whose name
+// starts with NamePrefix ("" for any), with At in [From, To); Skip leaves out that many of the
+// rows at From's millisecond (those a previous page returned), and Limit bounds the page.
+type EventQuery struct {
+	Kind, Tenant, NamePrefix string
+	From, To                 time.Time
+	Skip, Limit              int
+}
+
 // Event is one audit-log entry or usage record.
 type Event struct {
 	Tenant     string
@@ -175,6 +184,8 @@ type Store interface {
 	// UsageBuckets sums the usage records of one tenant ("" for all) in [from, to) by hour,
 	// tenant, name, session and base model, oldest hour first, at most limit rows.
 	UsageBuckets(ctx context.Context, tenant string, from, to time.Time, limit int) ([]UsageBucket, error)
+	// EventPage lists one page of events (see EventQuery), oldest first.
+	EventPage(ctx context.Context, q EventQuery) ([]Event, error)
 	// SweepEvents deletes events older than the cutoff.
 	SweepEvents(ctx context.Context, before time.Time) (int, error)
 

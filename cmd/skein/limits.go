@@ -19,6 +19,8 @@ type limitFlags struct {
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention                          *time.Duration
 	pixelValues                               *int
+	minBodyRate, maxConns, maxConnsPerIP      *int
+	minBodyRateGrace                          *time.Duration
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
@@ -34,6 +36,10 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
 		idleTimeout:       fs.Duration("http-idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open"),
 		writeTimeout:      fs.Duration("http-write-timeout", 0, "time to write one answer (0: the long-poll plus a minute; archive downloads get 30 min)"),
+		minBodyRate:       fs.Int("min-body-rate", defaultMinBodyRate, "bytes/s a request body must average once --min-body-rate-grace has passed; slower: 400 and the connection is closed (0: off)"),
+		minBodyRateGrace:  fs.Duration("min-body-rate-grace", defaultMinBodyRateGrace, "time a request body may take before --min-body-rate applies"),
+		maxConns:          fs.Int("max-conns", defaultMaxConns, "connections the server holds open at once; past it a new one gets 503 and is closed"),
+		maxConnsPerIP:     fs.Int("max-conns-per-ip", defaultMaxConnsPerIP, "connections one remote address may hold open at once; past it: 503 (0: no per-address cap, e.g. behind a proxy)"),
 	}
 }
 
@@ -51,6 +57,9 @@ func (l *limitFlags) check() error {
 	}
 	if *l.checkpointBytes == 0 || *l.checkpointBytes < -1 {
 		return fmt.Errorf("--tenant-checkpoint-bytes must be positive, or -1 for unlimited, got %d", *l.checkpointBytes)
+	}
+	if *l.minBodyRate < 0 || *l.minBodyRateGrace <= 0 || *l.maxConns < 1 || *l.maxConnsPerIP < 0 {
+		return fmt.Errorf("--min-body-rate and --max-conns-per-ip must be at least 0, --min-body-rate-grace positive and --max-conns at least 1")
 	}
 	if *l.sessionRetention <= 0 {
 		return fmt.Errorf("--session-retention must be positive, got %s", *l.sessionRetention)
@@ -79,10 +88,11 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	return o
 }
 
-// httpServer is the server of the API with its connection timeouts: a slow or idle client
-// cannot hold a connection forever. Writes are bounded per answer by the gateway (a server-wide
+// httpServer is the server of the API with its connection timeouts and minimum body rate
+// (door.go): a slow or idle client cannot hold a connection forever. Serve it on listener(ln). Writes are bounded per answer by the gateway (a server-wide
 // WriteTimeout would cut long checkpoint downloads).
 func (l *limitFlags) httpServer(addr string, h http.Handler) *http.Server {
+	h = minRateBodies(h, *l.minBodyRate, *l.minBodyRateGrace, *l.readTimeout)
 	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: *l.readHeaderTimeout,
 		ReadTimeout: *l.readTimeout, IdleTimeout: *l.idleTimeout}
 }

@@ -13,26 +13,33 @@ import (
 	"time"
 )
 
-// serveWithLimits runs the API's http.Server, built from these flags, on a loopback port.
+// serveWithLimits runs the API's http.Server, built from these flags, on a loopback port; its
+// handler reads the body and answers "ok".
 func serveWithLimits(t *testing.T, args ...string) string {
+	return serveHandlerWithLimits(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}), args...)
+}
+
+// serveHandlerWithLimits runs h behind the API's http.Server and listener, built from these
+// flags, on a loopback port.
+func serveHandlerWithLimits(t *testing.T, h http.Handler, args ...string) string {
 	t.Helper()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	limits := addLimitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	hs := limits.httpServer("", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := io.ReadAll(r.Body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		_, _ = io.WriteString(w, "ok")
-	}))
+	hs := limits.httpServer("", h)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = hs.Serve(ln) }()
+	go func() { _ = hs.Serve(limits.listener(ln)) }()
 	t.Cleanup(func() { hs.Close() })
 	return ln.Addr().String()
 }
@@ -100,5 +107,162 @@ func TestLimitFlagsCheck(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	if err := addLimitFlags(fs).check(); err != nil {
 		t.Fatalf("the defaults are refused: %v", err)
+	}
+}
+
+// trickle sends a request whose 100-byte body comes one byte every 20 ms until the server stops
+// reading; it returns the connection.
+func trickle(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+	go func() {
+		for range 100 {
+			if _, err := c.Write([]byte{'x'}); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return c
+}
+
+// A body that arrives slower than --min-body-rate (after --min-body-rate-grace) loses its
+// connection long before --http-read-timeout, with a 400 saying why; a body sent at once and
+// an answer that takes longer than the grace (the long-poll) are untouched.
+func TestHTTPServerCutsBodiesBelowTheMinimumRate(t *testing.T) {
+	slowAnswer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if r.URL.Path == "/poll" { // holds the request, as retrieve_future's long-poll does
+			select {
+			case <-time.After(1500 * time.Millisecond):
+			case <-r.Context().Done():
+				http.Error(w, "cancelled", http.StatusInternalServerError)
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	addr := serveHandlerWithLimits(t, slowAnswer, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
+	got := readUntilClosed(t, trickle(t, addr))
+	if !strings.Contains(got, "400") || !strings.Contains(got, "bytes/s") {
+		t.Fatalf("a trickled body: %q; want a 400 naming the rate", got)
+	}
+
+	body := strings.Repeat("y", 64<<10)
+	resp, err := http.Post("http://"+addr+"/poll", "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "ok" {
+		t.Fatalf("a long-poll past the grace: %d %q", resp.StatusCode, b)
+	}
+}
+
+// A connection that never sends a byte is closed after --http-read-header-timeout (Go applies
+// the header deadline from the moment it waits for a request).
+func TestHTTPServerClosesSilentConnections(t *testing.T) {
+	addr := serveWithLimits(t, "--http-read-header-timeout", "200ms")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	readUntilClosed(t, c)
+}
+
+// --max-conns-per-ip and --max-conns cap the connections held open; one over the cap is answered
+// 503 and closed at once, and a closed connection frees its place.
+func TestHTTPServerCapsConnections(t *testing.T) {
+	for _, args := range [][]string{{"--max-conns-per-ip", "2"}, {"--max-conns", "2", "--max-conns-per-ip", "0"}} {
+		addr := serveWithLimits(t, args...)
+		var held []net.Conn
+		for range 2 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			held = append(held, c)
+		}
+		// The held ones are served (a request on each proves the server took them).
+		for _, c := range held {
+			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("%v: a connection within the cap: %v %v", args, resp, err)
+			}
+		}
+		over, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readUntilClosed(t, over); !strings.Contains(got, "503") || !strings.Contains(got, "connections") {
+			t.Fatalf("%v: the connection over the cap got %q; want a 503 naming the cap", args, got)
+		}
+		over.Close()
+		held[0].Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			c.Close()
+			if err == nil && resp.StatusCode == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%v: a closed connection never freed its place (%v %v)", args, resp, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// A worker's server cuts trickled call bodies too (it has no read timeout at all: calls compute
+// for minutes), and still answers a call that takes longer than the grace.
+func TestWorkerServerCutsBodiesBelowTheMinimumRate(t *testing.T) {
+	hs := workerHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		select {
+		case <-time.After(700 * time.Millisecond): // a call computing past the grace
+		case <-r.Context().Done():
+			http.Error(w, "cancelled", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}), 1000, 300*time.Millisecond)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { hs.Close() })
+	if got := readUntilClosed(t, trickle(t, ln.Addr().String())); !strings.Contains(got, "bytes/s") {
+		t.Fatalf("a trickled call: %q", got)
+	}
+	resp, err := http.Post("http://"+ln.Addr().String()+"/", "text/plain", strings.NewReader("call"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "ok" {
+		t.Fatalf("a slow call: %d %q", resp.StatusCode, b)
 	}
 }

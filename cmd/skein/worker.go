@@ -53,6 +53,16 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	return fs, c
 }
 
+// workerHTTPServer is the server of a worker's calls. No read or write timeout: one call can
+// compute for minutes. Idle connections are closed, and call bodies must come at least rate
+// bytes/s after grace (the gateway sends at network speed; anyone else reaching the port is cut
+// as on the gateway). No connection caps: the worker's one legitimate client, the gateway,
+// holds many connections from one address, and the cluster token already refuses everyone else's
+// calls.
+func workerHTTPServer(h http.Handler, rate int, grace time.Duration) *http.Server {
+	return &http.Server{Handler: minRateBodies(h, rate, grace, 0), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+}
+
 const workerSynopsis = "skein worker --gateway URL --model DIR --worker-token T [flags]"
 
 func runWorker(args []string) error {
@@ -102,8 +112,7 @@ func runWorker(args []string) error {
 	}
 	url := "http://" + ln.Addr().String()
 	ws := worker.NewServer(e, *token, *data)
-	// No read or write timeout: one call can compute for minutes. Idle connections are closed.
-	hs := &http.Server{Handler: ws, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

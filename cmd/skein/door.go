@@ -1,0 +1,192 @@
+package main
+
+// The HTTP door: what a client must do to keep a connection. Go's http.Server already closes a
+// connection that sends nothing (ReadHeaderTimeout runs from the moment it waits for a request,
+// the first one included) and an idle keep-alive (IdleTimeout); ReadTimeout bounds a whole
+// request. What it lacks, and this file adds, is a floor on how fast a body must come (else a
+// client trickling one byte a second holds its connection, and the handler's goroutine and
+// buffers, for the whole ReadTimeout) and caps on how many connections are held at once.
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+const (
+	defaultMinBodyRate      = 4096 // bytes/s: a 32 kbit/s link; real clients send far faster
+	defaultMinBodyRateGrace = 10 * time.Second
+	defaultMaxConns         = 4096
+	defaultMaxConnsPerIP    = 256 // an SDK's connection pool is tens; a proxy's address needs 0
+)
+
+// minRateBodies makes every request body of h arrive at an average of at least rate bytes/s once
+// grace has passed since the handler began reading it. It works through read deadlines
+// (http.ResponseController), because a body reader alone cannot cut a client that sends nothing:
+// its Read blocks until a byte comes. Before each read the deadline is the moment the body
+// would fall below the rate if nothing more came: first read + grace + bytes so far / rate.
+// Counting from the first read, not from the request's arrival, keeps a handler that is slow to
+// start reading from being blamed on its client. Bytes sent early earn time later (a client may
+// send half fast and pause), which ReadTimeout still bounds. When the body ends the deadline goes
+// back to the request's whole-read deadline: a deadline that passed while a handler waits (the
+// 30 s long-poll) would end the request's context, and the limit is on reading, never on the
+// time the server takes to answer.
+func minRateBodies(h http.Handler, rate int, grace, readTimeout time.Duration) http.Handler {
+	if rate <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			var restore time.Time // zero: no deadline, as the server had without a ReadTimeout
+			if readTimeout > 0 {
+				restore = time.Now().Add(readTimeout)
+			}
+			r.Body = &minRateBody{body: r.Body, rc: http.NewResponseController(w), rate: rate, grace: grace, restore: restore}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+type minRateBody struct {
+	body    io.ReadCloser
+	rc      *http.ResponseController
+	rate    int
+	grace   time.Duration
+	restore time.Time // the deadline to leave behind once the body is read
+
+	start    time.Time // first Read
+	n        int64     // bytes read so far
+	done     bool      // the deadline is restored (or cannot be set): reads pass straight through
+	deadline time.Time // the rate's deadline, kept to tell its timeout from others
+}
+
+func (b *minRateBody) Read(p []byte) (int, error) {
+	if b.done {
+		return b.body.Read(p)
+	}
+	now := time.Now()
+	if b.start.IsZero() {
+		b.start = now
+	}
+	b.deadline = b.start.Add(b.grace + time.Duration(float64(b.n)/float64(b.rate)*float64(time.Second)))
+	if !b.restore.IsZero() && b.restore.Before(b.deadline) {
+		b.deadline = b.restore // never later than ReadTimeout would allow
+	}
+	if err := b.rc.SetReadDeadline(b.deadline); err != nil {
+		b.done = true // not a connection of ours (HTTP/2, a test recorder): no rate, nothing else changes
+		return b.body.Read(p)
+	}
+	n, err := b.body.Read(p)
+	b.n += int64(n)
+	switch {
+	case err == io.EOF:
+		b.finish()
+	case err != nil && !time.Now().Before(b.deadline) && (b.restore.IsZero() || b.deadline.Before(b.restore)):
+		return n, fmt.Errorf("request body arrived slower than %d bytes/s (%d bytes in %s): %w", b.rate, b.n, time.Since(b.start).Round(time.Millisecond), err)
+	}
+	return n, err
+}
+
+// finish puts back the request's own read deadline once the body is read or dropped.
+func (b *minRateBody) finish() {
+	if !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(b.restore)
+	}
+}
+
+func (b *minRateBody) Close() error {
+	b.finish()
+	return b.body.Close()
+}
+
+// connCaps is a listener that holds at most max connections open, and at most perIP from one
+// remote address (0: no per-address cap). A connection over a cap is answered 503 and closed at
+// once, so it holds nothing while a slow client would have held its place.
+type connCaps struct {
+	net.Listener
+	max, perIP int
+
+	mu    sync.Mutex
+	total int
+	byIP  map[string]int
+}
+
+func limitConns(ln net.Listener, max, perIP int) net.Listener {
+	return &connCaps{Listener: ln, max: max, perIP: perIP, byIP: map[string]int{}}
+}
+
+func (l *connCaps) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := remoteIP(c)
+		l.mu.Lock()
+		var refused string
+		switch {
+		case l.total >= l.max:
+			refused = fmt.Sprintf("the server holds its %d connections (--max-conns)", l.max)
+		case l.perIP > 0 && l.byIP[ip] >= l.perIP:
+			refused = fmt.Sprintf("%s holds %d connections, the most one address may (--max-conns-per-ip)", ip, l.perIP)
+		default:
+			l.total++
+			l.byIP[ip]++
+		}
+		l.mu.Unlock()
+		if refused == "" {
+			return &cappedConn{Conn: c, l: l, ip: ip}, nil
+		}
+		go refuseConn(c, refused) // never let one refused client hold up Accept
+	}
+}
+
+// refuseConn answers a connection over a cap with a 503 and closes it.
+func refuseConn(c net.Conn, why string) {
+	defer c.Close()
+	msg := "too many connections: " + why + "; retry later\n"
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s", len(msg), msg)
+}
+
+func (l *connCaps) release(ip string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.byIP[ip]--; l.byIP[ip] <= 0 {
+		delete(l.byIP, ip) // the map holds only addresses with connections open
+	}
+}
+
+func remoteIP(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// cappedConn gives its place back when closed (once, however often Close is called).
+type cappedConn struct {
+	net.Conn
+	l    *connCaps
+	ip   string
+	once sync.Once
+}
+
+func (c *cappedConn) Close() error {
+	c.once.Do(func() { c.l.release(c.ip) })
+	return c.Conn.Close()
+}
+
+// listener wraps ln with the connection caps of these flags.
+func (l *limitFlags) listener(ln net.Listener) net.Listener {
+	return limitConns(ln, *l.maxConns, *l.maxConnsPerIP)
+}

@@ -87,7 +87,7 @@ func F32ToF16(f float32) uint16 {
 		}
 		return sign | uint16(h)
 	case exp >= 90: // a subnormal half (or rounds up to the smallest normal)
-		m := mant | 0x800000 // the implicit bit
+		m := mant | 0x800000     // the implicit bit
 		shift := uint(126 - exp) // 14 … 36: value = m·2^(exp−150), in units of 2^−24
 		h := m >> shift
 		rest := m & (1<<shift - 1)

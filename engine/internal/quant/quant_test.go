@@ -95,8 +95,8 @@ func TestHalfConversions(t *testing.T) {
 		f    float32
 		want uint16
 	}{
-		{1 + 0x1p-11, 0x3c00},           // tie, rounds to even (down)
-		{1 + 3*0x1p-11, 0x3c02},         // tie, rounds to even (up)
+		{1 + 0x1p-11, 0x3c00},            // tie, rounds to even (down)
+		{1 + 3*0x1p-11, 0x3c02},          // tie, rounds to even (up)
 		{65504, 0x7bff}, {65520, 0x7c00}, // largest half; the tie above it overflows
 		{0x1p-25, 0}, {0x1p-25 * 1.5, 1}, // half the smallest subnormal ties to 0; above it, up
 		{-0x1p-24, 0x8001},

@@ -20,6 +20,7 @@ import (
 const (
 	PrecisionF32  = "f32"
 	PrecisionBF16 = "bf16"
+	PrecisionQ8_0 = "q8_0" // projections in GGUF's Q8_0 blocks (linear.go, internal/quant)
 )
 
 // keepsBF16 reports the weights a bf16 engine keeps in bf16.

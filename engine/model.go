@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -46,6 +47,7 @@ type linear[E float] struct {
 	path    string   // HF module path, e.g. "model.layers.3.self_attn.q_proj"
 	w       mat[E]   // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
 	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16 as rows)
+	q8      []byte   // or Q8_0 blocks of the weight as the file has it, [out, in] (blocks along in)
 	w2      []uint32 // or the bits as pairs of rows of [in, out] (kernels.PackPairs), on a bf16 path
 	outIn   bool     // a tied head: the embedding [V, D], multiplied transposed
 	bias    []E      // nil when the module has none
@@ -66,9 +68,25 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 func loadModel[E float](precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
 	w := map[string]mat[E]{}
 	w16 := map[string][]uint16{}
+	q8 := map[string][]byte{}
 	bytes := 0
 	for _, name := range c.weightNames() {
 		shape := host[name].Shape
+		if precision == PrecisionQ8_0 && isLinearWeight(name) {
+			// Quantized from float32, rows of the file's [out, in] layout along in, as GGUF does.
+			f, err := host[name].Float32()
+			if err != nil {
+				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
+			}
+			blocks, err := quant.QuantizeQ8_0(f, shape[1])
+			if err != nil {
+				return nil, 0, fmt.Errorf("engine: weight %s %v for q8_0: %w", name, shape, err)
+			}
+			w[name], q8[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
+			bytes += len(blocks)
+			delete(host, name)
+			continue
+		}
 		// A VL model's embedding is the LM's, under its own prefix.
 		if precision == PrecisionBF16 && (keepsBF16(name) || name == c.lm()+"embed_tokens.weight") {
 			v, err := bf16Weight(host[name])
@@ -102,7 +120,11 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 		bytes += size
 		delete(host, name)
 	}
-	return resolveModel(c, w, w16), bytes, nil
+	m := resolveModel(c, w, w16)
+	for _, l := range m.linears {
+		l.q8 = q8[l.path+".weight"]
+	}
+	return m, bytes, nil
 }
 
 // resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // Q8_0 block geometry.
@@ -117,4 +119,72 @@ func F16ToF32(h uint16) float32 {
 	default:
 		return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
 	}
+}
+
+// Q8_0Product sets y [R, N] = x [R, K] · Wᵀ for W [N, K] held as Q8_0 rows (K a multiple of 32):
+// for each output, per block, the block's 32 weights are widened once and dotted with every row,
+// the sum scaled by the block's d. For few rows (decode steps), where reading the weight is the
+// cost and 8.5 bits a weight read beats 16 or 32. Outputs are split across the cores; each sums
+// its blocks in order, so results do not depend on the number of cores.
+func Q8_0Product(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int))) {
+	if R == 0 || N == 0 {
+		return
+	}
+	nb := K / BlockQ8_0
+	_, _, _ = y[R*N-1], x[R*K-1], w[N*nb*BlockBytesQ8_0-1]
+	parallel(N, func(lo, hi int) {
+		var wb [BlockQ8_0]float32
+		acc := make([]float32, R)
+		for o := lo; o < hi; o++ {
+			clear(acc)
+			row := w[o*nb*BlockBytesQ8_0 : (o+1)*nb*BlockBytesQ8_0]
+			for b := range nb {
+				blk := row[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
+				d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
+				for j := range wb {
+					wb[j] = float32(int8(blk[2+j]))
+				}
+
+				for r := range R {
+					xr := x[r*K+b*BlockQ8_0 : r*K+(b+1)*BlockQ8_0]
+					var s0, s1, s2, s3 float32
+					for j := 0; j < BlockQ8_0; j += 4 {
+						s0 += xr[j] * wb[j]
+						s1 += xr[j+1] * wb[j+1]
+						s2 += xr[j+2] * wb[j+2]
+						s3 += xr[j+3] * wb[j+3]
+					}
+					acc[r] += d * ((s0 + s1) + (s2 + s3))
+				}
+			}
+			for r := range R {
+				y[r*N+o] = acc[r]
+			}
+		}
+	})
+}
+
+// Q8_0Pairs writes the weight of Q8_0 rows W [N, K] as the bf16 GEMM takes it: Wᵀ [K, N] rounded
+// to bf16 and kept as pairs of rows (kernels.PackPairs's layout; K is even, a whole number of
+// blocks), dst of K/2·N words. Rounding the dequantized weights d·q to bf16 changes them by at most
+// 2⁻⁹ relative, below Q8_0's own step; it lets training over a Q8_0 base run at the bf16 GEMM's
+// speed, with float32 sums.
+func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
+	nb := K / BlockQ8_0
+	_, _ = dst[K/2*N-1], w[N*nb*BlockBytesQ8_0-1]
+	parallel(N, func(lo, hi int) {
+		for o := lo; o < hi; o++ {
+			row := w[o*nb*BlockBytesQ8_0 : (o+1)*nb*BlockBytesQ8_0]
+			for b := range nb {
+				blk := row[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
+				d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
+				p0 := b * BlockQ8_0 / 2
+				for j := 0; j < BlockQ8_0; j += 2 {
+					lo16 := kernels.BF16Of(d * float32(int8(blk[2+j])))
+					hi16 := kernels.BF16Of(d * float32(int8(blk[3+j])))
+					dst[(p0+j/2)*N+o] = uint32(lo16) | uint32(hi16)<<16
+				}
+			}
+		}
+	})
 }

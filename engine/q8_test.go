@@ -1,0 +1,127 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"reflect"
+	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
+)
+
+// A q8_0 engine holds its projections as Q8_0 blocks (about a quarter of float32's bytes), and
+// computes from them what a float32 engine computes from the dequantized weights: training
+// (many rows: dequantized for the GEMM) near the float32 engine's logprobs and gradients, and
+// decode steps (few rows: the blocks read directly) equal to its own forward pass.
+func TestQ8_0WeightsTrainAndSampleNearFloat32(t *testing.T) {
+	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+		t.Run(string(arch), func(t *testing.T) {
+			dir := tinyModel(t, arch)
+			var lp [2][][]float64
+			var grads [2][]float64
+			var engines [2]*Engine
+			for k, prec := range []string{PrecisionF32, PrecisionQ8_0} {
+				e, err := Load(dir, Options{Precision: prec})
+				if err != nil {
+					t.Fatal(err)
+				}
+				engines[k] = e
+				ids := make([]int, 40)
+				for i := range ids {
+					ids[i] = (i*29+5)%400 + 3
+				}
+				a := adapterWithB(t, e, "w", LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
+					func(i, j int) float64 { return 0.03 * math.Cos(float64(i+2*j)) })
+				r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lp[k] = r.Logprobs
+				for _, q := range a.params {
+					grads[k] = append(grads[k], q.g...)
+				}
+			}
+			f32, q8 := engines[0], engines[1]
+			if q8.WeightBytes() > f32.WeightBytes()/2 {
+				t.Fatalf("q8_0 weights take %d bytes, float32 %d", q8.WeightBytes(), f32.WeightBytes())
+			}
+			if reflect.DeepEqual(lp[0], lp[1]) {
+				t.Fatal("the q8_0 engine's logprobs are the float32 engine's bits: its weights were not quantized")
+			}
+			for i := range lp[0] {
+				for j, v := range lp[0][i] {
+					if d := math.Abs(v - lp[1][i][j]); d > 1e-1 {
+						t.Fatalf("logprob [%d][%d] %v in float32, %v over q8_0", i, j, v, lp[1][i][j])
+					}
+				}
+			}
+			var dot, n0, n1 float64
+			for i := range grads[0] {
+				dot += grads[0][i] * grads[1][i]
+				n0 += grads[0][i] * grads[0][i]
+				n1 += grads[1][i] * grads[1][i]
+			}
+			if cos := dot / math.Sqrt(n0*n1); !(cos > 0.99) {
+				t.Fatalf("gradients over q8_0: cosine %v against float32", cos)
+			}
+			// Decode steps read the blocks (few rows); the forward pass dequantizes them: the
+			// sampler's logprobs of its tokens are the forward pass's (within bf16 rounding where
+			// the forward runs through the bf16 GEMM).
+			tol := 1e-4
+			if kernels.HaveBF16GEMM() {
+				tol = 3e-2
+			}
+			seed := int64(3)
+			prompt := []int{5, 9, 14, 2}
+			res, err := q8.Sample("w", SampleRequest{Prompt: prompt, NumSamples: 2, Params: SampleParams{MaxTokens: 6, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range res.Sequences {
+				full := append(append([]int{}, prompt...), s.Tokens...)
+				fwd, err := q8.Forward(context.Background(), "w", []Datum{textDatum(full)}, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, l := range s.Logprobs {
+					if d := math.Abs(l - fwd.Logprobs[0][len(prompt)-1+j]); d > tol {
+						t.Fatalf("sampled token %d: logprob %v, forward %v", j, l, fwd.Logprobs[0][len(prompt)-1+j])
+					}
+				}
+			}
+		})
+	}
+}
+
+// The few-row product over Q8_0 blocks equals the float32 product of the dequantized weight.
+func TestQ8_0ProductMatchesDequantized(t *testing.T) {
+	R, K, N := 3, 96, 37
+	w := make([]float32, N*K)
+	x := make([]float32, R*K)
+	for i := range w {
+		w[i] = float32(math.Sin(float64(i)*0.37)) * 0.1
+	}
+	for i := range x {
+		x[i] = float32(math.Cos(float64(i) * 0.11))
+	}
+	blocks, err := quant.QuantizeQ8_0(w, K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deq := make([]float32, N*K)
+	quant.DequantizeQ8_0(deq, blocks)
+	y := make([]float32, R*N)
+	quant.Q8_0Product(y, x, blocks, R, K, N, kernels.ParallelRows)
+	for r := range R {
+		for o := range N {
+			var want float64
+			for k := range K {
+				want += float64(x[r*K+k]) * float64(deq[o*K+k])
+			}
+			if d := math.Abs(float64(y[r*N+o]) - want); d > 1e-5*(1+math.Abs(want)) {
+				t.Fatalf("y[%d,%d] = %v, want %v", r, o, y[r*N+o], want)
+			}
+		}
+	}
+}

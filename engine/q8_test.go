@@ -96,7 +96,12 @@ func TestQ8_0WeightsTrainAndSampleNearFloat32(t *testing.T) {
 
 // The few-row product over Q8_0 blocks equals the float32 product of the dequantized weight.
 func TestQ8_0ProductMatchesDequantized(t *testing.T) {
-	R, K, N := 3, 96, 37
+	for _, sz := range [][3]int{{3, 96, 37}, {1, 32, 5}, {17, 64, 9}, {16, 512, 64}} {
+		q8ProductCase(t, sz[0], sz[1], sz[2])
+	}
+}
+
+func q8ProductCase(t *testing.T, R, K, N int) {
 	w := make([]float32, N*K)
 	x := make([]float32, R*K)
 	for i := range w {
@@ -120,7 +125,7 @@ func TestQ8_0ProductMatchesDequantized(t *testing.T) {
 				want += float64(x[r*K+k]) * float64(deq[o*K+k])
 			}
 			if d := math.Abs(float64(y[r*N+o]) - want); d > 1e-5*(1+math.Abs(want)) {
-				t.Fatalf("y[%d,%d] = %v, want %v", r, o, y[r*N+o], want)
+				t.Fatalf("%d×%d×%d: y[%d,%d] = %v, want %v", R, K, N, r, o, y[r*N+o], want)
 			}
 		}
 	}

@@ -31,7 +31,9 @@ func QuantizeQ8_0(x []float32, n int) ([]byte, error) {
 	if n <= 0 || n%BlockQ8_0 != 0 || len(x)%n != 0 {
 		return nil, fmt.Errorf("%w: %d weights in rows of %d (blocks of %d)", ErrRowLength, len(x), n, BlockQ8_0)
 	}
-	out := make([]byte, len(x)/BlockQ8_0*BlockBytesQ8_0)
+	// 16 spare bytes past the end: the vector kernel loads a block's last quarter as 16 bytes.
+	n8 := len(x) / BlockQ8_0 * BlockBytesQ8_0
+	out := make([]byte, n8, n8+16)
 	for b := range len(x) / BlockQ8_0 {
 		blk := x[b*BlockQ8_0 : (b+1)*BlockQ8_0]
 		var amax float32
@@ -132,36 +134,42 @@ func Q8_0Product(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn 
 	}
 	nb := K / BlockQ8_0
 	_, _, _ = y[R*N-1], x[R*K-1], w[N*nb*BlockBytesQ8_0-1]
-	parallel(N, func(lo, hi int) {
-		var wb [BlockQ8_0]float32
-		acc := make([]float32, R)
-		for o := lo; o < hi; o++ {
-			clear(acc)
-			row := w[o*nb*BlockBytesQ8_0 : (o+1)*nb*BlockBytesQ8_0]
-			for b := range nb {
-				blk := row[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
-				d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
-				for j := range wb {
-					wb[j] = float32(int8(blk[2+j]))
-				}
+	parallel(N, func(lo, hi int) { q8Outputs(y, x, w, R, K, N, lo, hi) })
+}
 
-				for r := range R {
-					xr := x[r*K+b*BlockQ8_0 : r*K+(b+1)*BlockQ8_0]
-					var s0, s1, s2, s3 float32
-					for j := 0; j < BlockQ8_0; j += 4 {
-						s0 += xr[j] * wb[j]
-						s1 += xr[j+1] * wb[j+1]
-						s2 += xr[j+2] * wb[j+2]
-						s3 += xr[j+3] * wb[j+3]
-					}
-					acc[r] += d * ((s0 + s1) + (s2 + s3))
-				}
+// maxSIMDRows bounds the rows of the vector kernel (an accumulator each); more go scalar.
+const maxSIMDRows = 16
+
+// q8OutputsScalar is q8Outputs in plain Go: other machines' kernel, and the reference.
+func q8OutputsScalar(y, x []float32, w []byte, R, K, N, lo, hi int) {
+	nb := K / BlockQ8_0
+	var wb [BlockQ8_0]float32
+	acc := make([]float32, R)
+	for o := lo; o < hi; o++ {
+		clear(acc)
+		row := w[o*nb*BlockBytesQ8_0 : (o+1)*nb*BlockBytesQ8_0]
+		for b := range nb {
+			blk := row[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
+			d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
+			for j := range wb {
+				wb[j] = float32(int8(blk[2+j]))
 			}
 			for r := range R {
-				y[r*N+o] = acc[r]
+				xr := x[r*K+b*BlockQ8_0 : r*K+(b+1)*BlockQ8_0]
+				var s0, s1, s2, s3 float32
+				for j := 0; j < BlockQ8_0; j += 4 {
+					s0 += xr[j] * wb[j]
+					s1 += xr[j+1] * wb[j+1]
+					s2 += xr[j+2] * wb[j+2]
+					s3 += xr[j+3] * wb[j+3]
+				}
+				acc[r] += d * ((s0 + s1) + (s2 + s3))
 			}
 		}
-	})
+		for r := range R {
+			y[r*N+o] = acc[r]
+		}
+	}
 }
 
 // Q8_0Pairs writes the weight of Q8_0 rows W [N, K] as the bf16 GEMM takes it: Wᵀ [K, N] rounded

@@ -1,0 +1,53 @@
+//go:build goexperiment.simd && amd64
+
+package quant
+
+import (
+	"simd/archsimd"
+	"unsafe"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
+
+// q8Outputs computes outputs lo ≤ o < hi of Q8_0Product with AVX2: each block's 32 int8 weights
+// are widened to four float32 vectors once (VPMOVSXBD, VCVTDQ2PS) and multiplied into every
+// row, the block's sum scaled by d into a vector accumulator per row. w must have 16 readable
+// bytes past its last block (QuantizeQ8_0 allocates them): the last quarter of a block is
+// loaded as 16 bytes of which 8 are used.
+func q8Outputs(y, x []float32, w []byte, R, K, N, lo, hi int) {
+	if !kernels.FewRowKernels() || cap(w) < len(w)+16 || R > maxSIMDRows {
+		q8OutputsScalar(y, x, w, R, K, N, lo, hi)
+		return
+	}
+	nb := K / BlockQ8_0
+	all := unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(w))), cap(w))
+	var acc [maxSIMDRows]archsimd.Float32x8
+	var lanes [8]float32
+	for o := lo; o < hi; o++ {
+		for r := range R {
+			acc[r] = archsimd.Float32x8{}
+		}
+		base := o * nb * BlockBytesQ8_0
+		for b := range nb {
+			at := base + b*BlockBytesQ8_0
+			d := archsimd.BroadcastFloat32x8(F16ToF32(uint16(w[at]) | uint16(w[at+1])<<8))
+			q := all[at+2:]
+			w0 := archsimd.LoadInt8x16Slice(q[0:16]).ExtendLo8ToInt32().ConvertToFloat32()
+			w1 := archsimd.LoadInt8x16Slice(q[8:24]).ExtendLo8ToInt32().ConvertToFloat32()
+			w2 := archsimd.LoadInt8x16Slice(q[16:32]).ExtendLo8ToInt32().ConvertToFloat32()
+			w3 := archsimd.LoadInt8x16Slice(q[24:40]).ExtendLo8ToInt32().ConvertToFloat32()
+			for r := range R {
+				xr := x[r*K+b*BlockQ8_0:]
+				s := archsimd.LoadFloat32x8Slice(xr[0:8]).Mul(w0)
+				s = archsimd.LoadFloat32x8Slice(xr[8:16]).MulAdd(w1, s)
+				s = archsimd.LoadFloat32x8Slice(xr[16:24]).MulAdd(w2, s)
+				s = archsimd.LoadFloat32x8Slice(xr[24:32]).MulAdd(w3, s)
+				acc[r] = s.MulAdd(d, acc[r])
+			}
+		}
+		for r := range R {
+			acc[r].Store(&lanes)
+			y[r*N+o] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+		}
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/engine"
@@ -77,6 +79,9 @@ func benchEngine(args []string) error {
 		if err := benchImages(e, res, step, rng, c.batch, c.seq, c.images, c.imageSide, c.steps); err != nil {
 			return err
 		}
+	}
+	if hwm, err := peakRSS(); err == nil {
+		res["peak_rss_mb"] = float64(hwm) / (1 << 20)
 	}
 	cs := e.CompileStats()
 	res["compiles"] = float64(cs.Count)
@@ -397,6 +402,24 @@ func benchTurns(e *engine.Engine, data []engine.Datum, res map[string]float64) e
 	return nil
 }
 
+// peakRSS is the process's peak resident memory so far (Linux: VmHWM in /proc/self/status).
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			if _, err := fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kb); err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
+
 // benchReport prints the results: one JSON object, or lines for a person.
 func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error {
 	if c.asJSON {
@@ -415,6 +438,7 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, c.batch, c.seq, c.rank)
 	fmt.Fprintf(benchOutput, "train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
+	fmt.Fprintf(benchOutput, "memory: peak resident %.0f MB\n", res["peak_rss_mb"])
 	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], c.precision,
 		engine.KernelPath(), engine.KernelPaths(), res["first_loss"])
 	fmt.Fprintf(benchOutput, "decode: %.1f tokens/s at batch 1, %.1f at batch 8, %.1f at batch 64\n", res["decode_tokens_per_s_b1"], res["decode_tokens_per_s_b8"], res["decode_tokens_per_s_b64"])

@@ -106,3 +106,27 @@ func TestHalfConversions(t *testing.T) {
 		}
 	}
 }
+
+// Q4_K blocks equal ggml's bit for bit (its weighted least-squares search, step for step).
+func TestQ4_KMatchesGGML(t *testing.T) {
+	cases := fixtures(t)["q4_k"]
+	if len(cases) == 0 {
+		t.Fatal("no q4_k fixtures")
+	}
+	for i, c := range cases {
+		x := floats(t, c.X)
+		want, _ := hex.DecodeString(c.Blocks)
+		got, err := QuantizeQ4_K(x, len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := 0; b < len(got); b += BlockBytesQ4_K {
+			if !bytes.Equal(got[b:b+BlockBytesQ4_K], want[b:b+BlockBytesQ4_K]) {
+				t.Fatalf("case %d block %d:\n got %x\nggml %x", i, b/BlockBytesQ4_K, got[b:b+BlockBytesQ4_K], want[b:b+BlockBytesQ4_K])
+			}
+		}
+	}
+	if _, err := QuantizeQ4_K(make([]float32, 128), 128); err == nil {
+		t.Fatal("a row of 128 weights was quantized into blocks of 256")
+	}
+}

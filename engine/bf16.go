@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -21,7 +22,19 @@ const (
 	PrecisionF32  = "f32"
 	PrecisionBF16 = "bf16"
 	PrecisionQ8_0 = "q8_0" // projections in GGUF's Q8_0 blocks (linear.go, internal/quant)
+	PrecisionQ4_K = "q4_k" // projections in GGUF's Q4_K blocks
 )
+
+// quantFormat is the block format of a precision's projections (nil: not a quantized one).
+func quantFormat(precision string) *quant.Format {
+	switch precision {
+	case PrecisionQ8_0:
+		return quant.Q8_0
+	case PrecisionQ4_K:
+		return quant.Q4_K
+	}
+	return nil
+}
 
 // keepsBF16 reports the weights a bf16 engine keeps in bf16.
 func keepsBF16(name string) bool { return isLinearWeight(name) || name == "model.embed_tokens.weight" }

@@ -106,10 +106,10 @@ type (
 // CheckPrecision refuses a precision of base weights that Load would refuse ("" is f32).
 func CheckPrecision(p string) error {
 	switch p {
-	case "", PrecisionF32, PrecisionBF16, PrecisionQ8_0:
+	case "", PrecisionF32, PrecisionBF16, PrecisionQ8_0, PrecisionQ4_K:
 		return nil
 	}
-	return fmt.Errorf("engine: unknown precision %q (f32, bf16, q8_0)", p)
+	return fmt.Errorf("engine: unknown precision %q (f32, bf16, q8_0, q4_k)", p)
 }
 
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
@@ -151,8 +151,8 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if opts.Precision == "" {
 		opts.Precision = PrecisionF32
 	}
-	if opts.Precision == PrecisionQ8_0 && opts.Float64 {
-		return nil, errors.New("engine: q8_0 weights run in float32 passes, not float64")
+	if quantFormat(opts.Precision) != nil && opts.Float64 {
+		return nil, fmt.Errorf("engine: %s weights run in float32 passes, not float64", opts.Precision)
 	}
 	mm, err := tensor.NewMatmuls(opts.MaxStepBytes)
 	if err != nil {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/quant"
 )
 
 // Linear layers: a module's base weight (float32, or bf16 bits) and its product with a batch of
@@ -16,8 +15,8 @@ import (
 // (the weight widened in registers), more through the bf16 GEMM where the path has one.
 // Everything else widens the weight for the float32 matmul.
 func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
-	if lin.q8 != nil {
-		return s.q8Product(x, lin, transposed)
+	if lin.qw != nil {
+		return s.quantProduct(x, lin, transposed)
 	}
 	transB := lin.outIn != transposed // the stored layout multiplied transposed
 	k, n := lin.in, lin.out
@@ -79,8 +78,8 @@ func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
 		kernels.WidenPairs(w.V, lin.w2, lin.in, lin.out)
 		return w, func() { s.ar.ReleaseOne(w) }
 	}
-	if lin.q8 != nil { // [in, out], as the other layouts: dequantized [out, in], transposed
-		f, done := s.q8Weight(lin)
+	if lin.qw != nil { // [in, out], as the other layouts: dequantized [out, in], transposed
+		f, done := s.quantWeight(lin)
 		w = s.ar.Alloc(lin.w.Dims...)
 		transpose(f.V, w.V, lin.out, lin.in, 1)
 		done()
@@ -94,19 +93,19 @@ func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
 	return w, func() { s.ar.ReleaseOne(w) }
 }
 
-// q8Product is x·W (or x·Wᵀ when transposed, an input gradient) over Q8_0 blocks: few rows of a
-// float32 pass read the blocks directly, in float32 (quant.Q8_0Product: decode steps, where the
-// weight's bytes are the cost). More rows go through the bf16 GEMM where the path has one, the
+// quantProduct is x·W (or x·Wᵀ when transposed, an input gradient) over quantized blocks (Q8_0,
+// Q4_K): few rows of a float32 pass read the blocks directly, in float32 (the format's Product:
+// decode steps, where the weight's bytes are the cost). More rows go through the bf16 GEMM where the path has one, the
 // blocks widened into pairs (d·q rounded to bf16, the rows too, as autocast does: training over
 // Q8_0 at bf16 speed), else through the float32 GEMM over the weight dequantized into a step
 // buffer, given back right after (a pass holds at most one such weight, as with bf16). So on a
 // bf16 path the sampler's logprobs differ from a forward pass's by bf16 rounding (≈1e-3).
-func (s *pass[E]) q8Product(x mat[E], lin *linear[E], transposed bool) mat[E] {
+func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
 	rows := x.Dims[0]
 	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= kernels.FewRowsF32() {
 		y := s.ar.Alloc(rows, lin.out)
 		if s.ar.Err == nil {
-			quant.Q8_0Product(any(y.V).([]float32), xf, lin.q8, rows, lin.in, lin.out, kernels.ParallelRows)
+			lin.qf.Product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
 		}
 		return y
 	}
@@ -116,34 +115,34 @@ func (s *pass[E]) q8Product(x mat[E], lin *linear[E], transposed bool) mat[E] {
 		if transposed {
 			k, n = n, k
 		}
-		if len(s.q8Pairs) < lin.in/2*lin.out {
-			s.q8Pairs = make([]uint32, lin.in/2*lin.out)
+		if len(s.qPairs) < lin.in/2*lin.out {
+			s.qPairs = make([]uint32, lin.in/2*lin.out)
 		}
-		w2 := s.q8Pairs[:lin.in/2*lin.out]
-		quant.Q8_0Pairs(w2, lin.q8, lin.in, lin.out, kernels.ParallelRows)
+		w2 := s.qPairs[:lin.in/2*lin.out]
+		lin.qf.Pairs(w2, lin.qw, lin.in, lin.out, kernels.ParallelRows)
 		y := s.ar.Alloc(rows, n)
 		if s.ar.Err == nil {
 			kernels.PairsMatMul(any(y.V).([]float32), xf, w2, rows, k, n, transposed)
 		}
 		return y
 	}
-	w, done := s.q8Weight(lin)
+	w, done := s.quantWeight(lin)
 	y := s.ar.MatMul(x, w, 0, !transposed) // x·W = x·(Q [out, in])ᵀ; an input gradient dy·Q
 	done()
 	return y
 }
 
-// q8Weight dequantizes a Q8_0 weight into a step buffer in its stored layout [out, in].
-func (s *pass[E]) q8Weight(lin *linear[E]) (mat[E], func()) {
+// quantWeight dequantizes a quantized weight into a step buffer in its stored layout [out, in].
+func (s *pass[E]) quantWeight(lin *linear[E]) (mat[E], func()) {
 	w := s.ar.Alloc(lin.out, lin.in)
 	if s.ar.Err != nil {
 		return w, func() {}
 	}
 	if wf, ok := any(w.V).([]float32); ok {
-		quant.DequantizeQ8_0(wf, lin.q8)
+		lin.qf.Dequantize(wf, lin.qw)
 	} else {
 		f := make([]float32, lin.out*lin.in)
-		quant.DequantizeQ8_0(f, lin.q8)
+		lin.qf.Dequantize(f, lin.qw)
 		for i, v := range f {
 			w.V[i] = E(v)
 		}

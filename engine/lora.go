@@ -70,7 +70,7 @@ func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
 	if (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() {
 		return addedLoRA[E]{}
 	}
-	if lin.q8 != nil { // the base product reads the blocks; a merged weight would be float32
+	if lin.qw != nil { // the base product reads the blocks; a merged weight would be float32
 		return addedLoRA[E]{}
 	}
 	if rows*(lin.in+lin.out) >= lin.in*lin.out {

@@ -43,14 +43,15 @@ type decoderLayer[E float] struct {
 
 // linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
 type linear[E float] struct {
-	id      int      // index into model.linears and a pass's per-module slices
-	path    string   // HF module path, e.g. "model.layers.3.self_attn.q_proj"
-	w       mat[E]   // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
-	w16     []uint16 // the weight's bf16 bits in w's layout (nil unless kept in bf16 as rows)
-	q8      []byte   // or Q8_0 blocks of the weight as the file has it, [out, in] (blocks along in)
-	w2      []uint32 // or the bits as pairs of rows of [in, out] (kernels.PackPairs), on a bf16 path
-	outIn   bool     // a tied head: the embedding [V, D], multiplied transposed
-	bias    []E      // nil when the module has none
+	id      int           // index into model.linears and a pass's per-module slices
+	path    string        // HF module path, e.g. "model.layers.3.self_attn.q_proj"
+	w       mat[E]        // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
+	w16     []uint16      // the weight's bf16 bits in w's layout (nil unless kept in bf16 as rows)
+	qw      []byte        // or blocks of the weight as the file has it, [out, in] (blocks along in)
+	qf      *quant.Format // qw's format
+	w2      []uint32      // or the bits as pairs of rows of [in, out] (kernels.PackPairs), on a bf16 path
+	outIn   bool          // a tied head: the embedding [V, D], multiplied transposed
+	bias    []E           // nil when the module has none
 	in, out int
 }
 
@@ -68,21 +69,22 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 func loadModel[E float](precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
 	w := map[string]mat[E]{}
 	w16 := map[string][]uint16{}
-	q8 := map[string][]byte{}
+	qw := map[string][]byte{}
+	qf := quantFormat(precision)
 	bytes := 0
 	for _, name := range c.weightNames() {
 		shape := host[name].Shape
-		if precision == PrecisionQ8_0 && isLinearWeight(name) {
+		if qf != nil && isLinearWeight(name) {
 			// Quantized from float32, rows of the file's [out, in] layout along in, as GGUF does.
 			f, err := host[name].Float32()
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
 			}
-			blocks, err := quant.QuantizeQ8_0(f, shape[1])
+			blocks, err := qf.Quantize(f, shape[1])
 			if err != nil {
-				return nil, 0, fmt.Errorf("engine: weight %s %v for q8_0: %w", name, shape, err)
+				return nil, 0, fmt.Errorf("engine: weight %s %v for %s (rows must be whole blocks of %d): %w", name, shape, qf.Name, qf.Block, err)
 			}
-			w[name], q8[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
+			w[name], qw[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
 			bytes += len(blocks)
 			delete(host, name)
 			continue
@@ -122,7 +124,9 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 	}
 	m := resolveModel(c, w, w16)
 	for _, l := range m.linears {
-		l.q8 = q8[l.path+".weight"]
+		if b, ok := qw[l.path+".weight"]; ok {
+			l.qw, l.qf = b, qf
+		}
 	}
 	return m, bytes, nil
 }

@@ -48,7 +48,7 @@ func (e *Engine) stepFixedElems() int {
 	}
 	head := c.VocabSize * c.HiddenSize
 	fixed += head + c.VocabSize*e.opts.MaxRank
-	if e.opts.Precision == PrecisionBF16 || e.opts.Precision == PrecisionQ8_0 {
+	if e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil {
 		fixed += max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
 	}
 	return fixed

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -14,83 +15,108 @@ import (
 // computes from them what a float32 engine computes from the dequantized weights: training
 // (many rows: dequantized for the GEMM) near the float32 engine's logprobs and gradients, and
 // decode steps (few rows: the blocks read directly) equal to its own forward pass.
-func TestQ8_0WeightsTrainAndSampleNearFloat32(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
-		t.Run(string(arch), func(t *testing.T) {
-			dir := tinyModel(t, arch)
-			var lp [2][][]float64
-			var grads [2][]float64
-			var engines [2]*Engine
-			for k, prec := range []string{PrecisionF32, PrecisionQ8_0} {
-				e, err := Load(dir, Options{Precision: prec})
-				if err != nil {
-					t.Fatal(err)
-				}
-				engines[k] = e
-				ids := make([]int, 40)
-				for i := range ids {
-					ids[i] = (i*29+5)%400 + 3
-				}
-				a := adapterWithB(t, e, "w", LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
-					func(i, j int) float64 { return 0.03 * math.Cos(float64(i+2*j)) })
-				r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				lp[k] = r.Logprobs
-				for _, q := range a.params {
-					grads[k] = append(grads[k], q.g...)
-				}
+func TestQuantizedWeightsTrainAndSampleNearFloat32(t *testing.T) {
+	for _, tc := range []struct {
+		precision, preset string
+		tol, cos          float64 // logprobs within tol of float32's; gradient cosine above cos
+		smaller           int     // weights take at most 1/smaller of float32's bytes
+	}{{PrecisionQ8_0, "tiny", 1e-1, 0.99, 2}, {PrecisionQ4_K, "tiny-quant", 2, 0.9, 4}} {
+		for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+			t.Run(tc.precision+"/"+string(arch), func(t *testing.T) { quantizedCase(t, arch, tc.precision, tc.preset, tc.tol, tc.cos, tc.smaller) })
+		}
+	}
+}
+
+func quantizedCase(t *testing.T, arch Arch, precision, preset string, tol, minCos float64, smaller int) {
+	dir := tinyModel(t, arch)
+	if preset != "tiny" {
+		dir = filepath.Join(t.TempDir(), "m")
+		if err := InitTiny(dir, arch, preset, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lp [2][][]float64
+	var grads [2][]float64
+	var engines [2]*Engine
+	for k, prec := range []string{PrecisionF32, precision} {
+		e, err := Load(dir, Options{Precision: prec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines[k] = e
+		ids := make([]int, 40)
+		for i := range ids {
+			ids[i] = (i*29+5)%400 + 3
+		}
+		a := adapterWithB(t, e, "w", LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
+			func(i, j int) float64 { return 0.03 * math.Cos(float64(i+2*j)) })
+		r, err := e.ForwardBackward(context.Background(), a.ID, []Datum{textDatum(ids)}, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lp[k] = r.Logprobs
+		for _, q := range a.params {
+			grads[k] = append(grads[k], q.g...)
+		}
+	}
+	f32, q8 := engines[0], engines[1]
+	if q8.WeightBytes() > f32.WeightBytes()/smaller+f32.WeightBytes()/8 { // the embedding stays float32
+		t.Fatalf("%s weights take %d bytes, float32 %d", precision, q8.WeightBytes(), f32.WeightBytes())
+	}
+	if reflect.DeepEqual(lp[0], lp[1]) {
+		t.Fatalf("the %s engine's logprobs are the float32 engine's bits: its weights were not quantized", precision)
+	}
+	// Logprobs near float32's: on average within tol/4, each within tol.
+	var sumDiff float64
+	var nDiff int
+	for i := range lp[0] {
+		for j, v := range lp[0][i] {
+			d := math.Abs(v - lp[1][i][j])
+			sumDiff, nDiff = sumDiff+d, nDiff+1
+			if d > tol {
+				t.Fatalf("logprob [%d][%d] %v in float32, %v over %s", i, j, v, lp[1][i][j], precision)
 			}
-			f32, q8 := engines[0], engines[1]
-			if q8.WeightBytes() > f32.WeightBytes()/2 {
-				t.Fatalf("q8_0 weights take %d bytes, float32 %d", q8.WeightBytes(), f32.WeightBytes())
+		}
+	}
+	meanDiff := sumDiff / float64(nDiff)
+	if meanDiff > tol/4 {
+		t.Fatalf("logprobs over %s differ from float32's by %v on average", precision, meanDiff)
+	}
+	var dot, n0, n1 float64
+	for i := range grads[0] {
+		dot += grads[0][i] * grads[1][i]
+		n0 += grads[0][i] * grads[0][i]
+		n1 += grads[1][i] * grads[1][i]
+	}
+	cos := dot / math.Sqrt(n0*n1)
+	t.Logf("%s: weights %d bytes (float32 %d), mean |Δ logprob| %.4f, gradient cosine %.4f", precision, q8.WeightBytes(), f32.WeightBytes(), meanDiff, cos)
+	if !(cos > minCos) {
+		t.Fatalf("gradients over %s: cosine %v against float32", precision, cos)
+	}
+	// Decode steps read the blocks (few rows); the forward pass dequantizes them: the
+	// sampler's logprobs of its tokens are the forward pass's (within bf16 rounding where
+	// the forward runs through the bf16 GEMM).
+	stol := 1e-4
+	if kernels.HaveBF16GEMM() {
+		stol = 3e-2
+	}
+	seed := int64(3)
+	prompt := []int{5, 9, 14, 2}
+	res, err := q8.Sample("w", SampleRequest{Prompt: prompt, NumSamples: 2, Params: SampleParams{MaxTokens: 6, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range res.Sequences {
+		full := append(append([]int{}, prompt...), s.Tokens...)
+		fwd, err := q8.Forward(context.Background(), "w", []Datum{textDatum(full)}, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, l := range s.Logprobs {
+			if d := math.Abs(l - fwd.Logprobs[0][len(prompt)-1+j]); d > stol {
+				t.Fatalf("sampled token %d: logprob %v, forward %v", j, l, fwd.Logprobs[0][len(prompt)-1+j])
 			}
-			if reflect.DeepEqual(lp[0], lp[1]) {
-				t.Fatal("the q8_0 engine's logprobs are the float32 engine's bits: its weights were not quantized")
-			}
-			for i := range lp[0] {
-				for j, v := range lp[0][i] {
-					if d := math.Abs(v - lp[1][i][j]); d > 1e-1 {
-						t.Fatalf("logprob [%d][%d] %v in float32, %v over q8_0", i, j, v, lp[1][i][j])
-					}
-				}
-			}
-			var dot, n0, n1 float64
-			for i := range grads[0] {
-				dot += grads[0][i] * grads[1][i]
-				n0 += grads[0][i] * grads[0][i]
-				n1 += grads[1][i] * grads[1][i]
-			}
-			if cos := dot / math.Sqrt(n0*n1); !(cos > 0.99) {
-				t.Fatalf("gradients over q8_0: cosine %v against float32", cos)
-			}
-			// Decode steps read the blocks (few rows); the forward pass dequantizes them: the
-			// sampler's logprobs of its tokens are the forward pass's (within bf16 rounding where
-			// the forward runs through the bf16 GEMM).
-			tol := 1e-4
-			if kernels.HaveBF16GEMM() {
-				tol = 3e-2
-			}
-			seed := int64(3)
-			prompt := []int{5, 9, 14, 2}
-			res, err := q8.Sample("w", SampleRequest{Prompt: prompt, NumSamples: 2, Params: SampleParams{MaxTokens: 6, Temperature: 1, TopK: -1, TopP: 1, Seed: &seed}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, s := range res.Sequences {
-				full := append(append([]int{}, prompt...), s.Tokens...)
-				fwd, err := q8.Forward(context.Background(), "w", []Datum{textDatum(full)}, "cross_entropy", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for j, l := range s.Logprobs {
-					if d := math.Abs(l - fwd.Logprobs[0][len(prompt)-1+j]); d > tol {
-						t.Fatalf("sampled token %d: logprob %v, forward %v", j, l, fwd.Logprobs[0][len(prompt)-1+j])
-					}
-				}
-			}
-		})
+		}
 	}
 }
 

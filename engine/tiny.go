@@ -32,7 +32,9 @@ type Preset struct {
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
 	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048},
-	"1b":    {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true},
+	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
+	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
+	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -69,7 +71,7 @@ type tinyExtras interface {
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, small, 1b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {

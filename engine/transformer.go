@@ -31,7 +31,7 @@ type pass[E float] struct {
 	scale    E              // LoRA alpha/rank
 	segs     []loraSeg[E]   // rows of several adapters (segments.go); nil: lora applies to every row
 	rowBatch []int          // the batch row of each row of the head's product, while segs need it
-	q8Pairs  []uint32       // a Q8_0 weight widened for the bf16 GEMM (linear.go), reused by its products
+	qPairs   []uint32       // a quantized weight widened for the bf16 GEMM (linear.go), reused by its products
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
 	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image

@@ -188,11 +188,14 @@ func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo
 				d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
 				p0 := b * BlockQ8_0 / 2
 				for j := 0; j < BlockQ8_0; j += 2 {
-					lo16 := kernels.BF16Of(d * float32(int8(blk[2+j])))
-					hi16 := kernels.BF16Of(d * float32(int8(blk[3+j])))
+					lo16 := bf16Of(d * float32(int8(blk[2+j])))
+					hi16 := bf16Of(d * float32(int8(blk[3+j])))
 					dst[(p0+j/2)*N+o] = uint32(lo16) | uint32(hi16)<<16
 				}
 			}
 		}
 	})
 }
+
+// bf16Of rounds to bfloat16 bits (kernels.BF16Of).
+func bf16Of(f float32) uint16 { return kernels.BF16Of(f) }

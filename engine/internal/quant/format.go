@@ -1,0 +1,72 @@
+package quant
+
+// Format is one block format with what the engine does with it: quantize rows at load,
+// dequantize for the float32 GEMM, multiply few rows straight from the blocks, and widen into
+// the bf16 GEMM's pairs.
+type Format struct {
+	Name       string
+	Block      int // weights per block, along a row
+	BlockBytes int
+	Quantize   func(x []float32, n int) ([]byte, error)
+	Dequantize func(dst []float32, blocks []byte)
+	// Product sets y [R, N] = x [R, K]·Wᵀ for rows W [N, K] held in blocks.
+	Product func(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int)))
+	// Pairs writes Wᵀ [K, N] rounded to bf16 as pairs of rows (kernels.PackPairs's layout).
+	Pairs func(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int)))
+}
+
+// The formats, by the --precision names.
+var (
+	Q8_0 = &Format{Name: "q8_0", Block: BlockQ8_0, BlockBytes: BlockBytesQ8_0, Quantize: QuantizeQ8_0,
+		Dequantize: DequantizeQ8_0, Product: Q8_0Product, Pairs: Q8_0Pairs}
+	Q4_K = &Format{Name: "q4_k", Block: BlockQ4_K, BlockBytes: BlockBytesQ4_K, Quantize: QuantizeQ4_K,
+		Dequantize: DequantizeQ4_K, Product: rowsProduct(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K),
+		Pairs: rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)}
+)
+
+// rowsProduct is a Product for a format without a kernel of its own: each output's row of W is
+// dequantized once into a buffer and dotted with every row of x.
+func rowsProduct(deq func([]float32, []byte), block, blockBytes int) func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
+	return func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
+		if R == 0 || N == 0 {
+			return
+		}
+		rowBytes := K / block * blockBytes
+		_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
+		parallel(N, func(lo, hi int) {
+			buf := make([]float32, K)
+			for o := lo; o < hi; o++ {
+				deq(buf, w[o*rowBytes:(o+1)*rowBytes])
+				for r := range R {
+					xr := x[r*K : (r+1)*K]
+					var s0, s1, s2, s3 float32
+					for k := 0; k < K; k += 4 {
+						s0 += xr[k] * buf[k]
+						s1 += xr[k+1] * buf[k+1]
+						s2 += xr[k+2] * buf[k+2]
+						s3 += xr[k+3] * buf[k+3]
+					}
+					y[r*N+o] = (s0 + s1) + (s2 + s3)
+				}
+			}
+		})
+	}
+}
+
+// rowsPairs is a Pairs for a format without one of its own: each row of W dequantized, then
+// written as a column of the pairs.
+func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
+	return func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
+		rowBytes := K / block * blockBytes
+		_, _ = dst[K/2*N-1], w[N*rowBytes-1]
+		parallel(N, func(lo, hi int) {
+			buf := make([]float32, K)
+			for o := lo; o < hi; o++ {
+				deq(buf, w[o*rowBytes:(o+1)*rowBytes])
+				for p := range K / 2 {
+					dst[p*N+o] = uint32(bf16Of(buf[2*p])) | uint32(bf16Of(buf[2*p+1]))<<16
+				}
+			}
+		})
+	}
+}

@@ -81,7 +81,7 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	prompt, images, err := s.promptFor(smp.baseModel, req.Prompt)
+	prompt, images, err := s.promptFor(r.Context(), smp.baseModel, req.Prompt)
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@ type limitFlags struct {
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention                          *time.Duration
-	pixelValues                               *int
+	pixelValues, imageBytes, imagePixels      *int
+	imageDecoders                             *int
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
@@ -29,6 +30,9 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
 		pixelValues:       fs.Int("max-request-pixel-values", gateway.DefaultMaxRequestPixelValues, "pixel_values elements of one request's images together (vision-language models)"),
+		imageBytes:        fs.Int("max-request-image-bytes", gateway.DefaultMaxRequestImageBytes, "encoded bytes of one request's images together, a file by its size before it is read (a file named twice counts once)"),
+		imagePixels:       fs.Int("max-request-image-pixels", gateway.DefaultMaxRequestImagePixels, "decoded pixels (width·height from the headers, before any decode) of one request's images together"),
+		imageDecoders:     fs.Int("image-decoders", 0, "images the server decodes at once, all requests together (0: half the CPUs)"),
 		sessionRetention:  fs.Duration("session-retention", gateway.DefaultSessionRetention, "how long a closed session and its dead runs are kept before they are forgotten"),
 		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
@@ -44,13 +48,17 @@ const longPoll = 30 * time.Second
 func (l *limitFlags) check() error {
 	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
 		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens),
-		"max-request-pixel-values": int64(*l.pixelValues)} {
+		"max-request-pixel-values": int64(*l.pixelValues), "max-request-image-bytes": int64(*l.imageBytes),
+		"max-request-image-pixels": int64(*l.imagePixels)} {
 		if v < 1 {
 			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
 		}
 	}
 	if *l.checkpointBytes == 0 || *l.checkpointBytes < -1 {
 		return fmt.Errorf("--tenant-checkpoint-bytes must be positive, or -1 for unlimited, got %d", *l.checkpointBytes)
+	}
+	if *l.imageDecoders < 0 {
+		return fmt.Errorf("--image-decoders must be 0 (half the CPUs) or more, got %d", *l.imageDecoders)
 	}
 	if *l.sessionRetention <= 0 {
 		return fmt.Errorf("--session-retention must be positive, got %s", *l.sessionRetention)
@@ -74,6 +82,8 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
 	o.MaxRequestPixelValues = *l.pixelValues
+	o.MaxRequestImageBytes, o.MaxRequestImagePixels = *l.imageBytes, *l.imagePixels
+	o.ImageDecoders = *l.imageDecoders
 	o.TenantCheckpointBytes = *l.checkpointBytes
 	o.SessionRetention = *l.sessionRetention
 	return o

@@ -85,6 +85,9 @@ type Options struct {
 	// ImageDecoders is how many images the whole server decodes at once (default
 	// DefaultImageDecoders: half the CPUs), so many handlers decoding cannot take every core.
 	ImageDecoders int
+	// ChatTemplateTimeout bounds how long a chat template's render is waited on (default
+	// DefaultChatTemplateTimeout); past it the chat request gets a 400.
+	ChatTemplateTimeout time.Duration
 	// WriteTimeout bounds how long writing one answer may take, so a client that does not read
 	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
 	// archive downloads get ArchiveWriteTimeout).
@@ -222,6 +225,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxRequestTokens == 0 {
 		opts.MaxRequestTokens = DefaultMaxRequestTokens
+	}
+	if opts.ChatTemplateTimeout <= 0 {
+		opts.ChatTemplateTimeout = DefaultChatTemplateTimeout
 	}
 	if opts.ImageDecoders <= 0 {
 		opts.ImageDecoders = DefaultImageDecoders()

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/gateway"
 )
@@ -51,5 +52,26 @@ func TestRequestImageBudgetFlags(t *testing.T) {
 		if l, _ := parse(bad...); l.check() == nil {
 			t.Fatalf("%v accepted", bad)
 		}
+	}
+}
+
+// --chat-template-timeout reaches the gateway's options; 0 is refused (issue 19).
+func TestChatTemplateTimeoutFlag(t *testing.T) {
+	parse := func(args ...string) *limitFlags {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		l := addLimitFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := parse("--chat-template-timeout", "750ms"); l.check() != nil || l.apply(gateway.Options{}).ChatTemplateTimeout != 750*time.Millisecond {
+		t.Fatal("--chat-template-timeout not applied")
+	}
+	if parse().apply(gateway.Options{}).ChatTemplateTimeout != gateway.DefaultChatTemplateTimeout {
+		t.Fatal("default not applied")
+	}
+	if parse("--chat-template-timeout", "0s").check() == nil {
+		t.Fatal("0 accepted")
 	}
 }

@@ -245,42 +245,41 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 	return out, decode, nil
 }
 
-// promptFor reads a sampling prompt for base: its tokens, and for a VL model its images
-// (nil when it has none), decoded once everything else about them has been checked. Text
-// models refuse image chunks as before.
-func (s *Server) promptFor(ctx context.Context, base string, prompt api.ModelInput) ([]int, *engine.Images, error) {
+// promptFor reads a sampling prompt for base: its tokens, and for a VL model its images (nil
+// when it has none), their pixel_values zeros until the returned decode (nil when there are no
+// images) fills them in place: the caller checks the whole request first, so a refused one
+// decodes nothing. Text models refuse image chunks as before.
+func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.Images, func(context.Context) error, error) {
 	if !prompt.HasImages() {
 		toks, err := prompt.Tokens()
 		if err != nil {
-			return nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
+			return nil, nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
 		}
-		return toks, nil, nil
+		return toks, nil, nil, nil
 	}
 	info, err := s.infoOf(base)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	vm, err := s.visionOf(base, info)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if vm == nil {
 		_, err := prompt.Tokens() // the text model's refusal, naming the chunk
 		if err == nil {
 			err = errors.New("image chunks are not supported by text models")
 		}
-		return nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
+		return nil, nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
 	}
 	toks, spans, _, err := vm.plan(prompt, s.imageSource(), s.imageBudget(), s.opts.MaxRequestTokens, s.maxRequestPixelValues(), s.maxRequestPixelValues(), "prompt")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rows, grids := patches(spans)
 	imgs := &engine.Images{PixelValues: make([]float64, rows*vm.cfg.PatchDim()), Grids: grids}
-	if err := s.decodeInto(ctx, spans, imgs.PixelValues, "prompt"); err != nil {
-		return nil, nil, err
-	}
-	return toks, imgs, nil
+	decode := func(ctx context.Context) error { return s.decodeInto(ctx, spans, imgs.PixelValues, "prompt") }
+	return toks, imgs, decode, nil
 }
 
 func anyImages(data []api.Datum) bool {

@@ -595,6 +595,13 @@ func TestVLInvalidRequestIsRefusedBeforeDecoding(t *testing.T) {
 	if !isStatus(err, 400) || !strings.Contains(err.Error(), "target_tokens") {
 		t.Fatalf("wrong target length with an undecodable image: %v, want a 400 about target_tokens", err)
 	}
+	// A sampling prompt likewise: its parameters are checked before its image is decoded.
+	c := client.New(ts.URL, "tml-vera")
+	topP := 7.0
+	prompt := api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: words}, imageChunk(broken)}}
+	if _, err := c.Sample(context.Background(), api.SampleRequest{BaseModel: vlBase, Prompt: prompt, SamplingParams: api.SamplingParams{TopP: &topP}}); !isStatus(err, 400) || !strings.Contains(err.Error(), "top_p") {
+		t.Fatalf("top_p 7 with an undecodable image: %v, want a 400 about top_p", err)
+	}
 	// With the length right, the broken image is what is refused: still a 400.
 	ok := vlDatum(words[:1], imageChunk(broken), n, words[1:])
 	if _, err := fbResult(t, tc, []api.Datum{ok}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "not enough pixel data") {

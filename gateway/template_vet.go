@@ -17,13 +17,15 @@ package gateway
 //     ends, so abandoned renders cannot pile up; the output is refused past MaxChatPromptBytes.
 //
 // The engine's syntax tree is unexported; it is read with reflect, and a tree whose shape this
-// code does not know is refused rather than trusted.
+// code does not know is refused rather than trusted (vetWorks: the walk must still catch its
+// canaries, or every template is refused).
 
 import (
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -71,10 +73,49 @@ type vetter struct {
 // vetTemplate refuses what could recurse without bound, repeat a string past
 // maxTemplateRepeat, or ask range() for more than MaxTemplateRange items (see the package
 // comment above).
-func vetTemplate(t *jinja.Template) error {
+func vetTemplate(t *jinja.Template) (err error) {
+	if !vetWorks() {
+		return errUncheckable
+	}
+	defer func() { // reflect panics on a tree of another shape: refuse, never trust
+		if v := recover(); v != nil {
+			err = errUncheckable
+		}
+	}()
+	return vetTree(t)
+}
+
+var errUncheckable = errors.New("the chat template cannot be checked (unknown jinja syntax tree): refused")
+
+// vetWorks says whether the walk still understands the engine's tree: it must refuse the
+// attacks it exists for. Were the engine to rename its nodes, the walk would see nothing, and
+// every template is refused instead of trusted.
+var vetWorks = sync.OnceValue(func() bool {
+	for _, src := range []string{`{% macro f() %}{{ f() }}{% endmacro %}`, `{{ 'x' * n }}`,
+		`{% for m in messages recursive %}{% endfor %}`, `{{ range(100000) }}`, `{% macro f() %}{% endmacro %}{{ [f] }}`} {
+		t, err := jinja.Compile(src)
+		if err != nil {
+			return false
+		}
+		ok := func() (ok bool) {
+			defer func() {
+				if recover() != nil {
+					ok = false
+				}
+			}()
+			return vetTree(t) != nil
+		}()
+		if !ok {
+			return false
+		}
+	}
+	return true
+})
+
+func vetTree(t *jinja.Template) error {
 	root := reflect.ValueOf(t).Elem().FieldByName("nodes")
 	if !root.IsValid() || root.Kind() != reflect.Slice {
-		return errors.New("the chat template cannot be checked (unknown jinja syntax tree): refused")
+		return errUncheckable
 	}
 	v := &vetter{macros: map[string]bool{}, calls: map[string]map[string]bool{}}
 	v.collect(root)

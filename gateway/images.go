@@ -6,9 +6,11 @@ package gateway
 // in SampleRequest.Images (sampling). Text models keep refusing image chunks (api.ModelInput.Tokens).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
@@ -21,6 +23,28 @@ import (
 // floats (1536 for Qwen3-VL), so this is ~21k patches, ~5k LM tokens of images: a handful of
 // megapixel images. The engine holds them as float64: 256 MiB.
 const DefaultMaxRequestPixelValues = 1 << 25
+
+// DefaultMaxRequestImageBytes bounds the encoded bytes of one request's images together (files
+// by their size, before they are read; a file named twice counts once): twice one image's
+// limit, so a repeated pointer cannot multiply what the server holds.
+const DefaultMaxRequestImageBytes = 64 << 20
+
+// DefaultMaxRequestImagePixels bounds the decoded pixels (width·height from each header, before
+// any decode) of one request's images together: four 4096² images. Decoding costs about 1 CPU-s
+// per 16 Mpixel and 4 bytes a pixel while it runs.
+const DefaultMaxRequestImagePixels = 64 << 20
+
+// imageBudget is a fresh per-request budget of image bytes and decoded pixels.
+func (s *Server) imageBudget() *imageproc.Budget {
+	b, p := s.opts.MaxRequestImageBytes, s.opts.MaxRequestImagePixels
+	if b <= 0 {
+		b = DefaultMaxRequestImageBytes
+	}
+	if p <= 0 {
+		p = DefaultMaxRequestImagePixels
+	}
+	return imageproc.NewBudget(b, p)
+}
 
 // maxRequestPixelValues is Options.MaxRequestPixelValues, or its default.
 func (s *Server) maxRequestPixelValues() int {
@@ -68,17 +92,18 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 	return vm, nil
 }
 
-// expand lays out one model input with images: its tokens (each image its pad tokens) and its
-// preprocessed images, within maxLen tokens and pixelBudget pixel_values elements (what is left
-// of it is returned). what names the input in errors ("datum 3: model_input", "prompt").
-func (vm *visionModel) expand(in api.ModelInput, src imageproc.Source, maxLen, pixelBudget, pixelLimit int, what string) ([]int, *engine.Images, int, error) {
+// plan lays out one model input with images: its tokens (each image its pad tokens) and its
+// images, read from their headers and not yet decoded, within maxLen tokens, pixelBudget
+// pixel_values elements (what is left of it is returned) and the request's image Budget. what
+// names the input in errors ("datum 3: model_input", "prompt").
+func (vm *visionModel) plan(in api.ModelInput, src imageproc.Source, b *imageproc.Budget, maxLen, pixelBudget, pixelLimit int, what string) ([]int, []imageproc.ImageSpan, int, error) {
 	if !vm.local {
 		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers (its image preprocessing is not known to the gateway); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
 	}
 	if vm.maxLen > 0 { // a config without max_position_embeddings leaves the context to the engine
 		maxLen = min(maxLen, vm.maxLen)
 	}
-	toks, spans, err := imageproc.LoadModelInput(in, vm.imageTok, vm.cfg, imageproc.DefaultLimits(), src, maxLen)
+	toks, spans, err := imageproc.LoadModelInput(in, vm.imageTok, vm.cfg, imageproc.DefaultLimits(), src, maxLen, b)
 	if err != nil {
 		if imageproc.IsUserError(err) {
 			return nil, nil, 0, errf(http.StatusBadRequest, "%s: %v", what, err)
@@ -91,18 +116,45 @@ func (vm *visionModel) expand(in api.ModelInput, src imageproc.Source, maxLen, p
 			return nil, nil, 0, errf(http.StatusBadRequest, "%s: the request's images are over %d pixel_values elements (max_request_pixel_values); send fewer or smaller images", what, pixelLimit)
 		}
 	}
-	imgs := &engine.Images{}
+	return toks, spans, pixelBudget, nil
+}
+
+// patches is the pixel_values rows of spans' images, and their grids.
+func patches(spans []imageproc.ImageSpan) (int, [][3]int) {
+	n, grids := 0, make([][3]int, 0, len(spans))
 	for _, sp := range spans {
+		n += sp.Patches()
+		grids = append(grids, sp.GridTHW)
+	}
+	return n, grids
+}
+
+// decodeInto decodes spans' images into dst, their pixel_values rows in order (dst is sized
+// by patches). Each decode holds one of the server's decode slots, so however many handlers
+// decode at once, at most that many CPUs do; a request whose client has gone stops between
+// images.
+func (s *Server) decodeInto(ctx context.Context, spans []imageproc.ImageSpan, dst []float64, what string) error {
+	off := 0
+	for _, sp := range spans {
+		select {
+		case s.decodeSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		img, err := sp.Preprocess()
+		<-s.decodeSlots
 		if err != nil {
-			return nil, nil, 0, errf(http.StatusBadRequest, "%s: %v", what, err)
+			return errf(http.StatusBadRequest, "%s: %v", what, err)
+		}
+		if off+len(img.PixelValues) > len(dst) { // the header's grid fixed the size: cannot happen
+			return errf(http.StatusInternalServerError, "%s: image decoded to more pixel_values than its header said", what)
 		}
 		for _, v := range img.PixelValues {
-			imgs.PixelValues = append(imgs.PixelValues, float64(v))
+			dst[off] = float64(v)
+			off++
 		}
-		imgs.Grids = append(imgs.Grids, img.GridTHW)
 	}
-	return toks, imgs, pixelBudget, nil
+	return nil
 }
 
 // imageSource is where image_asset_pointer chunks may point (--image-dir).
@@ -111,29 +163,36 @@ func (s *Server) imageSource() imageproc.Source { return imageproc.Source{ImageD
 // toEngineDataFor converts a forward/forward_backward batch for base: as toEngineData, with a VL
 // model's image chunks expanded into pad tokens and pixel_values/image_grid_thw inputs (several
 // images of one datum: their rows and grids concatenated in order). Image tokens count in the
-// request's token bound; every image's pixels in max_request_pixel_values.
-func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.Datum) ([]engine.Datum, error) {
+// request's token bound; every image's pixels in max_request_pixel_values, its bytes and
+// decoded pixels in the request's image budget. Images are not decoded here: the returned
+// decode (nil when there are none) fills the pixel_values in place, once check (the batch's
+// validation) has passed, so a request that is refused for any reason decodes nothing.
+func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.Datum) ([]engine.Datum, func(context.Context) error, error) {
 	pixelBudget := s.maxRequestPixelValues()
 	for i, d := range data { // twinkle's precomputed pixels count too
 		if pv, ok := d.LossFnInputs[engine.PixelValuesInput]; ok {
 			if pixelBudget -= len(pv.Data); pixelBudget < 0 {
-				return nil, errf(http.StatusBadRequest, "datum %d: loss_fn_inputs.%s: the request's images are over %d pixel_values elements (max_request_pixel_values)", i, engine.PixelValuesInput, s.maxRequestPixelValues())
+				return nil, nil, errf(http.StatusBadRequest, "datum %d: loss_fn_inputs.%s: the request's images are over %d pixel_values elements (max_request_pixel_values)", i, engine.PixelValuesInput, s.maxRequestPixelValues())
 			}
 		}
 	}
 	if !anyImages(data) { // text only: nothing to read about the model's images
-		return toEngineData(data)
+		out, err := toEngineData(data)
+		return out, nil, err
 	}
 	vm, err := s.visionOf(base, info)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if vm == nil {
-		return toEngineData(data) // a text model: refuses the image chunks with its 400
+		out, err := toEngineData(data) // a text model: refuses the image chunks with its 400
+		return out, nil, err
 	}
+	budget := s.imageBudget()
 	tokensLeft := s.opts.MaxRequestTokens - textTokens(data) // checkBatchSize has counted these
 	expanded := make([]api.Datum, len(data))
 	copy(expanded, data)
+	planned := make([][]imageproc.ImageSpan, len(data))
 	for i, d := range data {
 		if !d.ModelInput.HasImages() {
 			continue
@@ -141,62 +200,86 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 		what := fmt.Sprintf("datum %d: model_input", i)
 		for _, k := range []string{engine.PixelValuesInput, engine.ImageGridInput} {
 			if _, ok := d.LossFnInputs[k]; ok {
-				return nil, errf(http.StatusBadRequest, "%s: image chunks and loss_fn_inputs.%s together: send images one way", what, k)
+				return nil, nil, errf(http.StatusBadRequest, "%s: image chunks and loss_fn_inputs.%s together: send images one way", what, k)
 			}
 		}
 		own := textTokens(data[i : i+1])
-		toks, imgs, left, err := vm.expand(d.ModelInput, s.imageSource(), own+tokensLeft, pixelBudget, s.maxRequestPixelValues(), what)
+		toks, spans, left, err := vm.plan(d.ModelInput, s.imageSource(), budget, own+tokensLeft, pixelBudget, s.maxRequestPixelValues(), what)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		pixelBudget, tokensLeft = left, tokensLeft-(len(toks)-own)
+		planned[i] = spans
 		in := make(map[string]api.TensorData, len(d.LossFnInputs)+2)
 		for k, v := range d.LossFnInputs {
 			in[k] = v
 		}
-		grid := make([]float64, 0, 3*len(imgs.Grids))
-		for _, g := range imgs.Grids {
+		rows, grids := patches(spans)
+		grid := make([]float64, 0, 3*len(grids))
+		for _, g := range grids {
 			grid = append(grid, float64(g[0]), float64(g[1]), float64(g[2]))
 		}
 		dim := vm.cfg.PatchDim()
-		in[engine.PixelValuesInput] = api.TensorData{Data: imgs.PixelValues, DType: "float32", Shape: []int{len(imgs.PixelValues) / dim, dim}}
-		in[engine.ImageGridInput] = api.TensorData{Data: grid, DType: "int64", Shape: []int{len(imgs.Grids), 3}}
+		// Zeros stand in for the pixels until decode: the batch is checked with them (shapes,
+		// pad tokens, every loss input's length), and decode writes the image into this slice.
+		in[engine.PixelValuesInput] = api.TensorData{Data: make([]float64, rows*dim), DType: "float32", Shape: []int{rows, dim}}
+		in[engine.ImageGridInput] = api.TensorData{Data: grid, DType: "int64", Shape: []int{len(grids), 3}}
 		expanded[i].ModelInput = api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: toks}}}
 		expanded[i].LossFnInputs = in
 	}
-	return toEngineData(expanded)
+	out, err := toEngineData(expanded)
+	if err != nil {
+		return nil, nil, err
+	}
+	decode := func(ctx context.Context) error {
+		for i, spans := range planned {
+			if len(spans) == 0 {
+				continue
+			}
+			if err := s.decodeInto(ctx, spans, out[i].Inputs[engine.PixelValuesInput].Data, fmt.Sprintf("datum %d: model_input", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return out, decode, nil
 }
 
-// promptFor reads a sampling prompt for base: its tokens, and for a VL model its images
-// (nil when it has none). Text models refuse image chunks as before.
-func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.Images, error) {
+// promptFor reads a sampling prompt for base: its tokens, and for a VL model its images (nil
+// when it has none), their pixel_values zeros until the returned decode (nil when there are no
+// images) fills them in place: the caller checks the whole request first, so a refused one
+// decodes nothing. Text models refuse image chunks as before.
+func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.Images, func(context.Context) error, error) {
 	if !prompt.HasImages() {
 		toks, err := prompt.Tokens()
 		if err != nil {
-			return nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
+			return nil, nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
 		}
-		return toks, nil, nil
+		return toks, nil, nil, nil
 	}
 	info, err := s.infoOf(base)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	vm, err := s.visionOf(base, info)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if vm == nil {
 		_, err := prompt.Tokens() // the text model's refusal, naming the chunk
 		if err == nil {
 			err = errors.New("image chunks are not supported by text models")
 		}
-		return nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
+		return nil, nil, nil, errf(http.StatusBadRequest, "prompt: %v", err)
 	}
-	toks, imgs, _, err := vm.expand(prompt, s.imageSource(), s.opts.MaxRequestTokens, s.maxRequestPixelValues(), s.maxRequestPixelValues(), "prompt")
+	toks, spans, _, err := vm.plan(prompt, s.imageSource(), s.imageBudget(), s.opts.MaxRequestTokens, s.maxRequestPixelValues(), s.maxRequestPixelValues(), "prompt")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return toks, imgs, nil
+	rows, grids := patches(spans)
+	imgs := &engine.Images{PixelValues: make([]float64, rows*vm.cfg.PatchDim()), Grids: grids}
+	decode := func(ctx context.Context) error { return s.decodeInto(ctx, spans, imgs.PixelValues, "prompt") }
+	return toks, imgs, decode, nil
 }
 
 func anyImages(data []api.Datum) bool {
@@ -218,3 +301,7 @@ func textTokens(data []api.Datum) int {
 	}
 	return n
 }
+
+// DefaultImageDecoders is Options.ImageDecoders' default: half the CPUs (at least one), so
+// image decoding, which runs in the request handlers, leaves the replicas' compute cores.
+func DefaultImageDecoders() int { return max(1, runtime.GOMAXPROCS(0)/2) }

@@ -539,3 +539,72 @@ func TestVLPixelValuesWithinRequestBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestVLRepeatedImagePointersAreReadOnce (issue 19): one file named many times by a request is
+// read and decoded once and counts once in the request's image bytes; distinct images past
+// --max-request-image-bytes or --max-request-image-pixels are a 400 from their sizes and
+// headers, and the run is unchanged.
+func TestVLRepeatedImagePointersAreReadOnce(t *testing.T) {
+	dir := t.TempDir()
+	red, blue := pngOf(t, 64, 64, 10), pngOf(t, 64, 64, 200)
+	for name, b := range map[string][]byte{"red.png": red, "blue.png": blue} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ts, e := newVLServer(t, gateway.Options{ImageDir: dir, MaxRequestImageBytes: len(red) * 3 / 2, MaxRequestImagePixels: 64 * 64 * 3 / 2})
+	_, tc := vlTraining(t, ts.URL, "tml-rita")
+	n := imageTokens(t, red)
+	words := e.Tokenizer.Encode("repeat")
+	pointer := func(loc string) api.Chunk {
+		return api.Chunk{Type: "image_asset_pointer", Format: "png", Location: loc}
+	}
+	var data []api.Datum
+	for range 20 {
+		data = append(data, vlDatum(words[:1], pointer("red.png"), n, words[1:]))
+	}
+	if _, err := fbResult(t, tc, data, true); err != nil {
+		t.Fatalf("one file 20 times within one image's budget: %v", err)
+	}
+	two := []api.Datum{vlDatum(words[:1], pointer("red.png"), n, words[1:]), vlDatum(words[:1], pointer("blue.png"), n, words[1:])}
+	if _, err := fbResult(t, tc, two, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "datum 1") || !strings.Contains(err.Error(), "max_request_image_bytes") {
+		t.Fatalf("two files over the bytes budget: %v, want a 400 naming datum 1 and the limit", err)
+	}
+	ts2, _ := newVLServer(t, gateway.Options{ImageDir: dir, MaxRequestImagePixels: 64 * 64 * 3 / 2})
+	_, tc2 := vlTraining(t, ts2.URL, "tml-rita")
+	if _, err := fbResult(t, tc2, two, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "max_request_image_pixels") {
+		t.Fatalf("two images over the pixel budget: %v, want a 400 naming the limit", err)
+	}
+}
+
+// TestVLInvalidRequestIsRefusedBeforeDecoding (issue 19): a request with an image and a
+// target_tokens of the wrong length is refused for its length, not after decoding: the image
+// here has a sound header and a truncated body, so a decode would have failed first.
+func TestVLInvalidRequestIsRefusedBeforeDecoding(t *testing.T) {
+	img := pngOf(t, 64, 64, 77)
+	broken := img[:len(img)/2] // the header reads; the pixels do not
+	ts, e := newVLServer(t, gateway.Options{})
+	_, tc := vlTraining(t, ts.URL, "tml-vera")
+	n := imageTokens(t, img)
+	words := e.Tokenizer.Encode("too short")
+	d := vlDatum(words[:1], imageChunk(broken), n, words[1:])
+	tg := d.LossFnInputs["target_tokens"]
+	tg.Data, tg.Shape = tg.Data[:len(tg.Data)-1], []int{len(tg.Data) - 1}
+	d.LossFnInputs["target_tokens"] = tg
+	_, err := fbResult(t, tc, []api.Datum{d}, true)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "target_tokens") {
+		t.Fatalf("wrong target length with an undecodable image: %v, want a 400 about target_tokens", err)
+	}
+	// A sampling prompt likewise: its parameters are checked before its image is decoded.
+	c := client.New(ts.URL, "tml-vera")
+	topP := 7.0
+	prompt := api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: words}, imageChunk(broken)}}
+	if _, err := c.Sample(context.Background(), api.SampleRequest{BaseModel: vlBase, Prompt: prompt, SamplingParams: api.SamplingParams{TopP: &topP}}); !isStatus(err, 400) || !strings.Contains(err.Error(), "top_p") {
+		t.Fatalf("top_p 7 with an undecodable image: %v, want a 400 about top_p", err)
+	}
+	// With the length right, the broken image is what is refused: still a 400.
+	ok := vlDatum(words[:1], imageChunk(broken), n, words[1:])
+	if _, err := fbResult(t, tc, []api.Datum{ok}, true); !isStatus(err, 400) || !strings.Contains(err.Error(), "not enough pixel data") {
+		t.Fatalf("an image truncated after its header: %v, want a 400", err)
+	}
+}

@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
@@ -34,7 +36,7 @@ func TestQwen3ChatTemplateRenders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := tmpl.render([]api.ChatMessage{msg("system", "Be brief."), msg("user", "Hi"),
+	got, err := tmpl.render(context.Background(), time.Minute, []api.ChatMessage{msg("system", "Be brief."), msg("user", "Hi"),
 		msg("assistant", "<think>\nThe user greets.\n</think>\n\nHello!"), msg("user", "Bye")})
 	if err != nil {
 		t.Fatal(err)
@@ -58,11 +60,11 @@ func TestQwen3ChatTemplateRenders(t *testing.T) {
 		t.Fatalf("tools rendered as %q", out)
 	}
 	// The roles the API does not serve, and templates that refuse a conversation, are 400s.
-	if _, err := tmpl.render([]api.ChatMessage{msg("tool", "x")}); err == nil {
+	if _, err := tmpl.render(context.Background(), time.Minute, []api.ChatMessage{msg("tool", "x")}); err == nil {
 		t.Fatal("a tool message was rendered")
 	}
 	bad, _ := parseChatTemplate([]byte(`{"chat_template": "{{ raise_exception('roles must alternate') }}"}`))
-	if _, err := bad.render([]api.ChatMessage{msg("user", "x")}); err == nil || !strings.Contains(err.Error(), "roles must alternate") {
+	if _, err := bad.render(context.Background(), time.Minute, []api.ChatMessage{msg("user", "x")}); err == nil || !strings.Contains(err.Error(), "roles must alternate") {
 		t.Fatalf("raise_exception: %v", err)
 	}
 	if _, err := parseChatTemplate([]byte(`{"eos_token": "</s>"}`)); err != errNoChatTemplate {

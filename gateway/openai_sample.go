@@ -119,7 +119,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 	if err := checkPromptBytes("messages", n, job.eng); err != nil {
 		return nil, err
 	}
-	text, err := tmpl.render(req.Messages)
+	text, err := tmpl.render(r.Context(), s.opts.ChatTemplateTimeout, req.Messages)
 	if err != nil {
 		return nil, err
 	}

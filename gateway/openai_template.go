@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 
@@ -18,6 +21,16 @@ import (
 // MaxChatMessages bounds the messages of one chat request; every message is a loop iteration
 // of the template (and of Qwen's, two).
 const MaxChatMessages = 4096
+
+// MaxChatBytes bounds the content bytes of one chat request's messages together, and
+// MaxChatPromptBytes what its template may render from them.
+const (
+	MaxChatBytes       = 8 << 20
+	MaxChatPromptBytes = 16 << 20
+)
+
+// DefaultChatTemplateTimeout is how long a render is waited on (--chat-template-timeout).
+const DefaultChatTemplateTimeout = 2 * time.Second
 
 // chatTemplate is a compiled chat template with the special tokens it may refer to.
 type chatTemplate struct {
@@ -89,8 +102,14 @@ func parseChatTemplate(config []byte) (*chatTemplate, error) {
 	if src == "" {
 		return nil, errNoChatTemplate
 	}
+	if err := vetSource(src); err != nil {
+		return nil, fmt.Errorf("the model's chat template: %w", err)
+	}
 	tmpl, err := jinja.Compile(src)
 	if err != nil {
+		return nil, fmt.Errorf("the model's chat template: %w", err)
+	}
+	if err := vetTemplate(tmpl); err != nil {
 		return nil, fmt.Errorf("the model's chat template: %w", err)
 	}
 	return &chatTemplate{tmpl: tmpl, bos: specialToken(cfg.BOS), eos: specialToken(cfg.EOS)}, nil
@@ -112,8 +131,9 @@ func specialToken(raw json.RawMessage) string {
 // chatRoles are the roles a message may have; OpenAI's "developer" is its newer name for system.
 var chatRoles = map[string]string{"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
-// render writes the conversation as the model's prompt text, ending with the assistant's turn.
-func (t *chatTemplate) render(msgs []api.ChatMessage) (text string, err error) {
+// render writes the conversation as the model's prompt text, ending with the assistant's turn,
+// within the bounds of template_vet.go: it waits at most timeout, and only while ctx lives.
+func (t *chatTemplate) render(ctx context.Context, timeout time.Duration, msgs []api.ChatMessage) (string, error) {
 	if len(msgs) == 0 {
 		return "", badParam("messages", "messages must hold at least one message")
 	}
@@ -121,6 +141,7 @@ func (t *chatTemplate) render(msgs []api.ChatMessage) (text string, err error) {
 		return "", badParam("messages", fmt.Sprintf("%d messages, at most %d", len(msgs), MaxChatMessages))
 	}
 	list := make([]any, len(msgs))
+	size := 0
 	for i, m := range msgs {
 		role, ok := chatRoles[m.Role]
 		if !ok {
@@ -130,20 +151,117 @@ func (t *chatTemplate) render(msgs []api.ChatMessage) (text string, err error) {
 		if err != nil {
 			return "", badParam(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
+		if size += len(content); size > MaxChatBytes {
+			return "", badParam(fmt.Sprintf("messages[%d].content", i), fmt.Sprintf("the conversation is over %d bytes", MaxChatBytes))
+		}
 		list[i] = map[string]any{"role": role, "content": content}
 	}
-	// A template is the operator's, but a bug in the Jinja engine on some input must stay this
-	// request's error.
-	defer func() {
-		if v := recover(); v != nil {
-			text, err = "", fmt.Errorf("rendering the chat template: %v", v)
-		}
-	}()
-	out, err := t.tmpl.Render(map[string]any{"messages": list, "add_generation_prompt": true,
-		"bos_token": t.bos, "eos_token": t.eos})
-	if err != nil {
-		// raise_exception in a template is how it refuses a conversation (e.g. roles out of order).
-		return "", badParam("messages", fmt.Sprintf("the model's chat template refused the conversation: %v", err))
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	select { // a slot is held until the render really ends, even one no longer waited on
+	case renderSlots <- struct{}{}:
+	case <-ctx.Done():
+		return "", renderStopped(ctx, timeout)
 	}
-	return out, nil
+	vals := map[string]jinja.Value{"messages": jinja.FromGoValue(list), "add_generation_prompt": jinja.NewBool(true),
+		"bos_token": jinja.NewString(t.bos), "eos_token": jinja.NewString(t.eos), "range": boundedRange(ctx)}
+	type result struct {
+		text string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-renderSlots }()
+		// A template is the operator's, but a bug in the Jinja engine on some input must stay
+		// this request's error.
+		defer func() {
+			if v := recover(); v != nil {
+				done <- result{err: fmt.Errorf("rendering the chat template: %v", v)}
+			}
+		}()
+		text, err := t.tmpl.RenderValues(vals)
+		done <- result{text, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			if ctx.Err() != nil { // the server's range stopped it
+				return "", renderStopped(ctx, timeout)
+			}
+			// raise_exception in a template is how it refuses a conversation (e.g. roles out of order).
+			return "", badParam("messages", fmt.Sprintf("the model's chat template refused the conversation: %v", r.err))
+		}
+		if len(r.text) > MaxChatPromptBytes {
+			return "", badParam("messages", fmt.Sprintf("the chat template's output is %d bytes, at most %d", len(r.text), MaxChatPromptBytes))
+		}
+		return r.text, nil
+	case <-ctx.Done():
+		return "", renderStopped(ctx, timeout)
+	}
+}
+
+// renderStopped is the error of a render whose deadline passed (a 400: this conversation is too
+// much for this template) or whose request was cancelled (context.Canceled).
+func renderStopped(ctx context.Context, timeout time.Duration) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return badParam("messages", fmt.Sprintf("the model's chat template did not finish within %s on this conversation (--chat-template-timeout)", timeout))
+	}
+	return ctx.Err()
+}
+
+// renderSlots bounds the renders running at once, abandoned ones included.
+var renderSlots = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+
+// boundedRange is Jinja's range() with bounds: each call at most MaxTemplateRange items, all
+// calls of one render at most MaxTemplateSteps, and none once ctx is done (which ends a render
+// that loops over range after it stopped being waited on).
+func boundedRange(ctx context.Context) jinja.Value {
+	steps := 0
+	return jinja.NewCallable("range", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		if err := ctx.Err(); err != nil {
+			return jinja.Undefined(), fmt.Errorf("render stopped: %w", err)
+		}
+		var b [3]int64
+		b[2] = 1
+		for i, a := range args {
+			switch {
+			case len(args) > 3:
+				return jinja.Undefined(), fmt.Errorf("range: expected 1-3 arguments, got %d", len(args))
+			case a.IsInt():
+				b[i] = a.AsInt()
+			case a.IsFloat() && a.AsFloat() == float64(int64(a.AsFloat())):
+				b[i] = int64(a.AsFloat())
+			default:
+				return jinja.Undefined(), fmt.Errorf("range: argument %d is not an integer", i+1)
+			}
+		}
+		start, stop, step := b[0], b[1], b[2]
+		if len(args) == 1 {
+			start, stop = 0, b[0]
+		}
+		if len(args) == 0 || step == 0 {
+			return jinja.Undefined(), errors.New("range: needs a bound and a non-zero step")
+		}
+		const far = 1 << 40 // keeps the arithmetic below from overflowing
+		if start < -far || start > far || stop < -far || stop > far || step < -far || step > far {
+			return jinja.Undefined(), fmt.Errorf("range: bounds past ±2^40")
+		}
+		n := int64(0)
+		if step > 0 && stop > start {
+			n = (stop - start + step - 1) / step
+		} else if step < 0 && stop < start {
+			n = (start - stop - step - 1) / -step
+		}
+		if n > MaxTemplateRange {
+			return jinja.Undefined(), fmt.Errorf("range: %d items, at most %d", n, MaxTemplateRange)
+		}
+		if steps += int(n); steps > MaxTemplateSteps {
+			return jinja.Undefined(), fmt.Errorf("the template's range() calls made over %d steps together", MaxTemplateSteps)
+		}
+		items := make([]jinja.Value, n)
+		for i := range items {
+			items[i] = jinja.NewInt(start + int64(i)*step)
+		}
+		return jinja.NewList(items), nil
+	})
 }

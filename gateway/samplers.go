@@ -81,13 +81,29 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return nil, err
 	}
-	prompt, images, err := s.promptFor(smp.baseModel, req.Prompt)
+	prompt, images, decode, err := s.promptFor(smp.baseModel, req.Prompt)
 	if err != nil {
 		return nil, err
 	}
 	sr, err := tinkerSampleRequest(req, prompt, images)
 	if err != nil {
 		return nil, err
+	}
+	if decode != nil { // every check first (startSample repeats them, cheaply), then the decode
+		info, err := s.infoOf(smp.baseModel)
+		if err != nil {
+			return nil, err
+		}
+		check := sr
+		if err := info.ValidateSample(&check); err != nil {
+			return nil, errf(http.StatusBadRequest, "%v", err)
+		}
+		if err := s.checkSampleSize(check); err != nil {
+			return nil, err
+		}
+		if err := decode(r.Context()); err != nil {
+			return nil, err
+		}
 	}
 	f, err := s.startSample(nil, w, r, tenant, smp, sr)
 	if err != nil {

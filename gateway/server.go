@@ -79,6 +79,18 @@ type Options struct {
 	// MaxRequestPixelValues bounds the pixel_values elements of one request's images together
 	// (default DefaultMaxRequestPixelValues); past it a request gets a 400.
 	MaxRequestPixelValues int
+	// MaxRequestImageBytes and MaxRequestImagePixels bound one request's images together: their
+	// encoded bytes (a file by its size, before it is read; a file named twice counts once) and
+	// their decoded pixels (from the headers, before any decode). Defaults
+	// DefaultMaxRequestImageBytes and DefaultMaxRequestImagePixels; past them a 400.
+	MaxRequestImageBytes  int
+	MaxRequestImagePixels int
+	// ImageDecoders is how many images the whole server decodes at once (default
+	// DefaultImageDecoders: half the CPUs), so many handlers decoding cannot take every core.
+	ImageDecoders int
+	// ChatTemplateTimeout bounds how long a chat template's render is waited on (default
+	// DefaultChatTemplateTimeout); past it the chat request gets a 400.
+	ChatTemplateTimeout time.Duration
 	// WriteTimeout bounds how long writing one answer may take, so a client that does not read
 	// cannot hold a connection (default LongPoll + 1 min: a long-poll's answer included;
 	// archive downloads get ArchiveWriteTimeout).
@@ -127,6 +139,8 @@ type Server struct {
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
 	workersMu  sync.Mutex
 	visionCfgs sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
+	// decodeSlots holds one token per image being decoded, server-wide (Options.ImageDecoders).
+	decodeSlots chan struct{}
 }
 
 type session struct {
@@ -217,6 +231,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.MaxRequestTokens == 0 {
 		opts.MaxRequestTokens = DefaultMaxRequestTokens
 	}
+	if opts.ChatTemplateTimeout <= 0 {
+		opts.ChatTemplateTimeout = DefaultChatTemplateTimeout
+	}
+	if opts.ImageDecoders <= 0 {
+		opts.ImageDecoders = DefaultImageDecoders()
+	}
 	if opts.TenantCheckpointBytes == 0 {
 		opts.TenantCheckpointBytes = DefaultTenantCheckpointBytes
 	}
@@ -249,7 +269,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		}
 		st, owns = sq, true
 	}
-	s := &Server{opts: opts, log: opts.Logger, models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
+	s := &Server{opts: opts, log: opts.Logger, decodeSlots: make(chan struct{}, opts.ImageDecoders), models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
 		st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),

@@ -212,12 +212,16 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		if err := s.checkBatchSize(req.Input.Data); err != nil {
 			return err
 		}
-		data, err := s.toEngineDataFor(run.baseModel, info, req.Input.Data)
+		data, decode, err := s.toEngineDataFor(run.baseModel, info, req.Input.Data)
 		if err != nil {
 			return err
 		}
-		batch, err = info.PrepareBatch(data, req.Input.LossFn, req.Input.LossFnConfig)
-		return err
+		// Every check runs before an image is decoded (the pixels are zeros until then), so a
+		// refused request costs no decode.
+		if batch, err = info.PrepareBatch(data, req.Input.LossFn, req.Input.LossFnConfig); err != nil || decode == nil {
+			return err
+		}
+		return decode(r.Context())
 	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		var res *engine.ForwardResult
 		var err error

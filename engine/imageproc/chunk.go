@@ -52,46 +52,72 @@ type Pending struct {
 	format string
 	cfg    Config
 	lim    Limits
+	sh     *shared // a file's decode, kept for its other pointers (nil: not a file, or no Budget)
+	budget *Budget
 }
 
 // Load resolves an image chunk's bytes (ImageChunk data, a data: URI, or a file under
 // src.ImageDir), reads its header within lim, and checks expected_tokens: everything that can
 // be refused is refused here, before any decoding. Errors wrap ErrBadImage (a 400) and name
 // the chunk and field, except a server-side failure to open the image directory.
-func Load(in api.ImageInput, cfg Config, lim Limits, src Source) (*Pending, error) {
+//
+// b, when not nil, is the request's Budget: the image's encoded bytes are taken from it before
+// a file is read, its pixels once its header is read; a file already loaded against b is
+// neither read nor counted again.
+func Load(in api.ImageInput, cfg Config, lim Limits, src Source, b *Budget) (*Pending, error) {
 	field := "data"
 	if in.Pointer {
 		field = "location"
 	}
-	data, err := resolve(in, lim, src)
+	data, sh, err := resolve(in, lim, src, b)
 	if err != nil {
 		if errors.Is(err, ErrBadImage) {
 			return nil, &ChunkError{Chunk: in.Chunk, Field: field, Err: err}
 		}
 		return nil, err
 	}
-	info, err := Inspect(data, in.Format, cfg, lim)
-	if err != nil {
-		return nil, &ChunkError{Chunk: in.Chunk, Field: field, Err: err}
+	var info Info
+	if sh != nil && sh.info != nil {
+		info = *sh.info // this file's header was read and its pixels counted already
+	} else {
+		if info, err = Inspect(data, in.Format, cfg, lim); err == nil {
+			err = b.spendPixels(info)
+		}
+		if err != nil {
+			return nil, &ChunkError{Chunk: in.Chunk, Field: field, Err: err}
+		}
+		if sh != nil {
+			sh.info = &info
+		}
 	}
 	if in.ExpectedTokens != nil && *in.ExpectedTokens != info.Tokens {
 		return nil, &TokenMismatchError{Chunk: in.Chunk, Expected: *in.ExpectedTokens, Actual: info.Tokens, Info: info}
 	}
-	return &Pending{Info: info, chunk: in.Chunk, field: field, data: data, format: in.Format, cfg: cfg, lim: lim}, nil
+	return &Pending{Info: info, chunk: in.Chunk, field: field, data: data, format: in.Format, cfg: cfg, lim: lim, sh: sh, budget: b}, nil
 }
 
-// Preprocess decodes the image into pixel_values (see the package's Preprocess).
+// Preprocess decodes the image into pixel_values (see the package's Preprocess). A file named
+// by several pointers of one request is decoded once; they share the Image (read-only).
 func (p *Pending) Preprocess() (Image, error) {
+	if p.sh != nil && p.sh.img != nil {
+		return *p.sh.img, nil
+	}
 	img, err := Preprocess(p.data, p.format, p.cfg, p.lim)
 	if err != nil {
 		return Image{}, &ChunkError{Chunk: p.chunk, Field: p.field, Err: err}
+	}
+	if p.budget != nil {
+		p.budget.decodes++
+	}
+	if p.sh != nil {
+		p.sh.img = &img
 	}
 	return img, nil
 }
 
 // InspectChunk is Load's Info: the token count of an image chunk, from its header alone.
 func InspectChunk(in api.ImageInput, cfg Config, lim Limits, src Source) (Info, error) {
-	p, err := Load(in, cfg, lim, src)
+	p, err := Load(in, cfg, lim, src, nil)
 	if err != nil {
 		return Info{}, err
 	}
@@ -100,7 +126,7 @@ func InspectChunk(in api.ImageInput, cfg Config, lim Limits, src Source) (Info, 
 
 // FromChunk is Load then Preprocess: an image chunk's pixel_values, grid and token count.
 func FromChunk(in api.ImageInput, cfg Config, lim Limits, src Source) (Image, error) {
-	p, err := Load(in, cfg, lim, src)
+	p, err := Load(in, cfg, lim, src, nil)
 	if err != nil {
 		return Image{}, err
 	}
@@ -111,21 +137,28 @@ func FromChunk(in api.ImageInput, cfg Config, lim Limits, src Source) (Image, er
 // digits, +, -, .), as http:, https:, file:, s3: do.
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*:`)
 
-func resolve(in api.ImageInput, lim Limits, src Source) ([]byte, error) {
+// resolve gives an image chunk's bytes, and for a file the record its other pointers share
+// (when b is not nil). Bytes are taken from b: a file's size before it is read, inline and
+// data: bytes (already bounded by the request body) once decoded.
+func resolve(in api.ImageInput, lim Limits, src Source, b *Budget) ([]byte, *shared, error) {
 	lim = lim.orDefault()
 	if !in.Pointer {
-		return in.Data, nil // Inspect checks its size
+		return in.Data, nil, b.spendBytes(int64(len(in.Data))) // Inspect checks its size
 	}
 	loc := in.Location
 	switch {
 	case strings.HasPrefix(loc, "data:"):
-		return parseDataURI(loc[len("data:"):], in.Format, lim.MaxBytes)
+		data, err := parseDataURI(loc[len("data:"):], in.Format, lim.MaxBytes)
+		if err == nil {
+			err = b.spendBytes(int64(len(data)))
+		}
+		return data, nil, err
 	case urlScheme.MatchString(loc):
-		return nil, badImage("%.80q looks like a URL: this server fetches nothing; send the bytes in an image chunk or a data: URI", loc)
+		return nil, nil, badImage("%.80q looks like a URL: this server fetches nothing; send the bytes in an image chunk or a data: URI", loc)
 	case src.ImageDir == "":
-		return nil, badImage("%.80q is a file path, and this server serves no image directory (--image-dir); send the bytes in an image chunk or a data: URI", loc)
+		return nil, nil, badImage("%.80q is a file path, and this server serves no image directory (--image-dir); send the bytes in an image chunk or a data: URI", loc)
 	}
-	return readUnder(src.ImageDir, loc, lim.MaxBytes)
+	return readUnder(src.ImageDir, loc, in.Format, lim.MaxBytes, b)
 }
 
 // parseDataURI reads "[<media type>][;params];base64,<data>"; the media type, when given,
@@ -153,58 +186,68 @@ func parseDataURI(rest, format string, limit int) ([]byte, error) {
 }
 
 // readUnder reads a regular file at loc inside dir. loc is relative to dir, or absolute and
-// inside it; ".." is refused outright, and os.Root refuses symlinks that lead out of dir.
-func readUnder(dir, loc string, limit int) ([]byte, error) {
+// inside it; ".." is refused outright, and os.Root refuses symlinks that lead out of dir. With
+// a Budget, a file this request has read already (by its cleaned path) is not read again, and
+// a new file's size is taken from the budget before it is read.
+func readUnder(dir, loc, format string, limit int, b *Budget) ([]byte, *shared, error) {
 	for _, el := range strings.Split(filepath.ToSlash(loc), "/") {
 		if el == ".." {
-			return nil, badImage("%.80q: \"..\" is not allowed in image paths", loc)
+			return nil, nil, badImage("%.80q: \"..\" is not allowed in image paths", loc)
 		}
 	}
 	rel := loc
 	if filepath.IsAbs(loc) {
 		absDir, err := filepath.Abs(dir)
 		if err != nil {
-			return nil, fmt.Errorf("image directory: %w", err)
+			return nil, nil, fmt.Errorf("image directory: %w", err)
 		}
 		if rel, err = filepath.Rel(absDir, filepath.Clean(loc)); err != nil {
 			rel = loc
 		}
 	}
+	rel = filepath.Clean(rel)
 	if !filepath.IsLocal(rel) {
-		return nil, badImage("%.80q is outside the image directory", loc)
+		return nil, nil, badImage("%.80q is outside the image directory", loc)
+	}
+	key := rel + "\x00" + format
+	if sh := b.file(key); sh != nil {
+		return sh.data, sh, nil
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, fmt.Errorf("image directory: %w", err)
+		return nil, nil, fmt.Errorf("image directory: %w", err)
 	}
 	defer root.Close()
 	// Stat before opening: opening a FIFO or device could block or read forever.
 	fi, err := root.Stat(rel)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, badImage("%.80q: no such image in the image directory", loc)
+			return nil, nil, badImage("%.80q: no such image in the image directory", loc)
 		}
-		return nil, badImage("%.80q cannot be read under the image directory: %v", loc, err)
+		return nil, nil, badImage("%.80q cannot be read under the image directory: %v", loc, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, badImage("%.80q is not a regular file", loc)
+		return nil, nil, badImage("%.80q is not a regular file", loc)
 	}
 	if fi.Size() > int64(limit) {
-		return nil, badImage("%.80q is %d bytes: this server's limit is %d", loc, fi.Size(), limit)
+		return nil, nil, badImage("%.80q is %d bytes: this server's limit is %d", loc, fi.Size(), limit)
+	}
+	if err := b.spendBytes(fi.Size()); err != nil { // before a byte is read
+		return nil, nil, err
 	}
 	f, err := root.Open(rel)
 	if err != nil {
-		return nil, badImage("%.80q cannot be read under the image directory: %v", loc, err)
+		return nil, nil, badImage("%.80q cannot be read under the image directory: %v", loc, err)
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	data, err := io.ReadAll(io.LimitReader(f, fi.Size()+1))
 	if err != nil {
-		return nil, badImage("%.80q: %v", loc, err)
+		return nil, nil, badImage("%.80q: %v", loc, err)
 	}
-	if len(b) > limit {
-		return nil, badImage("%.80q grew past this server's limit of %d bytes", loc, limit)
+	if int64(len(data)) > fi.Size() { // it grew since stat: what the budget took no longer holds
+		return nil, nil, badImage("%.80q grew while it was read", loc)
 	}
-	return b, nil
+	return data, b.keep(key, data), nil
 }
 
 // CheckImageDir checks, at startup, that an --image-dir setting names a directory (empty:

@@ -22,7 +22,7 @@ func Example() {
 	src := imageproc.Source{ImageDir: ""} // --image-dir; empty refuses file pointers
 	var input api.ModelInput              // a datum's model_input, decoded from JSON or protobuf
 
-	tokens, images, err := imageproc.LoadModelInput(input, imageTokenID, cfg, imageproc.DefaultLimits(), src, 32768)
+	tokens, images, err := imageproc.LoadModelInput(input, imageTokenID, cfg, imageproc.DefaultLimits(), src, 32768, imageproc.NewBudget(64<<20, 64<<20))
 	if imageproc.IsUserError(err) {
 		// A 400 (prefix "datum i: model_input: "); nothing has been decoded or changed.
 		var mismatch *imageproc.TokenMismatchError

@@ -25,8 +25,9 @@ type ImageSpan struct {
 // each image chunk expanded to Tokens copies of imageTokenID (what an ImageChunk stands for in
 // the Tinker API), and its images in order. Images are read from their headers alone, so the
 // whole length is known, and refused past maxLen, before anything is decoded or expanded.
-// Errors satisfy IsUserError, except a server-side failure to open the image directory.
-func LoadModelInput(m api.ModelInput, imageTokenID int, cfg Config, lim Limits, src Source, maxLen int) ([]int, []ImageSpan, error) {
+// Errors satisfy IsUserError, except a server-side failure to open the image directory. b
+// (nil: none) is the request's Budget, shared by all its model inputs.
+func LoadModelInput(m api.ModelInput, imageTokenID int, cfg Config, lim Limits, src Source, maxLen int, b *Budget) ([]int, []ImageSpan, error) {
 	parts, err := m.Parts()
 	if err != nil {
 		return nil, nil, err
@@ -38,7 +39,7 @@ func LoadModelInput(m api.ModelInput, imageTokenID int, cfg Config, lim Limits, 
 			total += len(p.Tokens)
 			continue
 		}
-		pending, err := Load(*p.Image, cfg, lim, src)
+		pending, err := Load(*p.Image, cfg, lim, src, b)
 		if err != nil {
 			return nil, nil, err
 		}

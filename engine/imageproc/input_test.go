@@ -37,7 +37,7 @@ func TestLoadModelInput(t *testing.T) {
 	if a.Tokens == b.Tokens {
 		t.Fatalf("test images should differ in token count, both %d", a.Tokens)
 	}
-	tokens, spans, err := LoadModelInput(m, padID, cfg, lim, Source{}, 1000)
+	tokens, spans, err := LoadModelInput(m, padID, cfg, lim, Source{}, 1000, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,12 +67,12 @@ func TestLoadModelInput(t *testing.T) {
 		t.Fatalf("span 1 preprocesses to %+v, %v", got.Info, err)
 	}
 	// Too long with its images: refused before anything is expanded.
-	if _, _, err := LoadModelInput(m, padID, cfg, lim, Source{}, len(want)-1); !IsUserError(err) || !strings.Contains(err.Error(), "limit") {
+	if _, _, err := LoadModelInput(m, padID, cfg, lim, Source{}, len(want)-1, nil); !IsUserError(err) || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("over maxLen: %v", err)
 	}
 	// A bad chunk is a user error naming it.
 	m.Chunks[1].Format = "bmp"
-	if _, _, err := LoadModelInput(m, padID, cfg, lim, Source{}, 1000); !IsUserError(err) || !strings.Contains(err.Error(), "chunk 1") {
+	if _, _, err := LoadModelInput(m, padID, cfg, lim, Source{}, 1000, nil); !IsUserError(err) || !strings.Contains(err.Error(), "chunk 1") {
 		t.Fatalf("bad format: %v", err)
 	}
 }

@@ -99,7 +99,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.steps, "steps", 5, "timed training steps (the best is reported, and the mean)")
 	fs.IntVar(&c.decode, "decode", 32, "tokens to decode per sequence")
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
-	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16 or q8_0")
+	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0 or q4_k")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
 	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")

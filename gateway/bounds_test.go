@@ -319,3 +319,97 @@ func TestAnswersAreWrittenWithinTheWriteTimeout(t *testing.T) {
 		t.Fatalf("a long-poll answered after the write deadline: want the connection cut, got %v", err)
 	}
 }
+
+// tinyDatums is a batch of n two-token datums: a small body that decodes into far more memory
+// (a slice, a map and tensors per datum).
+func tinyDatums(ts *testServer, n int) []api.Datum {
+	ids := ts.eng.Tokenizer.Encode("a tiny datum of a few tokens")[:3]
+	data := make([]api.Datum, n)
+	for i := range data {
+		data[i] = datum(ids, true)
+	}
+	return data
+}
+
+// The run's byte bound counts what the decoded request holds, not its body: a protobuf body of
+// a thousand tiny datums (~90 KB) holds a few MB once decoded.
+func TestRunQueueCountsDecodedBytes(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRunQueueBytes: 1 << 20})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-decoded", 4)
+	data := tinyDatums(ts, 1000)
+	if body := len(api.EncodeForwardBackwardRequest(&api.ForwardBackwardRequest{Input: api.ForwardBackwardInput{Data: data}})); body*4 > 1<<20 {
+		t.Fatalf("test set-up: body of %d bytes is not small", body)
+	}
+	if _, err := tc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("one request alone: %v", err)
+	}
+	_, err := tc.ForwardBackwardSeq(ctx, 6, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 1048576") {
+		t.Fatalf("a second buffered request holding MBs decoded under a 1 MiB bound: want 429, got %v", err)
+	}
+}
+
+// Queued bytes are bounded per tenant (over all its runs) and in total (over all tenants), so
+// that many runs or many tenants cannot add up to unbounded memory. A refused request consumes
+// nothing: the same seq_id is accepted once there is room, and a run's next seq_id always is.
+func TestQueuedBytesAreBoundedPerTenantAndInTotal(t *testing.T) {
+	const mb = 1 << 20
+	ts := newServer(t, gateway.Options{MaxRunQueueBytes: -1, MaxTenantQueueBytes: 3 * mb, MaxTotalQueueBytes: 5 * mb})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	data := tinyDatums(ts, 1000) // about 2.2 MB decoded
+	c, a1 := newRun(t, ts.URL, "tml-qa", 4)
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a1.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("first buffered request of the tenant: %v", err)
+	}
+	_, err = a2.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "per tenant") {
+		t.Fatalf("the tenant's second run past the tenant bound: want 429 naming it, got %v", err)
+	}
+	_, b := newRun(t, ts.URL, "tml-qb", 4)
+	if _, err := b.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("another tenant within the total: %v", err)
+	}
+	_, cc := newRun(t, ts.URL, "tml-qc", 4)
+	_, err = cc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "total_queue_bytes") {
+		t.Fatalf("a third tenant past the server's total: want 429 naming it, got %v", err)
+	}
+	// The next seq_id is let in over the bounds: it runs now and releases what waits for it.
+	small := []api.Datum{datum(ts.eng.Tokenizer.Encode("next one"), true)}
+	var fs []*client.Future
+	for seq := 1; seq <= 4; seq++ {
+		f, err := a1.ForwardBackwardSeq(ctx, seq, small, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("run a1's next seq_id %d: %v", seq, err)
+		}
+		fs = append(fs, f)
+	}
+	for _, f := range fs {
+		if err := f.Result(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a1's seq 5 has run (its future is done once seq 1-4 are): the tenant holds nothing now.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err = a2.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+		if err == nil || !isStatus(err, 429) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("run a2's refused seq 5, once the tenant's queue drained: %v", err)
+	}
+}

@@ -16,10 +16,55 @@ const (
 	// chunks of ≤1024 datums or ~5 MB with consecutive seq_ids, several at once: this leaves
 	// room for hundreds of them.
 	DefaultMaxRunQueueOps = 1024
-	// DefaultMaxRunQueueBytes bounds the request bodies one run's queued requests hold (their
-	// decoded form takes a few times more).
+	// DefaultMaxRunQueueBytes bounds the memory one run's queued requests hold, as heldBytes
+	// estimates it from their decoded form.
 	DefaultMaxRunQueueBytes = 128 << 20
+	// DefaultMaxTenantQueueBytes bounds the same over all of one tenant's runs, and
+	// DefaultMaxTotalQueueBytes over every tenant's: with many runs, or many tenants in open
+	// mode, the per-run bound alone does not bound the server's memory.
+	DefaultMaxTenantQueueBytes = 512 << 20
+	DefaultMaxTotalQueueBytes  = 2 << 30
 )
+
+// What a queued forward/forward_backward holds in memory, per element (a token, a tensor value)
+// and per datum: its decoded API form, the engine batch validated from it, and their slices and
+// maps. Measured with runtime.MemStats on queued requests (docs/design-notes.md, issue 19): about
+// 20-22 bytes per element and 2.1 KiB per datum; these round up.
+const (
+	heldBytesPerElement = 24
+	heldBytesPerDatum   = 2 << 10
+	// maxHeldElements caps one tensor's count (a sparse tensor is charged as dense, as the engine
+	// holds it); bigger ones are refused by validation anyway.
+	maxHeldElements = 1 << 23
+)
+
+// heldBytes estimates the memory a queued forward/forward_backward request holds: the body's own
+// size counts little (it is dropped once decoded) and a short JSON number or a protobuf varint
+// becomes 8+ bytes, so the decoded elements are what is counted; never less than the body.
+func heldBytes(data []api.Datum, body int) int64 {
+	n := int64(len(data)) * heldBytesPerDatum
+	for _, d := range data {
+		for _, c := range d.ModelInput.Chunks {
+			n += int64(len(c.Tokens))*heldBytesPerElement + int64(len(c.Data))
+		}
+		for _, t := range d.LossFnInputs {
+			elems := int64(len(t.Data) + len(t.SparseCrowIndices) + len(t.SparseColIndices))
+			if t.SparseCrowIndices != nil || t.SparseColIndices != nil {
+				dense := int64(1)
+				for _, x := range t.Shape {
+					if x < 0 || (x > 0 && dense > maxHeldElements/int64(x)) {
+						dense = maxHeldElements
+						break
+					}
+					dense *= int64(x)
+				}
+				elems += min(dense, maxHeldElements)
+			}
+			n += elems * heldBytesPerElement
+		}
+	}
+	return max(n, int64(body))
+}
 
 // Per-request size bounds: one tenant's huge request holds a replica for everyone else while it
 // runs, so its size is capped (the SDK never sends more than 1024 datums in one request: it

@@ -29,6 +29,51 @@ type runQueue struct {
 	bytes    int64 // reserved bytes of those
 	maxOps   int   // ≤ 0: unbounded
 	maxBytes int64 // ≤ 0: unbounded
+	// budget is the server-wide account of queued bytes (per tenant and in total) this run's
+	// reservations are also charged to; nil: none.
+	budget *queueBudget
+	tenant string
+}
+
+// queueBudget bounds the queued bytes of all runs together: per tenant (a tenant has several
+// runs) and across the server (open mode has any number of tenants). A run's own bound alone
+// would let memory grow with the number of runs.
+type queueBudget struct {
+	mu        sync.Mutex
+	byTenant  map[string]int64
+	total     int64
+	maxTenant int64 // ≤ 0: unbounded
+	maxTotal  int64 // ≤ 0: unbounded
+}
+
+func newQueueBudget(maxTenant, maxTotal int64) *queueBudget {
+	return &queueBudget{byTenant: map[string]int64{}, maxTenant: maxTenant, maxTotal: maxTotal}
+}
+
+// take charges cost to tenant; with check, only if that stays within both bounds.
+func (b *queueBudget) take(tenant string, cost int64, check bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if check {
+		if b.maxTenant > 0 && b.byTenant[tenant]+cost > b.maxTenant {
+			return fmt.Errorf("%w: your queued requests hold about %d bytes and this one %d (limit %d per tenant, tenant_queue_bytes); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, b.byTenant[tenant], cost, b.maxTenant)
+		}
+		if b.maxTotal > 0 && b.total+cost > b.maxTotal {
+			return fmt.Errorf("%w: the server's queued requests hold about %d bytes and this one %d (limit %d, total_queue_bytes); retry later", errQueueFull, b.total, cost, b.maxTotal)
+		}
+	}
+	b.byTenant[tenant] += cost
+	b.total += cost
+	return nil
+}
+
+func (b *queueBudget) give(tenant string, cost int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.total -= cost
+	if b.byTenant[tenant] -= cost; b.byTenant[tenant] <= 0 {
+		delete(b.byTenant, tenant) // no entry per tenant that holds nothing
+	}
 }
 
 type queuedOp struct {
@@ -42,16 +87,26 @@ func newRunQueue(next int) *runQueue { return &runQueue{next: next, pending: map
 var errQueueFull = errors.New("queue full")
 
 // reserve makes room for op number seq of cost bytes, or says why there is none. The next seq_id
-// is always let in, since it is what releases the buffered ones; so is one op alone, so that a
-// request within the body limit runs even if it is larger than the byte bound.
+// is always let in, since it is what releases the buffered ones; so is one op alone on its run,
+// so that a request within the body limit runs even if it is larger than the byte bound. An op
+// that cannot run yet (a seq_id ahead of the next) is always held to the tenant's and the
+// server's bounds: those are what keep memory bounded whatever the number of runs.
 func (q *runQueue) reserve(seq int, cost int64) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	next := seq > 0 && (seq == q.next || q.next == -1)
+	if q.budget != nil {
+		if err := q.budget.take(q.tenant, cost, !next && !(seq <= 0 && q.ops == 0)); err != nil {
+			return err
+		}
+	}
 	if q.ops > 0 && (seq <= 0 || seq != q.next) {
 		if q.maxOps > 0 && q.ops >= q.maxOps {
+			q.giveBudget(cost)
 			return fmt.Errorf("%w: the model already has %d requests queued (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.ops, q.maxOps)
 		}
 		if q.maxBytes > 0 && q.bytes+cost > q.maxBytes {
+			q.giveBudget(cost)
 			return fmt.Errorf("%w: the model's queued requests hold %d bytes and this one %d (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.bytes, cost, q.maxBytes)
 		}
 	}
@@ -70,6 +125,13 @@ func (q *runQueue) release(cost int64) {
 func (q *runQueue) releaseLocked(cost int64) {
 	q.ops--
 	q.bytes -= cost
+	q.giveBudget(cost)
+}
+
+func (q *runQueue) giveBudget(cost int64) {
+	if q.budget != nil {
+		q.budget.give(q.tenant, cost)
+	}
 }
 
 // submit queues op number seq (seq ≤ 0: no seq_id, runs in arrival order) under a reservation of
@@ -156,6 +218,9 @@ func (s *Server) queueOf(run *trainingRun) *runQueue {
 	}
 	run.queue.mu.Lock()
 	run.queue.maxOps, run.queue.maxBytes = s.opts.MaxRunQueueOps, s.opts.MaxRunQueueBytes
+	if run.queue.budget == nil && run.queue.ops == 0 { // set once, before any reservation: each is given back where it was charged
+		run.queue.budget, run.queue.tenant = s.queued, run.tenant
+	}
 	run.queue.mu.Unlock()
 	return run.queue
 }

@@ -69,6 +69,11 @@ type Options struct {
 	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
 	MaxRunQueueOps   int
 	MaxRunQueueBytes int64
+	// MaxTenantQueueBytes and MaxTotalQueueBytes bound the same bytes over all of one tenant's
+	// runs and over the whole server (defaults 512 MiB and 2 GiB; negative: unbounded). Queued
+	// bytes are the memory the decoded requests hold (heldBytes), not their bodies.
+	MaxTenantQueueBytes int64
+	MaxTotalQueueBytes  int64
 	// MaxRequestDatums and MaxRequestTokens cap one request's size (defaults 1024 datums and
 	// 512 Ki tokens); past them it gets a 400 naming the limit.
 	MaxRequestDatums int
@@ -100,6 +105,7 @@ type Options struct {
 // Server serves the Tinker API over a set of base models.
 type Server struct {
 	opts     Options
+	queued   *queueBudget // queued requests' bytes, per tenant and in total (runqueue.go)
 	log      *slog.Logger
 	modelsMu sync.RWMutex
 	models   map[string][]*replica.Replica // base model name -> its replicas
@@ -209,6 +215,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.MaxRunQueueBytes == 0 {
 		opts.MaxRunQueueBytes = DefaultMaxRunQueueBytes
 	}
+	if opts.MaxTenantQueueBytes == 0 {
+		opts.MaxTenantQueueBytes = DefaultMaxTenantQueueBytes
+	}
+	if opts.MaxTotalQueueBytes == 0 {
+		opts.MaxTotalQueueBytes = DefaultMaxTotalQueueBytes
+	}
 	if opts.MaxRequestDatums == 0 {
 		opts.MaxRequestDatums = DefaultMaxRequestDatums
 	}
@@ -251,7 +263,8 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
-		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{})}
+		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
+		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)

@@ -205,7 +205,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
-	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+	return s.submitOrderedSized(tenant, run, req.SeqID, kind, heldBytes(req.Input.Data, len(body)), func() error {
 		if infoErr != nil {
 			return infoErr
 		}

@@ -15,6 +15,7 @@ import (
 type limitFlags struct {
 	runQueueOps, requestDatums, requestTokens *int
 	runQueueBytes, checkpointBytes            *int64
+	tenantQueueBytes, totalQueueBytes         *int64
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention                          *time.Duration
@@ -24,7 +25,9 @@ type limitFlags struct {
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 	return &limitFlags{
 		runQueueOps:       fs.Int("run-queue-ops", gateway.DefaultMaxRunQueueOps, "requests one training run may have queued (ahead of its next seq_id or waiting); past it: 429"),
-		runQueueBytes:     fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "request-body bytes one training run may have queued; past it: 429"),
+		runQueueBytes:     fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "memory (decoded requests) one training run may have queued; past it: 429"),
+		tenantQueueBytes:  fs.Int64("tenant-queue-bytes", gateway.DefaultMaxTenantQueueBytes, "memory (decoded requests) one tenant's training runs may have queued together; past it: 429"),
+		totalQueueBytes:   fs.Int64("total-queue-bytes", gateway.DefaultMaxTotalQueueBytes, "memory (decoded requests) all training runs may have queued together; past it: 429"),
 		requestDatums:     fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
@@ -43,6 +46,7 @@ const longPoll = 30 * time.Second
 // check refuses values that cannot work.
 func (l *limitFlags) check() error {
 	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
+		"tenant-queue-bytes": *l.tenantQueueBytes, "total-queue-bytes": *l.totalQueueBytes,
 		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens),
 		"max-request-pixel-values": int64(*l.pixelValues)} {
 		if v < 1 {
@@ -71,6 +75,7 @@ func (l *limitFlags) check() error {
 // apply sets the gateway's bounds.
 func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRunQueueOps, o.MaxRunQueueBytes = *l.runQueueOps, *l.runQueueBytes
+	o.MaxTenantQueueBytes, o.MaxTotalQueueBytes = *l.tenantQueueBytes, *l.totalQueueBytes
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
 	o.MaxRequestPixelValues = *l.pixelValues

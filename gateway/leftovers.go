@@ -25,14 +25,12 @@ const (
 	leftoversEvery = time.Hour
 )
 
-// isTempDir reports whether a name is one of the temporary directories of a save. Under
-// DATA/state an ".old-*" directory may be the only copy of a run's state (the older layout's
-// save died between its renames): tidySavedStates recovers or removes those at start.
-func isTempDir(root, name string) bool {
-	if strings.Contains(name, ".partial-") {
-		return true
-	}
-	return strings.Contains(name, ".old-") && filepath.Base(root) != "state"
+// isTempDir reports whether a name is one of the temporary directories of a save. An ".old-*"
+// directory may be the only copy of a run's state (the older layout's save died between its
+// renames) or of a checkpoint (an overwrite died between its renames): tidySavedStates and
+// recoverCheckpoints recover or remove those at start, never the age-based sweep.
+func isTempDir(_, name string) bool {
+	return strings.Contains(name, ".partial-")
 }
 
 // sweepLeftovers removes what a crash or the passage of time left behind.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -119,6 +120,19 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 	return w.store()
 }
 
+// recoverCheckpoints repairs what a crash in the middle of a checkpoint overwrite left: an
+// acknowledged checkpoint moved aside is put back where its directory is missing, and aside
+// copies of present checkpoints are removed. Partial directories (never acknowledged) are left to
+// sweepTempDirs, which removes them at start once older than any save: a recent one may be a
+// save in progress on another gateway.
+func (s *Server) recoverCheckpoints() {
+	restored, err := checkpoint.Recover(filepath.Join(s.opts.DataDir, "checkpoints"), false)
+	for _, dir := range restored {
+		s.log.Warn("recovered a checkpoint left aside by an interrupted overwrite", "dir", dir)
+	}
+	s.logErr("recovering checkpoints", err)
+}
+
 // restore rebuilds the in-memory state from the store after a start. Requests that were running
 // when the previous process died end as server errors saying so; live adapters come back from
 // their last saved state on their next request (see replica.Replica.ensure).
@@ -133,6 +147,7 @@ func (s *Server) restore() error {
 	if err := s.failOrphans(ctx); err != nil {
 		return err
 	}
+	s.recoverCheckpoints()
 	if !s.shared() {
 		// This process is the only gateway and its replicas start empty: old placements are void.
 		placed, err := s.st.Placements(ctx)

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
@@ -411,5 +412,46 @@ func TestQueuedBytesAreBoundedPerTenantAndInTotal(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatalf("run a2's refused seq 5, once the tenant's queue drained: %v", err)
+	}
+}
+
+// user_metadata and tags are capped where they are accepted (create_session, create_model): too
+// many keys or tags, too long ones, or too many bytes in all get a 400 naming the limit, and
+// nothing is created.
+func TestMetadataAndTagsAreCapped(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-meta")
+	many := map[string]any{}
+	for i := range 10000 {
+		many[fmt.Sprint("k", i)] = i
+	}
+	long := strings.Repeat("x", 1<<20)
+	tooMany := make([]string, 1000)
+	for name, body := range map[string]map[string]any{
+		"many keys":  {"tags": []string{}, "user_metadata": many},
+		"big value":  {"tags": []string{}, "user_metadata": map[string]any{"a": long}},
+		"long key":   {"tags": []string{}, "user_metadata": map[string]any{long: 1}},
+		"many tags":  {"tags": tooMany, "user_metadata": map[string]any{}},
+		"a long tag": {"tags": []string{long}, "user_metadata": map[string]any{}},
+	} {
+		body["type"] = "create_session"
+		err := c.Do(ctx, "POST", "create_session", body, nil)
+		if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit") {
+			t.Errorf("create_session with %s: want a 400 naming the limit, got %v", name, err)
+		}
+	}
+	var list api.SessionsResponse
+	if err := c.Do(ctx, "GET", "sessions", nil, &list); err != nil || len(list.Sessions) != 0 {
+		t.Fatalf("refused sessions were created: %v %v", list.Sessions, err)
+	}
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Do(ctx, "POST", "create_model", map[string]any{"session_id": sess, "model_seq_id": 0, "base_model": base,
+		"user_metadata": many, "lora_config": map[string]any{"rank": 4}}, nil)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("create_model with too much user_metadata: want a 400 naming the limit, got %v", err)
 	}
 }

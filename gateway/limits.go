@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 
@@ -101,6 +102,51 @@ func (s *Server) checkSampleSize(r engine.SampleRequest) error {
 	work := int64(r.NumSamples) * int64(len(r.Prompt)+r.Params.MaxTokens)
 	if work > int64(s.opts.MaxRequestTokens) {
 		return errf(http.StatusBadRequest, "num_samples × (prompt + max_tokens) = %d tokens: this server's limit is %d per request (max_request_tokens); ask for fewer samples or tokens", work, s.opts.MaxRequestTokens)
+	}
+	return nil
+}
+
+// Bounds on user_metadata and tags (create_session, create_model): they are stored with the
+// session or run and sent back in listings, so one tenant's megabytes of them would cost every
+// write of its row and every reader's time. The SDK sends a few short entries.
+const (
+	MaxMetadataKeys     = 64       // keys of one user_metadata
+	MaxMetadataKeyBytes = 256      // bytes of one key
+	MaxMetadataBytes    = 16 << 10 // user_metadata as JSON, values included
+	MaxTags             = 64       // tags of one session
+	MaxTagBytes         = 256      // bytes of one tag
+)
+
+// checkMetadata refuses a user_metadata over the bounds (counting before encoding, so a huge one
+// is refused without being encoded).
+func checkMetadata[V any](md map[string]V) error {
+	if len(md) > MaxMetadataKeys {
+		return errf(http.StatusBadRequest, "user_metadata has %d keys: the limit is %d", len(md), MaxMetadataKeys)
+	}
+	for k := range md {
+		if len(k) > MaxMetadataKeyBytes {
+			return errf(http.StatusBadRequest, "a user_metadata key of %d bytes: the limit is %d", len(k), MaxMetadataKeyBytes)
+		}
+	}
+	b, err := json.Marshal(md)
+	if err != nil {
+		return errf(http.StatusBadRequest, "user_metadata: %v", err)
+	}
+	if len(b) > MaxMetadataBytes {
+		return errf(http.StatusBadRequest, "user_metadata of %d bytes as JSON: the limit is %d", len(b), MaxMetadataBytes)
+	}
+	return nil
+}
+
+// checkTags refuses a session's tags over the bounds.
+func checkTags(tags []string) error {
+	if len(tags) > MaxTags {
+		return errf(http.StatusBadRequest, "%d tags: the limit is %d", len(tags), MaxTags)
+	}
+	for _, t := range tags {
+		if len(t) > MaxTagBytes {
+			return errf(http.StatusBadRequest, "a tag of %d bytes: the limit is %d", len(t), MaxTagBytes)
+		}
 	}
 	return nil
 }

@@ -16,6 +16,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	if err := checkTags(req.Tags); err != nil {
+		return nil, err
+	}
+	if err := checkMetadata(req.UserMetadata); err != nil {
+		return nil, err
+	}
 	project := ""
 	if req.ProjectID != nil {
 		if err := validProjectID(*req.ProjectID); err != nil {

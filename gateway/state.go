@@ -53,10 +53,18 @@ func (s *Server) logErr(what string, err error) {
 
 // sessionSnapshot is the session's row as it is now, to store once s.sessions.mu is released;
 // call with it held.
+//
+// Only the slices that change are copied under the lock; the encoding is done when the row is
+// stored, after the lock is released, so that no session's row (however big) is encoded while
+// every tenant's heartbeat and create_session wait on s.sessions.mu. Tags and metadata never
+// change once the session is created, so they are shared, not copied.
 func (s *Server) sessionSnapshot(x *session, closed bool) rowWrite {
-	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers, Project: x.project})
-	row := store.Session{ID: x.id, Tenant: x.tenant, Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}
-	return rowWrite{what: "session", ver: &x.ver, n: x.ver.bump(), put: func(ctx context.Context) error { return s.st.PutSession(ctx, row) }}
+	d := sessionData{Tags: x.tags, Metadata: x.metadata, Runs: slices.Clone(x.runs), Samplers: slices.Clone(x.samplers), Project: x.project}
+	row := store.Session{ID: x.id, Tenant: x.tenant, Created: x.created, Heartbeat: x.heartbeat, Closed: closed}
+	return rowWrite{what: "session", ver: &x.ver, n: x.ver.bump(), put: func(ctx context.Context) error {
+		row.Data, _ = json.Marshal(d)
+		return s.st.PutSession(ctx, row)
+	}}
 }
 
 // runSnapshot is the training run's row as it is now, to store once s.runs.mu is released; call

@@ -57,6 +57,9 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	if err := checkMetadata(req.UserMetadata); err != nil {
+		return nil, err
+	}
 	sess, err := s.sessionOf(tenant, req.SessionID)
 	if err != nil {
 		return nil, err

@@ -308,7 +308,7 @@ func (s *Server) sweeper() {
 	defer sweep.Stop()
 	ctx := context.Background()
 	s.sweepLeftovers(time.Now())
-	leftovers := time.NewTicker(leftoversEvery)
+	leftovers := time.NewTicker(leftoversEvery(s.opts.SessionRetention))
 	defer leftovers.Stop()
 	for {
 		select {

@@ -5,7 +5,10 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -76,11 +79,16 @@ func (s *Server) sweepSessions(now time.Time) {
 	s.sessions.mu.Unlock()
 	// Gone from the registry, the sessions get no new runs or samplers (createModel and
 	// registerSampler look their session up under its lock).
+	var gone []*sampler
 	s.samplers.mu.Lock()
 	for _, id := range samplerIDs {
+		if smp := s.samplers.m[id]; smp != nil {
+			gone = append(gone, smp)
+		}
 		delete(s.samplers.m, id)
 	}
 	s.samplers.mu.Unlock()
+	s.removeEphemeral(gone)
 	var drop []*trainingRun
 	s.runs.mu.Lock()
 	for _, id := range runIDs {
@@ -97,6 +105,22 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	for _, run := range drop {
 		s.dropAdapter(run)
+	}
+}
+
+// removeEphemeral frees the weights of an expired session's ephemeral samplers: nothing can name
+// them again (they have no path), so they would otherwise wait for the age-based sweep. A
+// sampler over a checkpoint keeps its weights: they are the checkpoint's.
+func (s *Server) removeEphemeral(gone []*sampler) {
+	root := filepath.Join(s.opts.DataDir, "ephemeral") + string(filepath.Separator)
+	for _, smp := range gone {
+		if smp.modelPath != "" || !strings.HasPrefix(smp.dir, root) {
+			continue
+		}
+		if smp.rep != nil {
+			smp.rep.DropCopies(func(id string) bool { return id == smp.engineID })
+		}
+		s.logErr("removing an expired session's ephemeral weights", os.RemoveAll(smp.dir))
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/store"
 )
@@ -53,6 +55,37 @@ func TestExpiredSessionsLeaveNothingBehindForLong(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("30 s after the session expired: weights still there %v, %d session rows in the store", statErr == nil, len(rows))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A tenant holds at most MaxSessionsPerTenant live sessions: one more is a 429 saying so, and
+// expired sessions do not count (other tenants are not affected).
+func TestSessionsPerTenantAreBounded(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxSessionsPerTenant: 3, SessionTimeout: 2 * time.Second})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-many")
+	for i := range 3 {
+		if _, err := c.CreateSession(ctx); err != nil {
+			t.Fatalf("session %d within the bound: %v", i, err)
+		}
+	}
+	_, err := c.CreateSession(ctx)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 3") {
+		t.Fatalf("a fourth live session: want 429 naming the limit, got %v", err)
+	}
+	if _, err := client.New(ts.URL, "tml-other").CreateSession(ctx); err != nil {
+		t.Fatalf("another tenant: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.CreateSession(ctx)
+		if err == nil {
+			break
+		}
+		if !isStatus(err, 429) || time.Now().After(deadline) {
+			t.Fatalf("once the tenant's sessions expired: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -97,6 +97,9 @@ type Options struct {
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
+	// MaxSessionsPerTenant is how many live sessions one tenant may hold (default
+	// DefaultMaxSessionsPerTenant); past it create_session gets a 429. Expired ones do not count.
+	MaxSessionsPerTenant int
 	// MaxAdaptersPerTenant is how many live adapters (training runs) one tenant may hold, all
 	// replicas together (default DefaultMaxAdaptersPerTenant); not a replica's LoRA slots.
 	MaxAdaptersPerTenant int
@@ -199,6 +202,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.SessionTimeout == 0 {
 		opts.SessionTimeout = DefaultSessionTimeout
+	}
+	if opts.MaxSessionsPerTenant == 0 {
+		opts.MaxSessionsPerTenant = DefaultMaxSessionsPerTenant
 	}
 	if opts.MaxAdaptersPerTenant == 0 {
 		opts.MaxAdaptersPerTenant = DefaultMaxAdaptersPerTenant

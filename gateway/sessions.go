@@ -36,6 +36,18 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
 	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata, project: project}
 	s.sessions.mu.Lock()
+	// Counted and added under one lock, so concurrent create_sessions cannot pass the bound
+	// together. Only live sessions are in s.sessions.m: expired ones do not count.
+	live := 0
+	for _, x := range s.sessions.m {
+		if x.tenant == tenant {
+			live++
+		}
+	}
+	if live >= s.opts.MaxSessionsPerTenant {
+		s.sessions.mu.Unlock()
+		return nil, errf(http.StatusTooManyRequests, "tenant already has %d live sessions (limit %d, max_sessions_per_tenant): let unused ones expire (stop their heartbeats) and retry", live, s.opts.MaxSessionsPerTenant)
+	}
 	s.sessions.m[sess.id] = sess
 	write := s.sessionSnapshot(sess, false)
 	s.sessions.mu.Unlock()

@@ -20,6 +20,7 @@ type limitFlags struct {
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention                          *time.Duration
 	pixelValues                               *int
+	sessionsPerTenant                         *int
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
@@ -32,6 +33,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		requestTokens:     fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:   fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
 		pixelValues:       fs.Int("max-request-pixel-values", gateway.DefaultMaxRequestPixelValues, "pixel_values elements of one request's images together (vision-language models)"),
+		sessionsPerTenant: fs.Int("max-sessions-per-tenant", gateway.DefaultMaxSessionsPerTenant, "live sessions one tenant may hold (expired ones do not count); past it create_session gets 429"),
 		sessionRetention:  fs.Duration("session-retention", gateway.DefaultSessionRetention, "how long a closed session and its dead runs are kept before they are forgotten"),
 		readHeaderTimeout: fs.Duration("http-read-header-timeout", 10*time.Second, "time a client has to send a request's headers"),
 		readTimeout:       fs.Duration("http-read-timeout", 5*time.Minute, "time a client has to send a whole request, body included (must exceed the 30 s long-poll)"),
@@ -48,7 +50,7 @@ func (l *limitFlags) check() error {
 	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
 		"tenant-queue-bytes": *l.tenantQueueBytes, "total-queue-bytes": *l.totalQueueBytes,
 		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens),
-		"max-request-pixel-values": int64(*l.pixelValues)} {
+		"max-request-pixel-values": int64(*l.pixelValues), "max-sessions-per-tenant": int64(*l.sessionsPerTenant)} {
 		if v < 1 {
 			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
 		}
@@ -81,6 +83,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRequestPixelValues = *l.pixelValues
 	o.TenantCheckpointBytes = *l.checkpointBytes
 	o.SessionRetention = *l.sessionRetention
+	o.MaxSessionsPerTenant = *l.sessionsPerTenant
 	return o
 }
 

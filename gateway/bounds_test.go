@@ -455,3 +455,95 @@ func TestMetadataAndTagsAreCapped(t *testing.T) {
 		t.Fatalf("create_model with too much user_metadata: want a 400 naming the limit, got %v", err)
 	}
 }
+
+// blockFirst is the tiny engine, except that its first forward pass waits for release.
+type blockFirst struct {
+	*engine.Engine
+	started, release chan struct{}
+	once             atomic.Bool
+}
+
+func (b *blockFirst) ForwardBatch(ctx context.Context, id string, batch *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if !b.once.Swap(true) {
+		close(b.started)
+		<-b.release
+	}
+	return b.Engine.ForwardBatch(ctx, id, batch, backward)
+}
+
+// Requests sent in order while the run's op is busy wait their turn in the run's queue: they are
+// held to its bounds too (only a next seq_id that releases buffered ones is let in over them).
+func TestInOrderRequestsAreBoundedWhileTheRunIsBusy(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf := &blockFirst{Engine: e, started: make(chan struct{}), release: make(chan struct{})}
+	ts := serverOver(t, bf, gateway.Options{MaxRunQueueOps: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-busy", 4)
+	data := []api.Datum{datum([]int{10, 20, 30, 40}, true)}
+	first, err := tc.ForwardBackwardSeq(ctx, 1, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-bf.started
+	var fs []*client.Future
+	for seq := 2; seq <= 3; seq++ {
+		f, err := tc.ForwardBackwardSeq(ctx, seq, data, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("seq %d within the bound: %v", seq, err)
+		}
+		fs = append(fs, f)
+	}
+	_, err = tc.ForwardBackwardSeq(ctx, 4, data, "cross_entropy", nil, true)
+	close(bf.release)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 2") {
+		t.Fatalf("seq 4 waiting behind two while the run is busy: want 429 naming the limit, got %v", err)
+	}
+	for _, f := range append(fs, first) {
+		if err := f.Result(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := tc.ForwardBackwardSeq(ctx, 4, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatalf("seq 4 again, once the queue drained: %v", err)
+	}
+	if err := f.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Unloading a run ends the requests buffered ahead of its next seq_id (they can never run) and
+// gives back what they held, rather than keeping them until the run is forgotten.
+func TestUnloadEndsBufferedRequests(t *testing.T) {
+	const mb = 1 << 20
+	ts := newServer(t, gateway.Options{MaxTenantQueueBytes: 3 * mb})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, tc := newRun(t, ts.URL, "tml-unload", 4)
+	data := tinyDatums(ts, 1000) // about 2.2 MB decoded
+	f, err := tc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "POST", "unload_model", map[string]any{"model_id": tc.ModelID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Result(ctx, nil); err == nil || !strings.Contains(err.Error(), "unloaded") {
+		t.Fatalf("a buffered request of an unloaded model: want it failed saying so, got %v", err)
+	}
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("the unloaded run's buffered bytes were not given back: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 )
 
@@ -87,20 +88,25 @@ func newRunQueue(next int) *runQueue { return &runQueue{next: next, pending: map
 var errQueueFull = errors.New("queue full")
 
 // reserve makes room for op number seq of cost bytes, or says why there is none. The next seq_id
-// is always let in, since it is what releases the buffered ones; so is one op alone on its run,
-// so that a request within the body limit runs even if it is larger than the byte bound. An op
-// that cannot run yet (a seq_id ahead of the next) is always held to the tenant's and the
-// server's bounds: those are what keep memory bounded whatever the number of runs.
+// is let in over the run's bounds when ops wait for it, since it is what releases them; so is one
+// op alone on its run, so that a request within the body limit runs even if it is larger than
+// the byte bound. An op that cannot run yet (a seq_id ahead of the next) is also held to the
+// tenant's and the server's bounds: those keep memory bounded whatever the number of runs, while
+// ready ops, bounded per run, drain by themselves (so one tenant's parked ops never refuse
+// another tenant's runnable ones).
 func (q *runQueue) reserve(seq int, cost int64) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	next := seq > 0 && (seq == q.next || q.next == -1)
+	// runnable: it joins the ready ops (which drain by themselves) rather than waiting for a
+	// missing seq_id; releases: it is the missing one that buffered ops wait for.
+	runnable := seq <= 0 || seq == q.next || q.next == -1
+	releases := seq > 0 && seq == q.next && len(q.pending) > 0
 	if q.budget != nil {
-		if err := q.budget.take(q.tenant, cost, !next && !(seq <= 0 && q.ops == 0)); err != nil {
+		if err := q.budget.take(q.tenant, cost, !runnable); err != nil {
 			return err
 		}
 	}
-	if q.ops > 0 && (seq <= 0 || seq != q.next) {
+	if q.ops > 0 && !releases {
 		if q.maxOps > 0 && q.ops >= q.maxOps {
 			q.giveBudget(cost)
 			return fmt.Errorf("%w: the model already has %d requests queued (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.ops, q.maxOps)
@@ -180,6 +186,32 @@ func (q *runQueue) skip(seq int, cost int64) {
 		return
 	}
 	_ = q.submit(seq, cost, func() {}) // an error means the slot is already taken: nothing to do
+}
+
+// abandon moves every buffered op to the ready ones, in seq_id order, for a run that can never
+// run again (unloaded, or its session expired): each ends its future saying so (see
+// submitOrderedSized) and gives back what it held, rather than holding it until the run is
+// forgotten. Later seq_ids go on after the last of them.
+func (q *runQueue) abandon() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.pending) == 0 {
+		return
+	}
+	seqs := make([]int, 0, len(q.pending))
+	for seq := range q.pending {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		q.ready = append(q.ready, q.pending[seq])
+		delete(q.pending, seq)
+	}
+	q.next = seqs[len(seqs)-1] + 1
+	if !q.running {
+		q.running = true
+		go q.drain()
+	}
 }
 
 // drain runs ready ops one after another; each op itself routes to a replica and waits.

@@ -17,6 +17,7 @@ import (
 // dropAdapter frees an unloaded or expired run's slot and memory. Its full state (including
 // gradients accumulated since the last step) is saved first, so it can be loaded again.
 func (s *Server) dropAdapter(run *trainingRun) {
+	s.queueOf(run).abandon() // its buffered requests can never run now
 	if ep, ok := s.router.Where(run.id); ok {
 		if rep, err := s.replicaFor(ep); err == nil {
 			// In the tenant's lane, so that it runs after the run's ops already queued there.

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
@@ -317,5 +318,232 @@ func TestAnswersAreWrittenWithinTheWriteTimeout(t *testing.T) {
 	var se *client.StatusError
 	if err == nil || errors.As(err, &se) || ctx.Err() != nil {
 		t.Fatalf("a long-poll answered after the write deadline: want the connection cut, got %v", err)
+	}
+}
+
+// tinyDatums is a batch of n two-token datums: a small body that decodes into far more memory
+// (a slice, a map and tensors per datum).
+func tinyDatums(ts *testServer, n int) []api.Datum {
+	ids := ts.eng.Tokenizer.Encode("a tiny datum of a few tokens")[:3]
+	data := make([]api.Datum, n)
+	for i := range data {
+		data[i] = datum(ids, true)
+	}
+	return data
+}
+
+// The run's byte bound counts what the decoded request holds, not its body: a protobuf body of
+// a thousand tiny datums (~90 KB) holds a few MB once decoded.
+func TestRunQueueCountsDecodedBytes(t *testing.T) {
+	ts := newServer(t, gateway.Options{MaxRunQueueBytes: 1 << 20})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-decoded", 4)
+	data := tinyDatums(ts, 1000)
+	if body := len(api.EncodeForwardBackwardRequest(&api.ForwardBackwardRequest{Input: api.ForwardBackwardInput{Data: data}})); body*4 > 1<<20 {
+		t.Fatalf("test set-up: body of %d bytes is not small", body)
+	}
+	if _, err := tc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("one request alone: %v", err)
+	}
+	_, err := tc.ForwardBackwardSeq(ctx, 6, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 1048576") {
+		t.Fatalf("a second buffered request holding MBs decoded under a 1 MiB bound: want 429, got %v", err)
+	}
+}
+
+// Queued bytes are bounded per tenant (over all its runs) and in total (over all tenants), so
+// that many runs or many tenants cannot add up to unbounded memory. A refused request consumes
+// nothing: the same seq_id is accepted once there is room, and a run's next seq_id always is.
+func TestQueuedBytesAreBoundedPerTenantAndInTotal(t *testing.T) {
+	const mb = 1 << 20
+	ts := newServer(t, gateway.Options{MaxRunQueueBytes: -1, MaxTenantQueueBytes: 3 * mb, MaxTotalQueueBytes: 5 * mb})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	data := tinyDatums(ts, 1000) // about 2.2 MB decoded
+	c, a1 := newRun(t, ts.URL, "tml-qa", 4)
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a1.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("first buffered request of the tenant: %v", err)
+	}
+	_, err = a2.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "per tenant") {
+		t.Fatalf("the tenant's second run past the tenant bound: want 429 naming it, got %v", err)
+	}
+	_, b := newRun(t, ts.URL, "tml-qb", 4)
+	if _, err := b.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("another tenant within the total: %v", err)
+	}
+	_, cc := newRun(t, ts.URL, "tml-qc", 4)
+	_, err = cc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "total_queue_bytes") {
+		t.Fatalf("a third tenant past the server's total: want 429 naming it, got %v", err)
+	}
+	// The next seq_id is let in over the bounds: it runs now and releases what waits for it.
+	small := []api.Datum{datum(ts.eng.Tokenizer.Encode("next one"), true)}
+	var fs []*client.Future
+	for seq := 1; seq <= 4; seq++ {
+		f, err := a1.ForwardBackwardSeq(ctx, seq, small, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("run a1's next seq_id %d: %v", seq, err)
+		}
+		fs = append(fs, f)
+	}
+	for _, f := range fs {
+		if err := f.Result(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a1's seq 5 has run (its future is done once seq 1-4 are): the tenant holds nothing now.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err = a2.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+		if err == nil || !isStatus(err, 429) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("run a2's refused seq 5, once the tenant's queue drained: %v", err)
+	}
+}
+
+// user_metadata and tags are capped where they are accepted (create_session, create_model): too
+// many keys or tags, too long ones, or too many bytes in all get a 400 naming the limit, and
+// nothing is created.
+func TestMetadataAndTagsAreCapped(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-meta")
+	many := map[string]any{}
+	for i := range 10000 {
+		many[fmt.Sprint("k", i)] = i
+	}
+	long := strings.Repeat("x", 1<<20)
+	tooMany := make([]string, 1000)
+	for name, body := range map[string]map[string]any{
+		"many keys":  {"tags": []string{}, "user_metadata": many},
+		"big value":  {"tags": []string{}, "user_metadata": map[string]any{"a": long}},
+		"long key":   {"tags": []string{}, "user_metadata": map[string]any{long: 1}},
+		"many tags":  {"tags": tooMany, "user_metadata": map[string]any{}},
+		"a long tag": {"tags": []string{long}, "user_metadata": map[string]any{}},
+	} {
+		body["type"] = "create_session"
+		err := c.Do(ctx, "POST", "create_session", body, nil)
+		if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit") {
+			t.Errorf("create_session with %s: want a 400 naming the limit, got %v", name, err)
+		}
+	}
+	var list api.SessionsResponse
+	if err := c.Do(ctx, "GET", "sessions", nil, &list); err != nil || len(list.Sessions) != 0 {
+		t.Fatalf("refused sessions were created: %v %v", list.Sessions, err)
+	}
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Do(ctx, "POST", "create_model", map[string]any{"session_id": sess, "model_seq_id": 0, "base_model": base,
+		"user_metadata": many, "lora_config": map[string]any{"rank": 4}}, nil)
+	if !isStatus(err, 400) || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("create_model with too much user_metadata: want a 400 naming the limit, got %v", err)
+	}
+}
+
+// blockFirst is the tiny engine, except that its first forward pass waits for release.
+type blockFirst struct {
+	*engine.Engine
+	started, release chan struct{}
+	once             atomic.Bool
+}
+
+func (b *blockFirst) ForwardBatch(ctx context.Context, id string, batch *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if !b.once.Swap(true) {
+		close(b.started)
+		<-b.release
+	}
+	return b.Engine.ForwardBatch(ctx, id, batch, backward)
+}
+
+// Requests sent in order while the run's op is busy wait their turn in the run's queue: they are
+// held to its bounds too (only a next seq_id that releases buffered ones is let in over them).
+func TestInOrderRequestsAreBoundedWhileTheRunIsBusy(t *testing.T) {
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf := &blockFirst{Engine: e, started: make(chan struct{}), release: make(chan struct{})}
+	ts := serverOver(t, bf, gateway.Options{MaxRunQueueOps: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tc := newRun(t, ts.URL, "tml-busy", 4)
+	data := []api.Datum{datum([]int{10, 20, 30, 40}, true)}
+	first, err := tc.ForwardBackwardSeq(ctx, 1, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-bf.started
+	var fs []*client.Future
+	for seq := 2; seq <= 3; seq++ {
+		f, err := tc.ForwardBackwardSeq(ctx, seq, data, "cross_entropy", nil, true)
+		if err != nil {
+			t.Fatalf("seq %d within the bound: %v", seq, err)
+		}
+		fs = append(fs, f)
+	}
+	_, err = tc.ForwardBackwardSeq(ctx, 4, data, "cross_entropy", nil, true)
+	close(bf.release)
+	if !isStatus(err, 429) || !strings.Contains(err.Error(), "limit 2") {
+		t.Fatalf("seq 4 waiting behind two while the run is busy: want 429 naming the limit, got %v", err)
+	}
+	for _, f := range append(fs, first) {
+		if err := f.Result(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := tc.ForwardBackwardSeq(ctx, 4, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatalf("seq 4 again, once the queue drained: %v", err)
+	}
+	if err := f.Result(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Unloading a run ends the requests buffered ahead of its next seq_id (they can never run) and
+// gives back what they held, rather than keeping them until the run is forgotten.
+func TestUnloadEndsBufferedRequests(t *testing.T) {
+	const mb = 1 << 20
+	ts := newServer(t, gateway.Options{MaxTenantQueueBytes: 3 * mb})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, tc := newRun(t, ts.URL, "tml-unload", 4)
+	data := tinyDatums(ts, 1000) // about 2.2 MB decoded
+	f, err := tc.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "POST", "unload_model", map[string]any{"model_id": tc.ModelID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Result(ctx, nil); err == nil || !strings.Contains(err.Error(), "unloaded") {
+		t.Fatalf("a buffered request of an unloaded model: want it failed saying so, got %v", err)
+	}
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ForwardBackwardSeq(ctx, 5, data, "cross_entropy", nil, true); err != nil {
+		t.Fatalf("the unloaded run's buffered bytes were not given back: %v", err)
 	}
 }

@@ -13,4 +13,7 @@ const (
 	// hold across all replicas; unrelated to a replica's LoRA slots.
 	DefaultMaxAdaptersPerTenant = 30
 	DefaultQueueTimeout         = 10 * time.Minute
+	// DefaultMaxSessionsPerTenant is how many live sessions one tenant may hold: each keeps a
+	// row, its samplers and runs; a client makes one per ServiceClient.
+	DefaultMaxSessionsPerTenant = 64
 )

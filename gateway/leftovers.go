@@ -21,18 +21,25 @@ const (
 	// ".old-*") must be before it counts as left by a crash: no save takes this long, and with
 	// several gateways on one data directory the others' saves in progress are younger.
 	staleTempAge = time.Hour
-	// leftoversEvery is how often the sweep runs (and once at start).
-	leftoversEvery = time.Hour
+	// leftoversAtMost is the longest time between two sweeps (one also runs at start).
+	leftoversAtMost = time.Hour
+	// leftoversAtLeast is the shortest: a sweep lists every session, run and checkpoint.
+	leftoversAtLeast = time.Second
 )
 
-// isTempDir reports whether a name is one of the temporary directories of a save. Under
-// DATA/state an ".old-*" directory may be the only copy of a run's state (the older layout's
-// save died between its renames): tidySavedStates recovers or removes those at start.
-func isTempDir(root, name string) bool {
-	if strings.Contains(name, ".partial-") {
-		return true
-	}
-	return strings.Contains(name, ".old-") && filepath.Base(root) != "state"
+// leftoversEvery is how often the sweep runs: often enough that what the retention lets go is
+// gone within a quarter of the retention after it (a short retention is a promise about disk and
+// rows, not only listings), within [leftoversAtLeast, leftoversAtMost].
+func leftoversEvery(retention time.Duration) time.Duration {
+	return min(leftoversAtMost, max(retention/4, leftoversAtLeast))
+}
+
+// isTempDir reports whether a name is one of the temporary directories of a save. An ".old-*"
+// directory may be the only copy of a run's state (the older layout's save died between its
+// renames) or of a checkpoint (an overwrite died between its renames): tidySavedStates and
+// recoverCheckpoints recover or remove those at start, never the age-based sweep.
+func isTempDir(_, name string) bool {
+	return strings.Contains(name, ".partial-")
 }
 
 // sweepLeftovers removes what a crash or the passage of time left behind.

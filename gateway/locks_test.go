@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/store"
 )
@@ -94,5 +96,59 @@ func TestSlowStoreWriteHoldsNoLock(t *testing.T) {
 	}
 	if stalled {
 		<-reads // the listings end once the write does, on a server that held the lock
+	}
+}
+
+// countingStore counts the session rows written in full.
+type countingStore struct {
+	store.Store
+	puts atomic.Int64
+}
+
+func (s *countingStore) PutSession(ctx context.Context, x store.Session) error {
+	s.puts.Add(1)
+	return s.Store.PutSession(ctx, x)
+}
+
+// A heartbeat stores only the heartbeat time: the session's row (tags, metadata, runs) is not
+// encoded and written again, however often a client heartbeats. The time is stored all the same.
+func TestHeartbeatsWriteOnlyTheHeartbeat(t *testing.T) {
+	sq, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sq.Close()
+	st := &countingStore{Store: sq}
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	ts := httptest.NewServer(gw)
+	defer ts.Close()
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-beat")
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := st.puts.Load()
+	rows, _ := sq.Sessions(ctx)
+	if len(rows) != 1 {
+		t.Fatalf("%d session rows", len(rows))
+	}
+	created := rows[0].Heartbeat
+	time.Sleep(5 * time.Millisecond) // the store keeps milliseconds
+	for range 20 {
+		if err := c.Do(ctx, "POST", "session_heartbeat", map[string]any{"session_id": sess}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := st.puts.Load() - before; n != 0 {
+		t.Fatalf("20 heartbeats wrote the whole session row %d times", n)
+	}
+	rows, _ = sq.Sessions(ctx)
+	if len(rows) != 1 || !rows[0].Heartbeat.After(created) || string(rows[0].Data) == "" {
+		t.Fatalf("after the heartbeats the row is %+v (created with heartbeat %v)", rows, created)
 	}
 }

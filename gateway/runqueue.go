@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 )
 
@@ -29,6 +30,51 @@ type runQueue struct {
 	bytes    int64 // reserved bytes of those
 	maxOps   int   // ≤ 0: unbounded
 	maxBytes int64 // ≤ 0: unbounded
+	// budget is the server-wide account of queued bytes (per tenant and in total) this run's
+	// reservations are also charged to; nil: none.
+	budget *queueBudget
+	tenant string
+}
+
+// queueBudget bounds the queued bytes of all runs together: per tenant (a tenant has several
+// runs) and across the server (open mode has any number of tenants). A run's own bound alone
+// would let memory grow with the number of runs.
+type queueBudget struct {
+	mu        sync.Mutex
+	byTenant  map[string]int64
+	total     int64
+	maxTenant int64 // ≤ 0: unbounded
+	maxTotal  int64 // ≤ 0: unbounded
+}
+
+func newQueueBudget(maxTenant, maxTotal int64) *queueBudget {
+	return &queueBudget{byTenant: map[string]int64{}, maxTenant: maxTenant, maxTotal: maxTotal}
+}
+
+// take charges cost to tenant; with check, only if that stays within both bounds.
+func (b *queueBudget) take(tenant string, cost int64, check bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if check {
+		if b.maxTenant > 0 && b.byTenant[tenant]+cost > b.maxTenant {
+			return fmt.Errorf("%w: your queued requests hold about %d bytes and this one %d (limit %d per tenant, tenant_queue_bytes); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, b.byTenant[tenant], cost, b.maxTenant)
+		}
+		if b.maxTotal > 0 && b.total+cost > b.maxTotal {
+			return fmt.Errorf("%w: the server's queued requests hold about %d bytes and this one %d (limit %d, total_queue_bytes); retry later", errQueueFull, b.total, cost, b.maxTotal)
+		}
+	}
+	b.byTenant[tenant] += cost
+	b.total += cost
+	return nil
+}
+
+func (b *queueBudget) give(tenant string, cost int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.total -= cost
+	if b.byTenant[tenant] -= cost; b.byTenant[tenant] <= 0 {
+		delete(b.byTenant, tenant) // no entry per tenant that holds nothing
+	}
 }
 
 type queuedOp struct {
@@ -42,16 +88,31 @@ func newRunQueue(next int) *runQueue { return &runQueue{next: next, pending: map
 var errQueueFull = errors.New("queue full")
 
 // reserve makes room for op number seq of cost bytes, or says why there is none. The next seq_id
-// is always let in, since it is what releases the buffered ones; so is one op alone, so that a
-// request within the body limit runs even if it is larger than the byte bound.
+// is let in over the run's bounds when ops wait for it, since it is what releases them; so is one
+// op alone on its run, so that a request within the body limit runs even if it is larger than
+// the byte bound. An op that cannot run yet (a seq_id ahead of the next) is also held to the
+// tenant's and the server's bounds: those keep memory bounded whatever the number of runs, while
+// ready ops, bounded per run, drain by themselves (so one tenant's parked ops never refuse
+// another tenant's runnable ones).
 func (q *runQueue) reserve(seq int, cost int64) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.ops > 0 && (seq <= 0 || seq != q.next) {
+	// runnable: it joins the ready ops (which drain by themselves) rather than waiting for a
+	// missing seq_id; releases: it is the missing one that buffered ops wait for.
+	runnable := seq <= 0 || seq == q.next || q.next == -1
+	releases := seq > 0 && seq == q.next && len(q.pending) > 0
+	if q.budget != nil {
+		if err := q.budget.take(q.tenant, cost, !runnable); err != nil {
+			return err
+		}
+	}
+	if q.ops > 0 && !releases {
 		if q.maxOps > 0 && q.ops >= q.maxOps {
+			q.giveBudget(cost)
 			return fmt.Errorf("%w: the model already has %d requests queued (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.ops, q.maxOps)
 		}
 		if q.maxBytes > 0 && q.bytes+cost > q.maxBytes {
+			q.giveBudget(cost)
 			return fmt.Errorf("%w: the model's queued requests hold %d bytes and this one %d (limit %d); wait for earlier results (or send the missing seq_ids) and retry", errQueueFull, q.bytes, cost, q.maxBytes)
 		}
 	}
@@ -70,6 +131,13 @@ func (q *runQueue) release(cost int64) {
 func (q *runQueue) releaseLocked(cost int64) {
 	q.ops--
 	q.bytes -= cost
+	q.giveBudget(cost)
+}
+
+func (q *runQueue) giveBudget(cost int64) {
+	if q.budget != nil {
+		q.budget.give(q.tenant, cost)
+	}
 }
 
 // submit queues op number seq (seq ≤ 0: no seq_id, runs in arrival order) under a reservation of
@@ -120,6 +188,32 @@ func (q *runQueue) skip(seq int, cost int64) {
 	_ = q.submit(seq, cost, func() {}) // an error means the slot is already taken: nothing to do
 }
 
+// abandon moves every buffered op to the ready ones, in seq_id order, for a run that can never
+// run again (unloaded, or its session expired): each ends its future saying so (see
+// submitOrderedSized) and gives back what it held, rather than holding it until the run is
+// forgotten. Later seq_ids go on after the last of them.
+func (q *runQueue) abandon() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.pending) == 0 {
+		return
+	}
+	seqs := make([]int, 0, len(q.pending))
+	for seq := range q.pending {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		q.ready = append(q.ready, q.pending[seq])
+		delete(q.pending, seq)
+	}
+	q.next = seqs[len(seqs)-1] + 1
+	if !q.running {
+		q.running = true
+		go q.drain()
+	}
+}
+
 // drain runs ready ops one after another; each op itself routes to a replica and waits.
 func (q *runQueue) drain() {
 	for {
@@ -156,6 +250,9 @@ func (s *Server) queueOf(run *trainingRun) *runQueue {
 	}
 	run.queue.mu.Lock()
 	run.queue.maxOps, run.queue.maxBytes = s.opts.MaxRunQueueOps, s.opts.MaxRunQueueBytes
+	if run.queue.budget == nil && run.queue.ops == 0 { // set once, before any reservation: each is given back where it was charged
+		run.queue.budget, run.queue.tenant = s.queued, run.tenant
+	}
 	run.queue.mu.Unlock()
 	return run.queue
 }

@@ -69,6 +69,11 @@ type Options struct {
 	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
 	MaxRunQueueOps   int
 	MaxRunQueueBytes int64
+	// MaxTenantQueueBytes and MaxTotalQueueBytes bound the same bytes over all of one tenant's
+	// runs and over the whole server (defaults 512 MiB and 2 GiB; negative: unbounded). Queued
+	// bytes are the memory the decoded requests hold (heldBytes), not their bodies.
+	MaxTenantQueueBytes int64
+	MaxTotalQueueBytes  int64
 	// MaxRequestDatums and MaxRequestTokens cap one request's size (defaults 1024 datums and
 	// 512 Ki tokens); past them it gets a 400 naming the limit.
 	MaxRequestDatums int
@@ -104,6 +109,9 @@ type Options struct {
 	// RemotePoll is how often a long-poll on another gateway's future re-reads the store as a
 	// fallback for a lost notification (default 1 s).
 	RemotePoll time.Duration
+	// MaxSessionsPerTenant is how many live sessions one tenant may hold (default
+	// DefaultMaxSessionsPerTenant); past it create_session gets a 429. Expired ones do not count.
+	MaxSessionsPerTenant int
 	// MaxAdaptersPerTenant is how many live adapters (training runs) one tenant may hold, all
 	// replicas together (default DefaultMaxAdaptersPerTenant); not a replica's LoRA slots.
 	MaxAdaptersPerTenant int
@@ -112,6 +120,7 @@ type Options struct {
 // Server serves the Tinker API over a set of base models.
 type Server struct {
 	opts     Options
+	queued   *queueBudget // queued requests' bytes, per tenant and in total (runqueue.go)
 	log      *slog.Logger
 	modelsMu sync.RWMutex
 	models   map[string][]*replica.Replica // base model name -> its replicas
@@ -210,6 +219,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.SessionTimeout == 0 {
 		opts.SessionTimeout = DefaultSessionTimeout
 	}
+	if opts.MaxSessionsPerTenant == 0 {
+		opts.MaxSessionsPerTenant = DefaultMaxSessionsPerTenant
+	}
 	if opts.MaxAdaptersPerTenant == 0 {
 		opts.MaxAdaptersPerTenant = DefaultMaxAdaptersPerTenant
 	}
@@ -224,6 +236,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	}
 	if opts.MaxRunQueueBytes == 0 {
 		opts.MaxRunQueueBytes = DefaultMaxRunQueueBytes
+	}
+	if opts.MaxTenantQueueBytes == 0 {
+		opts.MaxTenantQueueBytes = DefaultMaxTenantQueueBytes
+	}
+	if opts.MaxTotalQueueBytes == 0 {
+		opts.MaxTotalQueueBytes = DefaultMaxTotalQueueBytes
 	}
 	if opts.MaxRequestDatums == 0 {
 		opts.MaxRequestDatums = DefaultMaxRequestDatums
@@ -273,7 +291,8 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		st: st, ownsSt: owns,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
-		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{})}
+		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
+		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)
@@ -317,7 +336,7 @@ func (s *Server) sweeper() {
 	defer sweep.Stop()
 	ctx := context.Background()
 	s.sweepLeftovers(time.Now())
-	leftovers := time.NewTicker(leftoversEvery)
+	leftovers := time.NewTicker(leftoversEvery(s.opts.SessionRetention))
 	defer leftovers.Stop()
 	for {
 		select {

@@ -5,7 +5,10 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -14,6 +17,12 @@ import (
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CreateSessionRequest
 	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if err := checkTags(req.Tags); err != nil {
+		return nil, err
+	}
+	if err := checkMetadata(req.UserMetadata); err != nil {
 		return nil, err
 	}
 	project := ""
@@ -27,6 +36,18 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant st
 	s.logErr("tenant", s.st.TouchTenant(r.Context(), tenant))
 	sess := &session{id: "sess-" + randomHex(8), tenant: tenant, created: now, heartbeat: now, tags: req.Tags, metadata: req.UserMetadata, project: project}
 	s.sessions.mu.Lock()
+	// Counted and added under one lock, so concurrent create_sessions cannot pass the bound
+	// together. Only live sessions are in s.sessions.m: expired ones do not count.
+	live := 0
+	for _, x := range s.sessions.m {
+		if x.tenant == tenant {
+			live++
+		}
+	}
+	if live >= s.opts.MaxSessionsPerTenant {
+		s.sessions.mu.Unlock()
+		return nil, errf(http.StatusTooManyRequests, "tenant already has %d live sessions (limit %d, max_sessions_per_tenant): let unused ones expire (stop their heartbeats) and retry", live, s.opts.MaxSessionsPerTenant)
+	}
 	s.sessions.m[sess.id] = sess
 	write := s.sessionSnapshot(sess, false)
 	s.sessions.mu.Unlock()
@@ -46,9 +67,11 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 		return nil, errf(http.StatusNotFound, "session %q not found", req.SessionID)
 	}
 	sess.heartbeat = time.Now()
-	write := s.sessionSnapshot(sess, false)
+	id, at := sess.id, sess.heartbeat
 	s.sessions.mu.Unlock()
-	s.persist(write)
+	// Only the time is stored (after the lock): the row's tags, metadata and ids did not change,
+	// and re-encoding them on every heartbeat is what let one tenant's big row stall others.
+	s.logErr("session heartbeat", s.st.TouchSession(context.Background(), id, at))
 	return api.TypeResponse{Type: "session_heartbeat"}, nil
 }
 
@@ -70,11 +93,16 @@ func (s *Server) sweepSessions(now time.Time) {
 	s.sessions.mu.Unlock()
 	// Gone from the registry, the sessions get no new runs or samplers (createModel and
 	// registerSampler look their session up under its lock).
+	var gone []*sampler
 	s.samplers.mu.Lock()
 	for _, id := range samplerIDs {
+		if smp := s.samplers.m[id]; smp != nil {
+			gone = append(gone, smp)
+		}
 		delete(s.samplers.m, id)
 	}
 	s.samplers.mu.Unlock()
+	s.removeEphemeral(gone)
 	var drop []*trainingRun
 	s.runs.mu.Lock()
 	for _, id := range runIDs {
@@ -91,6 +119,22 @@ func (s *Server) sweepSessions(now time.Time) {
 	}
 	for _, run := range drop {
 		s.dropAdapter(run)
+	}
+}
+
+// removeEphemeral frees the weights of an expired session's ephemeral samplers: nothing can name
+// them again (they have no path), so they would otherwise wait for the age-based sweep. A
+// sampler over a checkpoint keeps its weights: they are the checkpoint's.
+func (s *Server) removeEphemeral(gone []*sampler) {
+	root := filepath.Join(s.opts.DataDir, "ephemeral") + string(filepath.Separator)
+	for _, smp := range gone {
+		if smp.modelPath != "" || !strings.HasPrefix(smp.dir, root) {
+			continue
+		}
+		if smp.rep != nil {
+			smp.rep.DropCopies(func(id string) bool { return id == smp.engineID })
+		}
+		s.logErr("removing an expired session's ephemeral weights", os.RemoveAll(smp.dir))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -52,10 +53,18 @@ func (s *Server) logErr(what string, err error) {
 
 // sessionSnapshot is the session's row as it is now, to store once s.sessions.mu is released;
 // call with it held.
+//
+// Only the slices that change are copied under the lock; the encoding is done when the row is
+// stored, after the lock is released, so that no session's row (however big) is encoded while
+// every tenant's heartbeat and create_session wait on s.sessions.mu. Tags and metadata never
+// change once the session is created, so they are shared, not copied.
 func (s *Server) sessionSnapshot(x *session, closed bool) rowWrite {
-	b, _ := json.Marshal(sessionData{Tags: x.tags, Metadata: x.metadata, Runs: x.runs, Samplers: x.samplers, Project: x.project})
-	row := store.Session{ID: x.id, Tenant: x.tenant, Created: x.created, Heartbeat: x.heartbeat, Closed: closed, Data: b}
-	return rowWrite{what: "session", ver: &x.ver, n: x.ver.bump(), put: func(ctx context.Context) error { return s.st.PutSession(ctx, row) }}
+	d := sessionData{Tags: x.tags, Metadata: x.metadata, Runs: slices.Clone(x.runs), Samplers: slices.Clone(x.samplers), Project: x.project}
+	row := store.Session{ID: x.id, Tenant: x.tenant, Created: x.created, Heartbeat: x.heartbeat, Closed: closed}
+	return rowWrite{what: "session", ver: &x.ver, n: x.ver.bump(), put: func(ctx context.Context) error {
+		row.Data, _ = json.Marshal(d)
+		return s.st.PutSession(ctx, row)
+	}}
 }
 
 // runSnapshot is the training run's row as it is now, to store once s.runs.mu is released; call
@@ -119,6 +128,19 @@ func (s *Server) saveMeta(m *ckptMeta) error {
 	return w.store()
 }
 
+// recoverCheckpoints repairs what a crash in the middle of a checkpoint overwrite left: an
+// acknowledged checkpoint moved aside is put back where its directory is missing, and aside
+// copies of present checkpoints are removed. Partial directories (never acknowledged) are left to
+// sweepTempDirs, which removes them at start once older than any save: a recent one may be a
+// save in progress on another gateway.
+func (s *Server) recoverCheckpoints() {
+	restored, err := checkpoint.Recover(filepath.Join(s.opts.DataDir, "checkpoints"), false)
+	for _, dir := range restored {
+		s.log.Warn("recovered a checkpoint left aside by an interrupted overwrite", "dir", dir)
+	}
+	s.logErr("recovering checkpoints", err)
+}
+
 // restore rebuilds the in-memory state from the store after a start. Requests that were running
 // when the previous process died end as server errors saying so; live adapters come back from
 // their last saved state on their next request (see replica.Replica.ensure).
@@ -133,6 +155,7 @@ func (s *Server) restore() error {
 	if err := s.failOrphans(ctx); err != nil {
 		return err
 	}
+	s.recoverCheckpoints()
 	if !s.shared() {
 		// This process is the only gateway and its replicas start empty: old placements are void.
 		placed, err := s.st.Placements(ctx)

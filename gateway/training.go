@@ -17,6 +17,7 @@ import (
 // dropAdapter frees an unloaded or expired run's slot and memory. Its full state (including
 // gradients accumulated since the last step) is saved first, so it can be loaded again.
 func (s *Server) dropAdapter(run *trainingRun) {
+	s.queueOf(run).abandon() // its buffered requests can never run now
 	if ep, ok := s.router.Where(run.id); ok {
 		if rep, err := s.replicaFor(ep); err == nil {
 			// In the tenant's lane, so that it runs after the run's ops already queued there.
@@ -55,6 +56,9 @@ func (s *Server) usedRun(tenant, id string) (*trainingRun, error) {
 func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CreateModelRequest
 	if err := s.decodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if err := checkMetadata(req.UserMetadata); err != nil {
 		return nil, err
 	}
 	sess, err := s.sessionOf(tenant, req.SessionID)
@@ -205,7 +209,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
-	return s.submitOrderedSized(tenant, run, req.SeqID, kind, int64(len(body)), func() error {
+	return s.submitOrderedSized(tenant, run, req.SeqID, kind, heldBytes(req.Input.Data, len(body)), func() error {
 		if infoErr != nil {
 			return infoErr
 		}

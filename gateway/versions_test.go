@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
@@ -153,5 +157,54 @@ func TestUnpublishAndDeleteStopOtherTenantsSamplers(t *testing.T) {
 	}
 	if _, err := promptLogprobs(t, owner, ownSmp, ""); !isStatus(err, http.StatusNotFound) {
 		t.Fatalf("sampling after delete: %v", err)
+	}
+}
+
+// A crash in the middle of overwriting a checkpoint (the acknowledged one moved aside, the new
+// one not yet renamed in, a partial directory left) loses nothing: at start the aside copy is put
+// back, the checkpoint serves the weights it was acknowledged with, and no temporary remains.
+func TestInterruptedOverwriteIsRecoveredAtStart(t *testing.T) {
+	data := t.TempDir()
+	ts := newServer(t, gateway.Options{DataDir: data})
+	c, tc := trainedModel(t, ts, "tml-swap")
+	trainOne(t, tc)
+	path := saveForSampler(t, tc, "s1")
+	want, err := promptLogprobs(t, c, "", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.Close()
+	ts.gw.Close()
+	dir := filepath.Join(data, "checkpoints", strings.ReplaceAll(tc.ModelID, ":", "_"), "sampler_weights", "s1")
+	if err := os.Rename(dir, dir+".old-1a2b3c4d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir+".partial-5e6f7a8b", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	crashed := time.Now().Add(-3 * time.Hour) // older than any save in progress could be
+	if err := os.Chtimes(dir+".partial-5e6f7a8b", crashed, crashed); err != nil {
+		t.Fatal(err)
+	}
+	next := newServer(t, gateway.Options{DataDir: data})
+	c.BaseURL = next.URL
+	got, err := promptLogprobs(t, c, "", path)
+	if err != nil {
+		t.Fatalf("the acknowledged checkpoint after an interrupted overwrite: %v", err)
+	}
+	if got != want {
+		t.Fatal("the recovered checkpoint serves other weights than the acknowledged one")
+	}
+	entries, _ := os.ReadDir(filepath.Dir(dir))
+	for deadline := time.Now().Add(20 * time.Second); len(entries) != 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // the start's sweep of stale partials runs beside it
+		entries, _ = os.ReadDir(filepath.Dir(dir))
+	}
+	if len(entries) != 1 || entries[0].Name() != "s1" {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("left behind: %v", names)
 	}
 }

@@ -63,7 +63,7 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a replica.Adapter, run *trainingRun, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
 	start := time.Now()
 	dir := p.Dir(s.opts.DataDir)
-	tmp := dir + ".partial-" + randomHex(4)
+	tmp := dir + checkpoint.PartialMark + randomHex(4)
 	if err := rep.SaveTo(ctx, a, tmp, withOptimizer); err != nil {
 		os.RemoveAll(tmp)
 		return err
@@ -72,8 +72,10 @@ func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a re
 		os.RemoveAll(tmp)
 		return err
 	}
-	os.RemoveAll(dir)
-	if err := os.Rename(tmp, dir); err != nil {
+	// An overwrite moves the acknowledged checkpoint aside rather than removing it first, so a
+	// crash at any point leaves it or the new one (recovered at start: recoverCheckpoints).
+	if err := checkpoint.Replace(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
 		return err
 	}
 	meta := &ckptMeta{Path: p.String(), Owner: run.tenant, BaseModel: run.baseModel, Created: time.Now().UTC(),

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -17,6 +19,7 @@ import (
 type workerState struct {
 	rep      *replica.Replica // nil while its registration is being set up
 	secret   string           // from the registration; every heartbeat must carry it
+	addr     string           // the worker's URL, as workerAddr normalises it
 	lastSeen time.Time
 	reported worker.Heartbeat // the worker's own last report, shown by the admin API
 }
@@ -60,18 +63,32 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	// Reserve the id first, so that concurrent registrations of one id cannot both succeed.
-	mine := &workerState{secret: randomHex(16), lastSeen: time.Now()}
+	mine := &workerState{secret: randomHex(16), lastSeen: time.Now(), addr: workerAddr(reg.URL)}
 	s.workersMu.Lock()
 	s.modelsMu.Lock()
 	old := s.workers[reg.ID]
-	live := old != nil && (old.rep == nil || time.Since(old.lastSeen) <= s.opts.WorkerTimeout)
+	live := old != nil && s.workerLive(old)
 	if old == nil && s.hasReplicaLocked(reg.ID) {
 		live = true // an in-process replica of this server
 	}
-	if !live {
+	// Registering drops whatever adapters the worker at that address holds (below): a second
+	// registration at a live worker's address, under another id, would take that worker's
+	// adapters from under it. Its own re-registration after a restart waits, like one of its
+	// id, until the old registration has missed its heartbeats.
+	taken := ""
+	for id, ws := range s.workers {
+		if id != reg.ID && ws.addr == mine.addr && s.workerLive(ws) {
+			taken = id
+		}
+	}
+	if !live && taken == "" {
 		s.workers[reg.ID] = mine
 	}
 	s.modelsMu.Unlock()
+	if taken != "" {
+		s.workersMu.Unlock()
+		return nil, errf(http.StatusConflict, "the address %s is registered to worker %q, which is alive; a worker may register there once that one has missed its heartbeats", reg.URL, taken)
+	}
 	if old != nil && !live {
 		s.removeReplica(reg.ID) // stopped heartbeating: forget it and its placements
 		go old.rep.Close()
@@ -96,6 +113,22 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	s.workersMu.Unlock()
 	s.log.Info("worker registered", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras())
 	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
+}
+
+// workerLive reports whether a registration is being set up or heartbeating; modelsMu held.
+func (s *Server) workerLive(ws *workerState) bool {
+	return ws.rep == nil || time.Since(ws.lastSeen) <= s.opts.WorkerTimeout
+}
+
+// workerAddr is a worker URL in a form that compares equal for one address: scheme and host in
+// lower case, no trailing slash. (Two names of one host, e.g. localhost and 127.0.0.1, still
+// differ: the token holder is trusted not to alias on purpose beyond what this catches.)
+func workerAddr(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
 }
 
 // hasReplicaLocked reports whether a replica of that id is served; modelsMu held.

@@ -93,12 +93,17 @@ func registration(id, url string, e *engine.Engine) worker.Registration {
 // never declared dead by silence here, so only a failed call can remove one.
 func newWorkerGateway(t *testing.T) (*httptest.Server, *engine.Engine, string) {
 	t.Helper()
+	return newWorkerGatewayTimeout(t, time.Hour)
+}
+
+func newWorkerGatewayTimeout(t *testing.T, timeout time.Duration) (*httptest.Server, *engine.Engine, string) {
+	t.Helper()
 	e, err := engine.Load(modelDir(), engine.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	data := t.TempDir()
-	gw, err := gateway.New(gateway.Options{DataDir: data, AcceptWorkers: true, WorkerToken: clusterToken, WorkerTimeout: time.Hour})
+	gw, err := gateway.New(gateway.Options{DataDir: data, AcceptWorkers: true, WorkerToken: clusterToken, WorkerTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,5 +396,38 @@ func TestAGarbledAnswerFailsItsRequestOnly(t *testing.T) {
 	}
 	if err := c.Do(ctx, "POST", "get_info", map[string]string{"model_id": tc.ModelID}, &info); err != nil || info.Rank != 4 {
 		t.Fatalf("run after the garbled answer: rank %d, %v", info.Rank, err)
+	}
+}
+
+// A registration under a new id cannot claim the address of a live worker (it would drop that
+// worker's adapters); once the worker at that address has missed its heartbeats, the address is
+// free again, for the worker itself after a restart.
+func TestRegistrationCannotClaimALiveWorkersAddress(t *testing.T) {
+	ts, e, data := newWorkerGatewayTimeout(t, 2*time.Second)
+	real := newTestWorker(t, e, data)
+	if code, reply := postWorker(t, ts.URL, "register", clusterToken, registration("w", real.URL, e)); code != http.StatusOK {
+		t.Fatalf("registration: %d %v", code, reply)
+	}
+	called := real.count("adapter_ids")
+	for _, addr := range []string{real.URL, real.URL + "/", strings.ToUpper(real.URL)} {
+		code, reply := postWorker(t, ts.URL, "register", clusterToken, registration("other", addr, e))
+		if code != http.StatusConflict || !strings.Contains(fmt.Sprint(reply), "address") {
+			t.Fatalf("registration of another id at the live worker's address %s: %d %v", addr, code, reply)
+		}
+	}
+	if real.count("adapter_ids") != called {
+		t.Fatal("the live worker was called by the refused registration")
+	}
+	// The live one stops heartbeating (it restarted): the address is free once it is dead.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("w2", real.URL, e))
+		if code == http.StatusOK {
+			break
+		}
+		if code != http.StatusConflict || time.Now().After(deadline) {
+			t.Fatalf("registration at a dead worker's address: %d", code)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -29,6 +29,25 @@ func contract(t *testing.T, open func(t *testing.T) Store) {
 		if err != nil || len(ss) != 1 || !ss[0].Heartbeat.Equal(now.Add(time.Minute)) || !ss[0].Closed || ss[0].Tenant != "a" {
 			t.Fatalf("sessions %+v %v", ss, err)
 		}
+		// A heartbeat moves only the heartbeat, and only forward.
+		if err := s.PutSession(ctx, Session{ID: "s2", Tenant: "a", Created: now, Heartbeat: now, Data: []byte(`{"tags":["x"]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		for _, at := range []time.Time{now.Add(2 * time.Minute), now.Add(time.Minute)} {
+			if err := s.TouchSession(ctx, "s2", at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.TouchSession(ctx, "missing", now); err != nil {
+			t.Fatalf("touching a missing session: %v", err)
+		}
+		ss, err = s.Sessions(ctx)
+		if err != nil || len(ss) != 2 || ss[1].ID != "s2" || !ss[1].Heartbeat.Equal(now.Add(2*time.Minute)) || string(ss[1].Data) != `{"tags":["x"]}` || ss[1].Closed {
+			t.Fatalf("a touched session %+v %v", ss, err)
+		}
+		if err := s.DeleteSession(ctx, "s2"); err != nil {
+			t.Fatal(err)
+		}
 		if err := s.PutRun(ctx, Run{ID: "s1:train:0", Tenant: "a", SessionID: "s1", BaseModel: "m", Created: now, LastRequest: now, Live: true, Data: []byte(`{"rank":4}`)}); err != nil {
 			t.Fatal(err)
 		}

@@ -127,6 +127,11 @@ func (s *SQL) PutSession(ctx context.Context, x Session) error {
 	return err
 }
 
+func (s *SQL) TouchSession(ctx context.Context, id string, heartbeat time.Time) error {
+	_, err := s.db.ExecContext(ctx, s.q(`UPDATE sessions SET heartbeat = ? WHERE id = ? AND heartbeat < ?`), ms(heartbeat), id, ms(heartbeat))
+	return err
+}
+
 func (s *SQL) Sessions(ctx context.Context) ([]Session, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, created, heartbeat, closed, data FROM sessions ORDER BY created`)
 	if err != nil {

@@ -124,6 +124,9 @@ type Future struct {
 // Store is the durable state. Implementations are safe for concurrent use.
 type Store interface {
 	PutSession(ctx context.Context, s Session) error
+	// TouchSession moves a session's heartbeat forward (never back), leaving the rest of its
+	// row: a heartbeat changes nothing else, and the row may be large. No row: nothing to do.
+	TouchSession(ctx context.Context, id string, heartbeat time.Time) error
 	Sessions(ctx context.Context) ([]Session, error)
 	// DeleteSession forgets a session (closed long ago: see the gateway's leftovers sweep).
 	DeleteSession(ctx context.Context, id string) error

@@ -15,6 +15,7 @@ import (
 type limitFlags struct {
 	runQueueOps, requestDatums, requestTokens *int
 	runQueueBytes, checkpointBytes            *int64
+	tenantQueueBytes, totalQueueBytes         *int64
 	readHeaderTimeout, readTimeout            *time.Duration
 	idleTimeout, writeTimeout                 *time.Duration
 	sessionRetention, chatTemplateTimeout     *time.Duration
@@ -22,12 +23,13 @@ type limitFlags struct {
 	imageDecoders                             *int
 	minBodyRate, maxConns, maxConnsPerIP      *int
 	minBodyRateGrace                          *time.Duration
+	sessionsPerTenant                         *int
 }
 
 func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 	return &limitFlags{
 		runQueueOps:         fs.Int("run-queue-ops", gateway.DefaultMaxRunQueueOps, "requests one training run may have queued (ahead of its next seq_id or waiting); past it: 429"),
-		runQueueBytes:       fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "request-body bytes one training run may have queued; past it: 429"),
+		runQueueBytes:       fs.Int64("run-queue-bytes", gateway.DefaultMaxRunQueueBytes, "memory (decoded requests) one training run may have queued; past it: 429"),
 		requestDatums:       fs.Int("max-request-datums", gateway.DefaultMaxRequestDatums, "datums of one forward/forward_backward request"),
 		requestTokens:       fs.Int("max-request-tokens", gateway.DefaultMaxRequestTokens, "tokens of one request (model inputs; samples × (prompt + max_tokens) for sampling)"),
 		checkpointBytes:     fs.Int64("tenant-checkpoint-bytes", gateway.DefaultTenantCheckpointBytes, "checkpoint storage one tenant may hold (-1: unlimited); a save past it is refused"),
@@ -45,6 +47,9 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 		minBodyRateGrace:    fs.Duration("min-body-rate-grace", defaultMinBodyRateGrace, "time a request body may take before --min-body-rate applies"),
 		maxConns:            fs.Int("max-conns", defaultMaxConns, "connections the server holds open at once; past it a new one gets 503 and is closed"),
 		maxConnsPerIP:       fs.Int("max-conns-per-ip", defaultMaxConnsPerIP, "connections one remote address may hold open at once; past it: 503 (0: no per-address cap, e.g. behind a proxy)"),
+		tenantQueueBytes:    fs.Int64("tenant-queue-bytes", gateway.DefaultMaxTenantQueueBytes, "memory (decoded requests) one tenant's training runs may have queued together; past it: 429"),
+		totalQueueBytes:     fs.Int64("total-queue-bytes", gateway.DefaultMaxTotalQueueBytes, "memory (decoded requests) all training runs may have queued together; past it: 429"),
+		sessionsPerTenant:   fs.Int("max-sessions-per-tenant", gateway.DefaultMaxSessionsPerTenant, "live sessions one tenant may hold (expired ones do not count); past it create_session gets 429"),
 	}
 }
 
@@ -54,9 +59,10 @@ const longPoll = 30 * time.Second
 // check refuses values that cannot work.
 func (l *limitFlags) check() error {
 	for name, v := range map[string]int64{"run-queue-ops": int64(*l.runQueueOps), "run-queue-bytes": *l.runQueueBytes,
+		"tenant-queue-bytes": *l.tenantQueueBytes, "total-queue-bytes": *l.totalQueueBytes,
 		"max-request-datums": int64(*l.requestDatums), "max-request-tokens": int64(*l.requestTokens),
 		"max-request-pixel-values": int64(*l.pixelValues), "max-request-image-bytes": int64(*l.imageBytes),
-		"max-request-image-pixels": int64(*l.imagePixels)} {
+		"max-request-image-pixels": int64(*l.imagePixels), "max-sessions-per-tenant": int64(*l.sessionsPerTenant)} {
 		if v < 1 {
 			return fmt.Errorf("--%s must be at least 1, got %d", name, v)
 		}
@@ -92,6 +98,7 @@ func (l *limitFlags) check() error {
 // apply sets the gateway's bounds.
 func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.MaxRunQueueOps, o.MaxRunQueueBytes = *l.runQueueOps, *l.runQueueBytes
+	o.MaxTenantQueueBytes, o.MaxTotalQueueBytes = *l.tenantQueueBytes, *l.totalQueueBytes
 	o.MaxRequestDatums, o.MaxRequestTokens = *l.requestDatums, *l.requestTokens
 	o.WriteTimeout = *l.writeTimeout
 	o.MaxRequestPixelValues = *l.pixelValues
@@ -100,6 +107,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 	o.ChatTemplateTimeout = *l.chatTemplateTimeout
 	o.TenantCheckpointBytes = *l.checkpointBytes
 	o.SessionRetention = *l.sessionRetention
+	o.MaxSessionsPerTenant = *l.sessionsPerTenant
 	return o
 }
 

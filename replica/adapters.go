@@ -75,7 +75,7 @@ func (r *Replica) onAdapter(ctx context.Context, a Adapter, fn func(ctx context.
 	ctx = r.withTurns(context.WithoutCancel(ctx))
 	var opErr error
 	var ran bool
-	err := r.DoIn(ctx, a.Lane, func() {
+	err := r.DoIn(ctx, AdapterLane(a.Lane, a.ID), func() {
 		before := r.effects()
 		defer func() { ran = r.effects() != before }()
 		if err := r.ensure(ctx, a); err != nil {
@@ -151,7 +151,7 @@ func (r *Replica) Evict(ctx context.Context, a Adapter) error {
 // Unload is Evict without waiting: it runs after the adapter's ops already queued in its lane,
 // and a failure to save is logged.
 func (r *Replica) Unload(a Adapter) error {
-	return r.RunIn(a.Lane, func() {
+	return r.RunIn(AdapterLane(a.Lane, a.ID), func() {
 		if err := r.evict(context.Background(), a); err != nil {
 			slog.Error("saving adapter before release", "run", a.ID, "replica", r.id, "err", err)
 		}

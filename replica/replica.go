@@ -20,6 +20,7 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,7 +51,8 @@ type Replica struct {
 	mu      sync.Mutex
 	wake    *sync.Cond
 	lanes   map[string][]queuedOp // lane -> its queued ops, oldest first
-	turns   []string              // lanes with queued ops, in the order they get their next turn
+	groups  map[string][]string   // group (a tenant) -> its lanes with queued ops, in turn order
+	turns   []string              // groups with queued ops, in the order they get their next turn
 	running string                // the lane of the op running now, if busy
 	since   time.Time             // when the op running now started
 	busy    bool
@@ -79,7 +81,8 @@ func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 		maxLoras = DefaultMaxLoras
 	}
 	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, compute: e, local: localEngine(e),
-		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]queuedOp{}}
+		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]queuedOp{},
+		groups: map[string][]string{}}
 	r.sampling.limit = DefaultMaxQueuedSamples
 	r.wake = sync.NewCond(&r.mu)
 	r.healthy.Store(true)
@@ -172,8 +175,25 @@ func (r *Replica) LaneWaits() map[string]LaneWait {
 	return maps.Clone(r.waits)
 }
 
-// nextOp waits for work and takes the oldest op of the lane whose turn it is. It reports false
-// once closed and drained.
+// Lanes and groups: a lane is one FIFO of ops (an adapter's, the sampling batches', the
+// placements'); a group is whose turn it is (a tenant). Turns go round the groups, and within a
+// group round its lanes: a tenant with many runs gets one turn like a tenant with one, and its
+// runs share that turn in rotation. A lane named "group\x00name" (AdapterLane) is in that
+// group; any other lane is a group of its own.
+
+// AdapterLane is the lane of one adapter's ops, in its tenant's group.
+func AdapterLane(group, adapter string) string { return group + "\x00" + adapter }
+
+// groupOf is the group a lane takes its turns in.
+func groupOf(lane string) string {
+	if i := strings.IndexByte(lane, 0); i >= 0 {
+		return lane[:i]
+	}
+	return lane
+}
+
+// nextOp waits for work and takes the oldest op of the next lane of the group whose turn it is.
+// It reports false once closed and drained.
 func (r *Replica) nextOp() (string, func(), bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -183,28 +203,36 @@ func (r *Replica) nextOp() (string, func(), bool) {
 		}
 		r.wake.Wait()
 	}
-	lane := r.turns[0]
+	g := r.turns[0]
 	r.turns = r.turns[1:]
+	lane := r.groups[g][0]
 	ops := r.lanes[lane]
 	r.lanes[lane] = ops[1:]
+	r.groups[g] = r.groups[g][1:]
+	if len(r.lanes[lane]) > 0 {
+		r.groups[g] = append(r.groups[g], lane) // its next op after the group's other lanes
+	} else {
+		delete(r.lanes, lane)
+	}
 	if ops[0].interleaved {
 		r.interleavable--
 	}
-	r.waited(lane, ops[0])
+	r.waited(g, ops[0])
 	r.running, r.busy, r.since = lane, true, time.Now()
 	return lane, ops[0].fn, true
 }
 
-// doneOp ends a lane's turn: if it has more queued (including ops that came while it ran), it
-// goes to the back of the line, behind every lane that waited meanwhile.
+// doneOp ends a group's turn: if it has more queued (including ops that came while it ran), it
+// goes to the back of the line, behind every group that waited meanwhile.
 func (r *Replica) doneOp(lane string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.busy = false
-	if len(r.lanes[lane]) > 0 {
-		r.turns = append(r.turns, lane)
+	g := groupOf(lane)
+	if len(r.groups[g]) > 0 {
+		r.turns = append(r.turns, g)
 	} else {
-		delete(r.lanes, lane)
+		delete(r.groups, g)
 	}
 }
 
@@ -291,10 +319,14 @@ func (r *Replica) push(lane string, op queuedOp) error {
 		return ErrClosed
 	}
 	r.queued.Add(1)
-	// A lane joins the line when it gets work, unless it is in line already or running now
-	// (doneOp puts it in line then).
-	if len(r.lanes[lane]) == 0 && !(r.busy && r.running == lane) {
-		r.turns = append(r.turns, lane)
+	// A lane joins its group's rotation when it gets work; a group joins the line when it gets
+	// work, unless it is in line already or running now (doneOp puts it in line then).
+	g := groupOf(lane)
+	if len(r.lanes[lane]) == 0 {
+		if len(r.groups[g]) == 0 && !(r.busy && groupOf(r.running) == g) {
+			r.turns = append(r.turns, g)
+		}
+		r.groups[g] = append(r.groups[g], lane)
 	}
 	r.lanes[lane] = append(r.lanes[lane], op)
 	if op.interleaved {
@@ -332,29 +364,35 @@ func (r *Replica) giveTurn() {
 	}
 }
 
-// takeInterleaved takes the oldest interleaved op of the first lane in line that has one, or
-// else of the running op's lane (which is out of line while it runs).
+// takeInterleaved takes the oldest interleaved op of the first group in line that has one, or
+// else of the running op's group (which is out of line while it runs).
 func (r *Replica) takeInterleaved() (func(), bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	lanes := r.turns
+	groups := r.turns
 	if r.busy {
-		lanes = append(slices.Clone(r.turns), r.running)
+		groups = append(slices.Clone(r.turns), groupOf(r.running))
 	}
-	for _, lane := range lanes {
-		ops := r.lanes[lane]
-		for i, op := range ops {
-			if !op.interleaved {
-				continue
+	for _, g := range groups {
+		for _, lane := range r.groups[g] {
+			ops := r.lanes[lane]
+			for i, op := range ops {
+				if !op.interleaved {
+					continue
+				}
+				r.lanes[lane] = slices.Delete(ops, i, i+1)
+				r.interleavable--
+				r.waited(g, op)
+				if len(r.lanes[lane]) == 0 {
+					delete(r.lanes, lane)
+					r.groups[g] = slices.DeleteFunc(r.groups[g], func(l string) bool { return l == lane })
+					if len(r.groups[g]) == 0 {
+						delete(r.groups, g)
+						r.turns = slices.DeleteFunc(r.turns, func(x string) bool { return x == g })
+					}
+				}
+				return op.fn, true
 			}
-			r.lanes[lane] = slices.Delete(ops, i, i+1)
-			r.interleavable--
-			r.waited(lane, op)
-			if len(r.lanes[lane]) == 0 {
-				delete(r.lanes, lane)
-				r.turns = slices.DeleteFunc(r.turns, func(l string) bool { return l == lane })
-			}
-			return op.fn, true
 		}
 	}
 	return nil, false

@@ -100,3 +100,36 @@ func TestLanesTakeTurns(t *testing.T) {
 		t.Fatalf("ran %v, want %v", got, want)
 	}
 }
+
+// A tenant's adapters share its turn: groups (tenants) take turns, and within a group its lanes
+// (adapters) take the group's turns in rotation, each lane in order. A tenant with three runs
+// gets no more turns than a tenant with one.
+func TestATenantsAdaptersShareItsTurn(t *testing.T) {
+	r := New("r", "m", nil, 0)
+	defer r.Close()
+	block := make(chan struct{})
+	var mu sync.Mutex
+	var got []string
+	var all sync.WaitGroup
+	record := func(s string) func() {
+		all.Add(1)
+		return func() { mu.Lock(); got = append(got, s); mu.Unlock(); all.Done() }
+	}
+	started := make(chan struct{})
+	_ = r.RunIn("blocker", func() { close(started); <-block })
+	<-started
+	for _, op := range []struct{ tenant, adapter, name string }{
+		{"a", "x", "ax1"}, {"a", "x", "ax2"}, {"a", "y", "ay1"}, {"a", "z", "az1"}, {"a", "y", "ay2"},
+		{"b", "w", "bw1"}, {"b", "w", "bw2"}, {"b", "w", "bw3"},
+	} {
+		_ = r.RunIn(AdapterLane(op.tenant, op.adapter), record(op.name))
+	}
+	close(block)
+	all.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"ax1", "bw1", "ay1", "bw2", "az1", "bw3", "ax2", "ay2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
+	}
+}

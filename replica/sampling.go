@@ -74,7 +74,7 @@ type queuedSample struct {
 
 // SamplingLane is the lane sampling batches wait in: one batch serves every tenant's requests
 // (taken in turn by their Weights.Lane), and it also runs inside other lanes' long ops.
-const SamplingLane = "\x00sampling"
+const SamplingLane = "\x01sampling" // no tenant is named so: header values hold no control bytes
 
 // SamplingStats count the sampling batches a replica ran (for /metrics).
 type SamplingStats struct {

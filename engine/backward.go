@@ -49,6 +49,13 @@ func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []tensor.Po
 			return false
 		}
 		m := s.ar.Mark()
+		if s.train.recompute {
+			// The layer's forward again, from its kept input, saving what its backward reads (and
+			// its taps); everything it allocates goes with the backward's temporaries below.
+			in := s.train.inputs[l]
+			s.layer(l, in)
+			s.train.acts[l].h = in
+		}
 		dh = s.layerBack(l, dh)
 		s.ar.Release(m, s.ar.Mark())
 		s.ar.Release(marks[l], marks[l+1])

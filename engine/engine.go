@@ -55,6 +55,7 @@ type Engine struct {
 	// probabilities (Config.recomputesProbs; tests force either way).
 	recomputeProbs func(T int) bool
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
+	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
 }

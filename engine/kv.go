@@ -29,7 +29,7 @@ func (p *passKV[E]) begin(l int) (mat[E], mat[E]) {
 	BK := s.B * p.KVH
 	p.keysT, p.values = s.ar.Alloc(BK, p.hd, p.T), s.ar.Alloc(BK, p.T, p.hd)
 	p.keys, p.valuesT = mat[E]{}, mat[E]{}
-	if s.train != nil {
+	if s.saving() {
 		p.keys, p.valuesT = s.ar.Alloc(BK, p.T, p.hd), s.ar.Alloc(BK, p.hd, p.T)
 		la := &s.train.acts[l]
 		la.kh, la.khT, la.vh, la.vhT = p.keys, p.keysT, p.values, p.valuesT

@@ -85,7 +85,7 @@ type mergedLoRA[E float] struct{}
 
 func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
-	if s.train != nil { // only the LoRA gradients need x·Aᵀ
+	if s.saving() { // only the LoRA gradients need x·Aᵀ
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
 	}
 	return y
@@ -123,7 +123,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 	y := s.baseProduct(x, lin, false)
 	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
 	s.ar.MatMulAdd(y, xa, lm.bTs, false)
-	if s.train != nil {
+	if s.saving() {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
 	return y

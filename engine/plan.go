@@ -23,16 +23,51 @@ func (e *Engine) chunks(lengths []int) [][2]int {
 // padLen is the length a chunk's sequences are padded to.
 func padLen(n int) int { return (n + 15) / 16 * 16 }
 
-// chunkTokens is how many padded tokens of length T one pass may hold.
+// chunkTokens is how many padded tokens of length T one pass may hold: as many as their full
+// activations allow in MaxStepBytes; when not even one sequence's do, as many as fit with only
+// each layer's input kept (recomputesLayers), and at least the one sequence.
 func (e *Engine) chunkTokens(T int) int {
-	size := 4
-	if e.opts.Float64 {
-		size = 8
+	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
+	if n := budget / withMargin(e.Config.stepElemsPerToken(T)); n >= T {
+		return max(T, min(e.opts.MaxBatchTokens, n))
 	}
-	c := e.Config
-	perToken := c.stepElemsPerToken(T)
-	perToken += perToken / 10 // margin: small tensors the estimate leaves out (measured within 4% on the small preset)
-	return max(T, min(e.opts.MaxBatchTokens, (e.opts.MaxStepBytes/size-e.stepFixedElems())/perToken))
+	return max(T, min(e.opts.MaxBatchTokens, budget/withMargin(e.Config.recomputeElemsPerToken(T))))
+}
+
+// withMargin adds the small tensors the estimate leaves out (measured within 4% on the small preset).
+func withMargin(perToken int) int { return perToken + perToken/10 }
+
+// elemSize is the bytes of one element of the passes' dtype.
+func (e *Engine) elemSize() int {
+	if e.opts.Float64 {
+		return 8
+	}
+	return 4
+}
+
+// recomputesLayers reports whether a training pass of B sequences of T tokens keeps only each
+// layer's input and runs each layer's forward again in the backward pass (one more forward of
+// compute, a third more): when its full activations do not fit in MaxStepBytes, which happens
+// only to a chunk of one sequence (chunkTokens cuts the rest). Memory then is every layer's
+// input plus one layer's activations: for an 8B shape at 1 × 1024 tokens, 0.5 + 0.4 GB rather
+// than 13 GB.
+func (e *Engine) recomputesLayers(B, T int) bool {
+	if e.recompute != nil {
+		return *e.recompute
+	}
+	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
+	return B*T*withMargin(e.Config.stepElemsPerToken(T)) > budget
+}
+
+// recomputeElemsPerToken is stepElemsPerToken when layers are recomputed: every layer's input,
+// one layer's activations and backward temporaries, and the token's logits.
+func (c *Config) recomputeElemsPerToken(T int) int {
+	full := c.stepElemsPerToken(T)
+	layers := c.NumHiddenLayers * c.layerElemsPerToken()
+	if !c.recomputesProbs(T) {
+		layers += c.NumHiddenLayers * c.NumAttentionHeads * T
+	}
+	return full - layers + c.NumHiddenLayers*c.HiddenSize + c.layerElemsPerToken() + c.NumAttentionHeads*T
 }
 
 // stepFixedElems is what a training pass holds besides per-token tensors: merged LoRA weights,

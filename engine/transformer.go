@@ -58,7 +58,16 @@ type trainState[E float] struct {
 	taps       []loraTap[E] // by linear id
 	grads      [][]float64  // per adapter param, added to
 	keepMerged bool         // merged weights live from the forward to the backward pass
+	// Recomputation (plan.go, recomputesLayers): the forward keeps only each layer's input, and
+	// the backward runs each layer's forward again, saving its activations, just before its
+	// backward. saving is false while a layer runs without keeping what its backward reads.
+	recompute bool
+	inputs    []mat[E] // by layer, when recompute
+	saving    bool
 }
+
+// saving reports whether the layer running now keeps what its backward pass reads.
+func (s *pass[E]) saving() bool { return s.train != nil && s.train.saving }
 
 // layerActs are the activations of one decoder layer that its backward pass needs.
 type layerActs[E float] struct {
@@ -85,6 +94,8 @@ type passParts[E float] struct {
 	// tokens sit at positions pos, attends over it.
 	cache *kvCache[E]
 	pos   [][]int
+	// recompute: a training pass keeps only each layer's input (plan.go, recomputesLayers).
+	recompute bool
 }
 
 // newPass is how every pass is made, training, forward or sampling: B rows of T tokens computed
@@ -101,7 +112,12 @@ func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E
 	}
 	if p.grads != nil {
 		s.train = &trainState[E]{acts: make([]layerActs[E], e.Config.NumHiddenLayers),
-			taps: make([]loraTap[E], len(m.linears)), grads: p.grads, keepMerged: e.keepsMerged()}
+			taps: make([]loraTap[E], len(m.linears)), grads: p.grads, keepMerged: e.keepsMerged(),
+			recompute: p.recompute, saving: true}
+		if p.recompute {
+			s.train.inputs = make([]mat[E], e.Config.NumHiddenLayers)
+			s.train.keepMerged = false // each layer merges again when it runs again
+		}
 	}
 	return s
 }
@@ -147,7 +163,17 @@ func (s *pass[E]) layers(h mat[E], m0 tensor.Point) (mat[E], []tensor.Point) {
 			return h, nil
 		}
 		marks[l] = s.ar.Mark()
-		h = s.layer(l, h)
+		if s.train.recompute {
+			// Only the input is kept (allocated before this mark): the layer runs as a forward-only
+			// one and gives back everything but its output.
+			s.train.inputs[l] = h
+			s.train.saving = false
+			h = s.layer(l, h)
+			s.train.saving = true
+			s.ar.ReleaseExcept(marks[l], h)
+		} else {
+			h = s.layer(l, h)
+		}
 		s.addDeepstack(l, h)
 	}
 	marks[L] = s.ar.Mark()
@@ -175,7 +201,7 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	start := s.ar.Mark()
 	var la *layerActs[E]
-	if s.train != nil {
+	if s.saving() {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}

@@ -90,7 +90,10 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 			continue
 		}
 		// A VL model's embedding is the LM's, under its own prefix.
-		if precision == PrecisionBF16 && (keepsBF16(name) || name == c.lm()+"embed_tokens.weight") {
+		// The embedding of a quantized base stays bf16, as GGUF files commonly keep it at 16 bits
+		// or more: it is a lookup (and a tied head), a large share of small models.
+		embedding := name == c.lm()+"embed_tokens.weight"
+		if (precision == PrecisionBF16 && (keepsBF16(name) || embedding)) || (qf != nil && embedding) {
 			v, err := bf16Weight(host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)

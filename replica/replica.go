@@ -131,21 +131,22 @@ type queuedOp struct {
 	queued      time.Time
 }
 
-// LaneWait sums how long a lane's ops waited in the queue before they ran.
+// LaneWait sums how long a group's ops (a tenant's, the sampling batches', the placements')
+// waited in the queue before they ran.
 type LaneWait struct {
 	Ops     int64
 	Seconds float64
 }
 
-// waited records that an op of lane starts now. Called holding r.mu.
-func (r *Replica) waited(lane string, op queuedOp) {
+// waited records that an op of group g starts now. Called holding r.mu.
+func (r *Replica) waited(g string, op queuedOp) {
 	if r.waits == nil {
 		r.waits = map[string]LaneWait{}
 	}
-	w := r.waits[lane]
+	w := r.waits[g]
 	w.Ops++
 	w.Seconds += time.Since(op.queued).Seconds()
-	r.waits[lane] = w
+	r.waits[g] = w
 }
 
 // Running reports how long the op running now has run (0 and false when the replica is idle),
@@ -168,7 +169,8 @@ func (r *Replica) Resident() (weights, adapters int, ok bool) {
 	return r.local.WeightBytes(), r.local.AdapterBytes(), true
 }
 
-// LaneWaits is how long each lane's ops waited, so far (the sampling lane's batches included).
+// LaneWaits is how long each group's ops waited so far, by group (a tenant, SamplingLane,
+// PlacementLane).
 func (r *Replica) LaneWaits() map[string]LaneWait {
 	r.mu.Lock()
 	defer r.mu.Unlock()

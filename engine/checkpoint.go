@@ -54,6 +54,9 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 	if err != nil {
 		return err
 	}
+	if withOptimizer && a.Snapshot { // a snapshot holds weights only
+		return fmt.Errorf("%w: %q has no optimizer state to save", ErrSnapshot, id)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -212,6 +215,13 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		a.Step = ts.Step
 	}
 	a.Snapshot = snapshot
+	if snapshot {
+		// Read-only weights: no gradients or moments (three quarters of a training adapter's
+		// memory), so many tenants' sampler copies fit beside the training adapters.
+		for _, p := range a.params {
+			p.g, p.m, p.v = nil, nil, nil
+		}
+	}
 	e.mu.Lock()
 	e.adapters[id] = a
 	e.mu.Unlock()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -123,5 +124,41 @@ func TestLongWorkGivesTurnsBetweenLayers(t *testing.T) {
 	}
 	if turns < 4*L { // the prefill and at least three decode steps (the fourth token may stop early)
 		t.Fatalf("sampling 4 tokens gave %d turns, want at least %d", turns, 4*L)
+	}
+}
+
+// A sampler snapshot holds its weights only: a quarter of a training adapter's memory, it samples
+// as the adapter it was saved from, and it refuses what needs optimizer state.
+func TestSnapshotsHoldWeightsOnly(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 4, TrainAttn: true, TrainMLP: true}); err != nil {
+		t.Fatal(err)
+	}
+	trainSteps(t, e, "a", []int{5, 6, 7, 8, 9}, 2)
+	dir := t.TempDir()
+	if err := e.SaveAdapter(context.Background(), "a", dir, false); err != nil {
+		t.Fatal(err)
+	}
+	training := e.AdapterBytes()
+	if err := e.LoadSnapshot(context.Background(), "s", dir); err != nil {
+		t.Fatal(err)
+	}
+	if snap := e.AdapterBytes() - training; snap*4 != training {
+		t.Fatalf("the snapshot holds %d bytes, the training adapter %d: want a quarter", snap, training)
+	}
+	req := SampleRequest{Prompt: []int{5, 6}, Params: SampleParams{MaxTokens: 4}}
+	a, err := e.SampleBatch(context.Background(), "a", []SampleRequest{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.SampleBatch(context.Background(), "s", []SampleRequest{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameSample(s[0], a[0], 1e-6); err != nil {
+		t.Fatalf("the snapshot samples otherwise than its adapter: %v", err)
+	}
+	if err := e.SaveAdapter(context.Background(), "s", t.TempDir(), true); !errors.Is(err, ErrSnapshot) {
+		t.Fatalf("saving a snapshot's optimizer state: %v", err)
 	}
 }

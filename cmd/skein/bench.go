@@ -87,7 +87,7 @@ func benchEngine(args []string) error {
 func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
-	fs.StringVar(&c.model, "model", "", "model directory (e.g. one made by `skein model init-tiny --preset small`)")
+	fs.StringVar(&c.model, "model", "", "model `DIR`: a Hugging Face model directory, or one made by skein model init-tiny --preset small")
 	fs.IntVar(&c.batch, "batch", 8, "sequences per forward_backward")
 	fs.IntVar(&c.seq, "seq", 256, "tokens per sequence")
 	fs.IntVar(&c.rank, "rank", 16, "LoRA rank")

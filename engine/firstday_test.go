@@ -1,0 +1,48 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// config.json's "architectures" says which head a checkpoint has: a sequence classifier or a
+// token classifier of a supported family is not a causal LM, and loading it as one would serve
+// garbage. Only the families' own classes load; anything else is an error naming the class and
+// what is supported (issue 22).
+func TestArchitecturesMustBeSupported(t *testing.T) {
+	base := `{"architectures":[%q],"model_type":%q,"vocab_size":512,"hidden_size":64,"intermediate_size":128,` +
+		`"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"rope_theta":10000}`
+	finish := func(class, modelType string) error {
+		var c Config
+		if err := parseConfig([]byte(fmt.Sprintf(base, class, modelType)), &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.finish()
+	}
+	for _, bad := range []struct{ class, modelType string }{
+		{"Qwen3ForSequenceClassification", "qwen3"}, {"LlamaForTokenClassification", "llama"},
+		{"Qwen2ForQuestionAnswering", "qwen2"}, {"MistralForCausalLM", "mistral"}, {"BertModel", "llama"},
+	} {
+		err := finish(bad.class, bad.modelType)
+		if err == nil || !strings.Contains(err.Error(), bad.class) || !strings.Contains(err.Error(), "Qwen3ForCausalLM") {
+			t.Errorf("%s (%s): %v, want an error naming it and the supported classes", bad.class, bad.modelType, err)
+		}
+	}
+	for _, f := range families {
+		if _, ok := f.(*qwen3VLFamily); ok {
+			continue // needs a vision config; its class is checked by the VL tests
+		}
+		if err := finish(f.desc().hfClass, f.desc().modelType); err != nil {
+			t.Errorf("%s: %v", f.desc().hfClass, err)
+		}
+	}
+	// No "architectures" at all: model_type decides, as before.
+	var c Config
+	_ = json.Unmarshal([]byte(`{"model_type":"qwen3","vocab_size":512,"hidden_size":64,"intermediate_size":128,`+
+		`"num_hidden_layers":2,"num_attention_heads":4,"rope_theta":10000}`), &c)
+	if err := c.finish(); err != nil {
+		t.Errorf("config without architectures: %v", err)
+	}
+}

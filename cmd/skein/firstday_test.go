@@ -2,9 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -47,5 +56,65 @@ func TestWarnsWhenBuiltWithoutSIMD(t *testing.T) {
 	warnSIMD(slog.New(slog.NewJSONHandler(&b, nil)), false, "amd64")
 	if !strings.Contains(b.String(), `"level":"WARN"`) || !strings.Contains(b.String(), "GOEXPERIMENT=simd") {
 		t.Errorf("logged %q", b.String())
+	}
+}
+
+// With --log-format json every line `skein serve` writes to its log is a JSON object: the
+// lines of packages that log through slog's default logger (a replica reloading an adapter
+// after a restart), the generated cluster token's message, and the final error (issue 22).
+func TestJSONLogHasOnlyJSONLines(t *testing.T) {
+	data, logs := t.TempDir(), t.TempDir()
+	addr := freeAddr(t)
+	args := []string{"serve", "--data", data, "--addr", addr, "--log-format", "json", "--accept-workers"}
+	srv := startSkein(t, logs, args...)
+	waitHealthy(t, addr)
+	ctx := context.Background()
+	c := client.New("http://"+addr, "tml-json")
+	sess, err := c.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, "tiny-qwen3", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70, 80, 90})}
+	trainStep(t, ctx, tc, batch)
+	_ = srv.Process.Signal(syscall.SIGKILL)
+	_, _ = srv.Process.Wait()
+	srv = startSkein(t, logs, args...)
+	waitHealthy(t, addr)
+	trainStep(t, ctx, tc, batch) // the adapter reloads from its saved state
+	_ = srv.Process.Signal(syscall.SIGTERM)
+	_, _ = srv.Process.Wait()
+	// A start that fails: its error is a JSON line too.
+	bad := exec.Command(os.Args[0], "serve", "--data", data, "--addr", addr, "--log-format", "json", "--model", filepath.Join(data, "missing"))
+	bad.Env = append(os.Environ(), "SKEIN_TEST_RUN_AS_SKEIN=1")
+	badOut, _ := bad.CombinedOutput()
+	_ = os.WriteFile(filepath.Join(logs, "failed.log"), badOut, 0o644)
+
+	files, _ := filepath.Glob(filepath.Join(logs, "*.log"))
+	var lines int
+	var sawReload, sawToken, sawError bool
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(l), &rec); err != nil {
+				t.Errorf("%s: not a JSON line: %q", filepath.Base(f), l)
+				continue
+			}
+			lines++
+			msg, _ := rec["msg"].(string)
+			sawReload = sawReload || strings.Contains(msg, "reloading adapter")
+			sawToken = sawToken || strings.Contains(msg, "cluster token")
+			sawError = sawError || rec["level"] == "ERROR" && strings.Contains(fmt.Sprint(rec), "missing")
+		}
+	}
+	if lines == 0 || !sawReload || !sawToken || !sawError {
+		t.Errorf("%d lines; reload %v, token %v, final error %v: the test did not reach the paths it checks", lines, sawReload, sawToken, sawError)
 	}
 }

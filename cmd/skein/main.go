@@ -39,9 +39,19 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "skein:", err)
+		reportError(err)
 		os.Exit(1)
 	}
+}
+
+// reportError writes the error that ends the process: through its logger once one is set up
+// (a JSON line with --log-format json), plainly before.
+func reportError(err error) {
+	if processLog != nil {
+		processLog.Error("skein exits", "err", err)
+		return
+	}
+	fmt.Fprintln(os.Stderr, "skein:", err)
 }
 
 func run(args []string) error {
@@ -157,7 +167,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	log, err := cfg.Log.logger(os.Stderr)
+	log, notes, err := cfg.Log.setupLog()
 	if err != nil {
 		return err
 	}
@@ -179,7 +189,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
 		return err
 	}
-	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, os.Stderr)
+	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, notes)
 	if err != nil {
 		return err
 	}

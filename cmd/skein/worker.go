@@ -87,7 +87,7 @@ func runWorker(args []string) error {
 	if *name == "" {
 		*name = filepath.Base(filepath.Clean(*model))
 	}
-	log, err := c.Log.logger(os.Stderr)
+	log, _, err := c.Log.setupLog()
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,9 @@ type Options struct {
 	// keeps the projections and the embedding in bfloat16 (half the memory), widened per
 	// product. Computation is in float32 (float64 with Float64) either way.
 	Precision string
+	// Name is the model as its users know it (the served name, e.g. Qwen/Qwen3-8B): saved
+	// adapters name it as their base_model_name_or_path, so they load elsewhere. Default: Dir.
+	Name string
 }
 
 // Engine is one loaded base model plus the adapters trained on it.

@@ -3,6 +3,8 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -44,5 +46,40 @@ func TestArchitecturesMustBeSupported(t *testing.T) {
 		`"num_hidden_layers":2,"num_attention_heads":4,"rope_theta":10000}`), &c)
 	if err := c.finish(); err != nil {
 		t.Errorf("config without architectures: %v", err)
+	}
+}
+
+// A saved adapter's adapter_config.json names its base model as the user knows it (the served
+// name, e.g. Qwen/Qwen3-8B), not the server's local directory, which means nothing to PEFT or
+// vLLM elsewhere; without a name the directory is all there is (issue 22).
+func TestSavedAdapterNamesTheServedModel(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, want string }{{"Qwen/Qwen3-8B", "Qwen/Qwen3-8B"}, {"", dir}} {
+		e, err := Load(dir, Options{Name: tc.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, eng := range []*Engine{e, e.Fork()} {
+			if _, err := eng.CreateAdapter("a", LoraConfig{Rank: 2, TrainAttn: true}); err != nil {
+				t.Fatal(err)
+			}
+			out := t.TempDir()
+			if err := eng.SaveAdapter(t.Context(), "a", out, false); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(filepath.Join(out, AdapterConfigFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pc struct {
+				Base string `json:"base_model_name_or_path"`
+			}
+			if err := json.Unmarshal(b, &pc); err != nil || pc.Base != tc.want {
+				t.Errorf("name %q: base_model_name_or_path %q (%v), want %q", tc.name, pc.Base, err, tc.want)
+			}
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -116,5 +117,78 @@ func TestJSONLogHasOnlyJSONLines(t *testing.T) {
 	}
 	if lines == 0 || !sawReload || !sawToken || !sawError {
 		t.Errorf("%d lines; reload %v, token %v, final error %v: the test did not reach the paths it checks", lines, sawReload, sawToken, sawError)
+	}
+}
+
+// hfCache lays out a Hugging Face hub cache entry for org/name holding a tiny model, as
+// huggingface_hub writes one: models--Org--Name/{refs/main, snapshots/<hash>/}; it returns the
+// entry and its snapshot.
+func hfCache(t *testing.T, repo string) (entry, snapshot string) {
+	t.Helper()
+	entry = filepath.Join(t.TempDir(), "hub", "models--"+strings.ReplaceAll(repo, "/", "--"))
+	hash := "0123456789abcdef0123456789abcdef01234567"
+	snapshot = filepath.Join(entry, "snapshots", hash)
+	if err := engine.InitTiny(snapshot, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(entry, "refs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(entry, "refs", "main"), []byte(hash), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return entry, snapshot
+}
+
+// --model accepts a Hugging Face cache entry (models--Org--Name) and serves the snapshot its
+// refs/main points at as Org/Name; a snapshot directory is Org/Name too, not its hash. Saved
+// adapters name that model as their base_model_name_or_path, not the server's directory. A
+// refs/main that leads out of the entry or nowhere is an error saying so (issue 22).
+func TestHuggingFaceCacheModelsAreNamedAsOnTheHub(t *testing.T) {
+	entry, snapshot := hfCache(t, "Qwen/Qwen3-8B")
+	for _, given := range []string{entry, entry + "/", snapshot} {
+		dir, name, err := resolveModel(given)
+		if err != nil || dir != snapshot || name != "Qwen/Qwen3-8B" {
+			t.Errorf("%s: %s %q %v, want %s Qwen/Qwen3-8B", given, dir, name, err, snapshot)
+		}
+	}
+	plain := t.TempDir()
+	if dir, name, err := resolveModel(plain); err != nil || dir != plain || name != filepath.Base(plain) {
+		t.Errorf("plain dir: %s %q %v", dir, name, err)
+	}
+	reps, err := loadReplicas(&serveConfig{Models: []string{entry}, Replicas: 1, MaxLoras: 1, StepMemoryMB: 64}, []string{entry}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reps[0].Close()
+	if local, _ := reps[0].Local(); reps[0].BaseModel() != "Qwen/Qwen3-8B" || local.Dir != snapshot {
+		t.Fatalf("served as %q from %s", reps[0].BaseModel(), local.Dir)
+	}
+	e, name, err := loadModel(entry, "", engine.Options{})
+	if err != nil || name != "Qwen/Qwen3-8B" {
+		t.Fatalf("loadModel: %q %v", name, err)
+	}
+	if _, err := e.CreateAdapter("a", engine.LoraConfig{Rank: 2, TrainAttn: true}); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := e.SaveAdapter(t.Context(), "a", out, false); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(out, engine.AdapterConfigFile))
+	if !strings.Contains(string(b), `"base_model_name_or_path": "Qwen/Qwen3-8B"`) {
+		t.Errorf("adapter_config.json: %s", b)
+	}
+	// --name still wins.
+	if _, name, _ := loadModel(entry, "mine", engine.Options{}); name != "mine" {
+		t.Errorf("--name: %q", name)
+	}
+	for _, ref := range []string{"../../../etc", "", "nothere", "a/../../x"} {
+		if err := os.WriteFile(filepath.Join(entry, "refs", "main"), []byte(ref), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := resolveModel(entry); err == nil || !strings.Contains(err.Error(), "refs/main") {
+			t.Errorf("refs/main %q: %v, want an error naming refs/main", ref, err)
+		}
 	}
 }

@@ -263,12 +263,12 @@ func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*repli
 	var reps []*replica.Replica
 	seen := map[string]bool{}
 	for i, dir := range models {
-		name := filepath.Base(filepath.Clean(dir))
+		name := ""
 		if i < len(cfg.Names) {
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, err := engine.Load(dir, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // config.json's "architectures" says which head a checkpoint has: a sequence classifier or a
@@ -80,6 +81,36 @@ func TestSavedAdapterNamesTheServedModel(t *testing.T) {
 			if err := json.Unmarshal(b, &pc); err != nil || pc.Base != tc.want {
 				t.Errorf("name %q: base_model_name_or_path %q (%v), want %q", tc.name, pc.Base, err, tc.want)
 			}
+		}
+	}
+}
+
+// Every preset's generated tokenizer covers its whole vocabulary: a random model samples any id
+// in [0, vocab), and an id without a token decodes to nothing, so chats with the small and 1b
+// presets answered "" (their tokenizers had 492 of 8,192 and 32,768 ids). Every id decodes to
+// text, and text made of all of them encodes and decodes back to itself (issue 22).
+func TestPresetTokenizersCoverTheirVocab(t *testing.T) {
+	for name, p := range Presets {
+		if !p.FillVocab {
+			continue // tiny: see Preset.FillVocab
+		}
+		_, tok, err := tinyTokenizer(p, SpecialTokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text strings.Builder
+		for id := range p.Vocab {
+			s := tok.Decode([]int{id})
+			if s == "" {
+				t.Errorf("%s: id %d of %d decodes to nothing", name, id, p.Vocab)
+				break
+			}
+			if utf8.ValidString(s) && !strings.ContainsRune(s, utf8.RuneError) { // not a piece of a character
+				text.WriteString(s)
+			}
+		}
+		if got := tok.Decode(tok.Encode(text.String())); got != text.String() {
+			t.Errorf("%s: the text of all tokens does not survive encode and decode", name)
 		}
 	}
 }

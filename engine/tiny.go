@@ -25,14 +25,20 @@ type Preset struct {
 	Hidden, Layers, Heads, KVHeads, FFN, Vocab, Context int
 	// BF16 writes the weights as bfloat16, as real checkpoints ship (f32 otherwise).
 	BF16 bool
+	// FillVocab fills the tokenizer past what corpus.txt trains (a few hundred ids) with
+	// generated words, so that every id of the vocab is text: a random model samples any id,
+	// and without it chats with the small and 1b presets answered "". tiny keeps the plain
+	// trained tokenizer: it covers nearly all of its 512 ids, and the reference fixtures (the
+	// transformers.js token ids, the torch Qwen3-VL ones) are made with it.
+	FillVocab bool
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
 // (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, a 2.4 GB bf16 file).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
-	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048},
-	"1b":    {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true},
+	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true},
+	"1b":    {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -122,7 +128,11 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 
 // tinyTokenizer trains a generated model's tokenizer on corpus.txt, within the preset's vocab.
 func tinyTokenizer(p Preset, specials []string) ([]byte, *tokenizer.Tokenizer, error) {
-	tokJSON, err := tokenizer.Train(corpus, p.Vocab, specials)
+	train := tokenizer.Train
+	if p.FillVocab {
+		train = tokenizer.TrainFull
+	}
+	tokJSON, err := train(corpus, p.Vocab, specials)
 	if err != nil {
 		return nil, nil, err
 	}

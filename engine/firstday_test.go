@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,5 +114,56 @@ func TestPresetTokenizersCoverTheirVocab(t *testing.T) {
 		if got := tok.Decode(tok.Encode(text.String())); got != text.String() {
 			t.Errorf("%s: the text of all tokens does not survive encode and decode", name)
 		}
+	}
+}
+
+// Loading a model says what it loads (directory, bytes on disk), how far it has read while it
+// reads (by bytes, at most every loadProgressEvery), and the total with the time taken, through
+// Options.Logger; without one it is silent (issue 22).
+func TestModelLoadReportsProgress(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	oldEvery, oldChunk := loadProgressEvery, loadChunk
+	loadProgressEvery, loadChunk = 0, 64<<10 // a line for every 64 KiB read
+	defer func() { loadProgressEvery, loadChunk = oldEvery, oldChunk }()
+	var buf bytes.Buffer
+	if _, err := Load(dir, Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		recs = append(recs, rec)
+	}
+	if len(recs) < 4 {
+		t.Fatalf("%d lines, want a start, progress and an end: %s", len(recs), buf.String())
+	}
+	first, last := recs[0], recs[len(recs)-1]
+	if first["dir"] != dir || first["bytes"] != float64(st.Size()) {
+		t.Errorf("first line %v, want the directory and its %d bytes", first, st.Size())
+	}
+	prev := 0.0
+	for _, rec := range recs[1 : len(recs)-1] {
+		read, _ := rec["read_bytes"].(float64)
+		if read <= prev || read > float64(st.Size()) {
+			t.Errorf("progress %v after %v bytes", rec, prev)
+		}
+		prev = read
+	}
+	if last["bytes"] != float64(st.Size()) || last["tensors"] == nil || last["seconds"] == nil {
+		t.Errorf("last line %v, want the bytes, tensors and seconds", last)
+	}
+	// Without a logger, nothing (and nothing breaks).
+	if _, err := Load(dir, Options{}); err != nil {
+		t.Fatal(err)
 	}
 }

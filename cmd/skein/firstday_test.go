@@ -192,3 +192,20 @@ func TestHuggingFaceCacheModelsAreNamedAsOnTheHub(t *testing.T) {
 		}
 	}
 }
+
+// skein bench says what it is doing, one line per phase, since a full run on a big model takes
+// minutes of silence otherwise; the model's load reports its progress (issue 22).
+func TestBenchLogsEachPhase(t *testing.T) {
+	var logs bytes.Buffer
+	old := benchLog
+	benchLog = &logs
+	defer func() { benchLog = old }()
+	benchJSON(t, engine.ArchQwen3, "--tenants", "2")
+	for _, phase := range []string{"bench: matmul peak", "loading model", "model loaded", "bench: training",
+		"bench: decoding", "bench: sampling across adapters", "bench: a sample while a forward_backward runs",
+		"bench: training across adapters", "bench: done"} {
+		if !strings.Contains(logs.String(), phase) {
+			t.Errorf("no %q line in:\n%s", phase, logs.String())
+		}
+	}
+}

@@ -268,7 +268,7 @@ func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*repli
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -105,7 +105,7 @@ func runWorker(args []string) error {
 	}
 	// The base model's name: --name, or as resolveModel names --model (a Hugging Face cache
 	// entry's Org/Name, else the directory's name).
-	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision})
+	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -167,3 +167,34 @@ func TestModelLoadReportsProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Generating a model says what it makes (preset, parameters), how far it has got for a big
+// preset (tensors drawn, at most every loadProgressEvery), and the total with the time taken
+// (issue 22).
+func TestInitTinyReportsProgress(t *testing.T) {
+	old := loadProgressEvery
+	loadProgressEvery = 0 // every tensor counts as a while
+	defer func() { loadProgressEvery = old }()
+	var buf bytes.Buffer
+	dir := t.TempDir()
+	if err := InitTinyLogged(dir, ArchQwen3, "tiny", 1, slog.New(slog.NewJSONHandler(&buf, nil))); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	var last map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if err := json.Unmarshal([]byte(l), &last); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		msgs = append(msgs, last["msg"].(string))
+	}
+	st, err := os.Stat(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(msgs, "|")
+	if !strings.HasPrefix(joined, "generating model|") || !strings.Contains(joined, "generating model: drawing weights") ||
+		last["msg"] != "model generated" || last["bytes"] != float64(st.Size()) || last["seconds"] == nil {
+		t.Errorf("lines %q, last %v", msgs, last)
+	}
+}

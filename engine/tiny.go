@@ -5,12 +5,14 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/tokenizer"
@@ -73,6 +75,13 @@ type tinyExtras interface {
 // config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
 // tokenizer_config.json with a ChatML chat template.
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
+	return InitTinyLogged(dir, arch, presetName, seed, nil)
+}
+
+// InitTinyLogged is InitTiny telling log what it makes, how far it has got (the 1b preset
+// takes a while) and what it wrote; nil log: nothing.
+func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *slog.Logger) error {
+	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
 		return fmt.Errorf("unknown preset %q (tiny, small, 1b)", presetName)
@@ -100,7 +109,9 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if err != nil {
 		return err
 	}
-	tensors := tinyWeights(c, p.BF16, seed)
+	progress := &loadProgress{log: log, start: start, last: start}
+	progress.logf("generating model", "dir", dir, "arch", arch, "preset", presetName, "parameters", tinyParams(c), "vocab", p.Vocab)
+	tensors := tinyWeights(c, p.BF16, seed, progress)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -123,7 +134,18 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 			return err
 		}
 	}
-	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+	weights := filepath.Join(dir, "model.safetensors")
+	progress.logf("generating model: writing weights", "file", weights)
+	if err := safetensors.WriteFile(weights, tensors, map[string]string{"format": "pt"}); err != nil {
+		return err
+	}
+	var size int64
+	if st, err := os.Stat(weights); err == nil {
+		size = st.Size()
+	}
+	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", len(tensors),
+		"seconds", time.Since(start).Seconds())
+	return nil
 }
 
 // tinyTokenizer trains a generated model's tokenizer on corpus.txt, within the preset's vocab.
@@ -173,10 +195,29 @@ func tinyConfigFile(f tinyFamily, extras tinyExtras, p Preset, tok *tokenizer.To
 }
 
 // tinyWeights are a generated model's weights, drawn from seed (as bfloat16 with bf16).
-func tinyWeights(c *Config, bf16 bool, seed uint64) map[string]safetensors.Tensor {
+// tinyParams is the parameter count of a generated model's weights.
+func tinyParams(c *Config) int {
+	total := 0
+	for _, name := range c.allWeightNames() {
+		n := 1
+		for _, d := range c.expectedShape(name) {
+			n *= d
+		}
+		total += n
+	}
+	return total
+}
+
+// progress hears of each tensor drawn.
+func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[string]safetensors.Tensor {
 	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
 	tensors := map[string]safetensors.Tensor{}
-	for _, name := range c.allWeightNames() {
+	names := c.allWeightNames()
+	for i, name := range names {
+		if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
+			progress.last = now
+			progress.logf("generating model: drawing weights", "tensors", i, "of", len(names), "seconds", now.Sub(progress.start).Seconds())
+		}
 		shape := c.expectedShape(name)
 		n := 1
 		for _, d := range shape {

@@ -141,7 +141,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 func initTiny(args []string) error {
 	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
 	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3 or qwen3_vl")
-	preset := fs.String("preset", "tiny", "tiny or small")
+	preset := fs.String("preset", "tiny", "tiny, small or 1b")
 	seed := fs.Uint64("seed", 1, "random seed")
 	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
@@ -150,7 +150,8 @@ func initTiny(args []string) error {
 	if len(pos) != 1 {
 		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|small]")
 	}
-	if err := engine.InitTiny(pos[0], engine.Arch(*arch), *preset, *seed); err != nil {
+	// Progress on stderr (the 1b preset takes a while); the result line stays on stdout.
+	if err := engine.InitTinyLogged(pos[0], engine.Arch(*arch), *preset, *seed, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s model (%s preset) to %s\n", *arch, *preset, pos[0])
@@ -248,7 +249,7 @@ func servedModels(cfg *serveConfig, gatewayOnly bool, log *slog.Logger) ([]strin
 	dir := filepath.Join(cfg.Data, "models", "tiny-qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		log.Info("no --model given: generating the tiny model", "dir", dir)
-		if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+		if err := engine.InitTinyLogged(dir, engine.ArchQwen3, "tiny", 1, log); err != nil {
 			return nil, err
 		}
 	}

@@ -62,11 +62,12 @@ func TestWarnsWhenBuiltWithoutSIMD(t *testing.T) {
 
 // With --log-format json every line `skein serve` writes to its log is a JSON object: the
 // lines of packages that log through slog's default logger (a replica reloading an adapter
-// after a restart), the generated cluster token's message, and the final error (issue 22).
+// after a restart), the generated cluster token's message, a deprecated flag's note and the
+// final error (issue 22).
 func TestJSONLogHasOnlyJSONLines(t *testing.T) {
 	data, logs := t.TempDir(), t.TempDir()
 	addr := freeAddr(t)
-	args := []string{"serve", "--data", data, "--addr", addr, "--log-format", "json", "--accept-workers"}
+	args := []string{"serve", "--data", data, "--addr", addr, "--log-format", "json", "--accept-workers", "--tenant-max-loras", "8"}
 	srv := startSkein(t, logs, args...)
 	waitHealthy(t, addr)
 	ctx := context.Background()
@@ -96,7 +97,7 @@ func TestJSONLogHasOnlyJSONLines(t *testing.T) {
 
 	files, _ := filepath.Glob(filepath.Join(logs, "*.log"))
 	var lines int
-	var sawReload, sawToken, sawError bool
+	var sawReload, sawToken, sawError, sawDeprecated bool
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -112,11 +113,13 @@ func TestJSONLogHasOnlyJSONLines(t *testing.T) {
 			msg, _ := rec["msg"].(string)
 			sawReload = sawReload || strings.Contains(msg, "reloading adapter")
 			sawToken = sawToken || strings.Contains(msg, "cluster token")
+			sawDeprecated = sawDeprecated || strings.Contains(msg, "deprecated")
 			sawError = sawError || rec["level"] == "ERROR" && strings.Contains(fmt.Sprint(rec), "missing")
 		}
 	}
-	if lines == 0 || !sawReload || !sawToken || !sawError {
-		t.Errorf("%d lines; reload %v, token %v, final error %v: the test did not reach the paths it checks", lines, sawReload, sawToken, sawError)
+	if lines == 0 || !sawReload || !sawToken || !sawError || !sawDeprecated {
+		t.Errorf("%d lines; reload %v, token %v, final error %v, deprecated flag %v: the test did not reach the paths it checks",
+			lines, sawReload, sawToken, sawError, sawDeprecated)
 	}
 }
 

@@ -61,17 +61,35 @@ func registerFamily(a architecture) {
 
 // familyOf finds the family of a config: by its architecture class first, then by model_type.
 func familyOf(hfClass, modelType string) (architecture, error) {
-	for _, a := range families {
-		if hfClass != "" && a.desc().hfClass == hfClass {
-			return a, nil
+	// A stated class decides: a supported family's other heads (…ForSequenceClassification,
+	// …ForTokenClassification) share its model_type but are not causal LMs, and loading one
+	// as a causal LM would serve nonsense without a word. model_type decides only where
+	// config.json names no class.
+	if hfClass != "" {
+		for _, a := range families {
+			if a.desc().hfClass == hfClass {
+				return a, nil
+			}
 		}
+		return nil, fmt.Errorf("unsupported architecture %q (model_type %q): skein serves these causal LMs: %s",
+			hfClass, modelType, strings.Join(familyClasses(), ", "))
 	}
 	for _, a := range families {
 		if a.desc().modelType == modelType {
 			return a, nil
 		}
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (model_type %q); supported: %s", hfClass, modelType, strings.Join(familyNames(), ", "))
+	return nil, fmt.Errorf("unsupported model_type %q (config.json names no architecture); supported: %s", modelType, strings.Join(familyClasses(), ", "))
+}
+
+// familyClasses is the supported config.json classes, with their model_type, sorted.
+func familyClasses() []string {
+	var names []string
+	for _, a := range families {
+		names = append(names, fmt.Sprintf("%s (%s)", a.desc().hfClass, a.desc().modelType))
+	}
+	slices.Sort(names)
+	return names
 }
 
 func familyNames() []string {

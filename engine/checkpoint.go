@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,7 +82,7 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 		tm = append(tm, t)
 	}
 	sort.Strings(tm)
-	pc := peftConfig{PeftType: "LORA", TaskType: "CAUSAL_LM", BaseModel: e.Dir, R: a.Config.Rank,
+	pc := peftConfig{PeftType: "LORA", TaskType: "CAUSAL_LM", BaseModel: cmp.Or(e.opts.Name, e.Dir), R: a.Config.Rank,
 		LoraAlpha: a.Config.Alpha, TargetModules: tm, Bias: "none", InferenceMode: true, InitLoraWeights: true,
 		SkeinSeed: a.Config.Seed}
 	cb, _ := json.MarshalIndent(pc, "", "  ")

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,6 +38,12 @@ type Options struct {
 	// keeps the projections and the embedding in bfloat16 (half the memory), widened per
 	// product. Computation is in float32 (float64 with Float64) either way.
 	Precision string
+	// Name is the model as its users know it (the served name, e.g. Qwen/Qwen3-8B): saved
+	// adapters name it as their base_model_name_or_path, so they load elsewhere. Default: Dir.
+	Name string
+	// Logger gets Load's progress lines (what it loads, how far it has read, the total and
+	// the time taken); nil: none.
+	Logger *slog.Logger
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -119,7 +126,7 @@ func Load(dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	host, err := loadWeights(dir, cfg)
+	host, progress, err := loadWeights(dir, cfg, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +137,12 @@ func Load(dir string, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 	}
-	return newEngine(dir, cfg, host, tok, opts)
+	e, err := newEngine(dir, cfg, host, tok, opts)
+	if err != nil {
+		return nil, err
+	}
+	progress.done(dir, len(host)) // after newEngine: converting the weights is part of the wait
+	return e, nil
 }
 
 func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok *tokenizer.Tokenizer, opts Options) (*Engine, error) {

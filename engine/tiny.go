@@ -5,12 +5,14 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/tokenizer"
@@ -25,16 +27,22 @@ type Preset struct {
 	Hidden, Layers, Heads, KVHeads, FFN, Vocab, Context int
 	// BF16 writes the weights as bfloat16, as real checkpoints ship (f32 otherwise).
 	BF16 bool
+	// FillVocab fills the tokenizer past what corpus.txt trains (a few hundred ids) with
+	// generated words, so that every id of the vocab is text: a random model samples any id,
+	// and without it chats with the small and 1b presets answered "". tiny keeps the plain
+	// trained tokenizer: it covers nearly all of its 512 ids, and the reference fixtures (the
+	// transformers.js token ids, the torch Qwen3-VL ones) are made with it.
+	FillVocab bool
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
 // (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, a 2.4 GB bf16 file).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
-	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048},
+	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true},
 	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
 	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
-	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true},
+	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -69,6 +77,13 @@ type tinyExtras interface {
 // config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
 // tokenizer_config.json with a ChatML chat template.
 func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
+	return InitTinyLogged(dir, arch, presetName, seed, nil)
+}
+
+// InitTinyLogged is InitTiny telling log what it makes, how far it has got (the 1b preset
+// takes a while) and what it wrote; nil log: nothing.
+func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *slog.Logger) error {
+	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
 		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b)", presetName)
@@ -96,7 +111,9 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 	if err != nil {
 		return err
 	}
-	tensors := tinyWeights(c, p.BF16, seed)
+	progress := &loadProgress{log: log, start: start, last: start}
+	progress.logf("generating model", "dir", dir, "arch", arch, "preset", presetName, "parameters", tinyParams(c), "vocab", p.Vocab)
+	tensors := tinyWeights(c, p.BF16, seed, progress)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -119,12 +136,27 @@ func InitTiny(dir string, arch Arch, presetName string, seed uint64) error {
 			return err
 		}
 	}
-	return safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+	weights := filepath.Join(dir, "model.safetensors")
+	progress.logf("generating model: writing weights", "file", weights)
+	if err := safetensors.WriteFile(weights, tensors, map[string]string{"format": "pt"}); err != nil {
+		return err
+	}
+	var size int64
+	if st, err := os.Stat(weights); err == nil {
+		size = st.Size()
+	}
+	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", len(tensors),
+		"seconds", time.Since(start).Seconds())
+	return nil
 }
 
 // tinyTokenizer trains a generated model's tokenizer on corpus.txt, within the preset's vocab.
 func tinyTokenizer(p Preset, specials []string) ([]byte, *tokenizer.Tokenizer, error) {
-	tokJSON, err := tokenizer.Train(corpus, p.Vocab, specials)
+	train := tokenizer.Train
+	if p.FillVocab {
+		train = tokenizer.TrainFull
+	}
+	tokJSON, err := train(corpus, p.Vocab, specials)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -165,10 +197,29 @@ func tinyConfigFile(f tinyFamily, extras tinyExtras, p Preset, tok *tokenizer.To
 }
 
 // tinyWeights are a generated model's weights, drawn from seed (as bfloat16 with bf16).
-func tinyWeights(c *Config, bf16 bool, seed uint64) map[string]safetensors.Tensor {
+// tinyParams is the parameter count of a generated model's weights.
+func tinyParams(c *Config) int {
+	total := 0
+	for _, name := range c.allWeightNames() {
+		n := 1
+		for _, d := range c.expectedShape(name) {
+			n *= d
+		}
+		total += n
+	}
+	return total
+}
+
+// progress hears of each tensor drawn.
+func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[string]safetensors.Tensor {
 	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
 	tensors := map[string]safetensors.Tensor{}
-	for _, name := range c.allWeightNames() {
+	names := c.allWeightNames()
+	for i, name := range names {
+		if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
+			progress.last = now
+			progress.logf("generating model: drawing weights", "tensors", i, "of", len(names), "seconds", now.Sub(progress.start).Seconds())
+		}
 		shape := c.expectedShape(name)
 		n := 1
 		for _, d := range shape {

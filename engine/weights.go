@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,14 +96,14 @@ func (c *Config) expectedShape(name string) []int {
 // loadWeights reads model.safetensors or the shards named in model.safetensors.index.json and
 // checks every weight's shape. The tensors alias the file bytes: widening happens one weight at a
 // time in newEngine, so loading never holds a float64 copy of the whole model.
-func loadWeights(dir string, c *Config) (map[string]safetensors.Tensor, error) {
+func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensors.Tensor, *loadProgress, error) {
 	files := []string{"model.safetensors"}
 	if b, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
 		var idx struct {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(b, &idx); err != nil {
-			return nil, fmt.Errorf("engine: parsing safetensors index: %w", err)
+			return nil, nil, fmt.Errorf("engine: parsing safetensors index: %w", err)
 		}
 		seen := map[string]bool{}
 		files = files[:0]
@@ -118,11 +119,16 @@ func loadWeights(dir string, c *Config) (map[string]safetensors.Tensor, error) {
 	for _, n := range c.allWeightNames() {
 		want[n] = true
 	}
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = filepath.Join(dir, f)
+	}
+	progress := newLoadProgress(log, dir, paths)
 	out := map[string]safetensors.Tensor{}
-	for _, f := range files {
-		st, err := safetensors.ReadFile(filepath.Join(dir, f))
+	for _, path := range paths {
+		st, err := readWeightsFile(path, progress)
 		if err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
+			return nil, nil, fmt.Errorf("engine: %w", err)
 		}
 		for name, t := range st.Tensors {
 			if !want[name] {
@@ -130,15 +136,15 @@ func loadWeights(dir string, c *Config) (map[string]safetensors.Tensor, error) {
 			}
 			exp := c.expectedShape(name)
 			if !slices.Equal(exp, t.Shape) {
-				return nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, exp)
+				return nil, nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, exp)
 			}
 			out[name] = t
 		}
 	}
 	for n := range want {
 		if _, ok := out[n]; !ok {
-			return nil, fmt.Errorf("engine: weight %s missing from %s", n, dir)
+			return nil, nil, fmt.Errorf("engine: weight %s missing from %s", n, dir)
 		}
 	}
-	return out, nil
+	return out, progress, nil
 }

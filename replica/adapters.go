@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/skein-ai/skein/engine"
 )
@@ -177,8 +178,11 @@ func (r *Replica) Forward(ctx context.Context, a Adapter, b *engine.Batch, baseO
 		if baseOnly {
 			id = ""
 		}
+		start := time.Now()
 		var err error
-		res, err = r.compute.ForwardBatch(ctx, id, b, false)
+		if res, err = r.compute.ForwardBatch(ctx, id, b, false); err == nil && res != nil {
+			r.logOp("forward", a.ID, start, batchTokens(b), "loss_sum", res.Loss)
+		}
 		return err
 	})
 	return res, err
@@ -188,8 +192,11 @@ func (r *Replica) Forward(ctx context.Context, a Adapter, b *engine.Batch, baseO
 func (r *Replica) ForwardBackward(ctx context.Context, a Adapter, b *engine.Batch) (*engine.ForwardResult, error) {
 	var res *engine.ForwardResult
 	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		start := time.Now()
 		var err error
-		res, err = r.compute.ForwardBatch(ctx, a.ID, b, true)
+		if res, err = r.compute.ForwardBatch(ctx, a.ID, b, true); err == nil && res != nil {
+			r.logOp("forward_backward", a.ID, start, batchTokens(b), "loss_sum", res.Loss)
+		}
 		return err
 	})
 	return res, err
@@ -201,6 +208,7 @@ func (r *Replica) OptimStep(ctx context.Context, a Adapter, p engine.AdamParams)
 	var metrics map[string]float64
 	var step int
 	err := r.onAdapter(ctx, a, func(ctx context.Context) error {
+		start := time.Now()
 		if err := a.State.BeforeStep(ctx); err != nil {
 			return err
 		}
@@ -215,6 +223,7 @@ func (r *Replica) OptimStep(ctx context.Context, a Adapter, p engine.AdamParams)
 		if err := r.persist(ctx, a); err != nil {
 			return fmt.Errorf("saving the adapter state: %w", err)
 		}
+		r.logOp("optim_step", a.ID, start, 0, "step", step) // its time includes saving the state
 		return nil
 	})
 	return metrics, step, err

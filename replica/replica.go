@@ -43,6 +43,7 @@ type Replica struct {
 
 	id, baseModel string
 	maxLoras      int
+	logger        *slog.Logger // nil: slog.Default() (SetLogger)
 	healthy       atomic.Bool
 	queued        atomic.Int64 // ops accepted and not yet finished
 

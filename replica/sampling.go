@@ -292,6 +292,17 @@ func (r *Replica) runBatch(batch []queuedSample) {
 		}
 		return
 	}
+	prompt, generated := 0, 0
+	for k, q := range reqs {
+		prompt += len(q.Prompt)
+		if results[k] != nil {
+			for _, seq := range results[k].Sequences {
+				generated += len(seq.Tokens)
+			}
+		}
+	}
+	// One line a batch: tokens and tokens/s are the generated ones.
+	r.logOp("sample", "", start, generated, "requests", len(reqs), "prompt_tokens", prompt)
 	share := time.Since(start).Seconds() / float64(len(reqs))
 	for k, i := range of {
 		out := SampleOutcome{Result: results[k], Start: start, Seconds: share}

@@ -22,6 +22,10 @@ import (
 // benchOutput is where the bench prints its results (a variable for tests).
 var benchOutput io.Writer = os.Stdout
 
+// benchLog is where the bench logs its phases, as text (a variable for tests): a full run on a
+// big model takes minutes, which without a word look like a hang.
+var benchLog io.Writer = os.Stderr
+
 // benchConfig is what `skein bench engine` was asked to measure.
 type benchConfig struct {
 	model, precision, cpuProfile    string
@@ -36,15 +40,19 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := setupKernels(slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+	log := slog.New(slog.NewTextHandler(benchLog, nil))
+	slog.SetDefault(log) // the phases logged from the helpers below, and the replica's lines
+	if err := setupKernels(log); err != nil {
 		return err
 	}
+	start := time.Now()
 	// The matmul peak first, in a quiet process: best of 30 runs of a --peak-size³ float32 matmul.
+	log.Info("bench: matmul peak", "size", c.peakSize)
 	peak, err := engine.MatmulGFLOPS(c.peakSize, 30)
 	if err != nil {
 		return err
 	}
-	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision})
+	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -53,6 +61,7 @@ func benchEngine(args []string) error {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	data := benchData(e, rng, c.batch, c.seq)
+	log.Info("bench: training", "batch", c.batch, "seq", c.seq, "rank", c.rank, "steps", c.steps)
 	res, err := benchTraining(e, c, data)
 	if err != nil {
 		return err
@@ -62,6 +71,7 @@ func benchEngine(args []string) error {
 		peak = max(peak, again)
 	}
 	res["peak_gflops"] = peak
+	log.Info("bench: decoding", "tokens", c.decode, "batches", "1, 8, 64")
 	if err := benchDecoding(e, c, data[0].Tokens[:16], res); err != nil {
 		return err
 	}
@@ -75,6 +85,7 @@ func benchEngine(args []string) error {
 		return err
 	}
 	if e.Info().TakesImages() {
+		log.Info("bench: images", "images", c.images, "side", c.imageSide)
 		step := func(data []engine.Datum) error { return benchStep(e, data, nil) }
 		if err := benchImages(e, res, step, rng, c.batch, c.seq, c.images, c.imageSide, c.steps); err != nil {
 			return err
@@ -86,13 +97,14 @@ func benchEngine(args []string) error {
 	cs := e.CompileStats()
 	res["compiles"] = float64(cs.Count)
 	res["compile_s"] = cs.Total.Seconds()
+	log.Info("bench: done", "seconds", time.Since(start).Seconds())
 	return benchReport(e, c, res)
 }
 
 func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
-	fs.StringVar(&c.model, "model", "", "model directory (e.g. one made by `skein model init-tiny --preset small`)")
+	fs.StringVar(&c.model, "model", "", "model `DIR`: a Hugging Face model directory, or one made by skein model init-tiny --preset small")
 	fs.IntVar(&c.batch, "batch", 8, "sequences per forward_backward")
 	fs.IntVar(&c.seq, "seq", 256, "tokens per sequence")
 	fs.IntVar(&c.rank, "rank", 16, "LoRA rank")

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
@@ -65,6 +66,11 @@ func parseSettings(fs *flag.FlagSet, args []string, synopsis string) ([]string, 
 	}
 	fs.Visit(func(f *flag.Flag) {
 		if strings.HasPrefix(f.Usage, deprecatedPrefix) {
+			// Before the logger exists, but after --log-format is known: a JSON log gets a JSON line.
+			if lf := fs.Lookup("log-format"); lf != nil && strings.EqualFold(lf.Value.String(), "json") {
+				slog.New(slog.NewJSONHandler(os.Stderr, nil)).Warn("--"+f.Name+" is "+f.Usage, "flag", f.Name)
+				return
+			}
 			fmt.Fprintf(os.Stderr, "skein: --%s is %s\n", f.Name, f.Usage)
 		}
 	})

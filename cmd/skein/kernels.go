@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 
 	"github.com/skein-ai/skein/engine"
 )
@@ -13,6 +14,7 @@ import (
 // failed its start-up check (the engine then runs the next slower path). A path the CPU lacks is
 // an error, so a forced path never silently falls back to another.
 func setupKernels(log *slog.Logger) error {
+	warnSIMD(log, builtWithSIMD, runtime.GOARCH)
 	name := os.Getenv("SKEIN_GEMM")
 	faults, err := engine.UseKernelPath(name)
 	if err != nil {
@@ -23,4 +25,22 @@ func setupKernels(log *slog.Logger) error {
 	}
 	log.Info("kernels", "path", engine.KernelPath(), "cpu_paths", engine.KernelPaths(), "gemm", engine.GEMMName())
 	return nil
+}
+
+// simdWarning is what a binary built without GOEXPERIMENT=simd says at start-up on amd64, where
+// the engine's vector kernels need it: everything works, only about 12× slower, which without a
+// word looks like a slow machine. Elsewhere (or with it) there is nothing to say.
+func simdWarning(built bool, goarch string) string {
+	if built || goarch != "amd64" {
+		return ""
+	}
+	return "built without GOEXPERIMENT=simd: the engine runs without its vector kernels, about 12x slower; " +
+		"rebuild with `GOEXPERIMENT=simd go build ./cmd/skein` (or `make`)"
+}
+
+// warnSIMD logs simdWarning, if there is one.
+func warnSIMD(log *slog.Logger, built bool, goarch string) {
+	if msg := simdWarning(built, goarch); msg != "" {
+		log.Warn(msg)
+	}
 }

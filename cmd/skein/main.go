@@ -39,9 +39,19 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "skein:", err)
+		reportError(err)
 		os.Exit(1)
 	}
+}
+
+// reportError writes the error that ends the process: through its logger once one is set up
+// (a JSON line with --log-format json), plainly before.
+func reportError(err error) {
+	if processLog != nil {
+		processLog.Error("skein exits", "err", err)
+		return
+	}
+	fmt.Fprintln(os.Stderr, "skein:", err)
 }
 
 func run(args []string) error {
@@ -131,7 +141,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 func initTiny(args []string) error {
 	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
 	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3 or qwen3_vl")
-	preset := fs.String("preset", "tiny", "tiny or small")
+	preset := fs.String("preset", "tiny", "tiny, small or 1b")
 	seed := fs.Uint64("seed", 1, "random seed")
 	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
@@ -140,7 +150,8 @@ func initTiny(args []string) error {
 	if len(pos) != 1 {
 		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|small]")
 	}
-	if err := engine.InitTiny(pos[0], engine.Arch(*arch), *preset, *seed); err != nil {
+	// Progress on stderr (the 1b preset takes a while); the result line stays on stdout.
+	if err := engine.InitTinyLogged(pos[0], engine.Arch(*arch), *preset, *seed, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s model (%s preset) to %s\n", *arch, *preset, pos[0])
@@ -157,7 +168,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	log, err := cfg.Log.logger(os.Stderr)
+	log, notes, err := cfg.Log.setupLog()
 	if err != nil {
 		return err
 	}
@@ -179,7 +190,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
 		return err
 	}
-	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, os.Stderr)
+	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, notes)
 	if err != nil {
 		return err
 	}
@@ -238,7 +249,7 @@ func servedModels(cfg *serveConfig, gatewayOnly bool, log *slog.Logger) ([]strin
 	dir := filepath.Join(cfg.Data, "models", "tiny-qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		log.Info("no --model given: generating the tiny model", "dir", dir)
-		if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+		if err := engine.InitTinyLogged(dir, engine.ArchQwen3, "tiny", 1, log); err != nil {
 			return nil, err
 		}
 	}
@@ -253,12 +264,12 @@ func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*repli
 	var reps []*replica.Replica
 	seen := map[string]bool{}
 	for i, dir := range models {
-		name := filepath.Base(filepath.Clean(dir))
+		name := ""
 		if i < len(cfg.Names) {
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, err := engine.Load(dir, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, Logger: log})
 		if err != nil {
 			return nil, err
 		}

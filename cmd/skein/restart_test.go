@@ -23,7 +23,7 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("SKEIN_TEST_RUN_AS_SKEIN") == "1" {
 		if err := run(os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, "skein:", err)
+			reportError(err)
 			os.Exit(1)
 		}
 		os.Exit(0)

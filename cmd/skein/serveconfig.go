@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -47,8 +48,8 @@ type serveConfig struct {
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8000", "listen address")
 	fs.StringVar(&c.Data, "data", "./skein-data", "data directory")
-	fs.Var(&c.Models, "model", "Hugging Face model directory (repeatable; a comma-separated list in the variable); default: a generated tiny model")
-	fs.Var(&c.Names, "name", "base-model name clients use for the matching --model (repeatable; default: directory name)")
+	fs.Var(&c.Models, "model", "Hugging Face model directory, or a hub cache entry models--Org--Name (its refs/main snapshot) (repeatable; a comma-separated list in the variable); default: a generated tiny model")
+	fs.Var(&c.Names, "name", "base-model name clients use for the matching --model (repeatable; default: directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body")
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots per replica")
@@ -107,6 +108,37 @@ type logConfig struct {
 func (c *logConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Level, "log-level", "info", "least severe log lines written: debug, info, warn or error")
 	fs.StringVar(&c.Format, "log-format", "text", "log lines as text (key=value) or json")
+}
+
+// processLog is the process's configured logger once serve or worker has built it, and nil
+// before: the final error goes through it, so that a JSON log ends with a JSON line too.
+var processLog *slog.Logger
+
+// setupLog builds c's logger on stderr and makes it the process's: slog's default (which the
+// replica and gateway packages log through, and which the standard log package then writes to,
+// net/http's errors included), the final error's, and what human notes are written through. With
+// --log-format json a line of any other shape would break whatever reads the log.
+func (c logConfig) setupLog() (*slog.Logger, io.Writer, error) {
+	log, err := c.logger(os.Stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	slog.SetDefault(log)
+	processLog = log
+	if strings.EqualFold(c.Format, "json") {
+		return log, logWriter{log}, nil
+	}
+	return log, os.Stderr, nil
+}
+
+// logWriter writes each Write (one human note, perhaps of several lines) as one info record.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	if msg := strings.Join(strings.Fields(string(p)), " "); msg != "" {
+		w.log.Info(msg)
+	}
+	return len(p), nil
 }
 
 // logger builds the slog logger of c, writing to w.

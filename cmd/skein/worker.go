@@ -38,8 +38,8 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	c := &workerConfig{}
 	fs.StringVar(&c.Gateway, "gateway", "", "gateway base URL, e.g. http://127.0.0.1:8000")
-	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory")
-	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name)")
+	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory, or a hub cache entry models--Org--Name (its refs/main snapshot)")
+	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0 or q4_k (projections in GGUF Q8_0 or Q4_K blocks, about a quarter or an eighth of f32; LoRA, norms and gradients in f32)")
@@ -84,10 +84,7 @@ func runWorker(args []string) error {
 		}
 		*token = t
 	}
-	if *name == "" {
-		*name = filepath.Base(filepath.Clean(*model))
-	}
-	log, err := c.Log.logger(os.Stderr)
+	log, _, err := c.Log.setupLog()
 	if err != nil {
 		return err
 	}
@@ -106,10 +103,13 @@ func runWorker(args []string) error {
 	if err := setupKernels(log); err != nil {
 		return err
 	}
-	e, err := engine.Load(*model, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision})
+	// The base model's name: --name, or as resolveModel names --model (a Hugging Face cache
+	// entry's Org/Name, else the directory's name).
+	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision, Logger: log})
 	if err != nil {
 		return err
 	}
+	*name = served
 	url := "http://" + ln.Addr().String()
 	ws := worker.NewServer(e, *token, *data)
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)

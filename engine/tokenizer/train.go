@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"sort"
+	"strings"
 
 	"github.com/dlclark/regexp2"
 )
@@ -12,6 +13,16 @@ import (
 // holds vocabSize entries or no pair occurs twice, then the special tokens. It returns the
 // tokenizer.json bytes, in the layout Hugging Face writes for Qwen2.
 func Train(text string, vocabSize int, specials []string) ([]byte, error) {
+	return train(text, vocabSize, specials, false)
+}
+
+// TrainFull is Train, then generated words (see fillVocab) until the vocab, special tokens
+// included, holds exactly vocabSize ids: every id of a model of that vocab is text.
+func TrainFull(text string, vocabSize int, specials []string) ([]byte, error) {
+	return train(text, vocabSize, specials, true)
+}
+
+func train(text string, vocabSize int, specials []string, fill bool) ([]byte, error) {
 	re := regexp2.MustCompile(QwenPattern, regexp2.Unicode)
 	words := map[string]int{}
 	runes := []rune(text)
@@ -80,6 +91,9 @@ func Train(text string, vocabSize int, specials []string) ([]byte, error) {
 			ws[wi].syms = out
 		}
 	}
+	if fill {
+		merges = fillVocab(vocab, merges, vocabSize-len(specials))
+	}
 	f := File{Version: "1.0", Model: ModelRec{Type: "BPE", Vocab: vocab,
 		ContinuingSubwordPrefix: "", EndOfWordSuffix: ""}}
 	mb, _ := json.Marshal(merges)
@@ -98,4 +112,60 @@ func Train(text string, vocabSize int, specials []string) ([]byte, error) {
 	f.PostProcessor = json.RawMessage(`{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}`)
 	f.Decoder = json.RawMessage(`{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}`)
 	return json.MarshalIndent(f, "", "  ")
+}
+
+// fillVocab fills vocab up to size with generated words once the text has no pair left that
+// occurs twice (a short text trains a few hundred merges; a generated model's vocab is thousands
+// of ids, and a random model samples any of them, so an id without a token would decode to
+// nothing). Each word is a merge of two pieces already there: a word (with or without its
+// leading space) and a lowercase piece, so it is one pre-token (" ?\p{L}+") that BPE reaches
+// by its merges, which rank after the pieces'. Deterministic: pieces in id order, rounds
+// of longer words until the vocab is full.
+func fillVocab(vocab map[string]int, merges []string, size int) []string {
+	bySym := make([]string, len(vocab))
+	for s, id := range vocab {
+		if id < len(bySym) {
+			bySym[id] = s
+		}
+	}
+	space := ByteSymbol(' ')
+	letters := func(s string) bool {
+		for _, r := range s {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+				return false
+			}
+		}
+		return s != ""
+	}
+	var heads, tails []string
+	for _, s := range bySym {
+		if letters(strings.TrimPrefix(s, space)) {
+			heads = append(heads, s)
+		}
+		if letters(s) && strings.ToLower(s) == s {
+			tails = append(tails, s)
+		}
+	}
+	for len(vocab) < size && len(tails) > 0 {
+		var grown []string
+		for _, h := range heads {
+			for _, tl := range tails {
+				if len(vocab) >= size {
+					return merges
+				}
+				w := h + tl
+				if _, ok := vocab[w]; ok {
+					continue
+				}
+				vocab[w] = len(vocab)
+				merges = append(merges, h+" "+tl)
+				grown = append(grown, w)
+			}
+		}
+		if len(grown) == 0 {
+			break
+		}
+		heads = grown // the next round lengthens this round's words
+	}
+	return merges
 }

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/skein-ai/skein/engine"
+)
+
+// hfCachePrefix starts the name of a Hugging Face hub cache entry: huggingface_hub keeps the
+// model Org/Name in models--Org--Name/, with refs/main holding the commit hash of the snapshot
+// in snapshots/<hash>/ that "main" means.
+const hfCachePrefix = "models--"
+
+// resolveModel is the model directory --model names and the name it is served by unless --name
+// says otherwise: a cache entry models--Org--Name is its refs/main snapshot, named Org/Name; a
+// snapshot directory inside one is named Org/Name too (its own name is a hash, which means
+// nothing to a user); any other directory is itself, named by its last element.
+func resolveModel(dir string) (string, string, error) {
+	dir = filepath.Clean(dir)
+	if repo, ok := strings.CutPrefix(filepath.Base(dir), hfCachePrefix); ok && repo != "" {
+		b, err := os.ReadFile(filepath.Join(dir, "refs", "main"))
+		if err != nil {
+			return "", "", fmt.Errorf("--model %s is a Hugging Face cache entry without a readable refs/main (%w): pass one of its snapshots/<hash> directories", dir, err)
+		}
+		hash := strings.TrimSpace(string(b))
+		// The hash names a directory under snapshots/: nothing else (no separators, no ..).
+		if hash == "" || hash == "." || hash == ".." || strings.ContainsAny(hash, `/\`) {
+			return "", "", fmt.Errorf("--model %s: refs/main holds %q, not a snapshot's commit hash", dir, hash)
+		}
+		snap := filepath.Join(dir, "snapshots", hash)
+		if st, err := os.Stat(snap); err != nil || !st.IsDir() {
+			return "", "", fmt.Errorf("--model %s: refs/main names snapshot %s, which is not there (download it, or pass a snapshot directory)", dir, hash)
+		}
+		return snap, hubName(repo), nil
+	}
+	parent := filepath.Dir(dir)
+	if filepath.Base(parent) == "snapshots" {
+		if repo, ok := strings.CutPrefix(filepath.Base(filepath.Dir(parent)), hfCachePrefix); ok && repo != "" {
+			return dir, hubName(repo), nil
+		}
+	}
+	return dir, filepath.Base(dir), nil
+}
+
+// hubName turns a cache entry's "Org--Name" back into the hub's "Org/Name" (huggingface_hub
+// joins the id's parts with "--"; an id without an organization has one part).
+func hubName(repo string) string { return strings.Replace(repo, "--", "/", 1) }
+
+// loadModel loads the model --model names (resolved as resolveModel says), served as name or,
+// with none given, as resolveModel names it; saved adapters name it as their base model.
+func loadModel(dir, name string, opts engine.Options) (*engine.Engine, string, error) {
+	path, resolved, err := resolveModel(dir)
+	if err != nil {
+		return nil, "", err
+	}
+	if name == "" {
+		name = resolved
+	}
+	opts.Name = name
+	e, err := engine.Load(path, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	return e, name, nil
+}

@@ -212,3 +212,34 @@ func TestBenchLogsEachPhase(t *testing.T) {
 		}
 	}
 }
+
+// Every flag of the commands a person runs besides serve (whose flags are README's table, see
+// TestReadmeFlagTable) appears in README's command list: a flag added to the binary and not to the
+// README fails here.
+func TestReadmeListsEveryCommandsFlags(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagName := regexp.MustCompile(`^  (--[a-z0-9-]+)`)
+	for _, args := range [][]string{{"worker", "--help"}, {"model", "init-tiny", "--help"}, {"bench", "engine", "--help"}} {
+		out, err := captureOutput(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			m := flagName.FindStringSubmatch(l)
+			if m == nil || m[1] == "--help" || m[1] == "--config" || strings.HasPrefix(m[1], "--log-") {
+				continue
+			}
+			n++
+			if !strings.Contains(string(readme), "["+m[1]+" ") && !strings.Contains(string(readme), "["+m[1]+"]") && !strings.Contains(string(readme), " "+m[1]+" ") {
+				t.Errorf("%v: README does not list %s", args[:len(args)-1], m[1])
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%v: no flags in the help: %q", args, out)
+		}
+	}
+}

@@ -181,7 +181,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	fleet, err := chromedp.Run(ctx, chromedp.Poll[string](`!document.querySelector("#admin").hidden && document.querySelector("#admin").textContent`,
 		chromedp.WithPollingInterval(50*time.Millisecond)))
-	if err != nil || !strings.Contains(fleet, "r0") || !strings.Contains(fleet, "queue_depth") {
+	if err != nil || !strings.Contains(fleet, "r0") || !strings.Contains(fleet, "queue depth") {
 		t.Fatalf("the admin key's fleet panel: %q %v", fleet, err)
 	}
 }
@@ -216,6 +216,10 @@ func shoot(ctx context.Context, t *testing.T, name string, width int64) {
 	time.Sleep(200 * time.Millisecond) // a relayout, not a result being waited for
 	if w := eval[int](ctx, t, `document.documentElement.scrollWidth`); w > int(width) {
 		t.Errorf("%s: the page is %d px wide in a %d px window", name, w, width)
+	}
+	// Each table fits its box too (its wrapper would otherwise scroll it sideways).
+	if wide := eval[string](ctx, t, `[...document.querySelectorAll(".scroll")].filter(d => d.offsetParent && d.scrollWidth > d.clientWidth).map(d => d.firstElementChild.id || d.firstElementChild.className).join(",")`); wide != "" {
+		t.Errorf("%s: tables wider than the %d px window: %s", name, width, wide)
 	}
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {

@@ -349,7 +349,7 @@ function table(data) {
   const t = el("table", null, { class: "fleet" });
   const cols = [...new Set(list.flatMap((o) => (o && typeof o === "object" ? Object.keys(o) : [])))];
   const head = el("tr");
-  for (const c of cols) head.appendChild(el("th", c));
+  for (const c of cols) head.appendChild(el("th", c.replace(/_/g, " "))); // words that can wrap: the table fits 800 px
   t.appendChild(el("thead")).appendChild(head);
   const body = t.appendChild(el("tbody"));
   for (const o of list) body.appendChild(row(cols.map((c) => cell(o ? o[c] : undefined))));
@@ -360,7 +360,7 @@ function table(data) {
 function cell(v) {
   if (v === null || v === undefined) return "";
   if (Array.isArray(v)) return v.length === 0 ? "none" : v.map((x) => (x && typeof x === "object" ? cell(x) : String(x))).join(", ");
-  if (typeof v === "object") return Object.entries(v).map(([k, x]) => k + ": " + cell(x)).join("\n");
+  if (typeof v === "object") return Object.entries(v).map(([k, x]) => k.replace(/_/g, " ") + ": " + cell(x)).join("\n");
   if (typeof v === "boolean") return v ? "yes" : "no";
   return String(v);
 }

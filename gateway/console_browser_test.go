@@ -273,6 +273,18 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 	if state := poll[string](ctx, t, "the run's state", `document.querySelector("#runs tr.run td.state").textContent`); !strings.Contains(state, "idle") {
 		t.Fatalf("run state %q", state)
 	}
+	// A hidden tab stops polling; showing it again catches up at once.
+	polls := `performance.getEntriesByType("resource").filter(e => e.name.includes("/api/v1/training_runs?")).length`
+	eval[bool](ctx, t, `Object.defineProperty(document, "hidden", { value: true, configurable: true }); true`)
+	time.Sleep(500 * time.Millisecond) // a poll already under way ends
+	hiddenFrom := eval[int](ctx, t, polls)
+	train(1)
+	time.Sleep(4 * time.Second) // more than a polling interval
+	if n := eval[int](ctx, t, polls); n != hiddenFrom {
+		t.Fatalf("a hidden tab polled %d times", n-hiddenFrom)
+	}
+	eval[bool](ctx, t, `delete document.hidden; document.dispatchEvent(new Event("visibilitychange")); true`)
+	poll[bool](ctx, t, "shown again, the chart catches up", `document.querySelectorAll("#chart-loss circle").length === 6`)
 	// Labelled axes, and a log scale for the loss.
 	if labels := eval[string](ctx, t, `[...document.querySelectorAll("#chart-loss text.axis-label")].map(e => e.textContent).join("|")`); !strings.Contains(labels, "step") || !strings.Contains(labels, "loss") {
 		t.Fatalf("axis labels %q", labels)
@@ -280,7 +292,7 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("loss-log"))); err != nil {
 		t.Fatal(err)
 	}
-	poll[bool](ctx, t, "log scale", `document.querySelector("#chart-loss").dataset.scale === "log" && document.querySelectorAll("#chart-loss circle").length === 5`)
+	poll[bool](ctx, t, "log scale", `document.querySelector("#chart-loss").dataset.scale === "log" && document.querySelectorAll("#chart-loss circle").length === 6`)
 
 	// Playground: both sampler checkpoints and the base model; an unknown model's error as the server words it.
 	models := poll[string](ctx, t, "playground models", `(t => t.includes("second") && t)([...document.querySelectorAll("#pg-model option")].map(o => o.value).join("|"))`)
@@ -367,6 +379,17 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 	}
 	if left := time.Until(expiry()); left < 119*time.Minute || left > 121*time.Minute {
 		t.Fatalf("TTL 2h set an expiry %v away", left)
+	}
+	eval[bool](ctx, t, `window.prompt = () => " 30m "; true`)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="ttl"]`))); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for left := time.Until(expiry()); left < 29*time.Minute || left > 31*time.Minute; left = time.Until(expiry()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("TTL 30m set an expiry %v away", left)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	before := expiry()
 	eval[bool](ctx, t, `window.prompt = () => "2 hours"; true`)

@@ -392,6 +392,8 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	before := expiry()
+	// The page's refresh after the last TTL ends by clearing the status line: let it end first.
+	poll[bool](ctx, t, "the refresh after the TTL", `document.querySelector("#status").textContent === ""`)
 	eval[bool](ctx, t, `window.prompt = () => "2 hours"; true`)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="ttl"]`))); err != nil {
 		t.Fatal(err)

@@ -66,7 +66,11 @@ function button(label, onclick) {
   return b;
 }
 
+// statusSeq counts status messages, so that a refresh clears only its own "Loading…" and not a
+// message (a refused TTL, say) written while it ran.
+let statusSeq = 0;
 function status(msg, isError) {
+  statusSeq++;
   const s = $("#status");
   s.textContent = msg || "";
   s.className = isError ? "error" : "";
@@ -226,6 +230,7 @@ function parseTTL(text) {
 async function download(p) {
   const res = await call("GET", "/api/v1/" + p + "/archive", undefined, { Accept: "application/json" });
   if (!res || !res.url) throw new Error("the server gave no download URL");
+  if (!/^https?:$/.test(new URL(res.url, location.href).protocol)) throw new Error("the server gave a download URL that is not http(s)");
   const a = el("a", null, { href: res.url, download: "" });
   document.body.appendChild(a);
   a.click();
@@ -375,6 +380,7 @@ function wrap(t) {
 async function refresh() {
   if (!key()) return;
   status("Loading…");
+  const mine = statusSeq;
   try {
     whoami = await api("GET", "console/whoami");
     shown.clear(); // a full refresh redraws everything
@@ -384,7 +390,7 @@ async function refresh() {
     $("#main").hidden = false;
     $("#who").textContent = "key …" + key().slice(-4) + (whoami.admin ? " (admin)" : "");
     $("#forget-key").hidden = false;
-    status("");
+    if (statusSeq === mine) status("");
   } catch (e) {
     status(e.message, true);
   }
@@ -400,7 +406,8 @@ async function tick() {
   try {
     await loadRuns();
     await Promise.all([selectedRun ? loadMetrics(selectedRun) : null, selectedRun ? loadCheckpoints(selectedRun) : null, loadPlayground()]);
-    if (pollFailed) { status(""); pollFailed = false; }
+    if (pollFailed && $("#status").textContent.startsWith("live update: ")) status("");
+    pollFailed = false;
   } catch (e) {
     status("live update: " + e.message, true);
     pollFailed = true;

@@ -42,4 +42,21 @@ func (s *Server) routeConsole() {
 		consoleHeaders(w)
 		files.ServeHTTP(w, r)
 	})
+	s.handle("GET "+v1+"console/whoami", true, s.whoami)
+}
+
+// consoleWhoami says what the calling key is, so the console shows the panels it may use
+// (the fleet panel only to a key the fleet endpoints accept) instead of probing for a 403.
+type consoleWhoami struct {
+	Tenant string `json:"tenant"`
+	Admin  bool   `json:"admin"` // may read /api/v1/skein/replicas: an admin key, or anyone in open mode
+	Auth   string `json:"auth"`  // "open" or "keys"
+}
+
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+	auth := s.opts.Auth
+	if auth != AuthKeys {
+		auth = AuthOpen
+	}
+	return consoleWhoami{Tenant: tenant, Admin: callerOf(r).admin, Auth: auth}, nil
 }

@@ -47,3 +47,24 @@ func TestConsoleIsServedAtRoot(t *testing.T) {
 		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
 	}
 }
+
+// GET /api/v1/console/whoami tells the console whether the key may read the fleet: every
+// caller in open mode, only admin keys in keys mode; no key is a 401.
+func TestConsoleWhoami(t *testing.T) {
+	open := newServer(t, gateway.Options{})
+	if code, body := call(t, "GET", open.URL+"/api/v1/console/whoami", map[string]string{"X-API-Key": "tml-anyone"}, ""); code != 200 || body["admin"] != true || body["auth"] != "open" || body["tenant"] == "" {
+		t.Fatalf("open mode: %d %v", code, body)
+	}
+	ts, st := newKeysServer(t)
+	tenant, _ := issue(t, st, "tenant", false)
+	admin, _ := issue(t, st, "ops", true)
+	if code, body := call(t, "GET", ts.URL+"/api/v1/console/whoami", map[string]string{"X-API-Key": tenant}, ""); code != 200 || body["admin"] != false || body["auth"] != "keys" {
+		t.Fatalf("tenant key: %d %v", code, body)
+	}
+	if code, body := call(t, "GET", ts.URL+"/api/v1/console/whoami", map[string]string{"X-API-Key": admin}, ""); code != 200 || body["admin"] != true {
+		t.Fatalf("admin key: %d %v", code, body)
+	}
+	if code, _ := call(t, "GET", ts.URL+"/api/v1/console/whoami", nil, ""); code != 401 {
+		t.Fatalf("no key: %d", code)
+	}
+}

@@ -87,6 +87,14 @@ func finiteOnly(m map[string]float64) map[string]float64 {
 	return out
 }
 
+// runMetrics is the listing with the run's state (runs.go's runListing), so a console polling
+// the steps sees whether more are coming.
+type runMetrics struct {
+	api.TrainingRunMetricsResponse
+	State     string `json:"state"`
+	QueuedOps int    `json:"queued_ops"`
+}
+
 // getRunMetrics lists a run's steps after after_step, at most limit of them (default and most:
 // metricStepsKept). Tenancy is get_training_run's: another tenant's run is a 404.
 func (s *Server) getRunMetrics(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -111,8 +119,10 @@ func (s *Server) getRunMetrics(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	s.runs.mu.Lock()
 	step := run.step
+	state, queued := liveStateOf(run)
 	s.runs.mu.Unlock()
-	resp := api.TrainingRunMetricsResponse{TrainingRunID: run.id, Step: step, Steps: []api.StepMetrics{}, RetainedSteps: metricStepsKept}
+	resp := runMetrics{TrainingRunMetricsResponse: api.TrainingRunMetricsResponse{TrainingRunID: run.id, Step: step,
+		Steps: []api.StepMetrics{}, RetainedSteps: metricStepsKept}, State: state, QueuedOps: queued}
 	if len(rows) > limit {
 		rows, resp.HasMore = rows[:limit], true
 	}

@@ -75,3 +75,44 @@ func TestRunMetricsRecordEveryStep(t *testing.T) {
 		t.Fatalf("another tenant's run: %v", err)
 	}
 }
+
+// The runs listing carries each run's step and state, so the console's table and its chart
+// read the same numbers: a trained run is idle at its step; an unloaded one is expired.
+func TestRunListingHasStepAndState(t *testing.T) {
+	ts := newServer(t, gateway.Options{})
+	ctx := context.Background()
+	c, tc := newRun(t, ts.URL, "tml-state", 4)
+	data := []api.Datum{datum(ts.eng.Tokenizer.Encode("state and step"), true)}
+	for range 2 {
+		stepMetricsOf(t, tc, data, false)
+		f, err := tc.OptimStep(ctx, 1e-2)
+		await(t, f, err, &map[string]any{})
+	}
+	var page struct {
+		Runs []struct {
+			ID        string `json:"training_run_id"`
+			Step      *int   `json:"step"`
+			State     string `json:"state"`
+			QueuedOps *int   `json:"queued_ops"`
+		} `json:"training_runs"`
+	}
+	if err := c.Do(ctx, "GET", "training_runs", nil, &page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Runs) != 1 || page.Runs[0].Step == nil || *page.Runs[0].Step != 2 || page.Runs[0].State != "idle" || page.Runs[0].QueuedOps == nil {
+		t.Fatalf("listing %+v", page.Runs)
+	}
+	var m struct {
+		Step  int    `json:"step"`
+		State string `json:"state"`
+	}
+	if err := c.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/metrics?limit=1", nil, &m); err != nil || m.State != "idle" || m.Step != 2 {
+		t.Fatalf("metrics state %+v %v", m, err)
+	}
+	if err := c.Do(ctx, "POST", "unload_model", map[string]any{"model_id": tc.ModelID}, &map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "GET", "training_runs", nil, &page); err != nil || page.Runs[0].State != "expired" {
+		t.Fatalf("after unload: %+v %v", page.Runs, err)
+	}
+}

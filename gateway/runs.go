@@ -35,11 +35,35 @@ func page[T any](items []T, offset, limit int) []T {
 }
 
 // runRow and runRowFrom are called with s.runs.mu and s.ckpts.mu held.
-func (s *Server) runRow(run *trainingRun) api.TrainingRun {
+func (s *Server) runRow(run *trainingRun) runListing {
 	return s.runRowFrom(run, s.indexCheckpoints())
 }
 
-func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
+// runListing is a listed run with what the console needs to show it as it is: its step and
+// whether it is working, idle or gone (extra fields; Tinker clients ignore them).
+type runListing struct {
+	api.TrainingRun
+	Step      int    `json:"step"`
+	State     string `json:"state"`      // "running" (an op running or queued), "idle", "expired" (unloaded or its session expired)
+	QueuedOps int    `json:"queued_ops"` // ops waiting behind the running one
+}
+
+// liveStateOf is called with s.runs.mu held (the lock order of queueOf: runs, then the queue).
+func liveStateOf(run *trainingRun) (state string, queued int) {
+	if !run.ready {
+		return "expired", 0
+	}
+	if q := run.queue; q != nil {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.running || q.ops > 0 {
+			return "running", q.ops
+		}
+	}
+	return "idle", 0
+}
+
+func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) runListing {
 	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
 		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
 	tr.ProjectID = run.project
@@ -51,7 +75,8 @@ func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) api.TrainingRun {
 		c := s.ckptRow(m)
 		tr.LastSamplerCheckpoint = &c
 	}
-	return tr
+	state, queued := liveStateOf(run)
+	return runListing{TrainingRun: tr, Step: run.step, State: state, QueuedOps: queued}
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -75,11 +100,14 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 		}
 	}
 	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
-	rows := []api.TrainingRun{}
+	rows := []runListing{}
 	for _, run := range page(runs, offset, limit) {
 		rows = append(rows, s.runRowFrom(run, idx))
 	}
-	return api.TrainingRunsResponse{TrainingRuns: rows, Cursor: api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
+	return struct {
+		TrainingRuns []runListing `json:"training_runs"`
+		Cursor       api.Cursor   `json:"cursor"`
+	}{rows, api.Cursor{Offset: offset, Limit: limit, TotalCount: len(runs)}}, nil
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {

@@ -93,6 +93,11 @@ func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
 	return w, func() { s.ar.ReleaseOne(w) }
 }
 
+// quantFewRows is the most rows a quantized product reads the blocks for directly: a decode step
+// of a whole batch (engine.MaxSampleRows). Widening the blocks for the GEMM is a pass over the
+// whole weight, which only many rows (training, prefill) repay.
+const quantFewRows = MaxSampleRows
+
 // quantProduct is x·W (or x·Wᵀ when transposed, an input gradient) over quantized blocks (Q8_0,
 // Q4_K): few rows of a float32 pass read the blocks directly, in float32 (the format's Product:
 // decode steps, where the weight's bytes are the cost). More rows go through the bf16 GEMM where the path has one, the
@@ -102,7 +107,7 @@ func (s *pass[E]) weight(lin *linear[E]) (w mat[E], done func()) {
 // bf16 path the sampler's logprobs differ from a forward pass's by bf16 rounding (≈1e-3).
 func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
 	rows := x.Dims[0]
-	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= kernels.FewRowsF32() {
+	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= quantFewRows {
 		y := s.ar.Alloc(rows, lin.out)
 		if s.ar.Err == nil {
 			lin.qf.Product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)

@@ -59,12 +59,21 @@ func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []ui
 	return func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
 		rowBytes := K / block * blockBytes
 		_, _ = dst[K/2*N-1], w[N*rowBytes-1]
-		parallel(N, func(lo, hi int) {
-			buf := make([]float32, K)
-			for o := lo; o < hi; o++ {
-				deq(buf, w[o*rowBytes:(o+1)*rowBytes])
+		// Outputs in tiles of pairsTile rows dequantized at once, so a pair row's writes of a tile
+		// are side by side.
+		parallel((N+pairsTile-1)/pairsTile, func(lo, hi int) {
+			buf := make([]float32, pairsTile*K)
+			for t := lo; t < hi; t++ {
+				o0, o1 := t*pairsTile, min((t+1)*pairsTile, N)
+				for o := o0; o < o1; o++ {
+					deq(buf[(o-o0)*K:(o-o0+1)*K], w[o*rowBytes:(o+1)*rowBytes])
+				}
 				for p := range K / 2 {
-					dst[p*N+o] = uint32(bf16Of(buf[2*p])) | uint32(bf16Of(buf[2*p+1]))<<16
+					row := dst[p*N:]
+					for o := o0; o < o1; o++ {
+						r := buf[(o-o0)*K:]
+						row[o] = uint32(bf16Of(r[2*p])) | uint32(bf16Of(r[2*p+1]))<<16
+					}
 				}
 			}
 		})

@@ -15,10 +15,20 @@ import (
 // bytes past its last block (QuantizeQ8_0 allocates them): the last quarter of a block is
 // loaded as 16 bytes of which 8 are used.
 func q8Outputs(y, x []float32, w []byte, R, K, N, lo, hi int) {
-	if !kernels.FewRowKernels() || cap(w) < len(w)+16 || R > maxSIMDRows {
+	if !kernels.FewRowKernels() || cap(w) < len(w)+16 {
 		q8OutputsScalar(y, x, w, R, K, N, lo, hi)
 		return
 	}
+	// Rows in groups of at most maxSIMDRows (an accumulator register each): a block is widened
+	// once per group.
+	for r0 := 0; r0 < R; r0 += maxSIMDRows {
+		n := min(maxSIMDRows, R-r0)
+		q8OutputsRows(y[r0*N:], x[r0*K:], w, n, K, N, lo, hi)
+	}
+}
+
+// q8OutputsRows is q8Outputs for R ≤ maxSIMDRows rows.
+func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 	nb := K / BlockQ8_0
 	all := unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(w))), cap(w))
 	var acc [maxSIMDRows]archsimd.Float32x8

@@ -137,7 +137,7 @@ func Q8_0Product(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn 
 	parallel(N, func(lo, hi int) { q8Outputs(y, x, w, R, K, N, lo, hi) })
 }
 
-// maxSIMDRows bounds the rows of the vector kernel (an accumulator each); more go scalar.
+// maxSIMDRows bounds the rows the vector kernel takes at once (an accumulator each).
 const maxSIMDRows = 16
 
 // q8OutputsScalar is q8Outputs in plain Go: other machines' kernel, and the reference.
@@ -180,22 +180,34 @@ func q8OutputsScalar(y, x []float32, w []byte, R, K, N, lo, hi int) {
 func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
 	nb := K / BlockQ8_0
 	_, _ = dst[K/2*N-1], w[N*nb*BlockBytesQ8_0-1]
-	parallel(N, func(lo, hi int) {
-		for o := lo; o < hi; o++ {
-			row := w[o*nb*BlockBytesQ8_0 : (o+1)*nb*BlockBytesQ8_0]
+	// Outputs in tiles of pairsTile: a pair row's words of a tile are side by side, so each
+	// block's writes fill whole cache lines rather than one word a line, N words apart.
+	parallel((N+pairsTile-1)/pairsTile, func(lo, hi int) {
+		var tile [pairsTile][BlockQ8_0 / 2]uint32
+		for t := lo; t < hi; t++ {
+			o0, o1 := t*pairsTile, min((t+1)*pairsTile, N)
 			for b := range nb {
-				blk := row[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
-				d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
+				for o := o0; o < o1; o++ {
+					blk := w[(o*nb+b)*BlockBytesQ8_0 : (o*nb+b+1)*BlockBytesQ8_0]
+					d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
+					for j := 0; j < BlockQ8_0; j += 2 {
+						tile[o-o0][j/2] = uint32(bf16Of(d*float32(int8(blk[2+j])))) | uint32(bf16Of(d*float32(int8(blk[3+j]))))<<16
+					}
+				}
 				p0 := b * BlockQ8_0 / 2
-				for j := 0; j < BlockQ8_0; j += 2 {
-					lo16 := bf16Of(d * float32(int8(blk[2+j])))
-					hi16 := bf16Of(d * float32(int8(blk[3+j])))
-					dst[(p0+j/2)*N+o] = uint32(lo16) | uint32(hi16)<<16
+				for j := range BlockQ8_0 / 2 {
+					row := dst[(p0+j)*N:]
+					for o := o0; o < o1; o++ {
+						row[o] = tile[o-o0][j]
+					}
 				}
 			}
 		}
 	})
 }
+
+// pairsTile is the outputs one step of the widening into pairs writes side by side.
+const pairsTile = 16
 
 // bf16Of rounds to bfloat16 bits (kernels.BF16Of).
 func bf16Of(f float32) uint16 { return kernels.BF16Of(f) }

@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"slices"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 type ggmlCase struct {
@@ -128,5 +131,53 @@ func TestQ4_KMatchesGGML(t *testing.T) {
 	}
 	if _, err := QuantizeQ4_K(make([]float32, 128), 128); err == nil {
 		t.Fatal("a row of 128 weights was quantized into blocks of 256")
+	}
+}
+
+// Each format's Pairs is kernels.PackPairs of its dequantized weight, transposed and rounded to
+// bf16, including a last tile of fewer outputs; its Product is the dequantized weight's product.
+func TestFormatsPairsAndProduct(t *testing.T) {
+	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+	for _, f := range []*Format{Q8_0, Q4_K} {
+		K, N, R := 2*f.Block, 37, 19
+		w := make([]float32, N*K)
+		for i := range w {
+			w[i] = float32(math.Sin(float64(i)*0.7)) * 0.05
+		}
+		blocks, err := f.Quantize(w, K)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deq := make([]float32, N*K)
+		f.Dequantize(deq, blocks)
+		bits := make([]uint16, K*N) // Wᵀ [K, N] in bf16
+		for o := range N {
+			for k := range K {
+				bits[k*N+o] = kernels.BF16Of(deq[o*K+k])
+			}
+		}
+		want := kernels.PackPairs(bits, K, N)
+		got := make([]uint32, K/2*N)
+		f.Pairs(got, blocks, K, N, serial)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: Pairs differs from PackPairs of the dequantized weight", f.Name)
+		}
+		x := make([]float32, R*K)
+		for i := range x {
+			x[i] = float32(math.Cos(float64(i) * 0.3))
+		}
+		y := make([]float32, R*N)
+		f.Product(y, x, blocks, R, K, N, serial)
+		for r := range R {
+			for o := range N {
+				var ref float64
+				for k := range K {
+					ref += float64(x[r*K+k]) * float64(deq[o*K+k])
+				}
+				if d := math.Abs(float64(y[r*N+o]) - ref); d > 1e-4*(1+math.Abs(ref)) {
+					t.Fatalf("%s: y[%d,%d] = %v, want %v", f.Name, r, o, y[r*N+o], ref)
+				}
+			}
+		}
 	}
 }

@@ -137,11 +137,12 @@ func Load(dir string, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 	}
+	tensors := len(host) // loading takes the tensors out of host as it places them
 	e, err := newEngine(dir, cfg, host, tok, opts)
 	if err != nil {
 		return nil, err
 	}
-	progress.done(dir, len(host)) // after newEngine: converting the weights is part of the wait
+	progress.done(dir, tensors) // after newEngine: converting the weights is part of the wait
 	return e, nil
 }
 

@@ -159,7 +159,7 @@ func TestModelLoadReportsProgress(t *testing.T) {
 		}
 		prev = read
 	}
-	if last["bytes"] != float64(st.Size()) || last["tensors"] == nil || last["seconds"] == nil {
+	if last["bytes"] != float64(st.Size()) || last["tensors"] == nil || last["tensors"] == float64(0) || last["seconds"] == nil {
 		t.Errorf("last line %v, want the bytes, tensors and seconds", last)
 	}
 	// Without a logger, nothing (and nothing breaks).

@@ -35,18 +35,22 @@ func page[T any](items []T, offset, limit int) []T {
 }
 
 // runRow and runRowFrom are called with s.runs.mu and s.ckpts.mu held.
-func (s *Server) runRow(run *trainingRun) runListing {
-	return s.runRowFrom(run, s.indexCheckpoints())
+func (s *Server) runRow(run *trainingRun, live bool) runListing {
+	return s.runRowFrom(run, s.indexCheckpoints(), live)
 }
 
-// runListing is a listed run with what the console needs to show it as it is: its step and
-// whether it is working, idle or gone (extra fields; Tinker clients ignore them).
+// runListing is a listed run, with, when asked (`include=state`, the console's skein
+// extension), what the console needs to show it as it is: its step and whether it is working,
+// idle or gone. Without it a listing is Tinker's, key for key (the recorded SDK traffic pins it).
 type runListing struct {
 	api.TrainingRun
-	Step      int    `json:"step"`
-	State     string `json:"state"`      // "running" (an op running or queued), "idle", "expired" (unloaded or its session expired)
-	QueuedOps int    `json:"queued_ops"` // ops waiting behind the running one
+	Step      *int   `json:"step,omitempty"`
+	State     string `json:"state,omitempty"`      // "running" (an op running or queued), "idle", "expired" (unloaded or its session expired)
+	QueuedOps *int   `json:"queued_ops,omitempty"` // ops waiting behind the running one
 }
+
+// wantsState reports whether a listing request asked for the runs' live state.
+func wantsState(r *http.Request) bool { return r.URL.Query().Get("include") == "state" }
 
 // liveStateOf is called with s.runs.mu held (the lock order of queueOf: runs, then the queue).
 func liveStateOf(run *trainingRun) (state string, queued int) {
@@ -63,7 +67,7 @@ func liveStateOf(run *trainingRun) (state string, queued int) {
 	return "idle", 0
 }
 
-func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) runListing {
+func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex, live bool) runListing {
 	tr := api.TrainingRun{TrainingRunID: run.id, BaseModel: run.baseModel, ModelOwner: run.tenant, IsLora: true,
 		LoraRank: run.lora.Rank, LastRequestTime: run.lastRequest.UTC().Format(time.RFC3339Nano), UserMetadata: run.metadata}
 	tr.ProjectID = run.project
@@ -75,8 +79,12 @@ func (s *Server) runRowFrom(run *trainingRun, idx ckptIndex) runListing {
 		c := s.ckptRow(m)
 		tr.LastSamplerCheckpoint = &c
 	}
+	if !live {
+		return runListing{TrainingRun: tr}
+	}
 	state, queued := liveStateOf(run)
-	return runListing{TrainingRun: tr, Step: run.step, State: state, QueuedOps: queued}
+	step := run.step
+	return runListing{TrainingRun: tr, Step: &step, State: state, QueuedOps: &queued}
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -102,7 +110,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	sort.Slice(runs, func(i, j int) bool { return runs[i].created.Before(runs[j].created) })
 	rows := []runListing{}
 	for _, run := range page(runs, offset, limit) {
-		rows = append(rows, s.runRowFrom(run, idx))
+		rows = append(rows, s.runRowFrom(run, idx, wantsState(r)))
 	}
 	return struct {
 		TrainingRuns []runListing `json:"training_runs"`
@@ -119,5 +127,5 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request, tenant string) (
 	defer s.runs.mu.Unlock()
 	s.ckpts.mu.Lock()
 	defer s.ckpts.mu.Unlock()
-	return s.runRow(run), nil
+	return s.runRow(run, wantsState(r)), nil
 }

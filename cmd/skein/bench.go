@@ -391,10 +391,19 @@ func benchTurns(e *engine.Engine, data []engine.Datum, res map[string]float64) e
 		_, err := rep.ForwardBackward(context.Background(), replica.Adapter{ID: "bench", Lane: "trainer"}, b)
 		op <- err
 	}()
-	for rep.QueueDepth() == 0 {
-		time.Sleep(time.Millisecond)
+	// Wait until the op is on the replica (a small model's may even have ended by then).
+	var opErr error
+	opDone := false
+	for rep.QueueDepth() == 0 && !opDone {
+		select {
+		case opErr = <-op:
+			opDone = true
+		case <-time.After(time.Millisecond):
+		}
 	}
-	time.Sleep(200 * time.Millisecond) // well inside the op
+	if !opDone {
+		time.Sleep(200 * time.Millisecond) // well inside a long op
+	}
 	asked := time.Now()
 	answered := make(chan replica.SampleOutcome, 1)
 	req := engine.SampleRequest{Prompt: data[0].Tokens[:4], NumSamples: 1, Params: engine.SampleParams{MaxTokens: 1}}
@@ -406,8 +415,11 @@ func benchTurns(e *engine.Engine, data []engine.Datum, res map[string]float64) e
 		return o.Err
 	}
 	wait := time.Since(asked)
-	if err := <-op; err != nil {
-		return err
+	if !opDone {
+		opErr = <-op
+	}
+	if opErr != nil {
+		return opErr
 	}
 	res["turn_sample_wait_s"] = wait.Seconds()
 	res["turn_op_s"] = time.Since(start).Seconds()

@@ -108,7 +108,7 @@ function runState(r) {
 }
 
 async function loadRuns() {
-  const data = await api("GET", "training_runs?limit=1000");
+  const data = await api("GET", "training_runs?limit=1000&include=state");
   const runs = data.training_runs || [];
   const body = $("#runs tbody");
   // The idle time moves every poll; its minute resolution is enough to redraw on.

@@ -50,7 +50,7 @@ func Replace(tmp, dir string) error {
 	if crashed("renamed") {
 		return errCrashed
 	}
-	if err := syncDir(filepath.Dir(dir)); err != nil {
+	if err := SyncDir(filepath.Dir(dir)); err != nil {
 		return err
 	}
 	if aside != "" {
@@ -113,7 +113,9 @@ func modTime(path string) time.Time {
 	return time.Time{}
 }
 
-func syncDir(dir string) error {
+// SyncDir makes a directory's entries (renames, creations) durable; a filesystem that cannot
+// sync a directory is not an error.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -216,13 +216,7 @@ func TestBF16GEMMTrainsNearFloat32(t *testing.T) {
 						}
 					}
 				}
-				var dot, n0, n1 float64
-				for i := range grads[0] {
-					dot += grads[0][i] * grads[1][i]
-					n0 += grads[0][i] * grads[0][i]
-					n1 += grads[1][i] * grads[1][i]
-				}
-				cos, ratio := dot/math.Sqrt(n0*n1), math.Sqrt(n1/n0)
+				cos, ratio := compareVectors(grads[0], grads[1])
 				t.Logf("%s: gradient cosine %.5f, norm ratio %.4f", arch, cos, ratio)
 				if !(cos > 0.99) || math.Abs(ratio-1) > 0.05 {
 					t.Fatalf("%s: gradients through the bf16 GEMM: cosine %v, norm ratio %v against float32", arch, cos, ratio)
@@ -287,4 +281,15 @@ func TestBF16PairsLayoutGivesTheRowsResults(t *testing.T) {
 	if !reflect.DeepEqual(lpA, lpB) || !reflect.DeepEqual(sA, sB) {
 		t.Fatal("on the avx512 path, weights kept as pairs give other results than weights kept as rows")
 	}
+}
+
+// compareVectors is the cosine between a and b and the ratio of b's norm to a's.
+func compareVectors(a, b []float64) (cos, ratio float64) {
+	var dot, na, nb float64
+	for i := range a {
+		dot += a[i] * b[i]
+		na += a[i] * a[i]
+		nb += b[i] * b[i]
+	}
+	return dot / math.Sqrt(na*nb), math.Sqrt(nb / na)
 }

@@ -82,13 +82,7 @@ func quantizedCase(t *testing.T, arch Arch, precision, preset string, tol, minCo
 	if meanDiff > tol/4 {
 		t.Fatalf("logprobs over %s differ from float32's by %v on average", precision, meanDiff)
 	}
-	var dot, n0, n1 float64
-	for i := range grads[0] {
-		dot += grads[0][i] * grads[1][i]
-		n0 += grads[0][i] * grads[0][i]
-		n1 += grads[1][i] * grads[1][i]
-	}
-	cos := dot / math.Sqrt(n0*n1)
+	cos, _ := compareVectors(grads[0], grads[1])
 	t.Logf("%s: weights %d bytes (float32 %d), mean |Δ logprob| %.4f, gradient cosine %.4f", precision, q8.WeightBytes(), f32.WeightBytes(), meanDiff, cos)
 	if !(cos > minCos) {
 		t.Fatalf("gradients over %s: cosine %v against float32", precision, cos)

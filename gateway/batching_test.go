@@ -5,16 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
-	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/gateway"
-	"github.com/skein-ai/skein/replica"
 )
 
 // Samples of several tenants, each from its own adapter's sampler weights, and one from the base
@@ -22,18 +18,7 @@ import (
 // of four rows over four weights, run inside the training op (at its first turn), before it ends.
 // /metrics counts the batch, its rows and its adapters.
 func TestSamplesOfManyTenantsShareOneBatch(t *testing.T) {
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &gatedCompute{Engine: e, gate: make(chan struct{})}
-	rep := replica.New("r0", base, g, 8)
-	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(gw)
-	defer func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() }()
+	e, g, rep, ts := gatedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

@@ -223,10 +223,10 @@ func (g *gatedCompute) ForwardBatch(ctx context.Context, id string, b *engine.Ba
 	return g.Engine.ForwardBatch(ctx, id, b, backward)
 }
 
-// A replica shares its time between tenants: with one tenant's training ops queued on it (three
-// runs, one long op each) another tenant's sample runs as soon as the op running now ends, not
-// after all of them.
-func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
+// gatedServer is a gateway over one in-process replica "r0" whose forward_backward calls wait
+// at g.gate; it is all closed when the test ends.
+func gatedServer(t *testing.T) (*engine.Engine, *gatedCompute, *replica.Replica, *httptest.Server) {
+	t.Helper()
 	e, err := engine.Load(modelDir(), engine.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,15 @@ func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(gw)
-	defer func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() }()
+	t.Cleanup(func() { close(g.gate); ts.Close(); gw.Close(); rep.Close() })
+	return e, g, rep, ts
+}
+
+// A replica shares its time between tenants: with one tenant's training ops queued on it (three
+// runs, one long op each) another tenant's sample runs as soon as the op running now ends, not
+// after all of them.
+func TestReplicaSharesTimeBetweenTenants(t *testing.T) {
+	e, g, rep, ts := gatedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	data := []api.Datum{datum(e.Tokenizer.Encode("a long training op"), true)}

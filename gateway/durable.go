@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/skein-ai/skein/checkpoint"
 )
 
 // An adapter's saved state lives in versioned directories under DATA/state, with a pointer file
@@ -134,7 +136,7 @@ func replaceFile(path string, b []byte) error {
 		os.Remove(tmp)
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return checkpoint.SyncDir(filepath.Dir(path))
 }
 
 // syncTree syncs the files of dir and dir itself, so a pointer never names data still in flight.
@@ -157,19 +159,7 @@ func syncTree(dir string) error {
 			return err
 		}
 	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return err
-	}
-	return nil
+	return checkpoint.SyncDir(dir)
 }
 
 // tidySavedStates removes what interrupted saves left in DATA/state and recovers a state left

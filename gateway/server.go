@@ -204,6 +204,43 @@ type ckptMeta struct {
 // New builds a server over replicas (several may serve one base model), restoring the state in
 // the store.
 func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
+	opts.fillDefaults()
+	if err := checkOptions(&opts); err != nil {
+		return nil, err
+	}
+	st, owns, err := openStore(opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, decodeSlots: make(chan struct{}, opts.ImageDecoders), models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
+		st: st, ownsSt: owns,
+		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
+		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
+		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
+		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
+	s.router = pipeline.New(opts.Weights, s.routerHooks())
+	for _, r := range replicas {
+		s.addReplica(r)
+	}
+	if err := s.restore(); err != nil {
+		if owns {
+			st.Close()
+		}
+		return nil, fmt.Errorf("gateway: restoring state: %w", err)
+	}
+	s.routes()
+	s.warnWithoutAdminKey()
+	go s.sweeper()
+	if l, ok := st.(store.FutureListener); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-s.stop; cancel() }()
+		go l.ListenFutures(ctx, s.futures.remoteDone)
+	}
+	return s, nil
+}
+
+// fillDefaults gives every option left zero its default.
+func (opts *Options) fillDefaults() {
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -264,54 +301,41 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if opts.RemotePoll == 0 {
 		opts.RemotePoll = time.Second
 	}
-	if err := checkAuthMode(&opts); err != nil {
-		return nil, err
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler) // not a text handler into io.Discard: that formats every line
 	}
+}
+
+// checkOptions refuses options that cannot work together (auth mode, public URL, workers) and
+// fills what follows from them.
+func checkOptions(opts *Options) error {
+	if err := checkAuthMode(opts); err != nil {
+		return err
+	}
 	if err := checkPublicURL(opts.PublicURL); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+		return fmt.Errorf("gateway: %w", err)
 	}
-	if err := checkWorkerOptions(&opts); err != nil {
-		return nil, err
+	if err := checkWorkerOptions(opts); err != nil {
+		return err
 	}
+	return nil
+}
+
+// openStore is the options' store, or SQLite in the data directory (then owned: the server
+// closes it).
+func openStore(opts Options) (store.Store, bool, error) {
 	st, owns := opts.Store, false
 	if st == nil {
 		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		sq, err := store.OpenSQLite(filepath.Join(opts.DataDir, "state.db"))
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		st, owns = sq, true
 	}
-	s := &Server{opts: opts, log: opts.Logger, decodeSlots: make(chan struct{}, opts.ImageDecoders), models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
-		st: st, ownsSt: owns,
-		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
-		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
-		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
-		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
-	s.router = pipeline.New(opts.Weights, s.routerHooks())
-	for _, r := range replicas {
-		s.addReplica(r)
-	}
-	if err := s.restore(); err != nil {
-		if owns {
-			st.Close()
-		}
-		return nil, fmt.Errorf("gateway: restoring state: %w", err)
-	}
-	s.routes()
-	s.warnWithoutAdminKey()
-	go s.sweeper()
-	if l, ok := st.(store.FutureListener); ok {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() { <-s.stop; cancel() }()
-		go l.ListenFutures(ctx, s.futures.remoteDone)
-	}
-	return s, nil
+	return st, owns, nil
 }
 
 // Close stops background work and closes a store the server opened itself.

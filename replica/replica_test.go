@@ -75,13 +75,8 @@ func TestLanesTakeTurns(t *testing.T) {
 	r := New("r", "m", nil, 0)
 	defer r.Close()
 	block := make(chan struct{})
-	var mu sync.Mutex
-	var got []string
-	var all sync.WaitGroup
-	record := func(s string) func() {
-		all.Add(1)
-		return func() { mu.Lock(); got = append(got, s); mu.Unlock(); all.Done() }
-	}
+	rec := &opRecorder{}
+	record := rec.op
 	started := make(chan struct{})
 	_ = r.RunIn("a", func() { close(started); <-block })
 	<-started
@@ -92,9 +87,7 @@ func TestLanesTakeTurns(t *testing.T) {
 	_ = r.RunIn("b", record("b2"))
 	_ = r.Run(record("shared"))
 	close(block)
-	all.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	got := rec.wait()
 	want := []string{"b1", "shared", "a1", "b2", "a2", "a3", "a4"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("ran %v, want %v", got, want)
@@ -108,13 +101,8 @@ func TestATenantsAdaptersShareItsTurn(t *testing.T) {
 	r := New("r", "m", nil, 0)
 	defer r.Close()
 	block := make(chan struct{})
-	var mu sync.Mutex
-	var got []string
-	var all sync.WaitGroup
-	record := func(s string) func() {
-		all.Add(1)
-		return func() { mu.Lock(); got = append(got, s); mu.Unlock(); all.Done() }
-	}
+	rec := &opRecorder{}
+	record := rec.op
 	started := make(chan struct{})
 	_ = r.RunIn("blocker", func() { close(started); <-block })
 	<-started
@@ -125,11 +113,29 @@ func TestATenantsAdaptersShareItsTurn(t *testing.T) {
 		_ = r.RunIn(AdapterLane(op.tenant, op.adapter), record(op.name))
 	}
 	close(block)
-	all.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	got := rec.wait()
 	want := []string{"ax1", "bw1", "ay1", "bw2", "az1", "bw3", "ax2", "ay2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("ran %v, want %v", got, want)
 	}
+}
+
+// opRecorder makes ops that note their names in the order they run.
+type opRecorder struct {
+	mu  sync.Mutex
+	got []string
+	all sync.WaitGroup
+}
+
+func (r *opRecorder) op(name string) func() {
+	r.all.Add(1)
+	return func() { r.mu.Lock(); r.got = append(r.got, name); r.mu.Unlock(); r.all.Done() }
+}
+
+// wait waits for every op made so far and returns the order they ran in.
+func (r *opRecorder) wait() []string {
+	r.all.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
 }

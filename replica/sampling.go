@@ -34,8 +34,8 @@ const SamplerCopies = 8
 var ErrSamplingFull = errors.New("the replica's sampling queue is full")
 
 // Weights names what a sampling request reads: the base model (ID "") or a read-only copy of
-// saved adapter weights (ID names the copy, Dir holds the saved weights); Lane is where its
-// batches wait their turn.
+// saved adapter weights (ID names the copy, Dir holds the saved weights); Lane is the tenant
+// asking, whose requests take turns with other tenants' in a batch (takeBatch).
 type Weights struct {
 	ID, Dir, Lane string
 }

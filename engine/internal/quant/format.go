@@ -1,5 +1,7 @@
 package quant
 
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
 // Format is one block format with what the engine does with it: quantize rows at load,
 // dequantize for the float32 GEMM, multiply few rows straight from the blocks, and widen into
 // the bf16 GEMM's pairs.
@@ -72,7 +74,7 @@ func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []ui
 					row := dst[p*N:]
 					for o := o0; o < o1; o++ {
 						r := buf[(o-o0)*K:]
-						row[o] = uint32(bf16Of(r[2*p])) | uint32(bf16Of(r[2*p+1]))<<16
+						row[o] = uint32(kernels.BF16Of(r[2*p])) | uint32(kernels.BF16Of(r[2*p+1]))<<16
 					}
 				}
 			}

@@ -191,7 +191,7 @@ func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo
 					blk := w[(o*nb+b)*BlockBytesQ8_0 : (o*nb+b+1)*BlockBytesQ8_0]
 					d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
 					for j := 0; j < BlockQ8_0; j += 2 {
-						tile[o-o0][j/2] = uint32(bf16Of(d*float32(int8(blk[2+j])))) | uint32(bf16Of(d*float32(int8(blk[3+j]))))<<16
+						tile[o-o0][j/2] = uint32(kernels.BF16Of(d*float32(int8(blk[2+j])))) | uint32(kernels.BF16Of(d*float32(int8(blk[3+j]))))<<16
 					}
 				}
 				p0 := b * BlockQ8_0 / 2
@@ -208,6 +208,3 @@ func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo
 
 // pairsTile is the outputs one step of the widening into pairs writes side by side.
 const pairsTile = 16
-
-// bf16Of rounds to bfloat16 bits (kernels.BF16Of).
-func bf16Of(f float32) uint16 { return kernels.BF16Of(f) }

@@ -142,7 +142,9 @@ func TestCancelledSampleStopsDecoding(t *testing.T) {
 	defer cancel()
 	tokens := 0
 	const maxTokens = 40
-	req := SampleRequest{Prompt: []int{3, 4, 5}, NumSamples: 1, Params: SampleParams{MaxTokens: maxTokens, Temperature: 1}}
+	// A fixed seed: an unseeded draw could end the sample (end of sequence) before its third token.
+	seed := int64(1)
+	req := SampleRequest{Prompt: []int{3, 4, 5}, NumSamples: 1, Params: SampleParams{MaxTokens: maxTokens, Temperature: 1, Seed: &seed}}
 	req.OnToken = func(_, _ int, _ float64) bool {
 		tokens++
 		if tokens == 3 {

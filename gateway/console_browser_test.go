@@ -337,9 +337,7 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="download"]`))); err != nil {
-		t.Fatal(err)
-	}
+	clickInPage(ctx, t, `#checkpoints tbody button[data-action="download"]`)
 	select {
 	case url := <-begun:
 		if !strings.HasPrefix(url, ts.URL+"/api/v1/archives/") {
@@ -360,9 +358,7 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 
 	// TTL: "2h" sets two hours; a typo is refused with a message and changes nothing.
 	eval[bool](ctx, t, `window.prompt = () => "2h"; true`)
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="ttl"]`))); err != nil {
-		t.Fatal(err)
-	}
+	clickInPage(ctx, t, `#checkpoints tbody button[data-action="ttl"]`)
 	poll[bool](ctx, t, "an expiry is shown", `document.querySelector("#checkpoints tbody td:nth-child(6)").textContent !== "never"`)
 	expiry := func() time.Time {
 		var got api.CheckpointsResponse
@@ -381,9 +377,7 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 		t.Fatalf("TTL 2h set an expiry %v away", left)
 	}
 	eval[bool](ctx, t, `window.prompt = () => " 30m "; true`)
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="ttl"]`))); err != nil {
-		t.Fatal(err)
-	}
+	clickInPage(ctx, t, `#checkpoints tbody button[data-action="ttl"]`)
 	deadline := time.Now().Add(10 * time.Second)
 	for left := time.Until(expiry()); left < 29*time.Minute || left > 31*time.Minute; left = time.Until(expiry()) {
 		if time.Now().After(deadline) {
@@ -395,9 +389,7 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 	// The page's refresh after the last TTL ends by clearing the status line: let it end first.
 	poll[bool](ctx, t, "the refresh after the TTL", `document.querySelector("#status").textContent === ""`)
 	eval[bool](ctx, t, `window.prompt = () => "2 hours"; true`)
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#checkpoints tbody button[data-action="ttl"]`))); err != nil {
-		t.Fatal(err)
-	}
+	clickInPage(ctx, t, `#checkpoints tbody button[data-action="ttl"]`)
 	if msg := poll[string](ctx, t, "the typo's message", `(s => s.className === "error" && s.textContent)(document.querySelector("#status"))`); !strings.Contains(msg, "2 hours") {
 		t.Fatalf("TTL typo message %q", msg)
 	}
@@ -433,3 +425,11 @@ func TestConsoleLiveInBrowser(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// clickInPage clicks the element selector names from inside the page, in one step, once it
+// exists: the live console redraws its tables every few seconds, so a node found by one
+// protocol call may be gone by the next (chromedp.Click's find-then-click).
+func clickInPage(ctx context.Context, t *testing.T, selector string) {
+	t.Helper()
+	poll[bool](ctx, t, "clicking "+selector, fmt.Sprintf(`(b => !!b && (b.click(), true))(document.querySelector(%q))`, selector))
+}

@@ -64,6 +64,9 @@ type Config struct {
 	VisionEndTokenID   *int            `json:"vision_end_token_id,omitempty"`
 
 	Arch Arch `json:"-"`
+	// RopeFreqFactors divide the rotary inverse frequencies one by one (a GGUF's rope_freqs
+	// tensor, which is how llama.cpp's converter stores llama3 scaling); nil: none.
+	RopeFreqFactors []float64 `json:"-"`
 }
 
 // LoadConfig reads and validates DIR/config.json.
@@ -198,6 +201,12 @@ func (c *Config) invFreq() []float64 {
 	inv := make([]float64, half)
 	for i := range half {
 		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+	}
+	if len(c.RopeFreqFactors) == half {
+		for i := range inv {
+			inv[i] /= c.RopeFreqFactors[i]
+		}
+		return inv
 	}
 	rs := c.RopeScaling
 	if rs == nil {

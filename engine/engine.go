@@ -120,8 +120,12 @@ func CheckPrecision(p string) error {
 	return fmt.Errorf("engine: unknown precision %q (f32, bf16, q8_0, q4_k)", p)
 }
 
-// Load opens a model directory (config.json, safetensors weights, optional tokenizer.json).
+// Load opens a model directory (config.json, safetensors weights, optional tokenizer.json), or
+// a GGUF file (gguf_load.go).
 func Load(dir string, opts Options) (*Engine, error) {
+	if IsGGUF(dir) {
+		return loadGGUF(dir, opts)
+	}
 	cfg, err := LoadConfig(dir)
 	if err != nil {
 		return nil, err

@@ -74,6 +74,15 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 	bytes := 0
 	for _, name := range c.weightNames() {
 		shape := host[name].Shape
+		// A GGUF's block tensor: its blocks kept as they are, or dequantized in place (gguf_load.go).
+		if blocks, err := ggufHostTensor(host, name, qf); err != nil {
+			return nil, 0, err
+		} else if blocks != nil {
+			w[name], qw[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
+			bytes += len(blocks)
+			delete(host, name)
+			continue
+		}
 		if qf != nil && isLinearWeight(name) {
 			// Quantized from float32, rows of the file's [out, in] layout along in, as GGUF does.
 			f, err := host[name].Float32()

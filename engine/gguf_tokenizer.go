@@ -1,0 +1,400 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/skein-ai/skein/engine/gguf"
+	"github.com/skein-ai/skein/engine/tokenizer"
+)
+
+// A GGUF file carries its tokenizer as metadata (tokenizer.ggml.*): the tokens by id, their types,
+// BPE merges (model gpt2) or SentencePiece scores (model llama), and only a name for the
+// pre-tokenizer (tokenizer.ggml.pre), whose regex lives in llama.cpp's code. skein rebuilds the
+// equivalent tokenizer.json from it and hands that to its own tokenizer, so a GGUF model and a
+// Hugging Face directory tokenize through one implementation; tokenizer.chat_template becomes a
+// tokenizer_config.json for the OpenAI endpoints.
+
+// ggml token types (llama_token_type).
+const (
+	ggmlTokenNormal      = 1
+	ggmlTokenUnknown     = 2
+	ggmlTokenControl     = 3
+	ggmlTokenUserDefined = 4
+	ggmlTokenUnused      = 5
+	ggmlTokenByte        = 6
+)
+
+// llama3Pattern is Llama 3's pre-tokenizer split (llama.cpp's "llama-bpe").
+const llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+// bpePre is a byte-level BPE pre-tokenizer llama.cpp names: its split regex ("" : ByteLevel's own
+// GPT-2 split), whether its tokenizer.json has an NFC normalizer, and ignore_merges.
+type bpePre struct {
+	pattern      string
+	nfc          bool
+	ignoreMerges bool
+}
+
+// bpePres are the tokenizer.ggml.pre names skein reads, with the tokenizer.json steps they stand
+// for (llama.cpp's llama-vocab.cpp; the Hugging Face files of Qwen2/Qwen3 and Llama 3).
+var bpePres = map[string]bpePre{
+	"qwen2":     {pattern: tokenizer.QwenPattern, nfc: true},
+	"llama-bpe": {pattern: llama3Pattern, ignoreMerges: true},
+	"llama3":    {pattern: llama3Pattern, ignoreMerges: true},
+	"gpt2":      {},
+	"default":   {},
+}
+
+// ggufMaxVocab bounds a GGUF vocabulary (tokenizer.MaxVocab bounds ids; real ones are ≤ 256k).
+const ggufMaxVocab = 1 << 20
+
+// tokenizerFromGGUF rebuilds tokenizer.json and tokenizer_config.json from a GGUF's metadata
+// (nil, nil when the file has no tokenizer).
+func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
+	model, ok, err := f.String("tokenizer.ggml.model")
+	if err != nil || !ok {
+		return nil, nil, err
+	}
+	tokens, ok, err := f.Strings("tokenizer.ggml.tokens")
+	if err != nil {
+		return nil, nil, err
+	}
+	if !ok || len(tokens) == 0 {
+		return nil, nil, fmt.Errorf("tokenizer.ggml.tokens missing")
+	}
+	if len(tokens) > ggufMaxVocab {
+		return nil, nil, fmt.Errorf("tokenizer.ggml.tokens: %d tokens, over %d", len(tokens), ggufMaxVocab)
+	}
+	types := make([]int64, len(tokens))
+	for i := range types {
+		types[i] = ggmlTokenNormal
+	}
+	if tt, ok, err := f.Ints("tokenizer.ggml.token_type"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		if len(tt) != len(tokens) {
+			return nil, nil, fmt.Errorf("tokenizer.ggml.token_type has %d entries for %d tokens", len(tt), len(tokens))
+		}
+		types = tt
+	}
+	special := func(key string) (int, bool, error) {
+		v, ok, err := f.Int("tokenizer.ggml." + key)
+		if err != nil || !ok {
+			return 0, false, err
+		}
+		if v < 0 || v >= int64(len(tokens)) {
+			return 0, false, fmt.Errorf("tokenizer.ggml.%s %d is not a token id (0 to %d)", key, v, len(tokens)-1)
+		}
+		return int(v), true, nil
+	}
+	bos, hasBOS, err := special("bos_token_id")
+	if err != nil {
+		return nil, nil, err
+	}
+	eos, hasEOS, err := special("eos_token_id")
+	if err != nil {
+		return nil, nil, err
+	}
+	addBOS, _, err := f.Bool("tokenizer.ggml.add_bos_token")
+	if err != nil {
+		return nil, nil, err
+	}
+	tf := tokenizer.File{Version: "1.0", Model: tokenizer.ModelRec{Type: "BPE", Vocab: map[string]int{}}}
+	seen := map[string]bool{}
+	for id, s := range tokens {
+		if s == "" {
+			continue // an empty piece can never be produced nor matched
+		}
+		if seen[s] {
+			continue // a duplicate string: the first id keeps it, as llama.cpp's text→id map does
+		}
+		seen[s] = true
+		tf.Model.Vocab[s] = id
+		switch types[id] {
+		case ggmlTokenControl, ggmlTokenUserDefined, ggmlTokenUnknown:
+			tf.AddedTokens = append(tf.AddedTokens, tokenizer.AddedTokenRec{ID: id, Content: s,
+				Special: types[id] != ggmlTokenUserDefined})
+		}
+	}
+	switch model {
+	case "gpt2":
+		merges, ok, err := f.Strings("tokenizer.ggml.merges")
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ok {
+			return nil, nil, fmt.Errorf("tokenizer.ggml.merges missing (a gpt2 tokenizer merges pairs)")
+		}
+		mb, _ := json.Marshal(merges)
+		tf.Model.Merges = mb
+		preName, _, err := f.String("tokenizer.ggml.pre")
+		if err != nil {
+			return nil, nil, err
+		}
+		if preName == "" {
+			preName = "default"
+		}
+		pre, ok := bpePres[preName]
+		if !ok {
+			names := make([]string, 0, len(bpePres))
+			for n := range bpePres {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return nil, nil, fmt.Errorf("tokenizer.ggml.pre %q is not one skein knows (%s): put the model's tokenizer.json beside it", preName, strings.Join(names, ", "))
+		}
+		tf.Model.IgnoreMerges = pre.ignoreMerges
+		byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": pre.pattern == ""}
+		if pre.pattern != "" {
+			tf.PreTokenizer, _ = json.Marshal(map[string]any{"type": "Sequence", "pretokenizers": []any{
+				map[string]any{"type": "Split", "pattern": map[string]string{"Regex": pre.pattern}, "behavior": "Isolated", "invert": false},
+				byteLevel}})
+		} else {
+			tf.PreTokenizer, _ = json.Marshal(byteLevel)
+		}
+		if pre.nfc {
+			tf.Normalizer = json.RawMessage(`{"type":"NFC"}`)
+		}
+		tf.Decoder, _ = json.Marshal(byteLevel)
+	case "llama":
+		scores, ok, err := f.Float32s("tokenizer.ggml.scores")
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ok || len(scores) != len(tokens) {
+			return nil, nil, fmt.Errorf("tokenizer.ggml.scores must give one score per token (a llama tokenizer merges by score)")
+		}
+		mb, _ := json.Marshal(mergesFromScores(tokens, scores, types))
+		tf.Model.Merges = mb
+		tf.Model.ByteFallback = true
+		tf.Model.FuseUnk = true
+		if unk, ok, err := special("unknown_token_id"); err != nil {
+			return nil, nil, err
+		} else if ok {
+			tf.Model.UnkToken = tokens[unk]
+		}
+		prefix, ok, err := f.Bool("tokenizer.ggml.add_space_prefix")
+		if err != nil {
+			return nil, nil, err
+		}
+		steps := []any{}
+		if prefix || !ok {
+			steps = append(steps, map[string]any{"type": "Prepend", "prepend": "▁"})
+		}
+		steps = append(steps, map[string]any{"type": "Replace", "pattern": map[string]string{"String": " "}, "content": "▁"})
+		tf.Normalizer, _ = json.Marshal(map[string]any{"type": "Sequence", "normalizers": steps})
+		dec := []any{
+			map[string]any{"type": "Replace", "pattern": map[string]string{"String": "▁"}, "content": " "},
+			map[string]any{"type": "ByteFallback"}, map[string]any{"type": "Fuse"},
+		}
+		if prefix || !ok {
+			dec = append(dec, map[string]any{"type": "Strip", "content": " ", "start": 1, "stop": 0})
+		}
+		tf.Decoder, _ = json.Marshal(map[string]any{"type": "Sequence", "decoders": dec})
+	default:
+		return nil, nil, fmt.Errorf("tokenizer.ggml.model %q (skein reads gpt2 and llama)", model)
+	}
+	if addBOS && hasBOS {
+		tf.PostProcessor, _ = json.Marshal(map[string]any{"type": "TemplateProcessing",
+			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": tokens[bos], "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
+			"pair":           []any{},
+			"special_tokens": map[string]any{tokens[bos]: map[string]any{"id": tokens[bos], "ids": []int{bos}, "tokens": []string{tokens[bos]}}}})
+	}
+	tokJSON, err = json.Marshal(tf)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := map[string]any{"add_bos_token": addBOS}
+	if hasBOS {
+		cfg["bos_token"] = tokens[bos]
+	}
+	if hasEOS {
+		cfg["eos_token"] = tokens[eos]
+	}
+	if tmpl, ok, err := f.String("tokenizer.chat_template"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		cfg["chat_template"] = tmpl
+	}
+	cfgJSON, err = json.Marshal(cfg)
+	return tokJSON, cfgJSON, err
+}
+
+// mergesFromScores makes BPE merges of a SentencePiece vocabulary as transformers'
+// SentencePieceExtractor does: every split of a piece into two pieces of the vocabulary is a
+// merge, ranked by the merged piece's score (highest first; ties by the pieces' ids). llama.cpp's
+// SPM tokenizer merges the adjacent pair whose joined piece scores highest, which this ranking
+// reproduces. Only normal and user-defined pieces take part (control and byte tokens never
+// come out of a merge).
+func mergesFromScores(tokens []string, scores []float32, types []int64) []string {
+	ids := map[string]int{}
+	for id, s := range tokens {
+		if t := types[id]; t != ggmlTokenNormal && t != ggmlTokenUserDefined {
+			continue
+		}
+		if _, dup := ids[s]; !dup {
+			ids[s] = id
+		}
+	}
+	type mergeRec struct {
+		l, r  string
+		score float32
+		li, ri int
+	}
+	var all []mergeRec
+	for id, piece := range tokens {
+		if _, ok := ids[piece]; !ok || ids[piece] != id {
+			continue
+		}
+		var local []mergeRec
+		for i := range piece {
+			if i == 0 || !utf8.RuneStart(piece[i]) {
+				continue
+			}
+			l, r := piece[:i], piece[i:]
+			li, okL := ids[l]
+			ri, okR := ids[r]
+			if okL && okR {
+				local = append(local, mergeRec{l, r, scores[id], li, ri})
+			}
+		}
+		sort.Slice(local, func(a, b int) bool {
+			if local[a].li != local[b].li {
+				return local[a].li < local[b].li
+			}
+			return local[a].ri < local[b].ri
+		})
+		all = append(all, local...)
+	}
+	sort.SliceStable(all, func(a, b int) bool { return all[a].score > all[b].score })
+	out := make([]string, len(all))
+	for i, m := range all {
+		out[i] = m.l + " " + m.r
+	}
+	return out
+}
+
+// ggufTokenizerMetadata writes a byte-level BPE tokenizer.json (and its tokenizer_config.json's
+// chat template and special tokens) as GGUF tokenizer metadata: the inverse of
+// tokenizerFromGGUF for the pre-tokenizers bpePres names.
+func ggufTokenizerMetadata(w *gguf.Writer, tokJSON, cfgJSON []byte, vocabSize int) error {
+	var tf tokenizer.File
+	if err := json.Unmarshal(tokJSON, &tf); err != nil {
+		return fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if tf.Model.Type != "BPE" || tf.Model.ByteFallback {
+		return fmt.Errorf("tokenizer.json: only byte-level BPE tokenizers are written to GGUF")
+	}
+	pre, err := bpePreName(tf)
+	if err != nil {
+		return err
+	}
+	n := vocabSize
+	for _, id := range tf.Model.Vocab {
+		n = max(n, id+1)
+	}
+	for _, a := range tf.AddedTokens {
+		n = max(n, a.ID+1)
+	}
+	if n > ggufMaxVocab {
+		return fmt.Errorf("tokenizer.json: %d ids, over %d", n, ggufMaxVocab)
+	}
+	tokens := make([]string, n)
+	types := make([]int32, n)
+	for s, id := range tf.Model.Vocab {
+		tokens[id], types[id] = s, ggmlTokenNormal
+	}
+	for _, a := range tf.AddedTokens {
+		tokens[a.ID], types[a.ID] = a.Content, ggmlTokenUserDefined
+		if a.Special {
+			types[a.ID] = ggmlTokenControl
+		}
+	}
+	for id := range tokens {
+		if types[id] == 0 { // ids the model has and the tokenizer does not: padding, as converters write them
+			tokens[id], types[id] = fmt.Sprintf("[PAD%d]", id), ggmlTokenUnused
+		}
+	}
+	var merges []string
+	if len(tf.Model.Merges) > 0 {
+		var pairs [][2]string
+		if err := json.Unmarshal(tf.Model.Merges, &merges); err != nil {
+			if err := json.Unmarshal(tf.Model.Merges, &pairs); err != nil {
+				return fmt.Errorf("tokenizer.json merges: %w", err)
+			}
+			merges = make([]string, len(pairs))
+			for i, p := range pairs {
+				merges[i] = p[0] + " " + p[1]
+			}
+		}
+	}
+	w.Set("tokenizer.ggml.model", "gpt2")
+	w.Set("tokenizer.ggml.pre", pre)
+	w.Set("tokenizer.ggml.tokens", tokens)
+	w.Set("tokenizer.ggml.token_type", types)
+	w.Set("tokenizer.ggml.merges", merges)
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		EOS          json.RawMessage `json:"eos_token"`
+		BOS          json.RawMessage `json:"bos_token"`
+	}
+	if len(cfgJSON) > 0 {
+		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+			return fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+	}
+	idOf := func(raw json.RawMessage) (uint32, bool) {
+		var s string
+		if json.Unmarshal(raw, &s) != nil || s == "" {
+			return 0, false
+		}
+		for id, t := range tokens {
+			if t == s {
+				return uint32(id), true
+			}
+		}
+		return 0, false
+	}
+	if id, ok := idOf(cfg.EOS); ok {
+		w.Set("tokenizer.ggml.eos_token_id", id)
+	}
+	if id, ok := idOf(cfg.BOS); ok {
+		w.Set("tokenizer.ggml.bos_token_id", id)
+	}
+	w.Set("tokenizer.ggml.add_bos_token", false)
+	var tmpl string
+	if json.Unmarshal(cfg.ChatTemplate, &tmpl) == nil && tmpl != "" {
+		w.Set("tokenizer.chat_template", tmpl)
+	}
+	return nil
+}
+
+// bpePreName is the tokenizer.ggml.pre name of a tokenizer.json's pre-tokenizer.
+func bpePreName(tf tokenizer.File) (string, error) {
+	var pre struct {
+		Type          string `json:"type"`
+		Pretokenizers []struct {
+			Type    string            `json:"type"`
+			Pattern map[string]string `json:"pattern"`
+		} `json:"pretokenizers"`
+	}
+	if err := json.Unmarshal(tf.PreTokenizer, &pre); err != nil {
+		return "", fmt.Errorf("tokenizer.json pre_tokenizer: %w", err)
+	}
+	if pre.Type == "ByteLevel" {
+		return "gpt2", nil
+	}
+	if pre.Type == "Sequence" && len(pre.Pretokenizers) == 2 && pre.Pretokenizers[0].Type == "Split" && pre.Pretokenizers[1].Type == "ByteLevel" {
+		switch pre.Pretokenizers[0].Pattern["Regex"] {
+		case tokenizer.QwenPattern:
+			return "qwen2", nil
+		case llama3Pattern:
+			return "llama-bpe", nil
+		}
+	}
+	return "", fmt.Errorf("tokenizer.json: a pre-tokenizer llama.cpp has no name for")
+}

@@ -1,0 +1,254 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/skein-ai/skein/engine/gguf"
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
+)
+
+// Writing GGUF: a base model from a Hugging Face directory (for llama.cpp, Ollama and skein's own
+// GGUF loader), and a trained LoRA adapter as llama.cpp's adapter format (Ollama's ADAPTER).
+
+// ggufArchOf is the GGUF architecture name of a config's family.
+func ggufArchOf(c *Config) (string, error) {
+	for arch, class := range ggufArchs {
+		if len(c.Architectures) > 0 && c.Architectures[0] == class {
+			return arch, nil
+		}
+	}
+	return "", fmt.Errorf("engine: a %s model has no GGUF architecture skein writes (llama, qwen2, qwen3)", c.Arch)
+}
+
+// GGUFTypes are the tensor types WriteGGUF writes projections in, by name.
+var GGUFTypes = map[string]gguf.GGMLType{"f32": gguf.F32, "f16": gguf.F16, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_k": gguf.Q4_K}
+
+// llama_ftype of a file whose projections are of one type.
+var ggufFileType = map[gguf.GGMLType]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q8_0: 7, gguf.Q4_K: 15, gguf.BF16: 32}
+
+// WriteGGUF writes the Hugging Face model in dir (config.json, safetensors, tokenizer.json and
+// tokenizer_config.json) as one GGUF file, as llama.cpp's convert_hf_to_gguf lays it out: its
+// names, its metadata keys, llama's q/k rows permuted, llama3 rope scaling as rope_freqs. The
+// projections (and an untied head) are written in typ; the embedding is F32 (F16 or BF16 when typ
+// is that), norms and biases F32. Q8_0 and Q4_K blocks are the engine's quantizers' (bit for bit
+// ggml's reference ones).
+func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return err
+	}
+	arch, err := ggufArchOf(c)
+	if err != nil {
+		return err
+	}
+	host, _, err := loadWeights(dir, c, nil)
+	if err != nil {
+		return err
+	}
+	w := gguf.NewWriter()
+	w.Set("general.architecture", arch)
+	w.Set("general.type", "model")
+	w.Set("general.name", name)
+	w.Set("general.file_type", ggufFileType[typ])
+	if typ == gguf.Q8_0 || typ == gguf.Q4_K {
+		w.Set("general.quantization_version", uint32(2))
+	}
+	u := func(key string, v int) { w.Set(arch+"."+key, uint32(v)) }
+	u("context_length", c.MaxPositionEmbeddings)
+	u("embedding_length", c.HiddenSize)
+	u("block_count", c.NumHiddenLayers)
+	u("feed_forward_length", c.IntermediateSize)
+	u("attention.head_count", c.NumAttentionHeads)
+	u("attention.head_count_kv", c.NumKeyValueHeads)
+	u("attention.key_length", c.HeadDim)
+	u("attention.value_length", c.HeadDim)
+	u("rope.dimension_count", c.HeadDim)
+	u("vocab_size", c.VocabSize)
+	w.Set(arch+".rope.freq_base", float32(c.RopeTheta))
+	w.Set(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
+	tokJSON, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	cfgJSON, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if err := ggufTokenizerMetadata(w, tokJSON, cfgJSON, c.VocabSize); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if rs := c.RopeScaling; rs != nil && (rs.RopeType == "llama3" || rs.Type == "llama3") {
+		// llama.cpp takes llama3 scaling as per-frequency divisors of the inverse frequencies.
+		scaled := c.invFreq()
+		plain := *c
+		plain.RopeScaling = nil
+		base := plain.invFreq()
+		f := make([]float32, len(base))
+		for i := range f {
+			f[i] = float32(base[i] / scaled[i])
+		}
+		w.AddF32("rope_freqs.weight", []int{len(f)}, f)
+	} else if rs != nil && (rs.RopeType != "" && rs.RopeType != "default" || rs.Type != "" && rs.Type != "default") {
+		return fmt.Errorf("engine: rope_scaling %+v is not written to GGUF", *rs)
+	}
+	for _, hf := range c.weightNames() {
+		g, ok := ggufName(hf)
+		if !ok {
+			return fmt.Errorf("engine: weight %s has no GGUF name", hf)
+		}
+		t := host[hf]
+		v, err := t.Float32()
+		if err != nil {
+			return fmt.Errorf("engine: weight %s: %w", hf, err)
+		}
+		shape := t.Shape
+		tt := gguf.F32
+		switch {
+		case isLinearWeight(hf):
+			tt = typ
+		case hf == c.lm()+"embed_tokens.weight" && (typ == gguf.F16 || typ == gguf.BF16):
+			tt = typ
+		}
+		data, err := encodeGGUF(v, shape, tt)
+		if err != nil {
+			return fmt.Errorf("engine: weight %s: %w", hf, err)
+		}
+		if c.Arch == ArchLlama && (strings.HasSuffix(hf, "q_proj.weight") || strings.HasSuffix(hf, "k_proj.weight")) {
+			heads := c.NumAttentionHeads
+			if strings.HasSuffix(hf, "k_proj.weight") {
+				heads = c.NumKeyValueHeads
+			}
+			data = permuteRows(data, shape[0], heads, false)
+		}
+		dims := make([]int, len(shape))
+		for i, d := range shape {
+			dims[len(shape)-1-i] = d
+		}
+		w.AddTensor(g, tt, dims, data)
+	}
+	return w.WriteFile(out)
+}
+
+// encodeGGUF writes float32 values of a tensor (rows along its last dimension) as type t.
+func encodeGGUF(v []float32, shape []int, t gguf.GGMLType) ([]byte, error) {
+	switch t {
+	case gguf.F32:
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		return b, nil
+	case gguf.F16:
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], quant.F32ToF16(x))
+		}
+		return b, nil
+	case gguf.BF16:
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], kernels.BF16Of(x))
+		}
+		return b, nil
+	case gguf.Q8_0:
+		return quant.QuantizeQ8_0(v, shape[len(shape)-1])
+	case gguf.Q4_K:
+		return quant.QuantizeQ4_K(v, shape[len(shape)-1])
+	}
+	return nil, fmt.Errorf("cannot write type %s", t)
+}
+
+// ExportAdapterGGUF writes the PEFT adapter saved in adapterDir (adapter_model.safetensors,
+// adapter_config.json) as a llama.cpp LoRA adapter for base, the config of the model it was
+// trained on: general.type adapter, adapter.type lora, adapter.lora.alpha, and per adapted module
+// <GGUF weight name>.lora_a [r, in] and .lora_b [out, r] in float32 (torch order: ggml's ne are
+// the reverse), llama's q/k lora_b rows permuted as the base's q/k rows are. llama.cpp scales the
+// product by alpha/r, as PEFT does. A LoRA on the head of a tied model is refused: llama.cpp's
+// model has no output weight to put it on.
+func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
+	arch, err := ggufArchOf(base)
+	if err != nil {
+		return err
+	}
+	lc, err := ReadAdapterConfig(adapterDir)
+	if err != nil {
+		return fmt.Errorf("engine: reading adapter: %w", err)
+	}
+	if lc.Rank < 1 || lc.Rank > 1<<16 {
+		return fmt.Errorf("engine: adapter rank %d is out of range", lc.Rank)
+	}
+	alpha := lc.Alpha
+	if alpha == 0 {
+		alpha = 32 // the engine's default, which a saved adapter always states
+	}
+	mods := base.loraModules(lc.spec())
+	if len(mods) == 0 {
+		return fmt.Errorf("engine: the adapter in %s adapts no module", adapterDir)
+	}
+	want := map[string][]int{}
+	for _, m := range mods {
+		if m.Path == "lm_head" && base.TieWordEmbeddings {
+			return fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
+		}
+		want["base_model.model."+m.Path+".lora_A.weight"] = []int{lc.Rank, m.In}
+		want["base_model.model."+m.Path+".lora_B.weight"] = []int{m.Out, lc.Rank}
+	}
+	tensors, err := readTensors(filepath.Join(adapterDir, AdapterWeightsFile), want, nil)
+	if err != nil {
+		return fmt.Errorf("engine: reading adapter %s: %w", adapterDir, err)
+	}
+	w := gguf.NewWriter()
+	w.Set("general.architecture", arch)
+	w.Set("general.type", "adapter")
+	w.Set("adapter.type", "lora")
+	w.Set("adapter.lora.alpha", float32(alpha))
+	for _, m := range mods {
+		g, ok := ggufName(m.Path + ".weight")
+		if !ok {
+			return fmt.Errorf("engine: module %s has no GGUF name", m.Path)
+		}
+		a := tensors["base_model.model."+m.Path+".lora_A.weight"]
+		b := tensors["base_model.model."+m.Path+".lora_B.weight"]
+		af, bf := make([]float32, len(a)), make([]float32, len(b))
+		for i, x := range a {
+			af[i] = float32(x)
+		}
+		for i, x := range b {
+			bf[i] = float32(x)
+		}
+		bb, _ := encodeGGUF(bf, []int{m.Out, lc.Rank}, gguf.F32)
+		if base.Arch == ArchLlama && (strings.HasSuffix(m.Path, "q_proj") || strings.HasSuffix(m.Path, "k_proj")) {
+			heads := base.NumAttentionHeads
+			if strings.HasSuffix(m.Path, "k_proj") {
+				heads = base.NumKeyValueHeads
+			}
+			bb = permuteRows(bb, m.Out, heads, false)
+		}
+		w.AddF32(g+".lora_a", []int{lc.Rank, m.In}, af)
+		w.AddTensor(g+".lora_b", gguf.F32, []int{lc.Rank, m.Out}, bb)
+	}
+	return w.WriteFile(out)
+}
+
+// LoadModelConfig reads the config of a model directory or GGUF file, as Load would.
+func LoadModelConfig(path string) (*Config, error) {
+	if !IsGGUF(path) {
+		return LoadConfig(path)
+	}
+	b, release, err := mapFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	defer release()
+	f, err := gguf.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %s: %w", path, err)
+	}
+	return configFromGGUF(f)
+}

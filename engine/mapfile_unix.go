@@ -1,0 +1,35 @@
+//go:build unix
+
+package engine
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// mapFile maps a file read-only: a GGUF's tensors are copied out of it one at a time, so the
+// file's pages stay page cache (dropped under pressure) rather than a second copy of the model in
+// the heap. release unmaps it; nothing may hold its bytes afterwards.
+func mapFile(path string) ([]byte, func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if fi.Size() == 0 {
+		return nil, func() {}, nil
+	}
+	if fi.Size() != int64(int(fi.Size())) {
+		return nil, nil, fmt.Errorf("%s is too large to map", path)
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mapping %s: %w", path, err)
+	}
+	return b, func() { _ = syscall.Munmap(b) }, nil
+}

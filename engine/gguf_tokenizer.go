@@ -241,8 +241,8 @@ func mergesFromScores(tokens []string, scores []float32, types []int64) []string
 		}
 	}
 	type mergeRec struct {
-		l, r  string
-		score float32
+		l, r   string
+		score  float32
 		li, ri int
 	}
 	var all []mergeRec

@@ -30,6 +30,8 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|tiny-quant|small|1b] [--seed N]
+  skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k] [--name NAME]
+  skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
   skein version
@@ -82,8 +84,14 @@ func runCommand(args []string) error {
 			fmt.Fprintln(usageOutput, "usage: skein model init-tiny DIR [flags] (see skein model init-tiny --help)")
 			return nil
 		}
+		if len(args) >= 2 && args[1] == "to-gguf" {
+			return toGGUF(args[2:])
+		}
+		if len(args) >= 2 && args[1] == "export-gguf" {
+			return exportGGUF(args[2:])
+		}
 		if len(args) < 2 || args[1] != "init-tiny" {
-			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P]")
+			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P] | to-gguf DIR OUT.gguf | export-gguf CHECKPOINT OUT.gguf --base MODEL")
 		}
 		return initTiny(args[2:])
 	case "bench":

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/skein-ai/skein/engine/gguf"
+)
+
+// llama.cpp's own code (node-llama-cpp's prebuilt CPU binaries; SKEIN_NODE_LLAMA_CPP: a
+// node_modules holding node-llama-cpp, which .ci/run installs) loads the GGUF base skein writes
+// and the GGUF LoRA adapter skein exports, and its next-token logits at every position are
+// skein's. Float32 bases: within 1e-4 (measured 3e-6: float32 sums in another order; llama.cpp
+// runs with a float32 KV cache and without flash attention, whose F16 rounding alone moves logits
+// by 3e-3). Q8_0 bases: within 0.25 at most and 0.03 on average (measured 0.06–0.12 and 0.011–
+// 0.014): llama.cpp rounds the activations to Q8_0 blocks for its integer dot products, skein
+// multiplies float32 activations by the same weight blocks, and skein's float32 engine over the
+// dequantized weights differs from llama.cpp by as much, so it is llama.cpp's activation rounding.
+// For llama the q/k rows (and the adapter's q/k lora_b rows) are permuted for llama.cpp's rope:
+// without the adapter's permutation the difference was 1.6 at most, 0.14 on average, far past
+// either tolerance, as an adapter that llama.cpp dropped or scaled otherwise would be (the test
+// checks that the adapter moves skein's own logits by more than 0.1).
+// Texts llama.cpp and skein must tokenize alike (the tiny tokenizer, pre-tokenizer "qwen2").
+var llamaCppTexts = []string{"The quick brown fox jumps over the lazy dog.", "  two  spaces\n\nand 12345 digits!",
+	"<|im_start|>user\nhello<|im_end|>\n", "unknownish zzqx words, it's"}
+
+func TestLlamaCppLogits(t *testing.T) {
+	modules := os.Getenv("SKEIN_NODE_LLAMA_CPP")
+	if modules == "" {
+		t.Skip("SKEIN_NODE_LLAMA_CPP is not set (a node_modules dir holding node-llama-cpp; .ci/run installs it)")
+	}
+	if _, err := os.Stat(filepath.Join(modules, "node-llama-cpp")); err != nil {
+		t.Skipf("no node-llama-cpp under SKEIN_NODE_LLAMA_CPP: %v", err)
+	}
+	type job struct {
+		Model   string   `json:"model"`
+		Adapter string   `json:"adapter"`
+		Tokens  []int    `json:"tokens"`
+		Texts   []string `json:"texts"`
+		name    string
+		want    []float64 // skein's logits [T×V]
+		tol     float64   // max |Δ logit| allowed
+		tolMean float64   // mean |Δ logit| allowed
+		tok     *Engine   // whose tokenizer must agree with llama.cpp's on Texts
+	}
+	var jobs []*job
+	tmp := t.TempDir()
+	tokens := []int{5, 77, 301, 12, 9, 410, 33, 200, 1, 64, 3, 250}
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+		dir := filepath.Join(tmp, string(arch))
+		if err := InitTiny(dir, arch, "tiny", 11); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			typ          gguf.GGMLType
+			prec         string
+			tol, tolMean float64
+		}{{gguf.F32, PrecisionF32, 1e-4, 1e-5}, {gguf.Q8_0, PrecisionQ8_0, 0.25, 0.03}} {
+			file := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", arch, c.typ))
+			if err := WriteGGUF(dir, file, c.typ, "tiny"); err != nil {
+				t.Fatal(err)
+			}
+			e, err := Load(file, Options{Precision: c.prec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			jobs = append(jobs, &job{Model: file, Tokens: tokens, Texts: llamaCppTexts, name: fmt.Sprintf("%s %s", arch, c.typ), tok: e,
+				want: logitsOf(t, e, "", tokens), tol: c.tol, tolMean: c.tolMean})
+			// An adapter with every module (the head too where it is untied), trained B.
+			cfg := LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: !e.Config.TieWordEmbeddings, Alpha: 8}
+			adapterWithB(t, e, "x", cfg, func(i, j int) float64 { return 0.08 * math.Sin(float64(3*j+i)) })
+			ck := filepath.Join(tmp, fmt.Sprintf("%s-%s-adapter", arch, c.typ))
+			if err := e.SaveAdapter(context.Background(), "x", ck, false); err != nil {
+				t.Fatal(err)
+			}
+			lora := ck + ".gguf"
+			if err := ExportAdapterGGUF(ck, e.Config, lora); err != nil {
+				t.Fatal(err)
+			}
+			base := jobs[len(jobs)-1].want
+			withLoRA := logitsOf(t, e, "x", tokens)
+			if maxAbsDiff(base, withLoRA) < 0.1 {
+				t.Fatalf("%s: the adapter hardly changes skein's logits (%g): the check would be blind", arch, maxAbsDiff(base, withLoRA))
+			}
+			jobs = append(jobs, &job{Model: file, Adapter: lora, Tokens: tokens, name: fmt.Sprintf("%s %s + LoRA", arch, c.typ),
+				want: withLoRA, tol: c.tol, tolMean: c.tolMean})
+		}
+	}
+	spec, _ := json.Marshal(jobs)
+	specFile := filepath.Join(tmp, "jobs.json")
+	if err := os.WriteFile(specFile, spec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("node", "../scripts/llamacpp_logits.mjs", specFile)
+	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v", err)
+	}
+	var got []struct {
+		Logits    [][]float64 `json:"logits"`
+		Tokenized [][]int     `json:"tokenized"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output: %v", err)
+	}
+	if len(got) != len(jobs) {
+		t.Fatalf("%d results for %d jobs", len(got), len(jobs))
+	}
+	for i, j := range jobs {
+		var flat []float64
+		for _, row := range got[i].Logits {
+			flat = append(flat, row...)
+		}
+		if len(flat) != len(j.want) {
+			t.Fatalf("%s: llama.cpp gave %d logits, skein %d", j.name, len(flat), len(j.want))
+		}
+		d := maxAbsDiff(flat, j.want)
+		mean := 0.0
+		for k := range flat {
+			mean += math.Abs(flat[k] - j.want[k])
+		}
+		mean /= float64(len(flat))
+		t.Logf("%s: |llama.cpp − skein| max %.3g, mean %.3g over %d logits", j.name, d, mean, len(flat))
+		for k, text := range j.Texts {
+			if want := j.tok.Tokenizer.Encode(text); !slices.Equal(got[i].Tokenized[k], want) {
+				t.Errorf("%s: %q: llama.cpp tokenizes %v, skein %v", j.name, text, got[i].Tokenized[k], want)
+			}
+		}
+		if d > j.tol || mean > j.tolMean {
+			t.Errorf("%s: llama.cpp's logits differ from skein's by %g at most, %g on average (allowed %g, %g)", j.name, d, mean, j.tol, j.tolMean)
+		}
+	}
+}

@@ -192,8 +192,14 @@ type TrainingClient struct {
 
 // CreateLoraTrainingClient creates a LoRA model and waits for it.
 func (c *Client) CreateLoraTrainingClient(ctx context.Context, sessionID string, modelSeq int, base string, rank int) (*TrainingClient, error) {
+	return c.CreateLoraTrainingClientConfig(ctx, sessionID, modelSeq, base, api.LoraConfig{Rank: rank})
+}
+
+// CreateLoraTrainingClientConfig is CreateLoraTrainingClient with the whole LoRA config (which
+// modules are trained, the seed).
+func (c *Client) CreateLoraTrainingClientConfig(ctx context.Context, sessionID string, modelSeq int, base string, cfg api.LoraConfig) (*TrainingClient, error) {
 	f, err := c.submit(ctx, "create_model", api.CreateModelRequest{SessionID: sessionID, ModelSeqID: modelSeq, BaseModel: base,
-		LoraConfig: &api.LoraConfig{Rank: rank}})
+		LoraConfig: &cfg})
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -172,16 +173,34 @@ func encodeGGUF(v []float32, shape []int, t gguf.GGMLType) ([]byte, error) {
 // product by alpha/r, as PEFT does. A LoRA on the head of a tied model is refused: llama.cpp's
 // model has no output weight to put it on.
 func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
-	arch, err := ggufArchOf(base)
+	w, err := adapterGGUF(adapterDir, base)
 	if err != nil {
 		return err
 	}
+	return w.WriteFile(out)
+}
+
+// WriteAdapterGGUF is ExportAdapterGGUF to a writer: everything is read and checked before the
+// first byte is written, so an error before any write means nothing was sent.
+func WriteAdapterGGUF(adapterDir string, base *Config, out io.Writer) error {
+	w, err := adapterGGUF(adapterDir, base)
+	if err != nil {
+		return err
+	}
+	return w.Write(out)
+}
+
+func adapterGGUF(adapterDir string, base *Config) (*gguf.Writer, error) {
+	arch, err := ggufArchOf(base)
+	if err != nil {
+		return nil, err
+	}
 	lc, err := ReadAdapterConfig(adapterDir)
 	if err != nil {
-		return fmt.Errorf("engine: reading adapter: %w", err)
+		return nil, fmt.Errorf("engine: reading adapter: %w", err)
 	}
 	if lc.Rank < 1 || lc.Rank > 1<<16 {
-		return fmt.Errorf("engine: adapter rank %d is out of range", lc.Rank)
+		return nil, fmt.Errorf("engine: adapter rank %d is out of range", lc.Rank)
 	}
 	alpha := lc.Alpha
 	if alpha == 0 {
@@ -189,19 +208,19 @@ func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
 	}
 	mods := base.loraModules(lc.spec())
 	if len(mods) == 0 {
-		return fmt.Errorf("engine: the adapter in %s adapts no module", adapterDir)
+		return nil, fmt.Errorf("engine: the adapter in %s adapts no module", adapterDir)
 	}
 	want := map[string][]int{}
 	for _, m := range mods {
 		if m.Path == "lm_head" && base.TieWordEmbeddings {
-			return fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
+			return nil, fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
 		}
 		want["base_model.model."+m.Path+".lora_A.weight"] = []int{lc.Rank, m.In}
 		want["base_model.model."+m.Path+".lora_B.weight"] = []int{m.Out, lc.Rank}
 	}
 	tensors, err := readTensors(filepath.Join(adapterDir, AdapterWeightsFile), want, nil)
 	if err != nil {
-		return fmt.Errorf("engine: reading adapter %s: %w", adapterDir, err)
+		return nil, fmt.Errorf("engine: reading adapter %s: %w", adapterDir, err)
 	}
 	w := gguf.NewWriter()
 	w.Set("general.architecture", arch)
@@ -211,7 +230,7 @@ func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
 	for _, m := range mods {
 		g, ok := ggufName(m.Path + ".weight")
 		if !ok {
-			return fmt.Errorf("engine: module %s has no GGUF name", m.Path)
+			return nil, fmt.Errorf("engine: module %s has no GGUF name", m.Path)
 		}
 		a := tensors["base_model.model."+m.Path+".lora_A.weight"]
 		b := tensors["base_model.model."+m.Path+".lora_B.weight"]
@@ -233,7 +252,7 @@ func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
 		w.AddF32(g+".lora_a", []int{lc.Rank, m.In}, af)
 		w.AddTensor(g+".lora_b", gguf.F32, []int{lc.Rank, m.Out}, bb)
 	}
-	return w.WriteFile(out)
+	return w, nil
 }
 
 // LoadModelConfig reads the config of a model directory or GGUF file, as Load would.

@@ -32,12 +32,16 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 	if err != nil {
 		return nil, err
 	}
+	format, err := s.archiveFormat(r, m) // gguf_export.go
+	if err != nil {
+		return nil, err
+	}
 	expires := time.Now().Add(15 * time.Minute).UTC()
 	public, err := s.publicBase(r)
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID}, expires))
+	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID, Format: format}, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
 	}
@@ -64,6 +68,9 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 		return nil, errf(http.StatusNotFound, "checkpoint %s no longer exists", path)
 	}
 	s.writeWithin(w, ArchiveWriteTimeout) // a big checkpoint takes longer than an answer
+	if c.Format == formatGGUF {
+		return s.downloadGGUF(w, m)
+	}
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))
 	w.WriteHeader(http.StatusOK)
@@ -131,6 +138,7 @@ type archiveClaim struct {
 	Path       string `json:"p"`
 	Generation string `json:"g,omitempty"` // the checkpoint's generation when the link was made
 	KeyID      string `json:"k,omitempty"` // the key that asked for the link (keys mode)
+	Format     string `json:"f,omitempty"` // "" (tar.gz of the checkpoint) or "gguf" (a llama.cpp LoRA adapter)
 	Expires    int64  `json:"e"`
 }
 

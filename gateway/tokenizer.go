@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/skein-ai/skein/engine"
 )
 
 // The tokenizer files a client may read, and nothing else: the name never comes from the request.
@@ -113,6 +115,9 @@ func (c *tokenizerCache) get(name, dir string) ([]byte, error) {
 // as Hugging Face's cache makes, is followed), refusing anything but a regular file, an oversized
 // file and one that is not JSON.
 func readTokenizerFile(dir, file string) ([]byte, error) {
+	if b, ok := engine.TokenizerFile(dir, file); ok { // a GGUF model's, rebuilt from its metadata
+		return b, nil
+	}
 	path := filepath.Join(dir, file)
 	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -42,6 +42,9 @@ func resolveModel(dir string) (string, string, error) {
 			return dir, hubName(repo), nil
 		}
 	}
+	if engine.IsGGUF(dir) { // a GGUF file: named without its extension
+		return dir, strings.TrimSuffix(filepath.Base(dir), ".gguf"), nil
+	}
 	return dir, filepath.Base(dir), nil
 }
 

@@ -70,13 +70,7 @@ func (w *Writer) WriteFile(path string) error {
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriterSize(f, 1<<20)
-	if err := w.Write(bw); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := bw.Flush(); err != nil {
+	if err := w.Write(f); err != nil {
 		f.Close()
 		os.Remove(tmp)
 		return err
@@ -88,8 +82,16 @@ func (w *Writer) WriteFile(path string) error {
 	return os.Rename(tmp, path)
 }
 
-// Write writes the file to out.
+// Write writes the file to out (buffered: the encoding writes field by field).
 func (w *Writer) Write(out io.Writer) error {
+	bw := bufio.NewWriterSize(out, 1<<16)
+	if err := w.write(bw); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+func (w *Writer) write(out io.Writer) error {
 	e := &enc{w: out}
 	e.bytes([]byte(Magic))
 	e.u32(Version)

@@ -10,7 +10,7 @@ import (
 )
 
 // Writer builds a GGUF file: metadata and tensors in the order added, data aligned to
-// DefaultAlignment (general.alignment is not written; readers default to 32).
+// general.alignment if it is set, else to DefaultAlignment.
 type Writer struct {
 	kvs     []KV
 	tensors []TensorInfo
@@ -92,7 +92,16 @@ func (w *Writer) Write(out io.Writer) error {
 }
 
 func (w *Writer) write(out io.Writer) error {
-	e := &enc{w: out}
+	e := &enc{w: out, align: DefaultAlignment}
+	for _, kv := range w.kvs {
+		if kv.Key == "general.alignment" {
+			a, ok := kv.Value.(uint32)
+			if !ok || a == 0 || a&(a-1) != 0 || a > MaxAlignment {
+				return fmt.Errorf("gguf: general.alignment %v is not a power of two uint32 up to %d", kv.Value, MaxAlignment)
+			}
+			e.align = int(a)
+		}
+	}
 	e.bytes([]byte(Magic))
 	e.u32(Version)
 	e.u64(uint64(len(w.tensors)))
@@ -138,7 +147,7 @@ func (w *Writer) write(out io.Writer) error {
 		e.u32(uint32(t.Type))
 		e.u64(offset)
 		t.Offset = offset
-		offset += uint64(align(size))
+		offset += uint64((size + e.align - 1) / e.align * e.align)
 	}
 	e.pad()
 	for _, t := range w.tensors {
@@ -148,12 +157,11 @@ func (w *Writer) write(out io.Writer) error {
 	return e.err
 }
 
-func align(n int) int { return (n + DefaultAlignment - 1) / DefaultAlignment * DefaultAlignment }
-
 type enc struct {
-	w   io.Writer
-	n   int
-	err error
+	w     io.Writer
+	n     int
+	align int
+	err   error
 }
 
 func (e *enc) bytes(b []byte) {
@@ -169,8 +177,8 @@ func (e *enc) u32(v uint32) { e.bytes(binary.LittleEndian.AppendUint32(nil, v)) 
 func (e *enc) u64(v uint64) { e.bytes(binary.LittleEndian.AppendUint64(nil, v)) }
 func (e *enc) str(s string) { e.u64(uint64(len(s))); e.bytes([]byte(s)) }
 func (e *enc) pad() {
-	if r := e.n % DefaultAlignment; r != 0 {
-		e.bytes(make([]byte, DefaultAlignment-r))
+	if r := e.n % e.align; r != 0 {
+		e.bytes(make([]byte, e.align-r))
 	}
 }
 

@@ -222,7 +222,8 @@ func TestReadmeListsEveryCommandsFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	flagName := regexp.MustCompile(`^  (--[a-z0-9-]+)`)
-	for _, args := range [][]string{{"worker", "--help"}, {"model", "init-tiny", "--help"}, {"bench", "engine", "--help"}} {
+	for _, args := range [][]string{{"worker", "--help"}, {"model", "init-tiny", "--help"}, {"bench", "engine", "--help"},
+		{"model", "to-gguf", "--help"}, {"model", "export-gguf", "--help"}} {
 		out, err := captureOutput(t, args...)
 		if err != nil {
 			t.Fatalf("%v: %v", args, err)

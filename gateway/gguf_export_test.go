@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/engine/gguf"
 	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
 )
 
 func download(t *testing.T, url string) []byte {
@@ -110,5 +113,43 @@ func TestCheckpointArchiveAsGGUF(t *testing.T) {
 	var e struct{ URL string }
 	if err := c.Do(ctx, "GET", route+"?format=zip", nil, &e); err == nil || !strings.Contains(err.Error(), "format") {
 		t.Fatalf("an unknown format: %v", err)
+	}
+}
+
+// A base model served from a GGUF file has the tokenizer.json and chat template rebuilt from its
+// metadata: the tokenizer endpoint serves them and a chat completion renders the template, as
+// for the directory the GGUF was written from.
+func TestServedGGUFModelHasTokenizerAndTemplate(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := engine.WriteGGUF(modelDir(), file, gguf.Q8_0, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Load(file, engine.Options{Precision: engine.PrecisionQ8_0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := replica.New("r0", "tiny-gguf", e, 2)
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); gw.Close(); rep.Close() })
+	status, b := oai(t, "GET", srv.URL, "tml-a", "/api/v1/models/tiny-gguf/tokenizer", "")
+	var tok struct {
+		TokenizerJSON struct {
+			Model struct{ Type string }
+		} `json:"tokenizer_json"`
+		TokenizerConfig struct {
+			ChatTemplate string `json:"chat_template"`
+		} `json:"tokenizer_config"`
+	}
+	if err := json.Unmarshal(b, &tok); status != 200 || err != nil || tok.TokenizerJSON.Model.Type != "BPE" || tok.TokenizerConfig.ChatTemplate != engine.TinyChatTemplate {
+		t.Fatalf("tokenizer: %d %v %.300s", status, err, b)
+	}
+	c := oaiOK[api.ChatCompletion](t, srv.URL, "tml-a", "/v1/chat/completions",
+		`{"model":"tiny-gguf","messages":[{"role":"user","content":"hello there"}],"temperature":0,"max_tokens":4}`)
+	if want := len(e.Tokenizer.Encode(chatPrompt("hello there"))); c.Usage.PromptTokens != want {
+		t.Fatalf("prompt of %d tokens, the template renders %d", c.Usage.PromptTokens, want)
 	}
 }

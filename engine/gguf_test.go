@@ -447,3 +447,89 @@ func FuzzGGUFParse(f *testing.F) {
 		}
 	})
 }
+
+// Llama 2's real vocabulary (SKEIN_LLAMA2_TOKENIZER, a tokenizer.json; .ci/run installs it) as a
+// llama-model GGUF stores it: pieces by id with scores and types. tokenizer.json has no scores
+// (its merges were made from tokenizer.model's by transformers' extractor, whose ranking
+// mergesFromScores follows), so each merged piece here scores minus the rank of the first merge
+// that makes it, the order tokenizer.model's scores put them in. The tokenizer rebuilt from that
+// (merges, Prepend/Replace normalizer, byte fallback, decoder, BOS) gives Hugging Face's ids and
+// text on every sample.
+func TestGGUFSentencePieceMatchesLlama2(t *testing.T) {
+	path := os.Getenv("SKEIN_LLAMA2_TOKENIZER")
+	if path == "" {
+		t.Skip("SKEIN_LLAMA2_TOKENIZER is not set (Llama 2's tokenizer.json; .ci/run installs it)")
+	}
+	want, err := tokenizer.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf tokenizer.File
+	if err := json.Unmarshal(b, &tf); err != nil {
+		t.Fatal(err)
+	}
+	var merges []string
+	if err := json.Unmarshal(tf.Model.Merges, &merges); err != nil {
+		t.Fatal(err)
+	}
+	rank := map[string]int{}
+	for i, m := range merges {
+		l, r, _ := strings.Cut(m, " ")
+		if _, ok := rank[l+r]; !ok {
+			rank[l+r] = i
+		}
+	}
+	n := len(tf.Model.Vocab)
+	tokens, scores, types := make([]string, n), make([]float32, n), make([]int32, n)
+	for s, id := range tf.Model.Vocab {
+		r, ok := rank[s]
+		if !ok {
+			r = len(merges) // a piece no merge makes: never ranked
+		}
+		tokens[id], scores[id], types[id] = s, float32(-r), ggmlTokenNormal
+		if strings.HasPrefix(s, "<0x") && len(s) == 6 {
+			types[id], scores[id] = ggmlTokenByte, 0
+		}
+	}
+	types[0], types[1], types[2] = ggmlTokenUnknown, ggmlTokenControl, ggmlTokenControl
+	w := gguf.NewWriter()
+	w.Set("tokenizer.ggml.model", "llama")
+	w.Set("tokenizer.ggml.tokens", tokens)
+	w.Set("tokenizer.ggml.scores", scores)
+	w.Set("tokenizer.ggml.token_type", types)
+	w.Set("tokenizer.ggml.bos_token_id", uint32(1))
+	w.Set("tokenizer.ggml.eos_token_id", uint32(2))
+	w.Set("tokenizer.ggml.unknown_token_id", uint32(0))
+	w.Set("tokenizer.ggml.add_bos_token", true)
+	var buf strings.Builder
+	if err := w.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse([]byte(buf.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj, _, err := tokenizerFromGGUF(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tokenizer.Parse(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{"Hello world", "The quick brown fox jumps over the lazy dog.", "  leading and  double spaces",
+		"naïve café 日本語 🤖 emoji", "code: for (int i = 0; i < n; i++) { x += y[i]; }\n\ttabs\n", "1234567890 3.14159",
+		"<s>special</s> in text", "Don't stop—won't stop; it's fine!"} {
+		w, g := want.EncodeWithSpecialTokens(text), got.EncodeWithSpecialTokens(text)
+		if !slices.Equal(w, g) {
+			t.Fatalf("%q: GGUF tokenizer %v, tokenizer.json %v", text, g, w)
+		}
+		if dw, dg := want.Decode(w[1:]), got.Decode(g[1:]); dw != dg {
+			t.Fatalf("%q: decodes %q vs %q", text, dg, dw)
+		}
+	}
+}

@@ -136,7 +136,9 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 			for i := range a {
 				sum += math.Abs(a[i] - b[i])
 			}
-			if mean := sum / float64(len(a)); mean > c.tol || mean == 0 {
+			mean := sum / float64(len(a))
+			t.Logf("%s weights vs float32: mean |Δ logit| %.3g", c.prec, mean)
+			if mean > c.tol || mean == 0 {
 				t.Fatalf("dequantized %s vs float: mean |Δ logit| %g (want in (0, %g])", c.prec, mean, c.tol)
 			}
 		})
@@ -418,8 +420,24 @@ func TestGGUFHostileFiles(t *testing.T) {
 	b = slices.Clone(good)
 	binary.LittleEndian.PutUint32(b[offPos-4:], 99) // an unknown ggml type
 	try("unknown type", b)
-	// A metadata value that names the wrong config: head count that does not divide.
+	// A vocabulary with a token far longer than any real one.
 	w := gguf.NewWriter()
+	w.Set("tokenizer.ggml.model", "llama")
+	w.Set("tokenizer.ggml.tokens", []string{"a", strings.Repeat("é", 100000)})
+	w.Set("tokenizer.ggml.scores", []float32{0, 0})
+	var tb strings.Builder
+	if err := w.Write(&tb); err != nil {
+		t.Fatal(err)
+	}
+	tf, err := gguf.Parse([]byte(tb.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tokenizerFromGGUF(tf); err == nil || !strings.Contains(err.Error(), "bytes, over") {
+		t.Fatalf("a 200 kB token: %v", err)
+	}
+	// An architecture skein does not serve.
+	w = gguf.NewWriter()
 	w.Set("general.architecture", "mamba")
 	var sb strings.Builder
 	_ = w.Write(&sb)

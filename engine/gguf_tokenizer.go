@@ -52,6 +52,10 @@ var bpePres = map[string]bpePre{
 // ggufMaxVocab bounds a GGUF vocabulary (tokenizer.MaxVocab bounds ids; real ones are ≤ 256k).
 const ggufMaxVocab = 1 << 20
 
+// ggufMaxToken bounds one token's bytes (real ones are at most a few dozen): making merges from
+// scores looks up every split of a piece, work that grows with the square of its length.
+const ggufMaxToken = 1024
+
 // tokenizerFromGGUF rebuilds tokenizer.json and tokenizer_config.json from a GGUF's metadata
 // (nil, nil when the file has no tokenizer).
 func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
@@ -106,6 +110,9 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 	tf := tokenizer.File{Version: "1.0", Model: tokenizer.ModelRec{Type: "BPE", Vocab: map[string]int{}}}
 	seen := map[string]bool{}
 	for id, s := range tokens {
+		if len(s) > ggufMaxToken {
+			return nil, nil, fmt.Errorf("tokenizer.ggml.tokens[%d] is %d bytes, over %d", id, len(s), ggufMaxToken)
+		}
 		if s == "" {
 			continue // an empty piece can never be produced nor matched
 		}

@@ -14,6 +14,10 @@ import (
 	"github.com/skein-ai/skein/engine/gguf"
 )
 
+// Texts llama.cpp and skein must tokenize alike (the tiny tokenizer, pre-tokenizer "qwen2").
+var llamaCppTexts = []string{"The quick brown fox jumps over the lazy dog.", "  two  spaces\n\nand 12345 digits!",
+	"<|im_start|>user\nhello<|im_end|>\n", "unknownish zzqx words, it's"}
+
 // llama.cpp's own code (node-llama-cpp's prebuilt CPU binaries; SKEIN_NODE_LLAMA_CPP: a
 // node_modules holding node-llama-cpp, which .ci/run installs) loads the GGUF base skein writes
 // and the GGUF LoRA adapter skein exports, and its next-token logits at every position are
@@ -25,14 +29,11 @@ import (
 // dequantized weights differs from llama.cpp by as much, so it is llama.cpp's activation rounding.
 // Q4_K bases (tiny-quant, rows of 256): within 0.4 and 0.05 (measured 0.14–0.19 and 0.027–0.032),
 // llama.cpp rounding activations to Q8_K for them; the 4-bit weights themselves move skein's
-// logits about nine times as much (mean 0.27, TestGGUFQuantizedTensorsKeptAsBlocks). For llama the q/k rows (and the adapter's q/k lora_b rows) are permuted for llama.cpp's rope:
+// logits about nine times as much (mean 0.27, TestGGUFQuantizedTensorsKeptAsBlocks). For llama
+// the q/k rows (and the adapter's q/k lora_b rows) are permuted for llama.cpp's rope:
 // without the adapter's permutation the difference was 1.6 at most, 0.14 on average, far past
 // either tolerance, as an adapter that llama.cpp dropped or scaled otherwise would be (the test
 // checks that the adapter moves skein's own logits by more than 0.1).
-// Texts llama.cpp and skein must tokenize alike (the tiny tokenizer, pre-tokenizer "qwen2").
-var llamaCppTexts = []string{"The quick brown fox jumps over the lazy dog.", "  two  spaces\n\nand 12345 digits!",
-	"<|im_start|>user\nhello<|im_end|>\n", "unknownish zzqx words, it's"}
-
 func TestLlamaCppLogits(t *testing.T) {
 	modules := os.Getenv("SKEIN_NODE_LLAMA_CPP")
 	if modules == "" {

@@ -14,6 +14,11 @@ import (
 
 const formatGGUF = "gguf"
 
+// ggufExports bounds the conversions running at once, all tenants together: one holds the
+// adapter's tensors about three times over (float64 as read, float32 as written), up to a GB
+// for a rank-32 adapter of an 8B model, so a tenant's parallel downloads must not multiply it.
+var ggufExports = make(chan struct{}, 2)
+
 // archiveFormat reads ?format= of an archive request: "" or tar.gz for the checkpoint's files,
 // gguf for a GGUF adapter, which needs the base model's config on this gateway.
 func (s *Server) archiveFormat(r *http.Request, m *ckptMeta) (string, error) {
@@ -50,6 +55,12 @@ func (s *Server) downloadGGUF(w http.ResponseWriter, m *ckptMeta) (any, error) {
 	cfg, err := s.baseConfig(m.BaseModel)
 	if err != nil {
 		return nil, err
+	}
+	select {
+	case ggufExports <- struct{}{}:
+		defer func() { <-ggufExports }()
+	default:
+		return nil, errf(http.StatusTooManyRequests, "%d GGUF exports are running: retry in a moment", cap(ggufExports))
 	}
 	hw := &headerOnWrite{w: w, start: func() {
 		w.Header().Set("Content-Type", "application/octet-stream")

@@ -26,8 +26,12 @@ func (s *Server) archiveFormat(r *http.Request, m *ckptMeta) (string, error) {
 	case "", "tar.gz":
 		return "", nil
 	case formatGGUF:
-		if _, err := s.baseConfig(m.BaseModel); err != nil {
+		cfg, err := s.baseConfig(m.BaseModel)
+		if err != nil {
 			return "", err
+		}
+		if m.Lora.TrainUnembed && cfg.TieWordEmbeddings {
+			return "", errf(http.StatusUnprocessableEntity, "checkpoint %s has a LoRA on the head of %s, whose head is its embedding: llama.cpp's model has no head weight to carry it (train with train_unembed=False to export to GGUF)", m.Path, m.BaseModel)
 		}
 		return formatGGUF, nil
 	default:

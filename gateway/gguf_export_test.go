@@ -47,11 +47,8 @@ func TestCheckpointArchiveAsGGUF(t *testing.T) {
 		t.Fatal(err)
 	}
 	var u struct{ URL string }
-	if err := c.Do(ctx, "GET", "training_runs/"+tied.ModelID+"/checkpoints/weights/h1/archive?format=gguf", nil, &u); err != nil {
-		t.Fatal(err)
-	}
-	if resp, err := http.Get(u.URL); err != nil || resp.StatusCode != http.StatusUnprocessableEntity {
-		t.Fatalf("a head LoRA on a tied model as GGUF: %v %v", resp, err)
+	if err := c.Do(ctx, "GET", "training_runs/"+tied.ModelID+"/checkpoints/weights/h1/archive?format=gguf", nil, &u); err == nil || !strings.Contains(err.Error(), "train_unembed") {
+		t.Fatalf("a head LoRA on a tied model as GGUF: %v", err)
 	}
 	sess, err := c.CreateSession(ctx)
 	if err != nil {

@@ -144,6 +144,9 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if vl := num("attention.value_length", false); vl != 0 && vl != c.HeadDim {
 		firstErr = cmpErr(firstErr, fmt.Errorf("%s.attention.value_length %d differs from key_length %d", arch, vl, c.HeadDim))
 	}
+	if n := num("expert_count", false); n > 0 {
+		firstErr = cmpErr(firstErr, fmt.Errorf("%s.expert_count is %d: mixture-of-experts GGUFs (Mixtral-style) are not served", arch, n))
+	}
 	if firstErr != nil {
 		return nil, firstErr
 	}
@@ -172,6 +175,12 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	}
 	if err := c.finish(); err != nil {
 		return nil, err
+	}
+	// Partial rotary embeddings (rope over fewer dims than a head) are not the layer skein has.
+	if d, ok, err := f.Int(arch + ".rope.dimension_count"); err != nil {
+		return nil, err
+	} else if ok && int(d) != c.HeadDim {
+		return nil, fmt.Errorf("%s.rope.dimension_count %d differs from the head size %d (partial rotary embeddings are not served)", arch, d, c.HeadDim)
 	}
 	if t, ok := f.Tensor("rope_freqs.weight"); ok {
 		if t.Type != gguf.F32 || len(t.Dims) != 1 || t.Dims[0] != c.HeadDim/2 {

@@ -436,6 +436,29 @@ func TestGGUFHostileFiles(t *testing.T) {
 	if _, _, err := tokenizerFromGGUF(tf); err == nil || !strings.Contains(err.Error(), "bytes, over") {
 		t.Fatalf("a 200 kB token: %v", err)
 	}
+	// Metadata the layer cannot honour: experts, partial rotary dims, a non-dividing head count.
+	for key, c := range map[string]struct {
+		v    any
+		says string
+	}{"qwen3.expert_count": {uint32(8), "mixture-of-experts"}, "qwen3.rope.dimension_count": {uint32(8), "partial rotary"},
+		"qwen3.attention.head_count_kv": {uint32(3), "not a multiple"}} {
+		w := gguf.NewWriter()
+		for _, kv := range f.KVs {
+			if kv.Key != key {
+				w.Set(kv.Key, kv.Value)
+			}
+		}
+		w.Set(key, c.v)
+		for _, tn := range f.Tensors {
+			w.AddTensor(tn.Name, tn.Type, tn.Dims, tn.Data)
+		}
+		if err := w.WriteFile(bad); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(bad, Options{}); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Fatalf("%s: %v, want an error saying %q", key, err, c.says)
+		}
+	}
 	// An architecture skein does not serve.
 	w = gguf.NewWriter()
 	w.Set("general.architecture", "mamba")

@@ -64,3 +64,46 @@ func TestModelToGGUFAndExportGGUF(t *testing.T) {
 		t.Fatal("an unknown --type was accepted")
 	}
 }
+
+// An Ollama manifest as --model serves its GGUF blob under Ollama's name; a manifest without a
+// model layer, or with a digest that is not a sha256, is an error naming the file.
+func TestOllamaManifestModels(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	models := filepath.Join(t.TempDir(), "models")
+	digest := strings.Repeat("ab", 32)
+	if err := os.MkdirAll(filepath.Join(models, "blobs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.WriteGGUF(dir, filepath.Join(models, "blobs", "sha256-"+digest), gguf.F16, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	manifest := func(ns, model, tag, body string) string {
+		p := filepath.Join(models, "manifests", "registry.ollama.ai", ns, model, tag)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := `{"schemaVersion":2,"layers":[{"mediaType":"application/vnd.ollama.image.template","digest":"sha256:` + strings.Repeat("0", 64) +
+		`"},{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:` + digest + `","size":1}]}`
+	for _, c := range []struct{ ns, want string }{{"library", "tiny-qwen:latest"}, {"someone", "someone/tiny-qwen:latest"}} {
+		e, name, err := loadModel(manifest(c.ns, "tiny-qwen", "latest", good), "", engine.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name != c.want || e.Config.Arch != engine.ArchQwen3 {
+			t.Fatalf("served as %q (%s), want %q", name, e.Config.Arch, c.want)
+		}
+	}
+	for _, body := range []string{`{"layers":[]}`, `{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:../../etc"}]}`, `not json`} {
+		if _, _, err := resolveModel(manifest("library", "bad", "x", body)); err == nil || !strings.Contains(err.Error(), "manifest") {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}

@@ -36,6 +36,9 @@ func resolveModel(dir string) (string, string, error) {
 		}
 		return snap, hubName(repo), nil
 	}
+	if blob, name, ok, err := ollamaManifest(dir); ok || err != nil { // ollama.go
+		return blob, name, err
+	}
 	parent := filepath.Dir(dir)
 	if filepath.Base(parent) == "snapshots" {
 		if repo, ok := strings.CutPrefix(filepath.Base(filepath.Dir(parent)), hfCachePrefix); ok && repo != "" {

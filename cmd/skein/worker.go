@@ -38,7 +38,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	c := &workerConfig{}
 	fs.StringVar(&c.Gateway, "gateway", "", "gateway base URL, e.g. http://127.0.0.1:8000")
-	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), or a GGUF file")
+	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), a GGUF file or an Ollama manifest")
 	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")

@@ -32,12 +32,26 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 	if err != nil {
 		return nil, err
 	}
-	expires := time.Now().Add(15 * time.Minute).UTC()
+	expires := time.Now().Add(ArchiveURLLifetime).UTC()
+	var url string
+	if s.objectStorage() {
+		// The object store serves the bytes: a presigned GET of the archive object, for the
+		// same 15 minutes, and no gateway in the download's path.
+		if url, err = s.presignedArchive(r.Context(), m); err != nil {
+			return nil, err
+		}
+		if strings.Contains(r.Header.Get("Accept"), "application/json") {
+			return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
+		}
+		w.Header().Set("Location", url)
+		writeJSON(w, http.StatusFound, api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)})
+		return nil, nil
+	}
 	public, err := s.publicBase(r)
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID}, expires))
+	url = fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID}, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
 	}

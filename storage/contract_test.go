@@ -3,8 +3,6 @@ package storage_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -15,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-
 	"github.com/skein-ai/skein/storage"
+	"github.com/skein-ai/skein/storage/storagetest"
 )
 
 // The contract every backend keeps, run against the local directory always and against a real
@@ -33,45 +30,8 @@ func backends(t *testing.T) map[string]func(t *testing.T) storage.Storage {
 			}
 			return d
 		},
-		"s3": func(t *testing.T) storage.Storage { return NewTestS3(t) },
+		"s3": func(t *testing.T) storage.Storage { return storagetest.S3(t) },
 	}
-}
-
-var (
-	bucketOnce sync.Once
-	bucketName string
-	bucketErr  error
-)
-
-// NewTestS3 is a fresh prefix in a bucket made once per test binary on $SKEIN_TEST_S3.
-func NewTestS3(t *testing.T) *storage.S3 {
-	t.Helper()
-	endpoint := os.Getenv("SKEIN_TEST_S3")
-	if endpoint == "" {
-		t.Skip("SKEIN_TEST_S3 is not set (an S3 endpoint such as http://127.0.0.1:7070, with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; .ci/run starts versitygw for it)")
-	}
-	ctx := context.Background()
-	bucketOnce.Do(func() {
-		bucketName = "skein-test-" + randHex(4)
-		var st *storage.S3
-		if st, bucketErr = storage.NewS3(ctx, "s3://"+bucketName, storage.S3Options{Endpoint: endpoint}); bucketErr == nil {
-			_, bucketErr = st.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &bucketName})
-		}
-	})
-	if bucketErr != nil {
-		t.Fatalf("making the test bucket on %s: %v", endpoint, bucketErr)
-	}
-	st, err := storage.NewS3(ctx, "s3://"+bucketName+"/"+strings.ReplaceAll(t.Name(), "/", "-")+"-"+randHex(3), storage.S3Options{Endpoint: endpoint})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func put(t *testing.T, st storage.Storage, key, body string, cond storage.Cond) (storage.Info, error) {

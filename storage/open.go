@@ -23,10 +23,8 @@ func Open(ctx context.Context, spec, dataDir, endpoint string) (Storage, error) 
 			endpoint = os.Getenv(EndpointEnv)
 		}
 		return NewS3(ctx, spec, S3Options{Endpoint: endpoint})
-	case strings.HasPrefix(spec, "file://"):
-		return NewDir(strings.TrimPrefix(spec, "file://"))
 	}
-	return nil, fmt.Errorf("storage: %q: want empty (the data directory), file:///dir or s3://bucket/prefix", spec)
+	return nil, fmt.Errorf("storage: %q: want empty (the data directory) or s3://bucket/prefix", spec)
 }
 
 // Local returns the directory behind st when it is a local one ("" for object storage): there

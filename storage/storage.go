@@ -46,8 +46,8 @@ type Info struct {
 
 // Cond makes a Put conditional, as HTTP's If-Match and If-None-Match: * do.
 type Cond struct {
-	IfMatch     string // write only if the object's current ETag is this one
-	IfAbsent    bool   // write only if no object has this key
+	IfMatch  string // write only if the object's current ETag is this one
+	IfAbsent bool   // write only if no object has this key
 }
 
 func (c Cond) String() string {

@@ -20,6 +20,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/router"
 	"github.com/skein-ai/skein/store"
 )
@@ -198,7 +199,11 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	reps, err := loadReplicas(cfg, models, log)
+	stor, err := storage.Open(context.Background(), cfg.Storage, cfg.Data, cfg.S3Endpoint)
+	if err != nil {
+		return fmt.Errorf("--storage: %w", err)
+	}
+	reps, err := loadReplicas(cfg, models, stor, log)
 	if err != nil {
 		return err
 	}
@@ -211,7 +216,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
+	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st, Storage: stor,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
 		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
 		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies}), reps...)
@@ -260,7 +265,7 @@ func servedModels(cfg *serveConfig, gatewayOnly bool, log *slog.Logger) ([]strin
 }
 
 // loadReplicas loads each model once and serves it by --replicas replicas sharing its weights.
-func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*replica.Replica, error) {
+func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *slog.Logger) ([]*replica.Replica, error) {
 	var reps []*replica.Replica
 	seen := map[string]bool{}
 	for i, dir := range models {
@@ -282,7 +287,15 @@ func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*repli
 			if k > 0 {
 				eng = e.Fork() // same weights in memory, its own adapters
 			}
-			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, eng, cfg.MaxLoras))
+			var c engine.Compute = eng
+			if storage.Local(stor) == "" { // object storage: the engine's files are copied through scratch
+				sc, err := replica.NewStored(eng, stor, cfg.Data, filepath.Join(cfg.Data, "scratch"))
+				if err != nil {
+					return nil, err
+				}
+				c = sc
+			}
+			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras))
 		}
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", cfg.Replicas,
 			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
@@ -29,6 +30,7 @@ type workerConfig struct {
 	Precision, Addr        string
 	WorkerToken, Data      string
 	Config, ImageDir       string
+	Storage, S3Endpoint    string
 	ShutdownTimeout        time.Duration
 	Log                    logConfig
 }
@@ -45,7 +47,9 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0 or q4_k (projections in GGUF Q8_0 or Q4_K blocks, about a quarter or an eighth of f32; LoRA, norms and gradients in f32)")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
-	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
+	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway (without --storage): checkpoint loads and saves stay inside it; with --storage s3://…, scratch space for copies")
+	fs.StringVar(&c.Storage, "storage", "", "the gateway's --storage: empty for the data directory shared with it, or s3://bucket/prefix (then nothing is shared but the bucket)")
+	fs.StringVar(&c.S3Endpoint, "s3-endpoint", "", "address of an S3-compatible server for --storage s3://…: http(s)://host:port")
 	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
 	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long calls in flight may finish before their connections are closed")
@@ -111,7 +115,18 @@ func runWorker(args []string) error {
 	}
 	*name = served
 	url := "http://" + ln.Addr().String()
+	ctx0 := context.Background()
 	ws := worker.NewServer(e, *token, *data)
+	if c.Storage != "" {
+		st, err := storage.Open(ctx0, c.Storage, *data, c.S3Endpoint)
+		if err != nil {
+			return fmt.Errorf("--storage: %w", err)
+		}
+		if err := ws.UseStorage(st, filepath.Join(*data, "scratch")); err != nil {
+			return fmt.Errorf("--storage: %w", err)
+		}
+		log.Info("adapters load and save in storage", "storage", st.String())
+	}
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

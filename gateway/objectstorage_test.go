@@ -1,0 +1,202 @@
+package gateway_test
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage/storagetest"
+)
+
+// With --storage s3://…, adapter state, checkpoints and sampler weights live in the bucket and
+// nowhere on the gateway's disk: training survives an eviction through S3 with the same numbers,
+// a checkpoint loads back into a new model, its archive is a presigned URL of the bucket that
+// downloads without credentials, and a deleted checkpoint's objects are gone.
+func TestObjectStorageEndToEnd(t *testing.T) {
+	st := storagetest.S3(t)
+	data := t.TempDir()
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := replica.NewStored(e, st, data, filepath.Join(data, "scratch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := replica.New("r0", base, stored, 1)
+	gw, err := gateway.New(gateway.Options{DataDir: data, Storage: st}, rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(gw)
+	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
+	ctx := context.Background()
+	c := client.New(ts.URL, "tml-s3")
+	sess, _ := c.CreateSession(ctx)
+	a, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	step := func(tc *client.TrainingClient) {
+		t.Helper()
+		fb, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		op, _ := tc.OptimStep(ctx, 1e-2)
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Result(ctx, &map[string]any{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forward := func(tc *client.TrainingClient) string {
+		t.Helper()
+		f, _ := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, true)
+		var out api.ForwardBackwardOutput
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(out.LossFnOutputs[0]["logprobs"].Data)
+	}
+	step(a)
+	step(a)
+	before := forward(a)
+	// B takes the only slot: A is saved to S3 and evicted, then reloaded from S3.
+	b, err := c.CreateLoraTrainingClient(ctx, sess, 1, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(b)
+	if got := forward(a); got != before {
+		t.Fatalf("adapter A changed across its eviction through S3:\n%s\n%s", got, before)
+	}
+	keys := func(prefix string) []string {
+		objs, err := st.List(ctx, prefix, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, o := range objs {
+			out = append(out, o.Key)
+		}
+		sort.Strings(out)
+		return out
+	}
+	runKey := strings.ReplaceAll(a.ModelID, ":", "_")
+	state := keys("state/" + runKey)
+	if len(state) == 0 || state[0] != "state/"+runKey+".current" || !containsSuffix(state, "/"+engine.OptimizerFile) {
+		t.Fatalf("A's state in the bucket: %v", state)
+	}
+	// A checkpoint, loaded back into a new model, gives A's numbers.
+	fut, err := a.SaveState(ctx, "ck1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved api.SaveWeightsResponse
+	if err := fut.Result(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	ck := keys("checkpoints/")
+	if !containsSuffix(ck, "/"+engine.AdapterWeightsFile) {
+		t.Fatalf("checkpoint objects: %v", ck)
+	}
+	d, err := c.CreateLoraTrainingClient(ctx, sess, 2, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf, _ := d.LoadState(ctx, saved.Path, true)
+	if err := lf.Result(ctx, &map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := forward(d); got != before {
+		t.Fatal("the checkpoint loaded from S3 does not give A's numbers")
+	}
+	// The archive link is the bucket's presigned URL: no key, no gateway.
+	var arch api.ArchiveURLResponse
+	if err := c.Do(ctx, "GET", "training_runs/"+a.ModelID+"/checkpoints/weights/ck1/archive", nil, &arch); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := storagetest.Endpoint(t)
+	if !strings.HasPrefix(arch.URL, endpoint+"/") || !strings.Contains(arch.URL, "X-Amz-Signature=") || !strings.Contains(arch.URL, "X-Amz-Expires=900") {
+		t.Fatalf("archive URL %q is not a 15-minute presigned URL of %s", arch.URL, endpoint)
+	}
+	resp, err := http.Get(arch.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := tarNames(t, resp)
+	if strings.Join(names, ",") != "adapter_config.json,adapter_model.safetensors,optimizer.safetensors,trainer_state.json" {
+		t.Fatalf("archive holds %v", names)
+	}
+	// Nothing of it is on the gateway's disk.
+	for _, dir := range []string{"state", "checkpoints", "ephemeral"} {
+		if entries, err := os.ReadDir(filepath.Join(data, dir)); err == nil && len(entries) > 0 {
+			t.Fatalf("the data directory's %s holds %d entries with object storage", dir, len(entries))
+		}
+	}
+	// Deleting the checkpoint removes its objects, archive included: the link stops working.
+	if err := c.Do(ctx, "DELETE", "training_runs/"+a.ModelID+"/checkpoints/weights/ck1", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if left := keys("checkpoints/"); len(left) != 0 {
+		t.Fatalf("objects left after the delete: %v", left)
+	}
+	resp, err = http.Get(arch.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("the deleted checkpoint's link answered %d", resp.StatusCode)
+	}
+}
+
+func containsSuffix(keys []string, suffix string) bool {
+	for _, k := range keys {
+		if strings.HasSuffix(k, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+func tarNames(t *testing.T, resp *http.Response) []string {
+	t.Helper()
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("archive download: %d %s", resp.StatusCode, b)
+	}
+	gz, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -215,7 +215,8 @@ func (s *Server) tidySavedStates() {
 			s.removeLeftover(filepath.Join(root, n))
 		case strings.HasSuffix(n, pointerSuffix):
 			b, _ := os.ReadFile(filepath.Join(root, n))
-			get(strings.TrimSuffix(n, pointerSuffix)).pointer = strings.TrimSpace(string(b))
+			first, _, _ := strings.Cut(string(b), "\n") // the version; a second line is the write's nonce (storage.SwapPointer)
+			get(strings.TrimSuffix(n, pointerSuffix)).pointer = strings.TrimSpace(first)
 		case strings.Contains(n, versionSep) && e.IsDir():
 			name, _, _ := strings.Cut(n, versionSep)
 			get(name).versions = append(get(name).versions, n)

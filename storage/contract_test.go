@@ -266,8 +266,16 @@ func testStalePointer(t *testing.T, st storage.Storage) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Worker A read e1 and was cut off; worker B took the adapter over and saved twice.
-	e2, err := storage.SwapPointer(ctx, st, "state/r.current", "r@2", e1)
+	// Worker A read e1 and was cut off; worker B claimed the adapter (rewriting the same value:
+	// the ETag must change all the same, S3's being the content's MD5) and saved twice.
+	claim, err := storage.SwapPointer(ctx, st, "state/r.current", "r@1", e1)
+	if err != nil || claim == e1 {
+		t.Fatalf("a claim kept the ETag %q (%v): a stale writer could still swap", e1, err)
+	}
+	if _, err := storage.SwapPointer(ctx, st, "state/r.current", "r@A", e1); !errors.Is(err, storage.ErrPrecondition) {
+		t.Fatalf("a swap on the ETag before a claim: %v, want refused", err)
+	}
+	e2, err := storage.SwapPointer(ctx, st, "state/r.current", "r@2", claim)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package storage
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -36,20 +38,28 @@ func (e *StaleError) Error() string {
 
 func (e *StaleError) Unwrap() error { return ErrPrecondition }
 
-// ReadPointer reads a pointer: its value (trimmed) and ETag. ErrNotFound when there is none.
+// ReadPointer reads a pointer: its value (its first line, trimmed) and ETag. ErrNotFound when
+// there is none.
 func ReadPointer(ctx context.Context, st Storage, key string) (value, etag string, err error) {
 	b, info, err := ReadAll(ctx, st, key, MaxPointerBytes)
 	if err != nil {
 		return "", "", err
 	}
-	return strings.TrimSpace(string(b)), info.ETag, nil
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(first), info.ETag, nil
 }
 
 // SwapPointer replaces the pointer at key with value if its ETag is still expect ("" : only if
-// there is no pointer yet), and returns the new ETag. A pointer changed meanwhile is *StaleError.
+// there is no pointer yet), and returns the new ETag, which differs from expect even when value
+// does not (a claim rewrites the same value). A pointer changed meanwhile is *StaleError.
 func SwapPointer(ctx context.Context, st Storage, key, value, expect string) (string, error) {
 	cond := Cond{IfMatch: expect, IfAbsent: expect == ""}
-	info, err := st.Put(ctx, key, bytes.NewReader([]byte(value+"\n")), cond)
+	// A second line of fresh random bytes: S3's ETag is the content's MD5, so rewriting the same
+	// value (a claim) would otherwise keep the ETag, and a stale writer's condition would hold.
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	body := value + "\nwrite " + hex.EncodeToString(nonce[:]) + "\n"
+	info, err := st.Put(ctx, key, bytes.NewReader([]byte(body)), cond)
 	if errors.Is(err, ErrPrecondition) {
 		return "", &StaleError{Key: key, Expected: expect, Value: value}
 	}

@@ -288,7 +288,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 				eng = e.Fork() // same weights in memory, its own adapters
 			}
 			var c engine.Compute = eng
-			if storage.Local(stor) == "" { // object storage: the engine's files are copied through scratch
+			if stor != nil && storage.Local(stor) == "" { // object storage: the engine's files are copied through scratch
 				sc, err := replica.NewStored(eng, stor, cfg.Data, filepath.Join(cfg.Data, "scratch"))
 				if err != nil {
 					return nil, err

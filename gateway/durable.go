@@ -110,7 +110,9 @@ func (s *Server) writeSavedState(ctx context.Context, runID, fence string, held 
 	name := fmt.Sprintf("%s%s%016x-%s", stateName(runID), versionSep, time.Now().UnixNano(), randomHex(2))
 	dir := filepath.Join(s.stateRoot(), name)
 	vk := versionKey(name)
-	drop := func() { s.logErr("removing an unused state version", storage.DeleteTree(context.WithoutCancel(ctx), s.storage, vk, storage.MaxTreeFiles)) }
+	drop := func() {
+		s.logErr("removing an unused state version", storage.DeleteTree(context.WithoutCancel(ctx), s.storage, vk, storage.MaxTreeFiles))
+	}
 	if err := save(dir); err != nil {
 		drop()
 		return "", err

@@ -286,7 +286,9 @@ func (k runState) Save(ctx context.Context, fence string, fill func(dir string) 
 }
 
 // Claim makes the caller's replica the run's one writer (see claimSavedState).
-func (k runState) Claim(ctx context.Context) (string, error) { return k.s.claimSavedState(ctx, k.run.id) }
+func (k runState) Claim(ctx context.Context) (string, error) {
+	return k.s.claimSavedState(ctx, k.run.id)
+}
 
 func (k runState) BeforeStep(ctx context.Context) error { return k.s.lostGradients(ctx, k.run) }
 

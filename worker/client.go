@@ -24,9 +24,9 @@ type Client struct {
 	// Root, when set, is the gateway's data directory: the directories of load and save calls
 	// (paths under it) are sent as storage keys relative to it, which the worker resolves in
 	// its own storage (its data directory, or object storage), not as the gateway's paths.
-	Root  string
-	info  engine.ModelInfo
-	http  *http.Client
+	Root string
+	info engine.ModelInfo
+	http *http.Client
 
 	effects atomic.Int64 // calls that reached the worker and may have changed training state
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
-	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/store"
 )
 

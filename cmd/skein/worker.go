@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
-	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/worker"
 )
 

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -299,6 +300,28 @@ func TestWorkersShareOnlyTheBucket(t *testing.T) {
 	}
 	if losses[3] >= losses[0] {
 		t.Fatalf("losses %v do not fall: the test would not see a lost step", losses)
+	}
+	// The gateway has no model directory: the tokenizer it serves is the one a worker published.
+	var tok struct {
+		ModelName     string          `json:"model_name"`
+		TokenizerJSON json.RawMessage `json:"tokenizer_json"`
+	}
+	if err := client.New(ts.URL, "tml-bucket").Do(context.Background(), "GET", "models/"+base+"/tokenizer", nil, &tok); err == nil {
+		t.Fatal("a tokenizer was served before any worker published one")
+	}
+	if err := worker.PublishModelFiles(context.Background(), open(), base, modelDir()); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.New(ts.URL, "tml-bucket").Do(context.Background(), "GET", "models/"+base+"/tokenizer", nil, &tok); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(modelDir(), "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served, file any
+	if json.Unmarshal(tok.TokenizerJSON, &served) != nil || json.Unmarshal(want, &file) != nil || fmt.Sprint(served) != fmt.Sprint(file) || tok.ModelName != base {
+		t.Fatalf("served tokenizer of %q differs from the model's tokenizer.json", tok.ModelName)
 	}
 	// No one's disk holds adapter files: only the bucket does.
 	for _, dir := range []string{gwData, aData, bData} {

@@ -125,6 +125,11 @@ func runWorker(args []string) error {
 		if err := ws.UseStorage(st, filepath.Join(*data, "scratch")); err != nil {
 			return fmt.Errorf("--storage: %w", err)
 		}
+		if storage.Local(st) == "" {
+			if err := worker.PublishModelFiles(ctx0, st, *name, e.Dir); err != nil {
+				return fmt.Errorf("--storage: %w", err)
+			}
+		}
 		log.Info("adapters load and save in storage", "storage", st.String())
 	}
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)

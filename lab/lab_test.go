@@ -367,4 +367,3 @@ func hasObjects(dir string) bool {
 	})
 	return found
 }
-

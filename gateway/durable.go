@@ -192,6 +192,10 @@ func syncTree(dir string) error {
 // in an .old-* directory by the older layout's save. Runs at start, before any save; only when
 // this process is the only gateway (another one may be saving right now).
 func (s *Server) tidySavedStates() {
+	if s.objectStorage() {
+		s.tidyStoredStates(context.Background())
+		return
+	}
 	entries, err := os.ReadDir(s.stateRoot())
 	if err != nil {
 		return
@@ -269,9 +273,59 @@ func (s *Server) tidySavedStates() {
 	}
 }
 
+// maxStateObjects bounds the objects under state/ one start-up sweep lists.
+const maxStateObjects = 1 << 20
+
+// tidyStoredStates removes, in object storage, the state versions no pointer names: saves that
+// died before their swap, and those a stale replica wrote and lost (its swap got 412).
+func (s *Server) tidyStoredStates(ctx context.Context) {
+	objs, err := s.storage.List(ctx, "state/", maxStateObjects)
+	if err != nil {
+		s.log.Warn("not tidying adapter state in storage", "err", err)
+		return
+	}
+	current := map[string]bool{} // version names the pointers name
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, pointerSuffix) && strings.Count(o.Key, "/") == 1 {
+			if name, _, err := storage.ReadPointer(ctx, s.storage, o.Key); err == nil {
+				current[name] = true
+			}
+		}
+	}
+	gone := map[string]bool{}
+	for _, o := range objs {
+		rest := strings.TrimPrefix(o.Key, "state/")
+		name, _, isFile := strings.Cut(rest, "/")
+		if !isFile || !strings.Contains(name, versionSep) || current[name] {
+			continue
+		}
+		if !gone[name] {
+			gone[name] = true
+			s.log.Info("removing a state version no pointer names", "version", name)
+		}
+		s.logErr("removing an unused state version", s.storage.Delete(ctx, o.Key))
+	}
+}
+
 // removeSavedState removes every saved version of a run's state, its pointer and a directory
 // of the older layout (for a run that can never run again).
 func (s *Server) removeSavedState(runID string) error {
+	if s.objectStorage() {
+		ctx := context.Background()
+		objs, err := s.storage.List(ctx, "state/"+stateName(runID), maxTreeObjects)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, o := range objs {
+			// state/<run>.current and state/<run>@…/…, not another run's whose id extends this one.
+			rest := strings.TrimPrefix(o.Key, "state/"+stateName(runID))
+			if rest == pointerSuffix || strings.HasPrefix(rest, versionSep) {
+				errs = append(errs, s.storage.Delete(ctx, o.Key))
+			}
+		}
+		return errors.Join(errs...)
+	}
 	base := filepath.Join(s.stateRoot(), stateName(runID))
 	versions, _ := filepath.Glob(base + versionSep + "*")
 	var errs []error

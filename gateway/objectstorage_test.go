@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"archive/tar"
 	"compress/gzip"
+	"errors"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -330,5 +331,57 @@ func TestWorkersShareOnlyTheBucket(t *testing.T) {
 				t.Fatalf("%s/%s holds %d entries", dir, sub, len(entries))
 			}
 		}
+	}
+}
+
+// At start, state versions in the bucket that no pointer names (a save that died before its
+// swap, a stale replica's refused one) are removed; the current one stays and training goes on.
+func TestObjectStorageTidiesOrphanVersions(t *testing.T) {
+	st := storagetest.S3(t)
+	data := t.TempDir()
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() (*httptest.Server, func()) {
+		stored, err := replica.NewStored(e.Fork(), st, data, filepath.Join(data, "scratch"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := replica.New("r0", base, stored, 2)
+		gw, err := gateway.New(gateway.Options{DataDir: data, Storage: st}, rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(gw)
+		return ts, func() { ts.Close(); gw.Close(); rep.Close() }
+	}
+	ts, stop := start()
+	c, tc := newRun(t, ts.URL, "tml-tidy", 4)
+	if s, err := step(t, tc); err != nil || s != 1 {
+		t.Fatalf("step 1: %v %v", s, err)
+	}
+	stop()
+	ctx := context.Background()
+	run := strings.ReplaceAll(tc.ModelID, ":", "_")
+	current, _, err := storage.ReadPointer(ctx, st, "state/"+run+".current")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := "state/" + run + "@00000000000000ff-dead/adapter_config.json"
+	if _, err := st.Put(ctx, orphan, strings.NewReader("{}"), storage.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	ts, stop = start()
+	defer stop()
+	if _, err := st.Head(ctx, orphan); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the orphan version is still there: %v", err)
+	}
+	if _, err := st.Head(ctx, "state/"+current+"/"+engine.AdapterConfigFile); err != nil {
+		t.Fatalf("the current version went: %v", err)
+	}
+	c.BaseURL = ts.URL
+	if s, err := step(t, tc); err != nil || s != 2 {
+		t.Fatalf("step 2 after the restart: %v %v", s, err)
 	}
 }

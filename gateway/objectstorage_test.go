@@ -106,6 +106,31 @@ func TestObjectStorageEndToEnd(t *testing.T) {
 	if len(state) == 0 || state[0] != "state/"+runKey+".current" || !containsSuffix(state, "/"+engine.OptimizerFile) {
 		t.Fatalf("A's state in the bucket: %v", state)
 	}
+	// An ephemeral sampler's snapshot goes to the bucket and samples from there.
+	sf, err := a.SaveWeightsForSampler(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var smp struct {
+		SamplingSessionID string `json:"sampling_session_id"`
+	}
+	if err := sf.Result(ctx, &smp); err != nil || smp.SamplingSessionID == "" {
+		t.Fatalf("ephemeral save: %v %+v", err, smp)
+	}
+	if eph := keys("ephemeral/"); !containsSuffix(eph, "/"+engine.AdapterWeightsFile) {
+		t.Fatalf("ephemeral weights in the bucket: %v", eph)
+	}
+	n, mt, seed := 2, 3, int64(1)
+	sampleFut, err := c.Sample(ctx, api.SampleRequest{SamplingSessionID: smp.SamplingSessionID, NumSamples: &n,
+		Prompt:         api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: []int{3, 14, 15}}}},
+		SamplingParams: api.SamplingParams{MaxTokens: &mt, Seed: &seed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sres api.SampleResponse
+	if err := sampleFut.Result(ctx, &sres); err != nil || len(sres.Sequences) != n {
+		t.Fatalf("sampling the ephemeral weights: %v, %d sequences", err, len(sres.Sequences))
+	}
 	// A checkpoint, loaded back into a new model, gives A's numbers.
 	fut, err := a.SaveState(ctx, "ck1")
 	if err != nil {
@@ -148,7 +173,7 @@ func TestObjectStorageEndToEnd(t *testing.T) {
 		t.Fatalf("archive holds %v", names)
 	}
 	// Nothing of it is on the gateway's disk.
-	for _, dir := range []string{"state", "checkpoints", "ephemeral"} {
+	for _, dir := range []string{"state", "checkpoints", "ephemeral", "scratch"} {
 		if entries, err := os.ReadDir(filepath.Join(data, dir)); err == nil && len(entries) > 0 {
 			t.Fatalf("the data directory's %s holds %d entries with object storage", dir, len(entries))
 		}

@@ -375,6 +375,13 @@ func (s *Server) checkStoreKnowsDisk(ctx context.Context) error {
 	}
 	var found []string
 	for _, dir := range []string{s.stateRoot(), filepath.Join(s.opts.DataDir, "checkpoints")} {
+		if s.objectStorage() {
+			prefix := filepath.Base(dir) + "/"
+			if objs, err := s.storage.List(ctx, prefix, 1); errors.Is(err, storage.ErrTooMany) || len(objs) > 0 {
+				found = append(found, fmt.Sprintf("%s %s", s.storage, prefix))
+			}
+			continue
+		}
 		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 			found = append(found, fmt.Sprintf("%s (%d entries)", dir, len(entries)))
 		}

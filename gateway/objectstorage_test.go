@@ -397,6 +397,10 @@ func TestObjectStorageTidiesOrphanVersions(t *testing.T) {
 	if _, err := st.Put(ctx, orphan, strings.NewReader("{}"), storage.Cond{}); err != nil {
 		t.Fatal(err)
 	}
+	// A new state database over the same bucket is refused: it would forget the run in it.
+	if _, err := gateway.New(gateway.Options{DataDir: t.TempDir(), Storage: st}); err == nil || !strings.Contains(err.Error(), "state/") {
+		t.Fatalf("a gateway with an empty state store over a bucket with state started: %v", err)
+	}
 	ts, stop = start()
 	defer stop()
 	if _, err := st.Head(ctx, orphan); !errors.Is(err, storage.ErrNotFound) {

@@ -337,3 +337,31 @@ func testPresign(t *testing.T, st storage.Storage, backend string) {
 		t.Fatalf("GET with a tampered signature: %d, want 403", resp.StatusCode)
 	}
 }
+
+// A temporary file a killed writer left in the data directory's .tmp is swept once old; a young
+// one (another process may be writing it) stays.
+func TestDirSweepsOldTempFiles(t *testing.T) {
+	d, err := storage.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, young := filepath.Join(d.Root(), ".tmp", "old"), filepath.Join(d.Root(), ".tmp", "young")
+	for _, p := range []string{old, young} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.SweepTemp(time.Now(), time.Hour); n != 1 {
+		t.Fatalf("swept %d files, want 1", n)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Fatalf("the old temp file is still there: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Fatalf("the young temp file went: %v", err)
+	}
+}

@@ -260,6 +260,25 @@ func (d *Dir) PresignGet(ctx context.Context, key string, ttl time.Duration) (st
 	return "", ErrNoPresign
 }
 
+// SweepTemp removes temporary files older than age under ROOT/.tmp (what a writer killed between
+// its write and its rename left) and returns how many it removed. A younger one may still be
+// being written by another process sharing the directory.
+func (d *Dir) SweepTemp(now time.Time, age time.Duration) int {
+	entries, err := os.ReadDir(filepath.Join(d.root, ".tmp"))
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && e.Type().IsRegular() && now.Sub(info.ModTime()) > age {
+			if os.Remove(filepath.Join(d.root, ".tmp", e.Name())) == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // SyncDir makes a directory's entries (renames, creations) durable; a filesystem that cannot
 // sync a directory is not an error.
 func SyncDir(dir string) error {

@@ -148,6 +148,23 @@ func (l *lab) dialer(host string) func(ctx context.Context, network, addr string
 	}
 }
 
+// waitListening waits until addr accepts connections from host.
+func (l *lab) waitListening(host, addr string) {
+	dial := l.dialer(host)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := dial(context.Background(), "tcp", addr)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			l.t.Fatalf("%s does not listen: %v", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func TestLabCutWorkerTrainingGoesOn(t *testing.T) {
 	if os.Getenv("SKEIN_LAB") != "1" {
 		t.Skip("SKEIN_LAB=1 is not set (the network-namespace lab needs root and iproute2; .ci/run sets it when it can create a namespace)")
@@ -174,6 +191,7 @@ func TestLabCutWorkerTrainingGoesOn(t *testing.T) {
 	}
 	l.start("s3", "versitygw", []string{"ROOT_ACCESS_KEY=" + accessKey, "ROOT_SECRET_KEY=" + secretKey}, vgw,
 		"--port", l.hosts["s3"]+":7070", "--quiet", "posix", s3Data)
+	l.waitListening("cl", l.hosts["s3"]+":7070")
 	awsEnv := []string{"AWS_ACCESS_KEY_ID=" + accessKey, "AWS_SECRET_ACCESS_KEY=" + secretKey, "AWS_REGION=us-east-1"}
 	storageFlags := []string{"--storage", "s3://lab/cluster", "--s3-endpoint", "http://" + l.hosts["s3"] + ":7070"}
 
@@ -280,6 +298,18 @@ func TestLabCutWorkerTrainingGoesOn(t *testing.T) {
 	}
 	if !hasObjects(filepath.Join(s3Data, "lab", "cluster", "state")) {
 		t.Fatal("the bucket holds no adapter state")
+	}
+	// The gateway host has no model directory: the tokenizer it serves is the one the workers
+	// published in the bucket (asynchronously: wait for it).
+	var tok struct {
+		ModelName string `json:"model_name"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for c.Do(ctx, "GET", "models/"+modelName+"/tokenizer", nil, &tok) != nil || tok.ModelName != modelName {
+		if time.Now().After(deadline) {
+			t.Fatal("the gateway serves no tokenizer for the workers' model")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

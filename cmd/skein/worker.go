@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -126,9 +127,9 @@ func runWorker(args []string) error {
 			return fmt.Errorf("--storage: %w", err)
 		}
 		if storage.Local(st) == "" {
-			if err := worker.PublishModelFiles(ctx0, st, *name, e.Dir); err != nil {
-				return fmt.Errorf("--storage: %w", err)
-			}
+			// In the background, retried: the bucket may come up after the worker, and the worker
+			// serves training without it (only a gateway's tokenizer endpoint waits for it).
+			go publishModelFiles(ctx0, st, *name, e.Dir, log)
 		}
 		log.Info("adapters load and save in storage", "storage", st.String())
 	}
@@ -140,4 +141,26 @@ func runWorker(args []string) error {
 	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
 	worker.Announce(ctx, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
 	return shutdownOnSignal(ctx, hs, log, c.ShutdownTimeout, func() {})
+}
+
+// publishModelFiles copies the model's tokenizer files into storage, retrying every few seconds
+// for up to ten minutes while the storage cannot be reached.
+func publishModelFiles(ctx context.Context, st storage.Storage, name, dir string, log *slog.Logger) {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		err := worker.PublishModelFiles(ctx, st, name, dir)
+		if err == nil {
+			log.Info("published the model's tokenizer files", "storage", st.String(), "model", name)
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			log.Error("could not publish the model's tokenizer files; a gateway without the model cannot serve its tokenizer", "err", err)
+			return
+		}
+		log.Warn("publishing the model's tokenizer files failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
+		}
+	}
 }

@@ -203,6 +203,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return fmt.Errorf("--storage: %w", err)
 	}
+	log.Info("adapters, checkpoints and sampler weights are stored in", "storage", stor.String())
 	reps, err := loadReplicas(cfg, models, stor, log)
 	if err != nil {
 		return err

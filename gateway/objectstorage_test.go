@@ -3,9 +3,9 @@ package gateway_test
 import (
 	"archive/tar"
 	"compress/gzip"
-	"errors"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"

@@ -36,12 +36,27 @@ func (s *Server) archiveCheckpoint(w http.ResponseWriter, r *http.Request, tenan
 	if err != nil {
 		return nil, err
 	}
-	expires := time.Now().Add(15 * time.Minute).UTC()
+	expires := time.Now().Add(ArchiveURLLifetime).UTC()
+	var url string
+	if s.objectStorage() && format == "" {
+		// The object store serves the bytes: a presigned GET of the archive object, for the
+		// same 15 minutes, and no gateway in the download's path. A GGUF is converted by the
+		// gateway, so it keeps the gateway's signed link below.
+		if url, err = s.presignedArchive(r.Context(), m); err != nil {
+			return nil, err
+		}
+		if strings.Contains(r.Header.Get("Accept"), "application/json") {
+			return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
+		}
+		w.Header().Set("Location", url)
+		writeJSON(w, http.StatusFound, api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)})
+		return nil, nil
+	}
 	public, err := s.publicBase(r)
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID, Format: format}, expires))
+	url = fmt.Sprintf("%s%sarchives/%s", public, v1, s.signArchive(archiveClaim{Path: m.Path, Generation: m.Generation, KeyID: callerOf(r).keyID, Format: format}, expires))
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		return api.ArchiveURLResponse{URL: url, Expires: expires.Format(time.RFC3339)}, nil
 	}
@@ -69,7 +84,7 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 	}
 	s.writeWithin(w, ArchiveWriteTimeout) // a big checkpoint takes longer than an answer
 	if c.Format == formatGGUF {
-		return s.downloadGGUF(w, m)
+		return s.downloadGGUF(w, r, m)
 	}
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".tar.gz"))

@@ -5,7 +5,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"os"
 	"sort"
 	"time"
 
@@ -134,7 +133,7 @@ func (s *Server) removeCheckpoint(m *ckptMeta) {
 	del := rowWrite{what: "checkpoint", ver: &m.ver, n: m.ver.bump(), put: func(ctx context.Context) error { return s.st.DeleteCheckpoint(ctx, m.Path) }}
 	s.ckpts.mu.Unlock()
 	s.persist(del)
-	os.RemoveAll(m.parsed.Dir(s.opts.DataDir))
+	s.logErr("removing a deleted checkpoint's files", s.removeTree(s.ckptDir(m)))
 	s.dropSamplerCopies(m.Path)
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage"
 )
 
 // An adapter's saved state lives in versioned directories under DATA/state, with a pointer file
@@ -41,60 +44,104 @@ func (s *Server) stateRoot() string { return filepath.Join(s.opts.DataDir, "stat
 
 func stateName(runID string) string { return strings.ReplaceAll(runID, ":", "_") }
 
-// savedState finds where a run's latest state is: the version the pointer names, else a
-// directory of the older layout; "" when it has none. A pointer naming a missing directory is
-// an error, not a reason to start over.
+// pointerKey is the storage key of a run's state pointer; versionKey that of one version.
+func pointerKey(runID string) string { return "state/" + stateName(runID) + pointerSuffix }
+
+func versionKey(name string) string { return "state/" + name }
+
+// localStorage is the data directory when the storage is it (files in place), else "".
+func (s *Server) localStorage() string { return storage.Local(s.storage) }
+
+// savedState finds where a run's latest state is: the version the pointer names, else (local
+// storage only) a directory of the older layout; "" when it has none. A pointer naming a
+// missing version is an error, not a reason to start over.
 func (s *Server) savedState(runID string) (string, error) {
-	base := filepath.Join(s.stateRoot(), stateName(runID))
-	if b, err := os.ReadFile(base + pointerSuffix); err == nil {
-		name := strings.TrimSpace(string(b))
-		dir := filepath.Join(s.stateRoot(), name)
-		if !strings.HasPrefix(name, stateName(runID)+versionSep) || strings.ContainsAny(name, `/\`) {
-			return "", fmt.Errorf("%w: %s names %q", errStateLost, base+pointerSuffix, name)
+	ctx := context.Background()
+	pk := pointerKey(runID)
+	name, _, err := storage.ReadPointer(ctx, s.storage, pk)
+	switch {
+	case err == nil:
+		if !strings.HasPrefix(name, stateName(runID)+versionSep) || storage.CheckKey(versionKey(name)) != nil {
+			return "", fmt.Errorf("%w: %s names %q", errStateLost, pk, name)
 		}
-		if _, err := os.Stat(dir); err != nil {
-			return "", fmt.Errorf("%w: %s names %s: %v", errStateLost, base+pointerSuffix, dir, err)
+		dir := filepath.Join(s.stateRoot(), name)
+		if s.localStorage() != "" {
+			if _, err := os.Stat(dir); err != nil {
+				return "", fmt.Errorf("%w: %s names %s: %v", errStateLost, pk, dir, err)
+			}
+		} else if _, err := s.storage.Head(ctx, versionKey(name)+"/"+gradientsFile); err != nil {
+			// gradients.json is written into every version, before its pointer: one without it is gone.
+			return "", fmt.Errorf("%w: %s names %s: %v", errStateLost, pk, versionKey(name), err)
 		}
 		return dir, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("reading %s: %w", base+pointerSuffix, err)
+	case !errors.Is(err, storage.ErrNotFound):
+		return "", fmt.Errorf("reading %s: %w", pk, err)
 	}
-	if _, err := os.Stat(base); err == nil {
-		return base, nil
+	if s.localStorage() != "" {
+		base := filepath.Join(s.stateRoot(), stateName(runID))
+		if _, err := os.Stat(base); err == nil {
+			return base, nil
+		}
 	}
 	return "", nil
 }
 
-// writeSavedState saves a run's state as a new version (write into dir by save, then the
-// gradients list, sync) and makes it current; the previous version is removed afterwards.
-func (s *Server) writeSavedState(runID string, held []string, save func(dir string) error) error {
-	prev, _ := s.savedState(runID)
-	if err := os.MkdirAll(s.stateRoot(), 0o755); err != nil {
-		return err
+// claimSavedState makes the caller the run's one writer: the pointer is rewritten, unchanged,
+// with a write conditional on the ETag just read, and the new ETag is the caller's fence. ""
+// when the run has no pointer yet (its first save then requires that none appeared).
+func (s *Server) claimSavedState(ctx context.Context, runID string) (string, error) {
+	pk := pointerKey(runID)
+	name, etag, err := storage.ReadPointer(ctx, s.storage, pk)
+	if errors.Is(err, storage.ErrNotFound) {
+		return "", nil
 	}
-	base := filepath.Join(s.stateRoot(), stateName(runID))
-	dir := fmt.Sprintf("%s%s%016x-%s", base, versionSep, time.Now().UnixNano(), randomHex(2))
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", pk, err)
+	}
+	return storage.SwapPointer(ctx, s.storage, pk, name, etag)
+}
+
+// writeSavedState saves a run's state as a new version (write into dir by save, then the
+// gradients list, sync) and makes it current by swapping the pointer if it is still at fence;
+// the previous version is removed afterwards. A pointer another writer moved is a
+// *storage.StaleError, and this version is removed unread.
+func (s *Server) writeSavedState(ctx context.Context, runID, fence string, held []string, save func(dir string) error) (string, error) {
+	prev, _ := s.savedState(runID)
+	name := fmt.Sprintf("%s%s%016x-%s", stateName(runID), versionSep, time.Now().UnixNano(), randomHex(2))
+	dir := filepath.Join(s.stateRoot(), name)
+	vk := versionKey(name)
+	drop := func() {
+		s.logErr("removing an unused state version", storage.DeleteTree(context.WithoutCancel(ctx), s.storage, vk, storage.MaxTreeFiles))
+	}
 	if err := save(dir); err != nil {
-		os.RemoveAll(dir)
-		return err
+		drop()
+		return "", err
 	}
 	b, _ := json.Marshal(gradientsRecord{ForwardBackwards: held})
-	if err := os.WriteFile(filepath.Join(dir, gradientsFile), b, 0o644); err != nil {
-		os.RemoveAll(dir)
-		return err
+	if _, err := s.storage.Put(ctx, vk+"/"+gradientsFile, bytes.NewReader(b), storage.Cond{}); err != nil {
+		drop()
+		return "", err
 	}
-	if err := syncTree(dir); err != nil {
-		os.RemoveAll(dir)
-		return fmt.Errorf("syncing %s: %w", dir, err)
+	if s.localStorage() != "" {
+		// The engine wrote the files in place without syncing them: sync before the pointer names them.
+		if err := syncTree(dir); err != nil {
+			drop()
+			return "", fmt.Errorf("syncing %s: %w", dir, err)
+		}
 	}
-	if err := replaceFile(base+pointerSuffix, []byte(filepath.Base(dir)+"\n")); err != nil {
-		os.RemoveAll(dir)
-		return err
+	next, err := storage.SwapPointer(ctx, s.storage, pointerKey(runID), name, fence)
+	if err != nil {
+		drop()
+		return "", err
 	}
 	if prev != "" && prev != dir {
-		os.RemoveAll(prev)
+		if pk, err := replica.KeyOf(s.opts.DataDir, prev); err == nil && pk != "state/"+stateName(runID) {
+			s.logErr("removing a replaced state version", storage.DeleteTree(ctx, s.storage, pk, storage.MaxTreeFiles))
+		} else {
+			os.RemoveAll(prev) // the older layout's directory (local storage only)
+		}
 	}
-	return nil
+	return next, nil
 }
 
 // gradientsRecord is gradients.json: which forward_backward requests (future ids) the saved
@@ -104,39 +151,18 @@ type gradientsRecord struct {
 	ForwardBackwards []string `json:"forward_backwards"`
 }
 
-func readGradientsRecord(dir string) []string {
-	b, err := os.ReadFile(filepath.Join(dir, gradientsFile))
+func (s *Server) readGradientsRecord(dir string) []string {
+	key, err := replica.KeyOf(s.opts.DataDir, dir)
+	if err != nil {
+		return nil
+	}
+	b, _, err := storage.ReadAll(context.Background(), s.storage, key+"/"+gradientsFile, 64<<20)
 	if err != nil {
 		return nil
 	}
 	var r gradientsRecord
 	_ = json.Unmarshal(b, &r)
 	return r.ForwardBackwards
-}
-
-// replaceFile writes path atomically and durably: a temporary file, synced, renamed over path,
-// then the directory synced.
-func replaceFile(path string, b []byte) error {
-	tmp := path + ".tmp-" + randomHex(4)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return checkpoint.SyncDir(filepath.Dir(path))
 }
 
 // syncTree syncs the files of dir and dir itself, so a pointer never names data still in flight.
@@ -166,6 +192,10 @@ func syncTree(dir string) error {
 // in an .old-* directory by the older layout's save. Runs at start, before any save; only when
 // this process is the only gateway (another one may be saving right now).
 func (s *Server) tidySavedStates() {
+	if s.objectStorage() {
+		s.tidyStoredStates(context.Background())
+		return
+	}
 	entries, err := os.ReadDir(s.stateRoot())
 	if err != nil {
 		return
@@ -191,7 +221,8 @@ func (s *Server) tidySavedStates() {
 			s.removeLeftover(filepath.Join(root, n))
 		case strings.HasSuffix(n, pointerSuffix):
 			b, _ := os.ReadFile(filepath.Join(root, n))
-			get(strings.TrimSuffix(n, pointerSuffix)).pointer = strings.TrimSpace(string(b))
+			first, _, _ := strings.Cut(string(b), "\n") // the version; a second line is the write's nonce (storage.SwapPointer)
+			get(strings.TrimSuffix(n, pointerSuffix)).pointer = strings.TrimSpace(first)
 		case strings.Contains(n, versionSep) && e.IsDir():
 			name, _, _ := strings.Cut(n, versionSep)
 			get(name).versions = append(get(name).versions, n)
@@ -242,9 +273,59 @@ func (s *Server) tidySavedStates() {
 	}
 }
 
+// maxStateObjects bounds the objects under state/ one start-up sweep lists.
+const maxStateObjects = 1 << 20
+
+// tidyStoredStates removes, in object storage, the state versions no pointer names: saves that
+// died before their swap, and those a stale replica wrote and lost (its swap got 412).
+func (s *Server) tidyStoredStates(ctx context.Context) {
+	objs, err := s.storage.List(ctx, "state/", maxStateObjects)
+	if err != nil {
+		s.log.Warn("not tidying adapter state in storage", "err", err)
+		return
+	}
+	current := map[string]bool{} // version names the pointers name
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, pointerSuffix) && strings.Count(o.Key, "/") == 1 {
+			if name, _, err := storage.ReadPointer(ctx, s.storage, o.Key); err == nil {
+				current[name] = true
+			}
+		}
+	}
+	gone := map[string]bool{}
+	for _, o := range objs {
+		rest := strings.TrimPrefix(o.Key, "state/")
+		name, _, isFile := strings.Cut(rest, "/")
+		if !isFile || !strings.Contains(name, versionSep) || current[name] {
+			continue
+		}
+		if !gone[name] {
+			gone[name] = true
+			s.log.Info("removing a state version no pointer names", "version", name)
+		}
+		s.logErr("removing an unused state version", s.storage.Delete(ctx, o.Key))
+	}
+}
+
 // removeSavedState removes every saved version of a run's state, its pointer and a directory
 // of the older layout (for a run that can never run again).
 func (s *Server) removeSavedState(runID string) error {
+	if s.objectStorage() {
+		ctx := context.Background()
+		objs, err := s.storage.List(ctx, "state/"+stateName(runID), maxTreeObjects)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, o := range objs {
+			// state/<run>.current and state/<run>@…/…, not another run's whose id extends this one.
+			rest := strings.TrimPrefix(o.Key, "state/"+stateName(runID))
+			if rest == pointerSuffix || strings.HasPrefix(rest, versionSep) {
+				errs = append(errs, s.storage.Delete(ctx, o.Key))
+			}
+		}
+		return errors.Join(errs...)
+	}
 	base := filepath.Join(s.stateRoot(), stateName(runID))
 	versions, _ := filepath.Glob(base + versionSep + "*")
 	var errs []error
@@ -294,6 +375,13 @@ func (s *Server) checkStoreKnowsDisk(ctx context.Context) error {
 	}
 	var found []string
 	for _, dir := range []string{s.stateRoot(), filepath.Join(s.opts.DataDir, "checkpoints")} {
+		if s.objectStorage() {
+			prefix := filepath.Base(dir) + "/"
+			if objs, err := s.storage.List(ctx, prefix, 1); errors.Is(err, storage.ErrTooMany) || len(objs) > 0 {
+				found = append(found, fmt.Sprintf("%s %s", s.storage, prefix))
+			}
+			continue
+		}
 		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 			found = append(found, fmt.Sprintf("%s (%d entries)", dir, len(entries)))
 		}

@@ -125,7 +125,8 @@ func currentState(t *testing.T, data, runID string) string {
 	t.Helper()
 	name := strings.ReplaceAll(runID, ":", "_")
 	if b, err := os.ReadFile(filepath.Join(data, "state", name+".current")); err == nil {
-		return filepath.Join(data, "state", strings.TrimSpace(string(b)))
+		first, _, _ := strings.Cut(string(b), "\n") // the version; then the write's nonce
+		return filepath.Join(data, "state", strings.TrimSpace(first))
 	}
 	return filepath.Join(data, "state", name)
 }

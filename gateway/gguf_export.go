@@ -6,6 +6,7 @@ package gateway
 
 import (
 	"fmt"
+	"os"
 	"net/http"
 	"strings"
 
@@ -55,7 +56,7 @@ func (s *Server) baseConfig(base string) (*engine.Config, error) {
 
 // downloadGGUF writes a checkpoint as a GGUF adapter. The adapter is read and checked before the
 // answer starts, so a checkpoint that does not fit the base gets a clear error, not a cut file.
-func (s *Server) downloadGGUF(w http.ResponseWriter, m *ckptMeta) (any, error) {
+func (s *Server) downloadGGUF(w http.ResponseWriter, r *http.Request, m *ckptMeta) (any, error) {
 	cfg, err := s.baseConfig(m.BaseModel)
 	if err != nil {
 		return nil, err
@@ -71,7 +72,18 @@ func (s *Server) downloadGGUF(w http.ResponseWriter, m *ckptMeta) (any, error) {
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".gguf"))
 		w.WriteHeader(http.StatusOK)
 	}}
-	if err := engine.WriteAdapterGGUF(m.parsed.Dir(s.opts.DataDir), cfg, hw); err != nil {
+	dir := m.parsed.Dir(s.opts.DataDir)
+	if s.objectStorage() {
+		// The checkpoint lives in the bucket: its files are copied to a scratch directory
+		// for the conversion, and removed after it.
+		tmp, err := s.fetchCheckpoint(r.Context(), m)
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	if err := engine.WriteAdapterGGUF(dir, cfg, hw); err != nil {
 		if !hw.started {
 			return nil, errf(http.StatusUnprocessableEntity, "checkpoint %s as GGUF: %v", m.Path, err)
 		}

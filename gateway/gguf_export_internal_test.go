@@ -36,7 +36,7 @@ func TestGGUFExportsAreBounded(t *testing.T) {
 		}
 	}()
 	rec := httptest.NewRecorder()
-	_, err = s.downloadGGUF(rec, &ckptMeta{BaseModel: "tiny", Path: "tinker://x/weights/y"})
+	_, err = s.downloadGGUF(rec, httptest.NewRequest("GET", "/", nil), &ckptMeta{BaseModel: "tiny", Path: "tinker://x/weights/y"})
 	var he *httpError
 	if !errors.As(err, &he) || he.status != http.StatusTooManyRequests {
 		t.Fatalf("with every export slot taken: %v", err)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/skein-ai/skein/storage"
 )
 
 // What would otherwise grow forever is swept: sessions closed long ago (with their training runs
@@ -52,6 +54,11 @@ func (s *Server) sweepLeftovers(now time.Time) {
 
 // sweepTempDirs removes stale temporary directories under the state and checkpoint trees.
 func (s *Server) sweepTempDirs(now time.Time) {
+	if d, ok := s.storage.(*storage.Dir); ok {
+		if n := d.SweepTemp(now, staleTempAge); n > 0 {
+			s.log.Info("removed temporary files left by interrupted writes", "count", n, "dir", filepath.Join(d.Root(), ".tmp"))
+		}
+	}
 	for _, root := range []string{filepath.Join(s.opts.DataDir, "state"), filepath.Join(s.opts.DataDir, "checkpoints")} {
 		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || !d.IsDir() || !isTempDir(root, d.Name()) {

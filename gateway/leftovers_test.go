@@ -104,6 +104,7 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 	}
 	oldSess, recentSess := newSession(), newSession()
 	now := time.Now()
+	ctx0 := context.Background()
 	// Two dead runs of the old session (one with a checkpoint), one of the recent session.
 	s.sessions.mu.Lock()
 	s.runs.mu.Lock()
@@ -116,7 +117,7 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 		if err := s.runSnapshot(run).store(); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.writeSavedState(id, nil, func(dir string) error { return os.MkdirAll(dir, 0o755) }); err != nil {
+		if _, err := s.writeSavedState(ctx0, id, "", nil, func(dir string) error { return os.MkdirAll(dir, 0o755) }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -18,7 +18,7 @@ func (s *Server) newSampler(tenant, sessionID, base, modelPath, key string) (*sa
 			return nil, err
 		}
 		smp.baseModel = m.BaseModel
-		smp.dir = m.parsed.Dir(s.opts.DataDir)
+		smp.dir = s.ckptDir(m)
 		smp.engineID = checkpointEngineID(m)
 	} else {
 		if base == "" {

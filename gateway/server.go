@@ -29,6 +29,7 @@ import (
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
 	"github.com/skein-ai/skein/router/pipeline"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -42,6 +43,9 @@ type Options struct {
 	Logger         *slog.Logger
 	// Store holds durable state; nil opens SQLite at DataDir/state.db.
 	Store store.Store
+	// Storage holds adapter state (and, on the local backend, checkpoints and sampler weights);
+	// nil is the data directory itself (storage.Dir at DataDir).
+	Storage storage.Storage
 	// QueueTimeout bounds how long an op waits for a LoRA slot (default 10 min).
 	QueueTimeout time.Duration
 	// Weights of the router's scorers (zero: defaults).
@@ -131,6 +135,7 @@ type Server struct {
 	mux      *http.ServeMux
 	st       store.Store
 	ownsSt   bool
+	storage  storage.Storage
 
 	// One registry, with its own lock, per resource (see registry.go for the lock order).
 	sessions  *registry[session]
@@ -208,12 +213,19 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if err := checkOptions(&opts); err != nil {
 		return nil, err
 	}
+	if opts.Storage == nil {
+		d, err := storage.NewDir(opts.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		opts.Storage = d
+	}
 	st, owns, err := openStore(opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, decodeSlots: make(chan struct{}, opts.ImageDecoders), models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
-		st: st, ownsSt: owns,
+		st: st, ownsSt: owns, storage: opts.Storage,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
 		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),

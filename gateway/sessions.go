@@ -5,7 +5,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -134,7 +133,7 @@ func (s *Server) removeEphemeral(gone []*sampler) {
 		if smp.rep != nil {
 			smp.rep.DropCopies(func(id string) bool { return id == smp.engineID })
 		}
-		s.logErr("removing an expired session's ephemeral weights", os.RemoveAll(smp.dir))
+		s.logErr("removing an expired session's ephemeral weights", s.removeTree(smp.dir))
 	}
 }
 

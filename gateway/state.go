@@ -253,7 +253,7 @@ var _ replica.StateKeeper = runState{}
 func (k runState) Saved() (string, error) { return k.s.savedState(k.run.id) }
 
 func (k runState) Restored(dir string) {
-	held := readGradientsRecord(dir)
+	held := k.s.readGradientsRecord(dir)
 	k.s.runs.mu.Lock()
 	k.run.grads.held = held
 	k.s.runs.mu.Unlock()
@@ -276,13 +276,18 @@ func (k runState) Fresh() error {
 
 // Save writes the adapter's full state (weights, optimizer, step, pending gradients and which
 // forward_backwards they hold) as its new current state, atomically (see durable.go).
-func (k runState) Save(fill func(dir string) error) error {
+func (k runState) Save(ctx context.Context, fence string, fill func(dir string) error) (string, error) {
 	start := time.Now()
 	defer func() { k.s.metrics.persisted(time.Since(start)) }()
 	k.s.runs.mu.Lock()
 	held := slices.Clone(k.run.grads.held)
 	k.s.runs.mu.Unlock()
-	return k.s.writeSavedState(k.run.id, held, fill)
+	return k.s.writeSavedState(ctx, k.run.id, fence, held, fill)
+}
+
+// Claim makes the caller's replica the run's one writer (see claimSavedState).
+func (k runState) Claim(ctx context.Context) (string, error) {
+	return k.s.claimSavedState(ctx, k.run.id)
 }
 
 func (k runState) BeforeStep(ctx context.Context) error { return k.s.lostGradients(ctx, k.run) }

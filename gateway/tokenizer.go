@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"sync"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/storage"
+	"github.com/skein-ai/skein/worker"
 )
 
 // The tokenizer files a client may read, and nothing else: the name never comes from the request.
@@ -60,10 +63,21 @@ func (s *Server) modelTokenizer(w http.ResponseWriter, r *http.Request, _ string
 			break
 		}
 	}
+	read := func(file string) ([]byte, error) { return readTokenizerFile(dir, file) }
+	cacheKey := dir
 	if dir == "" {
-		return nil, errf(http.StatusNotFound, "base model %q is served by remote workers only; this gateway holds no tokenizer for it", name)
+		if !s.objectStorage() {
+			return nil, errf(http.StatusNotFound, "base model %q is served by remote workers only; this gateway holds no tokenizer for it", name)
+		}
+		// Workers on object storage publish their model's tokenizer files (ModelFilesKey).
+		prefix, err := worker.ModelFilesKey(name)
+		if err != nil {
+			return nil, errf(http.StatusNotFound, "base model %q: %v", name, err)
+		}
+		read = func(file string) ([]byte, error) { return s.readStoredTokenizerFile(r.Context(), prefix, file) }
+		cacheKey = "storage:" + s.storage.String()
 	}
-	body, err := servedTokenizers.get(name, dir)
+	body, err := servedTokenizers.get(name, cacheKey, read)
 	if errors.Is(err, errNoTokenizerFile) {
 		return nil, errf(http.StatusNotFound, "base model %q has no %s", name, tokenizerFile)
 	}
@@ -76,18 +90,18 @@ func (s *Server) modelTokenizer(w http.ResponseWriter, r *http.Request, _ string
 	return nil, nil
 }
 
-func (c *tokenizerCache) get(name, dir string) ([]byte, error) {
+func (c *tokenizerCache) get(name, dir string, read func(file string) ([]byte, error)) ([]byte, error) {
 	key := name + "\x00" + dir
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if b, ok := c.byDir[key]; ok {
 		return b, nil
 	}
-	tok, err := readTokenizerFile(dir, tokenizerFile)
+	tok, err := read(tokenizerFile)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := readTokenizerFile(dir, tokenizerConfigFile)
+	cfg, err := read(tokenizerConfigFile)
 	if errors.Is(err, errNoTokenizerFile) {
 		cfg, err = []byte("null"), nil
 	}
@@ -143,6 +157,22 @@ func readTokenizerFile(dir, file string) ([]byte, error) {
 	}
 	if len(b) > maxTokenizerFile {
 		return nil, fmt.Errorf("%s grew over %d bytes", file, maxTokenizerFile)
+	}
+	if !json.Valid(b) {
+		return nil, fmt.Errorf("%s is not valid JSON", file)
+	}
+	return bytes.TrimSpace(b), nil
+}
+
+// readStoredTokenizerFile reads one tokenizer file a worker published in object storage, with
+// the checks of readTokenizerFile (bounded, JSON).
+func (s *Server) readStoredTokenizerFile(ctx context.Context, prefix, file string) ([]byte, error) {
+	b, _, err := storage.ReadAll(ctx, s.storage, prefix+"/"+file, maxTokenizerFile)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, errNoTokenizerFile
+	}
+	if err != nil {
+		return nil, err
 	}
 	if !json.Valid(b) {
 		return nil, fmt.Errorf("%s is not valid JSON", file)

@@ -27,7 +27,7 @@ func (s *Server) currentWeights(tenant string, smp *sampler) (*sampler, error) {
 	id := checkpointEngineID(m)
 	s.ckpts.mu.Unlock()
 	cur := *smp
-	cur.engineID, cur.dir = id, m.parsed.Dir(s.opts.DataDir)
+	cur.engineID, cur.dir = id, s.ckptDir(m)
 	return &cur, nil
 }
 

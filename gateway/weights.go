@@ -62,24 +62,34 @@ func (s *Server) checkNewCheckpoint(p checkpoint.Path, overwrite bool, ttl *int6
 // writeCheckpoint saves an adapter's state under the data directory and records it.
 func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a replica.Adapter, run *trainingRun, p checkpoint.Path, withOptimizer bool, ttl *int64) error {
 	start := time.Now()
-	dir := p.Dir(s.opts.DataDir)
+	gen := randomHex(8)
+	meta := &ckptMeta{Path: p.String(), Owner: run.tenant, BaseModel: run.baseModel, Generation: gen, Lora: run.lora, parsed: p}
+	var previous string // object storage: the generation this one replaces, removed once the row names the new one
+	if old := s.ckpts.get(p.String()); old != nil && s.objectStorage() {
+		previous = s.ckptDir(old)
+	}
+	dir := s.ckptDir(meta)
 	tmp := dir + checkpoint.PartialMark + randomHex(4)
+	if s.objectStorage() {
+		tmp = dir // a fresh generation's prefix: nothing to replace, nothing to rename
+	}
 	if err := rep.SaveTo(ctx, a, tmp, withOptimizer); err != nil {
-		os.RemoveAll(tmp)
+		s.removeTree(tmp)
 		return err
 	}
-	if err := s.checkQuota(run.tenant, p, fileSize(tmp)); err != nil {
-		os.RemoveAll(tmp)
+	if err := s.checkQuota(run.tenant, p, s.treeSize(tmp)); err != nil {
+		s.removeTree(tmp)
 		return err
 	}
-	// An overwrite moves the acknowledged checkpoint aside rather than removing it first, so a
-	// crash at any point leaves it or the new one (recovered at start: recoverCheckpoints).
-	if err := checkpoint.Replace(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
-		return err
+	if !s.objectStorage() {
+		// An overwrite moves the acknowledged checkpoint aside rather than removing it first, so
+		// a crash at any point leaves it or the new one (recovered at start: recoverCheckpoints).
+		if err := checkpoint.Replace(tmp, dir); err != nil {
+			os.RemoveAll(tmp)
+			return err
+		}
 	}
-	meta := &ckptMeta{Path: p.String(), Owner: run.tenant, BaseModel: run.baseModel, Created: time.Now().UTC(),
-		Size: fileSize(dir), Lora: run.lora, Generation: randomHex(8), parsed: p}
+	meta.Created, meta.Size = time.Now().UTC(), s.treeSize(dir)
 	if ttl != nil {
 		t := meta.Created.Add(time.Duration(*ttl) * time.Second)
 		meta.ExpiresAt = &t
@@ -88,6 +98,9 @@ func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a re
 		return err
 	}
 	s.ckpts.add(meta.Path, meta)
+	if previous != "" && previous != dir {
+		s.logErr("removing an overwritten checkpoint's files", s.removeTree(previous))
+	}
 	s.updateRun(run, func(run *trainingRun) {
 		if p.Kind == checkpoint.KindWeights {
 			run.lastCkpt = meta.Path
@@ -160,7 +173,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		// The replica loads it, tells the run its new config and step, and saves it as the
 		// run's current state.
-		if _, _, err := rep.LoadFrom(ctx, a, meta.parsed.Dir(s.opts.DataDir), req.Optimizer); err != nil {
+		if _, _, err := rep.LoadFrom(ctx, a, s.ckptDir(meta), req.Optimizer); err != nil {
 			return nil, err
 		}
 		s.audit(tenant, "checkpoint.load", run.id, meta.Path, "")

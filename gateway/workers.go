@@ -98,6 +98,7 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 		return nil, errf(http.StatusConflict, "worker %q is registered and alive; a worker of that id may register once it has missed its heartbeats", reg.ID)
 	}
 	cl := worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info)
+	cl.Root = s.opts.DataDir // directories go to the worker as storage keys
 	// A worker that re-registers (this gateway restarted, or declared it dead) may still hold
 	// adapters the router no longer counts: drop them, so its slots match the router's view.
 	// Their state is on disk as of their last step; they reload on their next request.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/storage"
 )
 
 // Adapter names a training adapter for an op: what it is, whose turn it takes, and who keeps its
@@ -35,8 +36,16 @@ type StateKeeper interface {
 	// Fresh is asked before an adapter with no saved state is created from its seed: an error
 	// (it has stepped, so starting over would lose its training) stops that.
 	Fresh() error
-	// Save makes a new current state, atomically: fill writes the adapter into dir.
-	Save(fill func(dir string) error) error
+	// Claim is called once the adapter is resident here (reloaded or created): it makes this
+	// replica the adapter's one writer and returns the fence its saves carry (the ETag of the
+	// state pointer after rewriting it; "" while there is no pointer). A replica that held the
+	// adapter before, cut off and still running, then has an old fence: its saves are refused.
+	Claim(ctx context.Context) (fence string, err error)
+	// Save makes a new current state, atomically, if the state pointer is still at fence: fill
+	// writes the adapter into a new version's dir, then the pointer is swapped to it with a
+	// conditional write. It returns the new fence; a pointer moved on by another writer is a
+	// *storage.StaleError and the state stays the other writer's.
+	Save(ctx context.Context, fence string, fill func(dir string) error) (string, error)
 	// BeforeStep is asked, with the adapter resident, whether an optimizer step may run (the
 	// gateway checks that no acknowledged gradients were lost).
 	BeforeStep(ctx context.Context) error
@@ -100,7 +109,12 @@ func (r *Replica) onAdapter(ctx context.Context, a Adapter, fn func(ctx context.
 // created from its seed (PEFT init is deterministic). Runs on the worker.
 func (r *Replica) ensure(ctx context.Context, a Adapter) error {
 	if r.compute.HasAdapter(ctx, a.ID) {
-		return nil
+		if _, claimed := r.fence(a.ID); claimed || a.State == nil {
+			return nil
+		}
+		// Resident but never claimed through this replica (a worker that kept it across its
+		// gateway's restart): its saved state may be newer. Reload it.
+		r.compute.DeleteAdapter(ctx, a.ID)
 	}
 	if a.State == nil {
 		return fmt.Errorf("adapter %s has no owner", a.ID)
@@ -115,18 +129,65 @@ func (r *Replica) ensure(ctx context.Context, a Adapter) error {
 			return err
 		}
 		a.State.Restored(dir)
-		return nil
+	} else {
+		if err := a.State.Fresh(); err != nil {
+			return err
+		}
+		if err := r.compute.CreateLora(ctx, a.ID, a.Lora); err != nil {
+			return err
+		}
 	}
-	if err := a.State.Fresh(); err != nil {
-		return err
+	fence, err := a.State.Claim(ctx)
+	if err != nil {
+		r.compute.DeleteAdapter(ctx, a.ID) // not ours to train: another replica claimed it meanwhile
+		return fmt.Errorf("claiming the adapter's state: %w", err)
 	}
-	return r.compute.CreateLora(ctx, a.ID, a.Lora)
+	r.setFence(a.ID, fence)
+	return nil
 }
 
 // persist saves the adapter's full state (weights, optimizer, step, pending gradients) as its new
-// current state. Runs on the worker.
+// current state, fenced by this replica's claim. Runs on the worker.
 func (r *Replica) persist(ctx context.Context, a Adapter) error {
-	return a.State.Save(func(dir string) error { return r.compute.SaveAdapter(ctx, a.ID, dir, true) })
+	fence, _ := r.fence(a.ID)
+	next, err := a.State.Save(ctx, fence, func(dir string) error { return r.compute.SaveAdapter(ctx, a.ID, dir, true) })
+	var stale *storage.StaleError
+	if errors.As(err, &stale) {
+		// Another replica owns the adapter now (this one was cut off, and its op outlived
+		// that): its state must win. Drop the copy here so nothing trains on it again.
+		r.log().Warn("a save of an adapter whose state another replica has claimed was refused (412)",
+			"run", a.ID, "replica", r.id, "pointer", stale.Key, "fence", stale.Expected)
+		r.compute.DeleteAdapter(ctx, a.ID)
+		r.dropFence(a.ID)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	r.setFence(a.ID, next)
+	return nil
+}
+
+func (r *Replica) fence(id string) (string, bool) {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	f, ok := r.fences[id]
+	return f, ok
+}
+
+func (r *Replica) setFence(id, fence string) {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	if r.fences == nil {
+		r.fences = map[string]string{}
+	}
+	r.fences[id] = fence
+}
+
+func (r *Replica) dropFence(id string) {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	delete(r.fences, id)
 }
 
 // PlacementLane is the lane placements and evictions wait in: their own, so that moving an
@@ -166,6 +227,7 @@ func (r *Replica) evict(ctx context.Context, a Adapter) error {
 		}
 	}
 	r.compute.DeleteAdapter(ctx, a.ID)
+	r.dropFence(a.ID)
 	return nil
 }
 

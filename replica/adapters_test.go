@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/storage"
 )
 
 // fakeCompute is a compute that keeps adapters as names and a step count, logs every call in
@@ -151,6 +152,7 @@ func (r remoteFake) Effects() int64 {
 type keeper struct {
 	f          *fakeCompute
 	saved      string
+	fence      string
 	step       int
 	beforeStep error
 }
@@ -165,13 +167,18 @@ func (k *keeper) Fresh() error {
 	}
 	return nil
 }
-func (k *keeper) Save(fill func(string) error) error {
+func (k *keeper) Claim(context.Context) (string, error) { return k.fence, nil }
+func (k *keeper) Save(_ context.Context, fence string, fill func(string) error) (string, error) {
 	k.note("keeper save")
+	if fence != k.fence {
+		return "", &storage.StaleError{Key: "state/ptr", Expected: fence}
+	}
 	if err := fill("state/v2"); err != nil {
-		return err
+		return "", err
 	}
 	k.saved = "state/v2"
-	return nil
+	k.fence += "+"
+	return k.fence, nil
 }
 func (k *keeper) BeforeStep(context.Context) error { k.note("before step"); return k.beforeStep }
 func (k *keeper) Stepped(step int)                 { k.note(fmt.Sprintf("stepped %d", step)); k.step = step }

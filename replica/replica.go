@@ -67,6 +67,10 @@ type Replica struct {
 
 	sampling samplingState
 	copies   copyLRU
+
+	// fences: each resident training adapter's claim on its saved state (StateKeeper.Claim).
+	fenceMu sync.Mutex
+	fences  map[string]string
 }
 
 // maxQueued bounds the ops queued on one replica, all lanes together; Run waits past it.

@@ -14,14 +14,19 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
 )
 
 // Client is engine.Compute over HTTP to a worker.
 type Client struct {
 	URL   string
 	Token string
-	info  engine.ModelInfo
-	http  *http.Client
+	// Root, when set, is the gateway's data directory: the directories of load and save calls
+	// (paths under it) are sent as storage keys relative to it, which the worker resolves in
+	// its own storage (its data directory, or object storage), not as the gateway's paths.
+	Root string
+	info engine.ModelInfo
+	http *http.Client
 
 	effects atomic.Int64 // calls that reached the worker and may have changed training state
 }
@@ -141,8 +146,26 @@ func (c *Client) CreateLora(ctx context.Context, id string, cfg engine.LoraConfi
 
 // LoadSnapshot loads saved weights on the worker as a read-only sampler snapshot.
 func (c *Client) LoadSnapshot(ctx context.Context, id, dir string) error {
-	_, err := c.do(ctx, "load_snapshot", callRequest{ID: id, Dir: dir})
+	q, err := c.dirCall(callRequest{ID: id}, dir)
+	if err != nil {
+		return err
+	}
+	_, err = c.do(ctx, "load_snapshot", q)
 	return err
+}
+
+// dirCall fills a call's directory: its key under Root, or its path when Root is unset.
+func (c *Client) dirCall(q callRequest, dir string) (callRequest, error) {
+	if c.Root == "" {
+		q.Dir = dir
+		return q, nil
+	}
+	key, err := replica.KeyOf(c.Root, dir)
+	if err != nil {
+		return q, err
+	}
+	q.Key = key
+	return q, nil
 }
 
 // TrainingAdapterIDs lists the worker's adapters that take a LoRA slot.
@@ -155,12 +178,20 @@ func (c *Client) TrainingAdapterIDs(ctx context.Context) []string {
 }
 
 func (c *Client) LoadAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
-	_, err := c.do(ctx, "load", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
+	q, err := c.dirCall(callRequest{ID: id, WithOptimizer: withOptimizer}, dir)
+	if err != nil {
+		return err
+	}
+	_, err = c.do(ctx, "load", q)
 	return err
 }
 
 func (c *Client) SaveAdapter(ctx context.Context, id, dir string, withOptimizer bool) error {
-	_, err := c.do(ctx, "save", callRequest{ID: id, Dir: dir, WithOptimizer: withOptimizer})
+	q, err := c.dirCall(callRequest{ID: id, WithOptimizer: withOptimizer}, dir)
+	if err != nil {
+		return err
+	}
+	_, err = c.do(ctx, "save", q)
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/storage"
 )
 
 // fakeEngine records what reaches the engine and answers the smallest valid results.
@@ -235,5 +236,45 @@ func TestEffectsCountDeliveredCalls(t *testing.T) {
 	c = NewClient(dies.URL, "tok", (&fakeEngine{}).Info())
 	if _, err := c.OptimStep(context.Background(), "a", engine.AdamParams{}); !errors.Is(err, ErrLost) || c.Effects() != 1 {
 		t.Fatalf("call to a worker that died mid-call: %v, effects %d", err, c.Effects())
+	}
+}
+
+// A call's storage key is checked before it names anything: no key climbs out of the data
+// directory (or the bucket's prefix), names a hidden file, or follows a link out, whatever the
+// peer sends; the engine sees none of them. Valid keys land inside the data directory.
+func TestKeysStayInsideTheDataDir(t *testing.T) {
+	root := t.TempDir()
+	data := filepath.Join(root, "data")
+	outside := filepath.Join(root, "outside")
+	for _, d := range []string{data, outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, filepath.Join(data, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeEngine{}
+	ts := httptest.NewServer(NewServer(f, "tok", data))
+	defer ts.Close()
+	c := NewClient(ts.URL, "tok", f.Info())
+	for _, key := range []string{"../outside", "state/../../outside", "/etc/passwd", ".tmp/x", "state/.lock", "escape/x", "a//b", "a\\..\\b", "state/%2e%2e"} {
+		if _, err := c.do(context.Background(), "save", callRequest{ID: "a", Key: key, WithOptimizer: true}); err == nil || !strings.Contains(err.Error(), "outside the worker's data directory") {
+			t.Errorf("save to key %q: %v", key, err)
+		}
+	}
+	if len(f.saves) != 0 {
+		t.Fatalf("the engine saw %v", f.saves)
+	}
+	// The gateway's side: a path outside its data directory never becomes a key.
+	c.Root = data
+	if err := c.SaveAdapter(context.Background(), "a", outside, true); !errors.Is(err, storage.ErrBadKey) {
+		t.Fatalf("save of a path outside the gateway's data directory: %v", err)
+	}
+	if err := c.SaveAdapter(context.Background(), "a", filepath.Join(data, "state", "run@1"), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.saves) != 1 || f.saves[0] != filepath.Join(data, "state", "run@1") {
+		t.Fatalf("saves %v", f.saves)
 	}
 }

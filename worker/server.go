@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage"
 )
 
 // Server exposes a local engine to a gateway. Calls run one at a time: the gateway already sends
@@ -26,6 +28,7 @@ type Server struct {
 	e        engine.Compute
 	token    string
 	dataDir  string // load and save directories must lie inside it
+	stored   bool   // s.e copies adapters from and to object storage (UseStorage)
 	mu       sync.Mutex
 	inflight atomic.Int64
 }
@@ -41,6 +44,37 @@ func (s *Server) Status(maxLoras int) Heartbeat {
 // the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
 func NewServer(e engine.Compute, token, dataDir string) *Server {
 	return &Server{e: e, token: token, dataDir: dataDir}
+}
+
+// UseStorage makes the worker load and save adapters in st (object storage) rather than in its
+// data directory: a call's key names the objects, copied through scratch, so the worker needs no
+// directory shared with its gateway. Call before serving.
+func (s *Server) UseStorage(st storage.Storage, scratch string) error {
+	if storage.Local(st) != "" {
+		return nil // a local directory: keys are paths in the data directory, as without it
+	}
+	c, err := replica.NewStored(s.e, st, s.dataDir, scratch)
+	if err != nil {
+		return err
+	}
+	s.e, s.stored = c, true
+	return nil
+}
+
+// dirOf is the directory a load or save call names: its key under the data directory (checked:
+// no key climbs out of it), or its path, which must lie inside the data directory.
+func (s *Server) dirOf(q callRequest) (string, error) {
+	if q.Key == "" {
+		return inside(s.dataDir, q.Dir)
+	}
+	if err := storage.CheckKey(q.Key); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrOutsideDataDir, err)
+	}
+	dir := filepath.Join(s.dataDir, filepath.FromSlash(q.Key))
+	if s.stored {
+		return dir, nil // an object key: nothing on this disk to follow links in
+	}
+	return inside(s.dataDir, dir)
 }
 
 // maxCallBytes bounds one call's body: a gateway's request (64 MiB by default) re-encoded as JSON.
@@ -124,17 +158,17 @@ func (s *Server) call(ctx context.Context, method string, q callRequest) (callRe
 		err = s.e.CreateLora(ctx, q.ID, *q.Lora)
 	case "load":
 		var dir string
-		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+		if dir, err = s.dirOf(q); err == nil {
 			err = s.e.LoadAdapter(ctx, q.ID, dir, q.WithOptimizer)
 		}
 	case "load_snapshot":
 		var dir string
-		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+		if dir, err = s.dirOf(q); err == nil {
 			err = s.e.LoadSnapshot(ctx, q.ID, dir)
 		}
 	case "save":
 		var dir string
-		if dir, err = inside(s.dataDir, q.Dir); err == nil {
+		if dir, err = s.dirOf(q); err == nil {
 			err = s.e.SaveAdapter(ctx, q.ID, dir, q.WithOptimizer)
 		}
 	case "delete":

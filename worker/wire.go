@@ -43,6 +43,7 @@ type Heartbeat struct {
 type callRequest struct {
 	ID            string                 `json:"id,omitempty"`
 	Dir           string                 `json:"dir,omitempty"`
+	Key           string                 `json:"key,omitempty"` // the directory as a storage key (relative to the data directory); wins over Dir
 	WithOptimizer bool                   `json:"with_optimizer,omitempty"`
 	Lora          *engine.LoraConfig     `json:"lora,omitempty"`
 	Data          []engine.Datum         `json:"data,omitempty"`

@@ -159,7 +159,7 @@ func TestHuggingFaceCacheModelsAreNamedAsOnTheHub(t *testing.T) {
 	if dir, name, err := resolveModel(plain); err != nil || dir != plain || name != filepath.Base(plain) {
 		t.Errorf("plain dir: %s %q %v", dir, name, err)
 	}
-	reps, err := loadReplicas(&serveConfig{Models: []string{entry}, Replicas: 1, MaxLoras: 1, StepMemoryMB: 64}, []string{entry}, slog.New(slog.DiscardHandler))
+	reps, err := loadReplicas(&serveConfig{Models: []string{entry}, Replicas: 1, MaxLoras: 1, StepMemoryMB: 64}, []string{entry}, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/store"
 )
 
@@ -206,7 +207,12 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	reps, err := loadReplicas(cfg, models, log)
+	stor, err := storage.Open(context.Background(), cfg.Storage, cfg.Data, cfg.S3Endpoint)
+	if err != nil {
+		return fmt.Errorf("--storage: %w", err)
+	}
+	log.Info("adapters, checkpoints and sampler weights are stored in", "storage", stor.String())
+	reps, err := loadReplicas(cfg, models, stor, log)
 	if err != nil {
 		return err
 	}
@@ -219,7 +225,7 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st,
+	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st, Storage: stor,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
 		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
 		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies}), reps...)
@@ -268,7 +274,7 @@ func servedModels(cfg *serveConfig, gatewayOnly bool, log *slog.Logger) ([]strin
 }
 
 // loadReplicas loads each model once and serves it by --replicas replicas sharing its weights.
-func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*replica.Replica, error) {
+func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *slog.Logger) ([]*replica.Replica, error) {
 	var reps []*replica.Replica
 	seen := map[string]bool{}
 	for i, dir := range models {
@@ -290,7 +296,15 @@ func loadReplicas(cfg *serveConfig, models []string, log *slog.Logger) ([]*repli
 			if k > 0 {
 				eng = e.Fork() // same weights in memory, its own adapters
 			}
-			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, eng, cfg.MaxLoras))
+			var c engine.Compute = eng
+			if stor != nil && storage.Local(stor) == "" { // object storage: the engine's files are copied through scratch
+				sc, err := replica.NewStored(eng, stor, cfg.Data, filepath.Join(cfg.Data, "scratch"))
+				if err != nil {
+					return nil, err
+				}
+				c = sc
+			}
+			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras))
 		}
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", cfg.Replicas,
 			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))

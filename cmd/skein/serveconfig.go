@@ -34,6 +34,7 @@ type serveConfig struct {
 	RouterWeights        string
 	Config               string
 	WorkerToken, State   string
+	Storage, S3Endpoint  string
 	Auth, PublicURL      string
 	Record               string
 	ImageDir             string
@@ -65,6 +66,8 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "shared secret of workers (register, heartbeat, calls)")
 	fs.StringVar(&c.State, "state", "", "state store: empty for SQLite in the data directory, or a postgres:// URL shared by several gateways")
+	fs.StringVar(&c.Storage, "storage", "", "where adapter state, checkpoints and sampler weights live: empty for the data directory, or s3://bucket/prefix (credentials from the AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance roles)")
+	fs.StringVar(&c.S3Endpoint, "s3-endpoint", "", "address of an S3-compatible server for --storage s3://… (MinIO, versitygw, Ceph): http(s)://host:port; empty: AWS (or AWS_ENDPOINT_URL_S3)")
 	fs.StringVar(&c.Auth, "auth", "", "open (any key is a tenant; loopback only, the default there) or keys (keys from 'skein keys create')")
 	fs.StringVar(&c.PublicURL, "public-url", "", "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
 	fs.StringVar(&c.Record, "record", "", "append every request and response to this JSONL file (for replay tests)")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/engine/imageproc"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/worker"
 )
 
@@ -29,6 +31,7 @@ type workerConfig struct {
 	Precision, Addr        string
 	WorkerToken, Data      string
 	Config, ImageDir       string
+	Storage, S3Endpoint    string
 	ShutdownTimeout        time.Duration
 	Log                    logConfig
 }
@@ -45,7 +48,9 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0 or q4_k (projections in GGUF Q8_0 or Q4_K blocks, about a quarter or an eighth of f32; LoRA, norms and gradients in f32)")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
-	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway: checkpoint loads and saves stay inside it")
+	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway (without --storage): checkpoint loads and saves stay inside it; with --storage s3://…, scratch space for copies")
+	fs.StringVar(&c.Storage, "storage", "", "the gateway's --storage: empty for the data directory shared with it, or s3://bucket/prefix (then nothing is shared but the bucket)")
+	fs.StringVar(&c.S3Endpoint, "s3-endpoint", "", "address of an S3-compatible server for --storage s3://…: http(s)://host:port")
 	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
 	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long calls in flight may finish before their connections are closed")
@@ -111,7 +116,23 @@ func runWorker(args []string) error {
 	}
 	*name = served
 	url := "http://" + ln.Addr().String()
+	ctx0 := context.Background()
 	ws := worker.NewServer(e, *token, *data)
+	if c.Storage != "" {
+		st, err := storage.Open(ctx0, c.Storage, *data, c.S3Endpoint)
+		if err != nil {
+			return fmt.Errorf("--storage: %w", err)
+		}
+		if err := ws.UseStorage(st, filepath.Join(*data, "scratch")); err != nil {
+			return fmt.Errorf("--storage: %w", err)
+		}
+		if storage.Local(st) == "" {
+			// In the background, retried: the bucket may come up after the worker, and the worker
+			// serves training without it (only a gateway's tokenizer endpoint waits for it).
+			go publishModelFiles(ctx0, st, *name, e.Dir, log)
+		}
+		log.Info("adapters load and save in storage", "storage", st.String())
+	}
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -120,4 +141,26 @@ func runWorker(args []string) error {
 	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
 	worker.Announce(ctx, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
 	return shutdownOnSignal(ctx, hs, log, c.ShutdownTimeout, func() {})
+}
+
+// publishModelFiles copies the model's tokenizer files into storage, retrying every few seconds
+// for up to ten minutes while the storage cannot be reached.
+func publishModelFiles(ctx context.Context, st storage.Storage, name, dir string, log *slog.Logger) {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		err := worker.PublishModelFiles(ctx, st, name, dir)
+		if err == nil {
+			log.Info("published the model's tokenizer files", "storage", st.String(), "model", name)
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			log.Error("could not publish the model's tokenizer files; a gateway without the model cannot serve its tokenizer", "err", err)
+			return
+		}
+		log.Warn("publishing the model's tokenizer files failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
+		}
+	}
 }

@@ -6,8 +6,8 @@ package gateway
 
 import (
 	"fmt"
-	"os"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/skein-ai/skein/engine"

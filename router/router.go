@@ -559,3 +559,34 @@ func (r *Router) Adapters() map[string][]string {
 	}
 	return out
 }
+
+// Errors of Adopt.
+var (
+	ErrPlaced          = errors.New("the adapter is placed already")
+	ErrUnknownEndpoint = errors.New("no such endpoint")
+	ErrNoSlot          = errors.New("the endpoint has no free LoRA slot")
+)
+
+// Adopt records that an endpoint already holds an adapter (a worker that kept it across a
+// gateway restart), without loading it: its next op goes there. The adapter starts idle (it
+// may be evicted like any other). It fails if the adapter is placed (anywhere), the endpoint is
+// unknown, or the endpoint's slots are all taken.
+func (r *Router) Adopt(adapter, endpointID string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.placed[adapter] != nil || r.evicting[adapter] != nil {
+		return fmt.Errorf("adopting %s: %w", adapter, ErrPlaced)
+	}
+	es := r.endpoints[endpointID]
+	if es == nil {
+		return fmt.Errorf("adopting %s on %s: %w", adapter, endpointID, ErrUnknownEndpoint)
+	}
+	if es.held >= es.ep.MaxLoras() {
+		return fmt.Errorf("adopting %s on %s: %w", adapter, endpointID, ErrNoSlot)
+	}
+	r.placed[adapter] = &placement{ep: es, lastUsed: r.tick()}
+	es.held++
+	es.idle++
+	r.broadcast()
+	return nil
+}

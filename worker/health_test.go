@@ -178,3 +178,39 @@ func TestAdapterStatesTrackUnsteppedGradients(t *testing.T) {
 		t.Fatal("after a failed forward_backward: reported clean")
 	}
 }
+
+// A discovered worker's describe, status and adapter_states answers are checked like a
+// registration and a heartbeat: out-of-range or missing fields are errors, not a replica.
+func TestHostileDiscoveryAnswersAreErrors(t *testing.T) {
+	info := `{"config":{"vocab_size":8,"max_position_embeddings":16}}`
+	calls := map[string]func(c *Client) error{
+		"describe":       func(c *Client) error { _, err := c.Describe(context.Background(), "w"); return err },
+		"status":         func(c *Client) error { _, err := c.Status(context.Background()); return err },
+		"adapter_states": func(c *Client) error { _, err := c.AdapterStates(context.Background()); return err },
+	}
+	cases := []struct {
+		call, body string
+		ok         bool
+	}{
+		{"describe", `{"describe":{"base_model":"m","max_loras":2,"info":` + info + `}}`, true},
+		{"describe", `{}`, false},
+		{"describe", `{"describe":{"base_model":"","max_loras":2,"info":` + info + `}}`, false},
+		{"describe", `{"describe":{"base_model":"m","max_loras":99999999,"info":` + info + `}}`, false},
+		{"describe", `{"describe":{"base_model":"m","max_loras":2,"info":{}}}`, false},
+		{"status", `{"status":{"adapters":[],"free_slots":2,"queue_depth":0}}`, true},
+		{"status", `{}`, false},
+		{"status", `{"status":{"queue_depth":-1}}`, false},
+		{"adapter_states", `{"states":[{"id":"a","step":3,"clean":true}]}`, true},
+		{"adapter_states", `{"states":[{"id":"a","step":-1}]}`, false},
+		{"adapter_states", `{"states":[{"id":"","step":1}]}`, false},
+		{"adapter_states", `{"states":[{"id":"a","step":1},{"id":"a","step":1}]}`, false},
+	}
+	for _, tc := range cases {
+		ts := answering(tc.body)
+		err := calls[tc.call](NewClient(ts.URL, "tok", engine.ModelInfo{}))
+		ts.Close()
+		if (err == nil) != tc.ok {
+			t.Errorf("%s answered %s: err %v, want ok=%v", tc.call, tc.body, err, tc.ok)
+		}
+	}
+}

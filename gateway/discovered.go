@@ -7,8 +7,8 @@ package gateway
 // liveness check a registered worker's heartbeat is: a worker silent for WorkerTimeout is
 // dropped by the same reaper, and joins again when it answers. A member the source reports not
 // ready (failing its readiness probe, terminating), or whose status says it is draining, is
-// unhealthy to the router: nothing new is placed there, and its adapters move on their next
-// request (their state saved at every step). A member the source deletes is removed.
+// unhealthy to the router: nothing new is placed there, its idle adapters are saved in full and
+// moved at once (router.Drain), and busy ones move on their next request. A member the source deletes is removed.
 
 import (
 	"context"
@@ -158,12 +158,26 @@ func (s *Server) checkDiscovered(ctx context.Context, cl *worker.Client, mine *w
 		return
 	}
 	s.modelsMu.Lock()
+	leaving := false
 	if mine.rep != nil {
 		hb.ID = mine.rep.ID()
 		mine.lastSeen, mine.reported = time.Now(), hb
-		mine.rep.SetHealthy(ready && !hb.Draining)
+		healthy := ready && !hb.Draining
+		leaving = !healthy && mine.rep.Healthy()
+		mine.rep.SetHealthy(healthy)
 	}
 	s.modelsMu.Unlock()
+	if leaving {
+		go s.drainReplica(mine.rep.ID())
+	}
+}
+
+// drainReplica moves a leaving worker's idle adapters away now, each saved in full (its
+// unstepped gradients too) while the worker still answers; busy ones move after their op.
+func (s *Server) drainReplica(id string) {
+	if n := s.router.Drain(context.Background(), id); n > 0 {
+		s.log.Info("drained a leaving worker's adapters", "id", id, "adapters", n)
+	}
 }
 
 // stillMine reports whether a joined worker's registration is still the one in s.workers.

@@ -98,14 +98,17 @@ func TestDiscoveredWorkersJoinDrainAndLeave(t *testing.T) {
 	src.upsert("pod-b", wb.URL, true)
 	waitUntil(t, "pod-b to join", func() bool { return strings.Contains(replicaIDs(t, ts.URL), idB) })
 
-	// pod-a fails its readiness probe: the run's next step moves to pod-b (reloaded from its
-	// saved state), and pod-a stays a member.
+	// pod-a fails its readiness probe while the run holds gradients no optim_step consumed: the
+	// drain saves the adapter in full and moves it, so the step on pod-b applies them (it would
+	// report them lost had the adapter reloaded from its last step), and pod-a stays a member.
+	mustForwardBackward(t, tc, false)
 	src.upsert("pod-a", wa.URL, false)
-	waitUntil(t, "pod-a to be drained", func() bool {
-		return strings.Contains(replicaIDs(t, ts.URL), `"healthy":false`)
+	waitUntil(t, "pod-a to be drained of its adapter", func() bool {
+		body := replicaIDs(t, ts.URL)
+		return strings.Contains(body, `"healthy":false`) && !strings.Contains(body, tc.ModelID)
 	})
-	if s, err := step(t, tc); err != nil || s != 2 {
-		t.Fatalf("step after pod-a drained: %v %v", s, err)
+	if m, err := optimStep(t, tc); err != nil || m["step:max"] != 2 {
+		t.Fatalf("step after pod-a drained: %v %v", m, err)
 	}
 	if !strings.Contains(replicaIDs(t, ts.URL), idA) {
 		t.Fatal("a draining worker was removed; it should stay until the source deletes it")

@@ -235,8 +235,9 @@ func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ strin
 	}
 	hb.Secret = ""
 	ws.lastSeen, ws.reported = time.Now(), hb
-	if hb.Draining { // SIGTERM: nothing new goes there (a worker never undrains)
+	if hb.Draining && ws.rep.Healthy() { // SIGTERM: nothing new goes there (a worker never undrains)
 		ws.rep.SetHealthy(false)
+		go s.drainReplica(ws.rep.ID())
 	}
 	return api.OKResponse{OK: true}, nil
 }

@@ -590,3 +590,55 @@ func (r *Router) Adopt(adapter, endpointID string) error {
 	r.broadcast()
 	return nil
 }
+
+// Drain saves and removes, through the Evict hook, every idle adapter placed on an endpoint that
+// is leaving (unhealthy but still a member), so each moves with its full state, accumulated
+// gradients included, rather than from its last step's state once the endpoint is gone. Adapters
+// with ops running are left to finish; their next request moves them. It stops at the first
+// failed eviction (that adapter stays placed) and reports how many it evicted.
+func (r *Router) Drain(ctx context.Context, endpointID string) int {
+	n := 0
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		es := r.endpoints[endpointID]
+		victim, vp := "", (*placement)(nil)
+		if es != nil {
+			for a, p := range r.placed {
+				if p.ep == es && p.active == 0 && p.loading == nil {
+					victim, vp = a, p
+					break
+				}
+			}
+		}
+		if victim == "" || r.hooks.Evict == nil {
+			r.mu.Unlock()
+			return n
+		}
+		// As an eviction to make room: requests for it wait, then place it afresh.
+		delete(r.placed, victim)
+		r.evicting[victim] = make(chan struct{})
+		vp.active++
+		es.ops++
+		es.idle--
+		r.mu.Unlock()
+		err := r.hooks.Evict(ctx, victim, es.ep)
+		r.mu.Lock()
+		es.held--
+		vp.active--
+		es.ops--
+		if err != nil && r.endpoints[endpointID] == es {
+			r.placed[victim] = vp
+			es.held++
+			es.idle++
+		}
+		close(r.evicting[victim])
+		delete(r.evicting, victim)
+		r.broadcast()
+		r.mu.Unlock()
+		if err != nil {
+			return n
+		}
+		n++
+	}
+	return n
+}

@@ -275,7 +275,7 @@ func TestWorkerTokenSurvivesUpgrades(t *testing.T) {
 		t.Fatal("the token Secret is not kept when the release is deleted")
 	}
 	// With an existing Secret named, the chart makes none.
-	o := render(t, map[string]any{"workerToken": map[string]any{"existingSecret": "mine"}})
+	o := render(t, map[string]any{"workerToken": map[string]any{"existingSecret": "mine"}, "storage": map[string]any{"url": "s3://bkt/p"}})
 	if len(o.secrets) != 0 {
 		t.Fatalf("%d token Secrets rendered with workerToken.existingSecret set", len(o.secrets))
 	}
@@ -311,11 +311,44 @@ func TestLintStrict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, vals := range []map[string]any{nil, twoPools} {
+	shared := map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}}
+	for _, vals := range []map[string]any{shared, twoPools} {
 		l := lint.AllWithKubeVersion(ChartDir, vals, "ml", kv)
 		for _, m := range l.Messages {
 			if m.Severity >= support.WarningSev {
 				t.Errorf("lint: %s", m)
+			}
+		}
+	}
+}
+
+// The gateway and its workers share their data: object storage, or one ReadWriteMany claim
+// mounted at /data in every pod; with neither the chart refuses to render, saying why.
+func TestDataIsSharedOrTheChartRefuses(t *testing.T) {
+	if _, _, err := Render(nil, nil); err == nil || !strings.Contains(err.Error(), "sharedData.existingClaim") {
+		t.Fatalf("neither storage nor a shared claim: %v", err)
+	}
+	o := render(t, map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}})
+	for name, d := range o.deployments {
+		var claim string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == "data" && v.PersistentVolumeClaim != nil {
+				claim = v.PersistentVolumeClaim.ClaimName
+			}
+		}
+		mounted := false
+		for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+			mounted = mounted || (m.Name == "data" && m.MountPath == "/data" && !m.ReadOnly)
+		}
+		if claim != "skein-data" || !mounted {
+			t.Errorf("%s: data volume claim %q, mounted at /data %v", name, claim, mounted)
+		}
+	}
+	// With object storage the pods' /data is their own scratch space.
+	for name, d := range render(t, twoPools).deployments {
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == "data" && v.EmptyDir == nil {
+				t.Errorf("%s: data volume %+v with storage.url set", name, v)
 			}
 		}
 	}

@@ -55,3 +55,19 @@ seccompProfile:
   value: {{ .Values.storage.endpoint | quote }}
 {{- end }}
 {{- end -}}
+
+{{- define "skein.dataVolume" -}}
+- name: data
+{{- if .Values.sharedData.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.sharedData.existingClaim }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}
+
+{{- define "skein.checkShared" -}}
+{{- if and (not .Values.storage.url) (not .Values.sharedData.existingClaim) -}}
+{{- fail "set storage.url (s3://bucket/prefix) or sharedData.existingClaim (a ReadWriteMany claim): the gateway and its workers must share checkpoints and adapter state" -}}
+{{- end -}}
+{{- end -}}

@@ -307,4 +307,6 @@ type WorkerReported struct {
 	Adapters   int `json:"adapters"`
 	FreeSlots  int `json:"free_slots"`
 	QueueDepth int `json:"queue_depth"`
+	// Draining: the worker is leaving (SIGTERM); nothing new is placed on it.
+	Draining bool `json:"draining,omitempty"`
 }

@@ -323,7 +323,7 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request, _ string) 
 			AdaptersHeld: u.Held, IdleAdapters: u.Idle, Adapters: adapters, QueueDepth: depth,
 			Queue: api.ReplicaQueue{OnReplica: onReplica, Routed: u.Ops, RunQueues: backlog[ep.ID()], SamplingBatched: sampling}}
 		if hb, ok := s.reported(ep.ID()); ok {
-			row.WorkerReported = &api.WorkerReported{Adapters: len(hb.Adapters), FreeSlots: hb.FreeSlots, QueueDepth: hb.QueueDepth}
+			row.WorkerReported = &api.WorkerReported{Adapters: len(hb.Adapters), FreeSlots: hb.FreeSlots, QueueDepth: hb.QueueDepth, Draining: hb.Draining}
 		}
 		rows = append(rows, row)
 	}

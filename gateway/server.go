@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/skein-ai/skein/discovery"
 	"io"
 	"log/slog"
 	"net/http"
@@ -68,6 +69,10 @@ type Options struct {
 	AcceptWorkers bool
 	// WorkerTimeout: a worker silent for this long is removed (default 3 s).
 	WorkerTimeout time.Duration
+	// Discovery, if set, finds workers (discovery/static, dns, kubernetes) instead of, or beside,
+	// their registrations: the gateway describes each one it is told of (with WorkerToken), checks
+	// its status every second, and drains it while it is not ready.
+	Discovery discovery.Discovery
 	// MaxRunQueueOps and MaxRunQueueBytes bound what one training run may hold queued: requests
 	// buffered ahead of the next seq_id or waiting their turn, and their request-body bytes
 	// (defaults 1024 and 128 MiB; negative: unbounded). Past them a request gets 429.
@@ -243,6 +248,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	s.routes()
 	s.warnWithoutAdminKey()
 	go s.sweeper()
+	if opts.Discovery != nil {
+		s.startDiscovery(opts.Discovery)
+	}
 	if l, ok := st.(store.FutureListener); ok {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { <-s.stop; cancel() }()

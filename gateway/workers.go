@@ -22,6 +22,8 @@ type workerState struct {
 	addr     string           // the worker's URL, as workerAddr normalises it
 	lastSeen time.Time
 	reported worker.Heartbeat // the worker's own last report, shown by the admin API
+	// discovered: found by Options.Discovery and checked by the gateway; it sends no heartbeats.
+	discovered bool
 }
 
 // workerTimeout: a worker that misses three one-second heartbeats is dead.
@@ -31,6 +33,9 @@ const workerTimeout = 3 * time.Second
 func checkWorkerOptions(opts *Options) error {
 	if opts.AcceptWorkers && opts.WorkerToken == "" {
 		return errors.New("gateway: accepting workers needs a worker token")
+	}
+	if opts.Discovery != nil && opts.WorkerToken == "" {
+		return errors.New("gateway: discovering workers needs a worker token (discovered workers are called with it)")
 	}
 	if opts.WorkerTimeout == 0 {
 		opts.WorkerTimeout = workerTimeout
@@ -97,13 +102,23 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	if live {
 		return nil, errf(http.StatusConflict, "worker %q is registered and alive; a worker of that id may register once it has missed its heartbeats", reg.ID)
 	}
-	cl := worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info)
+	s.joinWorker(worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info), reg, mine)
+	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
+}
+
+// joinWorker makes a reserved worker (mine, in s.workers) a replica the router routes to. A
+// worker that joins again (this gateway restarted, or declared it dead) may hold adapters: the
+// ones it can keep (adoptable) are placed there as they are, without a reload; the rest are
+// dropped, so its slots match the router's view (their state is on disk as of their last step;
+// they reload on their next request).
+func (s *Server) joinWorker(cl *worker.Client, reg worker.Registration, mine *workerState) {
 	cl.Root = s.opts.DataDir // directories go to the worker as storage keys
-	// A worker that re-registers (this gateway restarted, or declared it dead) may still hold
-	// adapters the router no longer counts: drop them, so its slots match the router's view.
-	// Their state is on disk as of their last step; they reload on their next request.
-	for _, id := range cl.AdapterIDs(context.Background()) {
-		cl.DeleteAdapter(context.Background(), id)
+	ctx := context.Background()
+	keep := s.adoptable(ctx, cl, reg)
+	for _, id := range cl.AdapterIDs(ctx) {
+		if !keep[id] {
+			cl.DeleteAdapter(ctx, id)
+		}
 	}
 	rep := replica.New(reg.ID, reg.BaseModel, cl, reg.MaxLoras)
 	s.workersMu.Lock()
@@ -112,8 +127,60 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	s.modelsMu.Unlock()
 	s.addReplica(rep)
 	s.workersMu.Unlock()
-	s.log.Info("worker registered", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras())
-	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
+	adopted := 0
+	for id := range keep {
+		if err := s.router.Adopt(id, rep.ID()); err != nil {
+			// Placed elsewhere meanwhile (a request came first): this copy is stale now.
+			s.log.Warn("not adopting an adapter", "run", id, "replica", rep.ID(), "err", err)
+			cl.DeleteAdapter(ctx, id)
+			continue
+		}
+		adopted++
+		s.logErr("placement", s.st.PutPlacement(ctx, id, rep.ID()))
+	}
+	s.log.Info("worker joined", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras(), "adopted_adapters", adopted)
+}
+
+// adoptable lists the training adapters a joining worker holds that can stay there as they
+// are: the run is live here, of that base model, not placed elsewhere (by this router, or by
+// another gateway's record in a shared store), at the step the run's state records, with no
+// gradients the worker accumulated since that step (clean) and none the run's ledger expects.
+// Anything else is dropped and reloads from its saved state: a stale copy must never serve.
+func (s *Server) adoptable(ctx context.Context, cl *worker.Client, reg worker.Registration) map[string]bool {
+	keep := map[string]bool{}
+	states, err := cl.AdapterStates(ctx)
+	if err != nil {
+		// A worker of an older version, or a failure: adopt nothing (the old behaviour).
+		s.log.Info("worker's adapter states unavailable: adopting none", "id", reg.ID, "err", err)
+		return keep
+	}
+	var placed map[string]string
+	if s.shared() {
+		if placed, err = s.st.Placements(ctx); err != nil {
+			s.logErr("placements", err)
+			return keep
+		}
+	}
+	for _, st := range states {
+		run := s.runs.get(st.ID)
+		if run == nil || len(keep) >= reg.MaxLoras {
+			continue
+		}
+		if _, elsewhere := s.router.Where(st.ID); elsewhere {
+			continue
+		}
+		if p, ok := placed[st.ID]; ok && p != reg.ID {
+			continue
+		}
+		s.runs.mu.Lock()
+		ok := run.ready && run.baseModel == reg.BaseModel && run.step == st.Step && st.Clean &&
+			len(run.grads.pending) == 0 && !run.grads.untracked
+		s.runs.mu.Unlock()
+		if ok {
+			keep[st.ID] = true
+		}
+	}
+	return keep
 }
 
 // workerLive reports whether a registration is being set up or heartbeating; modelsMu held.
@@ -169,6 +236,10 @@ func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ strin
 	}
 	hb.Secret = ""
 	ws.lastSeen, ws.reported = time.Now(), hb
+	if hb.Draining && ws.rep.Healthy() { // SIGTERM: nothing new goes there (a worker never undrains)
+		ws.rep.SetHealthy(false)
+		go s.drainReplica(ws.rep.ID())
+	}
 	return api.OKResponse{OK: true}, nil
 }
 

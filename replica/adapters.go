@@ -112,8 +112,16 @@ func (r *Replica) ensure(ctx context.Context, a Adapter) error {
 		if _, claimed := r.fence(a.ID); claimed || a.State == nil {
 			return nil
 		}
-		// Resident but never claimed through this replica (a worker that kept it across its
-		// gateway's restart): its saved state may be newer. Reload it.
+		// Resident but never claimed through this replica: a worker that kept it across its
+		// gateway's restart, adopted because it was at the run's acknowledged step with no
+		// pending gradients (gateway.adoptable). Claim its state as it is; if another replica
+		// claimed it meanwhile, the saved state may be newer: reload that instead.
+		fence, err := a.State.Claim(ctx)
+		if err == nil {
+			r.setFence(a.ID, fence)
+			return nil
+		}
+		slog.Info("a resident adapter's state was claimed elsewhere: reloading it", "run", a.ID, "replica", r.id, "err", err)
 		r.compute.DeleteAdapter(ctx, a.ID)
 	}
 	if a.State == nil {

@@ -559,3 +559,86 @@ func (r *Router) Adapters() map[string][]string {
 	}
 	return out
 }
+
+// Errors of Adopt.
+var (
+	ErrPlaced          = errors.New("the adapter is placed already")
+	ErrUnknownEndpoint = errors.New("no such endpoint")
+	ErrNoSlot          = errors.New("the endpoint has no free LoRA slot")
+)
+
+// Adopt records that an endpoint already holds an adapter (a worker that kept it across a
+// gateway restart), without loading it: its next op goes there. The adapter starts idle (it
+// may be evicted like any other). It fails if the adapter is placed (anywhere), the endpoint is
+// unknown, or the endpoint's slots are all taken.
+func (r *Router) Adopt(adapter, endpointID string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.placed[adapter] != nil || r.evicting[adapter] != nil {
+		return fmt.Errorf("adopting %s: %w", adapter, ErrPlaced)
+	}
+	es := r.endpoints[endpointID]
+	if es == nil {
+		return fmt.Errorf("adopting %s on %s: %w", adapter, endpointID, ErrUnknownEndpoint)
+	}
+	if es.held >= es.ep.MaxLoras() {
+		return fmt.Errorf("adopting %s on %s: %w", adapter, endpointID, ErrNoSlot)
+	}
+	r.placed[adapter] = &placement{ep: es, lastUsed: r.tick()}
+	es.held++
+	es.idle++
+	r.broadcast()
+	return nil
+}
+
+// Drain saves and removes, through the Evict hook, every idle adapter placed on an endpoint that
+// is leaving (unhealthy but still a member), so each moves with its full state, accumulated
+// gradients included, rather than from its last step's state once the endpoint is gone. Adapters
+// with ops running are left to finish; their next request moves them. It stops at the first
+// failed eviction (that adapter stays placed) and reports how many it evicted.
+func (r *Router) Drain(ctx context.Context, endpointID string) int {
+	n := 0
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		es := r.endpoints[endpointID]
+		victim, vp := "", (*placement)(nil)
+		if es != nil {
+			for a, p := range r.placed {
+				if p.ep == es && p.active == 0 && p.loading == nil {
+					victim, vp = a, p
+					break
+				}
+			}
+		}
+		if victim == "" || r.hooks.Evict == nil {
+			r.mu.Unlock()
+			return n
+		}
+		// As an eviction to make room: requests for it wait, then place it afresh.
+		delete(r.placed, victim)
+		r.evicting[victim] = make(chan struct{})
+		vp.active++
+		es.ops++
+		es.idle--
+		r.mu.Unlock()
+		err := r.hooks.Evict(ctx, victim, es.ep)
+		r.mu.Lock()
+		es.held--
+		vp.active--
+		es.ops--
+		if err != nil && r.endpoints[endpointID] == es {
+			r.placed[victim] = vp
+			es.held++
+			es.idle++
+		}
+		close(r.evicting[victim])
+		delete(r.evicting, victim)
+		r.broadcast()
+		r.mu.Unlock()
+		if err != nil {
+			return n
+		}
+		n++
+	}
+	return n
+}

@@ -267,3 +267,57 @@ func (c *Client) SampleBatch(ctx context.Context, id string, reqs []engine.Sampl
 }
 
 var _ engine.Compute = (*Client)(nil)
+
+// Describe asks a discovered worker what it serves; the answer is checked as a registration
+// would be (id and URL from discovery).
+func (c *Client) Describe(ctx context.Context, id string) (Registration, error) {
+	r, err := c.do(ctx, "describe", callRequest{})
+	if err != nil {
+		return Registration{}, err
+	}
+	if r.Describe == nil {
+		return Registration{}, badAnswer("describe without a description")
+	}
+	reg := Registration{ID: id, URL: c.URL, BaseModel: r.Describe.BaseModel, MaxLoras: r.Describe.MaxLoras, Info: r.Describe.Info}
+	if err := reg.Validate(); err != nil {
+		return Registration{}, fmt.Errorf("worker %s: %w: %v", c.URL, ErrBadAnswer, err)
+	}
+	c.info = reg.Info
+	return reg, nil
+}
+
+// Status is a discovered worker's heartbeat, fetched by the gateway (the liveness check).
+func (c *Client) Status(ctx context.Context) (Heartbeat, error) {
+	r, err := c.do(ctx, "status", callRequest{})
+	if err != nil {
+		return Heartbeat{}, err
+	}
+	if r.Status == nil {
+		return Heartbeat{}, badAnswer("status without a status")
+	}
+	hb := *r.Status
+	if err := hb.Validate(); err != nil {
+		return Heartbeat{}, fmt.Errorf("worker %s: %w: %v", c.URL, ErrBadAnswer, err)
+	}
+	return hb, nil
+}
+
+// AdapterStates lists the training adapters the worker holds, with their steps and whether they
+// hold unstepped gradients. It waits for the worker's call in flight, if any.
+func (c *Client) AdapterStates(ctx context.Context) ([]AdapterState, error) {
+	r, err := c.do(ctx, "adapter_states", callRequest{})
+	if err != nil {
+		return nil, err
+	}
+	if len(r.States) > maxAdapterIDs {
+		return nil, badAnswer("%d adapters", len(r.States))
+	}
+	seen := make(map[string]bool, len(r.States))
+	for _, st := range r.States {
+		if st.ID == "" || len(st.ID) > maxIDLen || seen[st.ID] || st.Step < 0 || st.Step > maxStep {
+			return nil, badAnswer("adapter state %.64q step %d", st.ID, st.Step)
+		}
+		seen[st.ID] = true
+	}
+	return r.States, nil
+}

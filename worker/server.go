@@ -31,19 +31,35 @@ type Server struct {
 	stored   bool   // s.e copies adapters from and to object storage (UseStorage)
 	mu       sync.Mutex
 	inflight atomic.Int64
+	draining atomic.Bool
+
+	// What discovery's describe call answers (SetIdentity); a registering worker sends the same
+	// in its Registration.
+	baseModel string
+	maxLoras  int
+	// dirty: adapters that may hold gradients accumulated since their last optim_step, load or
+	// create (under mu). A gateway that restarted adopts only clean adapters: gradients of a
+	// forward_backward it never recorded must not ride along into a step.
+	dirty map[string]bool
+}
+
+// SetIdentity names the base model the worker serves and its LoRA slots, for the gateway's
+// describe call (discovered workers do not register).
+func (s *Server) SetIdentity(baseModel string, maxLoras int) {
+	s.baseModel, s.maxLoras = baseModel, maxLoras
 }
 
 // Status is the worker's heartbeat payload (its id filled in by the caller).
 func (s *Server) Status(maxLoras int) Heartbeat {
 	// The engine knows which adapters train (and take a slot) and which are sampler snapshots.
 	training := s.e.TrainingAdapterIDs(context.Background())
-	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load())}
+	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load()), Draining: s.draining.Load()}
 }
 
 // NewServer wraps an engine. token must come with every call (with no token no call is served);
 // the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
 func NewServer(e engine.Compute, token, dataDir string) *Server {
-	return &Server{e: e, token: token, dataDir: dataDir}
+	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{}}
 }
 
 // UseStorage makes the worker load and save adapters in st (object storage) rather than in its
@@ -82,6 +98,9 @@ const maxCallBytes = 1 << 30
 
 // ServeHTTP handles POST /worker/v1/{method}.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.serveProbe(w, r) {
+		return
+	}
 	write := func(status int, v any) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
@@ -101,8 +120,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(http.StatusBadRequest, callResponse{Error: err.Error()})
 		return
 	}
+	method := r.URL.Path[len(prefix):]
+	// The status and describe calls answer at once, beside a call that computes for minutes:
+	// they are the gateway's liveness check of a discovered worker.
+	if method == "status" || method == "describe" {
+		write(http.StatusOK, s.quickCall(method))
+		return
+	}
 	s.inflight.Add(1)
-	resp, err := s.safeCall(r.Context(), r.URL.Path[len(prefix):], req)
+	resp, err := s.safeCall(r.Context(), method, req)
 	s.inflight.Add(-1)
 	if err != nil {
 		resp = encodeErr(err)
@@ -138,10 +164,46 @@ func (s *Server) safeCall(ctx context.Context, method string, q callRequest) (r 
 	return s.call(ctx, method, q)
 }
 
-func (s *Server) call(ctx context.Context, method string, q callRequest) (callResponse, error) {
-	var r callResponse
-	var err error
+// quickCall answers the calls that take no turn: status (the heartbeat's payload) and describe
+// (what a registration says).
+func (s *Server) quickCall(method string) callResponse {
+	if method == "describe" {
+		if s.baseModel == "" {
+			return callResponse{Error: "this worker has no identity (SetIdentity)"}
+		}
+		return callResponse{Describe: &Description{BaseModel: s.baseModel, MaxLoras: s.maxLoras, Info: s.e.Info()}}
+	}
+	hb := s.Status(s.maxLoras)
+	return callResponse{Status: &hb}
+}
+
+// track records what a call did to its adapter's accumulated gradients (mu held).
+func (s *Server) track(method, id string, err error) {
 	switch method {
+	case "forward_backward":
+		s.dirty[id] = true // even when it failed: it may have accumulated part of its batch
+	case "optim_step", "load", "create":
+		if err == nil {
+			delete(s.dirty, id)
+		} else if method == "optim_step" {
+			s.dirty[id] = true
+		}
+	case "delete":
+		delete(s.dirty, id)
+	}
+}
+
+func (s *Server) call(ctx context.Context, method string, q callRequest) (r callResponse, err error) {
+	defer func() { s.track(method, q.ID, err) }()
+	switch method {
+	case "adapter_states":
+		for _, id := range s.e.TrainingAdapterIDs(ctx) {
+			_, step, ierr := s.e.AdapterInfo(ctx, id)
+			if ierr != nil {
+				continue
+			}
+			r.States = append(r.States, AdapterState{ID: id, Step: step, Clean: !s.dirty[id]})
+		}
 	case "info":
 		info := s.e.Info()
 		r.Info = &info

@@ -34,10 +34,28 @@ type RegisterReply struct {
 // Heartbeat is sent every second: the worker's own view of what it holds and how busy it is.
 type Heartbeat struct {
 	ID         string   `json:"id"`
-	Secret     string   `json:"secret"`      // from RegisterReply`
-	Adapters   []string `json:"adapters"`    // training adapters resident in its engine
-	FreeSlots  int      `json:"free_slots"`  // max_loras minus those
-	QueueDepth int      `json:"queue_depth"` // calls running or waiting
+	Secret     string   `json:"secret"`             // from RegisterReply`
+	Adapters   []string `json:"adapters"`           // training adapters resident in its engine
+	FreeSlots  int      `json:"free_slots"`         // max_loras minus those
+	QueueDepth int      `json:"queue_depth"`        // calls running or waiting
+	Draining   bool     `json:"draining,omitempty"` // leaving (SIGTERM): place nothing new here
+}
+
+// Description is a discovered worker's answer to describe: what a registration says, less the
+// id and URL, which discovery gives.
+type Description struct {
+	BaseModel string           `json:"base_model"`
+	MaxLoras  int              `json:"max_loras"`
+	Info      engine.ModelInfo `json:"info"`
+}
+
+// AdapterState is one training adapter a worker holds: its step, and whether it holds no
+// gradients accumulated since its last optim_step, load or create (Clean). A gateway that
+// starts adopts clean adapters at the step its state records instead of reloading them.
+type AdapterState struct {
+	ID    string `json:"id"`
+	Step  int    `json:"step"`
+	Clean bool   `json:"clean"`
 }
 
 type callRequest struct {
@@ -75,6 +93,10 @@ type callResponse struct {
 	Metrics map[string]float64    `json:"metrics,omitempty"`
 	Samples []*wireSample         `json:"samples,omitempty"`
 	Info    *engine.ModelInfo     `json:"info,omitempty"`
+
+	Describe *Description   `json:"describe,omitempty"`
+	Status   *Heartbeat     `json:"status,omitempty"`
+	States   []AdapterState `json:"states,omitempty"`
 }
 
 func encodeErr(err error) callResponse {

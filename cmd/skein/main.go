@@ -199,7 +199,8 @@ func serve(args []string, gatewayOnly bool) error {
 	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
 		return err
 	}
-	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers, cfg.Data, cfg.WorkerToken, cfg.Addr, notes)
+	discovering := cfg.Discover.Mode != "" && cfg.Discover.Mode != "register"
+	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers || discovering, cfg.Data, cfg.WorkerToken, cfg.Addr, notes)
 	if err != nil {
 		return err
 	}
@@ -225,10 +226,14 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
+	disc, err := cfg.Discover.source(log)
+	if err != nil {
+		return err
+	}
 	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st, Storage: stor,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
 		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
-		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies}), reps...)
+		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies, Discovery: disc}), reps...)
 	if err != nil {
 		return err
 	}

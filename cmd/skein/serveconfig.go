@@ -43,6 +43,7 @@ type serveConfig struct {
 	SamplerCopies        int
 	Limits               *limitFlags
 	Log                  logConfig
+	Discover             discoverFlags
 }
 
 // register defines the flags of c on fs.
@@ -76,6 +77,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long requests in flight may finish before their connections are closed")
 	c.Limits = addLimitFlags(fs)
 	c.Log.register(fs)
+	c.Discover.register(fs)
 }
 
 // serveFlags is the flag set of `skein serve` over a new configuration.

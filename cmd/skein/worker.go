@@ -33,6 +33,7 @@ type workerConfig struct {
 	Config, ImageDir       string
 	Storage, S3Endpoint    string
 	ShutdownTimeout        time.Duration
+	DrainDelay             time.Duration
 	Log                    logConfig
 }
 
@@ -40,7 +41,7 @@ type workerConfig struct {
 func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	c := &workerConfig{}
-	fs.StringVar(&c.Gateway, "gateway", "", "gateway base URL, e.g. http://127.0.0.1:8000")
+	fs.StringVar(&c.Gateway, "gateway", "", "gateway base URL to register with, e.g. http://127.0.0.1:8000 (empty: wait to be discovered by a gateway started with --discover)")
 	fs.StringVar(&c.Model, "model", "", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), a GGUF file or an Ollama manifest")
 	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
@@ -54,6 +55,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.Config, "config", "", "YAML file of flag-name: value settings")
 	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long calls in flight may finish before their connections are closed")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGINT or SIGTERM, how long the worker keeps serving while /readyz fails and it reports draining, so that gateways stop placing adapters on it first (Kubernetes: a few seconds)")
 	c.Log.register(fs)
 	return fs, c
 }
@@ -68,7 +70,7 @@ func workerHTTPServer(h http.Handler, rate int, grace time.Duration) *http.Serve
 	return &http.Server{Handler: minRateBodies(h, rate, grace, 0), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 }
 
-const workerSynopsis = "skein worker --gateway URL --model DIR --worker-token T [flags]"
+const workerSynopsis = "skein worker [--gateway URL] --model DIR --worker-token T [flags]"
 
 func runWorker(args []string) error {
 	fs, c := workerFlags()
@@ -76,7 +78,7 @@ func runWorker(args []string) error {
 		return err
 	}
 	gw, model, name, token, data, maxLoras := &c.Gateway, &c.Model, &c.Name, &c.WorkerToken, &c.Data, &c.MaxLoras
-	if *gw == "" || *model == "" {
+	if *model == "" {
 		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
 	}
 	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
@@ -95,6 +97,9 @@ func runWorker(args []string) error {
 	}
 	if c.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
+	}
+	if c.DrainDelay < 0 || c.DrainDelay > 10*time.Minute {
+		return errors.New("--drain-delay must be in [0, 10m]")
 	}
 	if err := engine.CheckPrecision(c.Precision); err != nil {
 		return err
@@ -133,13 +138,30 @@ func runWorker(args []string) error {
 		}
 		log.Info("adapters load and save in storage", "storage", st.String())
 	}
+	ws.SetIdentity(*name, *maxLoras)
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
-	log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
-	worker.Announce(ctx, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
+	// The registration loop outlives the signal by the drain: its heartbeats then say draining.
+	announce, endAnnounce := context.WithCancel(context.Background())
+	defer endAnnounce()
+	announced := make(chan struct{})
+	if *gw != "" {
+		log.Info("skein worker serving", "id", reg.ID, "url", url, "gateway", *gw)
+		go func() {
+			defer close(announced)
+			worker.Announce(announce, *gw, *token, reg, func() worker.Heartbeat { return ws.Status(*maxLoras) }, log)
+		}()
+	} else {
+		close(announced)
+		log.Info("skein worker serving, waiting to be discovered", "url", url, "base_model", *name)
+	}
+	<-ctx.Done()
+	drainWorker(ws, c.DrainDelay, log)
+	endAnnounce()
+	<-announced
 	return shutdownOnSignal(ctx, hs, log, c.ShutdownTimeout, func() {})
 }
 
@@ -163,4 +185,16 @@ func publishModelFiles(ctx context.Context, st storage.Storage, name, dir string
 		case <-time.After(3 * time.Second):
 		}
 	}
+}
+
+// drainWorker marks the worker as leaving (/readyz fails, its status and heartbeats say
+// draining) and keeps serving for delay, so that gateways place nothing new on it and move what
+// they can before its connections close.
+func drainWorker(ws *worker.Server, delay time.Duration, log *slog.Logger) {
+	ws.Drain()
+	if delay <= 0 {
+		return
+	}
+	log.Info("draining: readiness fails; serving calls for the drain delay", "delay", delay)
+	time.Sleep(delay)
 }

@@ -1,0 +1,355 @@
+package chartcheck
+
+import (
+	"encoding/base64"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+)
+
+// twoPools renders two worker pools and every optional value set.
+var twoPools = map[string]any{
+	"postgres": map[string]any{"existingSecret": "skein-pg"},
+	"storage":  map[string]any{"url": "s3://skein-ckpt/prod", "endpoint": "https://minio.ml:9000", "existingSecret": "skein-s3"},
+	"workerPools": []any{
+		map[string]any{"name": "qwen3-8b", "baseModel": "Qwen/Qwen3-8B", "modelURL": "s3://models/Qwen3-8B", "replicas": 2, "maxLoras": 16},
+		map[string]any{"name": "llama-1b", "baseModel": "meta-llama/Llama-3.2-1B", "modelURL": "s3://models/Llama-3.2-1B", "replicas": 1, "maxLoras": 8},
+	},
+}
+
+type objects struct {
+	deployments map[string]*appsv1.Deployment
+	services    map[string]*corev1.Service
+	pdbs        []*policyv1.PodDisruptionBudget
+	netpols     []*networkingv1.NetworkPolicy
+	roles       []*rbacv1.Role
+	secrets     []*corev1.Secret
+	all         []runtime.Object
+}
+
+func render(t *testing.T, overrides map[string]any) objects {
+	t.Helper()
+	out, _, err := Render(overrides, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decodeAll(t, out)
+}
+
+func decodeAll(t *testing.T, out map[string]string) objects {
+	t.Helper()
+	o := objects{deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{}}
+	for _, doc := range Documents(out) {
+		obj, err := DecodeStrict(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.all = append(o.all, obj)
+		switch x := obj.(type) {
+		case *appsv1.Deployment:
+			o.deployments[x.Name] = x
+		case *corev1.Service:
+			o.services[x.Name] = x
+		case *policyv1.PodDisruptionBudget:
+			o.pdbs = append(o.pdbs, x)
+		case *networkingv1.NetworkPolicy:
+			o.netpols = append(o.netpols, x)
+		case *rbacv1.Role:
+			o.roles = append(o.roles, x)
+		case *corev1.Secret:
+			o.secrets = append(o.secrets, x)
+		}
+	}
+	return o
+}
+
+// Every rendered manifest decodes strictly into its typed object (no unknown, duplicate or
+// mistyped field), and the chart has what it promises: one gateway, one worker Deployment,
+// headless Service and PodDisruptionBudget per pool, one NetworkPolicy, one Role, the token.
+func TestChartRendersStrictManifests(t *testing.T) {
+	o := render(t, twoPools)
+	want := []string{"skein-gateway", "skein-worker-llama-1b", "skein-worker-qwen3-8b"}
+	var got []string
+	for name := range o.deployments {
+		got = append(got, name)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("deployments %v, want %v", got, want)
+	}
+	for _, pool := range []string{"skein-worker-llama-1b", "skein-worker-qwen3-8b"} {
+		svc := o.services[pool]
+		if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+			t.Fatalf("pool %s: no headless Service (%+v)", pool, svc)
+		}
+		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(o.deployments[pool].Spec.Template.Labels)) {
+			t.Fatalf("pool %s: its Service does not select its pods", pool)
+		}
+	}
+	if len(o.pdbs) != 2 || len(o.netpols) != 1 || len(o.roles) != 1 || len(o.secrets) != 1 {
+		t.Fatalf("%d PDBs, %d NetworkPolicies, %d Roles, %d Secrets; want 2, 1, 1, 1", len(o.pdbs), len(o.netpols), len(o.roles), len(o.secrets))
+	}
+}
+
+// Every pod runs non-root with a read-only root filesystem, no capabilities, no privilege
+// escalation and the RuntimeDefault seccomp profile; init containers too.
+func TestPodsAreLockedDown(t *testing.T) {
+	o := render(t, twoPools)
+	for name, d := range o.deployments {
+		ps := d.Spec.Template.Spec
+		if ps.SecurityContext == nil || ps.SecurityContext.RunAsNonRoot == nil || !*ps.SecurityContext.RunAsNonRoot {
+			t.Errorf("%s: pod not runAsNonRoot", name)
+		}
+		for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+			sc := c.SecurityContext
+			ok := sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem &&
+				sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation &&
+				sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) && len(sc.Capabilities.Add) == 0 &&
+				sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
+			if !ok {
+				t.Errorf("%s/%s: security context %+v", name, c.Name, sc)
+			}
+		}
+	}
+}
+
+func arg(c corev1.Container, flag string) (string, bool) {
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// The gateway discovers exactly the workers: its EndpointSlice selector matches the labels of
+// every pool's headless Service (which the EndpointSlice controller copies onto the slices) and
+// nothing else the chart makes, on the named port the worker's probes and Service use. Its Role
+// grants get/list/watch on endpointslices and nothing more.
+func TestGatewayDiscoversThePoolsWithALeastPrivilegeRole(t *testing.T) {
+	o := render(t, twoPools)
+	gw := o.deployments["skein-gateway"].Spec.Template.Spec.Containers[0]
+	if v, _ := arg(gw, "--discover"); v != "kubernetes" {
+		t.Fatalf("gateway --discover=%q", v)
+	}
+	selStr, _ := arg(gw, "--discover-selector")
+	sel, err := labels.Parse(selStr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := arg(gw, "--discover-port-name")
+	for name, svc := range o.services {
+		isWorker := strings.HasPrefix(name, "skein-worker-")
+		if sel.Matches(labels.Set(svc.Labels)) != isWorker {
+			t.Errorf("selector %q matches Service %s: %v, want %v", selStr, name, !isWorker, isWorker)
+		}
+		if isWorker && (len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != port) {
+			t.Errorf("Service %s ports %+v, gateway watches port %q", name, svc.Spec.Ports, port)
+		}
+	}
+	for name, d := range o.deployments {
+		if !strings.HasPrefix(name, "skein-worker-") {
+			continue
+		}
+		w := d.Spec.Template.Spec.Containers[0]
+		if w.ReadinessProbe == nil || w.ReadinessProbe.HTTPGet.Path != "/readyz" || w.LivenessProbe.HTTPGet.Path != "/healthz" {
+			t.Errorf("%s: probes %+v %+v", name, w.ReadinessProbe, w.LivenessProbe)
+		}
+		if v, ok := arg(w, "--gateway"); ok {
+			t.Errorf("%s registers with %s: discovered workers must not", name, v)
+		}
+		if len(d.Spec.Template.Spec.InitContainers) != 1 || !slices.Contains(d.Spec.Template.Spec.InitContainers[0].Args, "/models/base") {
+			t.Errorf("%s: no init container copying the model to /models/base", name)
+		}
+	}
+	rules := o.roles[0].Rules
+	if len(rules) != 1 || !slices.Equal(rules[0].APIGroups, []string{"discovery.k8s.io"}) ||
+		!slices.Equal(rules[0].Resources, []string{"endpointslices"}) || !slices.Equal(rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Fatalf("role rules %+v", rules)
+	}
+}
+
+// The NetworkPolicy admits traffic to the workers from the gateway's pods only.
+func TestWorkersAdmitOnlyTheGateway(t *testing.T) {
+	o := render(t, twoPools)
+	np := o.netpols[0]
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range o.deployments {
+		applies := sel.Matches(labels.Set(d.Spec.Template.Labels))
+		if applies != strings.HasPrefix(name, "skein-worker-") {
+			t.Errorf("policy applies to %s: %v", name, applies)
+		}
+	}
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) != 1 {
+		t.Fatalf("ingress %+v", np.Spec.Ingress)
+	}
+	from := np.Spec.Ingress[0].From[0]
+	if from.NamespaceSelector != nil || from.IPBlock != nil || from.PodSelector == nil {
+		t.Fatalf("from %+v: only pods of this namespace", from)
+	}
+	fromSel, _ := metav1.LabelSelectorAsSelector(from.PodSelector)
+	for name, d := range o.deployments {
+		if fromSel.Matches(labels.Set(d.Spec.Template.Labels)) != (name == "skein-gateway") {
+			t.Errorf("ingress admits %s: %v", name, name != "skein-gateway")
+		}
+	}
+}
+
+// Credentials come from existing Secrets only: the PostgreSQL URL and the S3 keys are
+// secretKeyRefs, never values in the manifests.
+func TestCredentialsComeFromExistingSecrets(t *testing.T) {
+	o := render(t, twoPools)
+	refs := map[string]string{}
+	for _, d := range o.deployments {
+		for _, c := range append(slices.Clone(d.Spec.Template.Spec.InitContainers), d.Spec.Template.Spec.Containers...) {
+			for _, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					refs[e.Name] = e.ValueFrom.SecretKeyRef.Name
+				} else if strings.Contains(e.Name, "SECRET") || e.Name == "SKEIN_STATE" || e.Name == "SKEIN_WORKER_TOKEN" {
+					t.Errorf("%s/%s: %s set by value", d.Name, c.Name, e.Name)
+				}
+			}
+		}
+	}
+	want := map[string]string{"SKEIN_STATE": "skein-pg", "AWS_ACCESS_KEY_ID": "skein-s3", "AWS_SECRET_ACCESS_KEY": "skein-s3", "SKEIN_WORKER_TOKEN": "skein-worker-token"}
+	for k, v := range want {
+		if refs[k] != v {
+			t.Errorf("%s from Secret %q, want %q", k, refs[k], v)
+		}
+	}
+}
+
+// secretProvider answers the chart's lookup of its token Secret from a fake cluster.
+type secretProvider struct{ client dynamic.Interface }
+
+func (p secretProvider) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
+	return p.client.Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}), true, nil
+}
+
+// The worker token is generated on install and kept on upgrade: with the Secret already in the
+// cluster, the render carries the same token (helm lookup), not a new random one.
+func TestWorkerTokenSurvivesUpgrades(t *testing.T) {
+	first := render(t, twoPools).secrets[0]
+	token := first.Data["token"]
+	if len(token) < 32 {
+		t.Fatalf("generated token %q is short", token)
+	}
+	if again := render(t, twoPools).secrets[0].Data["token"]; string(again) == string(token) {
+		t.Fatal("two installs generated one token: it is not random")
+	}
+	existing := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "Secret",
+		"metadata": map[string]any{"name": "skein-worker-token", "namespace": "ml"},
+		"data":     map[string]any{"token": base64.StdEncoding.EncodeToString(token)},
+	}}
+	fc := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), existing)
+	out, _, err := Render(twoPools, secretProvider{fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgraded := decodeAll(t, out).secrets[0]
+	if string(upgraded.Data["token"]) != string(token) {
+		t.Fatalf("upgrade rendered token %q, the cluster holds %q", upgraded.Data["token"], token)
+	}
+	if upgraded.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Fatal("the token Secret is not kept when the release is deleted")
+	}
+	// With an existing Secret named, the chart makes none.
+	o := render(t, map[string]any{"workerToken": map[string]any{"existingSecret": "mine"}, "storage": map[string]any{"url": "s3://bkt/p"}})
+	if len(o.secrets) != 0 {
+		t.Fatalf("%d token Secrets rendered with workerToken.existingSecret set", len(o.secrets))
+	}
+}
+
+// The schema refuses what the chart cannot do: more than one gateway (no run ownership yet), open
+// auth, unknown keys, bad pool names, a root pod.
+func TestSchemaRefusesBadValues(t *testing.T) {
+	cases := []struct {
+		name      string
+		overrides map[string]any
+		mention   string
+	}{
+		{"two gateways", map[string]any{"gateway": map[string]any{"replicas": 2}}, "replicas"},
+		{"open auth", map[string]any{"gateway": map[string]any{"auth": "open"}}, "auth"},
+		{"unknown key", map[string]any{"gatway": map[string]any{}}, "gatway"},
+		{"bad pool name", map[string]any{"workerPools": []any{map[string]any{"name": "Qwen_8B", "baseModel": "q", "modelURL": "s3://m/q", "replicas": 1, "maxLoras": 1}}}, "name"},
+		{"no pools", map[string]any{"workerPools": []any{}}, "workerPools"},
+		{"root", map[string]any{"podSecurityContext": map[string]any{"runAsNonRoot": false}}, "runAsNonRoot"},
+		{"storage not s3", map[string]any{"storage": map[string]any{"url": "file:///data"}}, "url"},
+	}
+	for _, c := range cases {
+		_, _, err := Render(c.overrides, nil)
+		if err == nil || !strings.Contains(err.Error(), c.mention) {
+			t.Errorf("%s: err %v, want a schema error mentioning %q", c.name, err, c.mention)
+		}
+	}
+}
+
+// helm lint --strict: no errors and no warnings, for Kubernetes 1.37.
+func TestLintStrict(t *testing.T) {
+	kv, err := chartutil.ParseKubeVersion(KubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}}
+	for _, vals := range []map[string]any{shared, twoPools} {
+		l := lint.AllWithKubeVersion(ChartDir, vals, "ml", kv)
+		for _, m := range l.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("lint: %s", m)
+			}
+		}
+	}
+}
+
+// The gateway and its workers share their data: object storage, or one ReadWriteMany claim
+// mounted at /data in every pod; with neither the chart refuses to render, saying why.
+func TestDataIsSharedOrTheChartRefuses(t *testing.T) {
+	if _, _, err := Render(nil, nil); err == nil || !strings.Contains(err.Error(), "sharedData.existingClaim") {
+		t.Fatalf("neither storage nor a shared claim: %v", err)
+	}
+	o := render(t, map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}})
+	for name, d := range o.deployments {
+		var claim string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == "data" && v.PersistentVolumeClaim != nil {
+				claim = v.PersistentVolumeClaim.ClaimName
+			}
+		}
+		mounted := false
+		for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+			mounted = mounted || (m.Name == "data" && m.MountPath == "/data" && !m.ReadOnly)
+		}
+		if claim != "skein-data" || !mounted {
+			t.Errorf("%s: data volume claim %q, mounted at /data %v", name, claim, mounted)
+		}
+	}
+	// With object storage the pods' /data is their own scratch space.
+	for name, d := range render(t, twoPools).deployments {
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == "data" && v.EmptyDir == nil {
+				t.Errorf("%s: data volume %+v with storage.url set", name, v)
+			}
+		}
+	}
+}

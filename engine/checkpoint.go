@@ -137,7 +137,8 @@ func ReadAdapterConfig(dir string) (LoraConfig, error) {
 	c := LoraConfig{Rank: pc.R, Alpha: pc.LoraAlpha, Seed: pc.SkeinSeed}
 	for _, t := range pc.TargetModules {
 		switch t {
-		case "q_proj", "k_proj", "v_proj", "o_proj":
+		case "q_proj", "k_proj", "v_proj", "o_proj",
+			"in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj": // Qwen3.5's DeltaNet layers
 			c.TrainAttn = true
 		case "gate_proj", "up_proj", "down_proj":
 			c.TrainMLP = true

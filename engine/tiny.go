@@ -33,6 +33,10 @@ type Preset struct {
 	// trained tokenizer: it covers nearly all of its 512 ids, and the reference fixtures (the
 	// transformers.js token ids, the torch Qwen3-VL ones) are made with it.
 	FillVocab bool
+	// Sizes only some families read (0: the family's own choice from the sizes above): an
+	// explicit head_dim, and a Gated DeltaNet's heads and head dims (arch_qwen3_5.go).
+	HeadDim                                                      int
+	LinearKeyHeads, LinearValueHeads, LinearKeyDim, LinearValueDim int
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
@@ -43,6 +47,11 @@ var Presets = map[string]Preset{
 	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
 	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
 	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
+	// qwen3_5-4b: Qwen3.5-4B's text shape (reference §1.2) with a smaller vocabulary, for
+	// `skein bench engine` over generated weights (init-tiny --arch qwen3_5 --preset qwen3_5-4b).
+	// 32 layers (24 DeltaNet + 8 attention), ≈3.6 B parameters, ≈7.2 GB in bf16.
+	"qwen3_5-4b": {Hidden: 2560, Layers: 32, Heads: 16, KVHeads: 4, FFN: 9216, Vocab: 32768, Context: 8192, BF16: true, FillVocab: true,
+		HeadDim: 256, LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).

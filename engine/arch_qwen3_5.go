@@ -176,6 +176,8 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	delete(text, "rope_theta")
 	text["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
 	if f.arch == ArchQwen3_5Text {
+		// The text-only class generates the untied shape (Qwen3.5-9B's), the VL one the tied (4B's).
+		text["tie_word_embeddings"] = false
 		for k := range cfg {
 			delete(cfg, k)
 		}

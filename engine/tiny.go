@@ -35,7 +35,7 @@ type Preset struct {
 	FillVocab bool
 	// Sizes only some families read (0: the family's own choice from the sizes above): an
 	// explicit head_dim, and a Gated DeltaNet's heads and head dims (arch_qwen3_5.go).
-	HeadDim                                                      int
+	HeadDim                                                        int
 	LinearKeyHeads, LinearValueHeads, LinearKeyDim, LinearValueDim int
 }
 
@@ -236,6 +236,10 @@ func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[
 		}
 		v := make([]float32, n)
 		switch {
+		case c.plusOneNorm(name):
+			for i := range v { // zero-centred (Qwen3.5): (1 + w) near one
+				v[i] = float32(0.1 * rng.NormFloat64())
+			}
 		case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
 			for i := range v { // norms start near one, as trained models have them
 				v[i] = float32(1 + 0.1*rng.NormFloat64())

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -287,3 +288,53 @@ var qwen35RefTol = map[bool]float64{true: 1e-10, false: 5e-5}
 
 // loadTinyFresh loads the generated model of arch (shared by the tests) in an engine of its own.
 func loadTinyFresh(t *testing.T, arch Arch, opts Options) *Engine { return loadTiny(t, arch, opts) }
+
+// Over a sequence longer than two of the backward's state chunks (deltaChunk), the recomputed
+// states give the same gradients as finite differences: every LoRA module's, in float64.
+func TestQwen35GradientsAcrossStateChunks(t *testing.T) {
+	e := loadTiny(t, ArchQwen3_5, Options{Float64: true})
+	ids := make([]int, 2*deltaChunk+23)
+	for i := range ids {
+		ids[i] = (i*37 + 11) % e.Config.VocabSize
+	}
+	a := adapterWithB(t, e, "long", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
+		func(i, j int) float64 { return 0.05 * math.Sin(float64(5*j+i)) })
+	data := []Datum{textDatum(ids)}
+	if _, err := e.ForwardBackward(context.Background(), "long", data, "cross_entropy", nil); err != nil {
+		t.Fatal(err)
+	}
+	lossAt := func() float64 {
+		r, err := e.Forward(context.Background(), "long", data, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Loss
+	}
+	kinds := map[string]bool{}
+	for _, p := range a.params {
+		// The A matrices of the first layer: their gradients flow back through every chunk of
+		// both DeltaNet layers' states.
+		if !strings.Contains(p.name, "layers.0.") || !strings.Contains(p.name, "lora_A") {
+			continue
+		}
+		for _, j := range []int{0, len(p.w) - 1} {
+			orig := p.w[j]
+			const h = 1e-6
+			p.w[j] = orig + h
+			up := lossAt()
+			p.w[j] = orig - h
+			down := lossAt()
+			p.w[j] = orig
+			fd := (up - down) / (2 * h)
+			if g := p.g[j]; math.Abs(fd-g) > 1e-5*(1+math.Abs(fd)) || g == 0 {
+				t.Fatalf("%s elem %d: backward %.10g, finite difference %.10g", p.name, j, g, fd)
+			}
+		}
+		kinds[p.name[strings.LastIndex(p.name[:strings.Index(p.name, ".lora_A")], ".")+1:strings.Index(p.name, ".lora_A")]] = true
+	}
+	for _, k := range []string{"in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj", "gate_proj", "up_proj", "down_proj"} {
+		if !kinds[k] {
+			t.Fatalf("no %s LoRA checked (checked %v)", k, kinds)
+		}
+	}
+}

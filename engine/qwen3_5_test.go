@@ -338,3 +338,38 @@ func TestQwen35GradientsAcrossStateChunks(t *testing.T) {
 		}
 	}
 }
+
+// The qwen3_5-4b preset is Qwen3.5-4B's text stack: its parameter count is the one computed
+// from the released config's shapes (reference notes §6), and its LoRA parameters per rank are
+// those of Tinker's cookbook table (_LORA_PARAMS_PER_RANK_BY_COMPONENT, reference §4), which
+// only Tinker's module set — split in_proj q/k/v, z and out_proj on DeltaNet layers, the whole
+// doubled q_proj on attention layers, no a/b/conv — reproduces.
+func TestQwen35_4BPresetIsTheReleasedShape(t *testing.T) {
+	a := families[ArchQwen3_5].(tinyFamily)
+	_, c, err := tinyConfigFile(a, nil, Presets["qwen3_5-4b"], nil, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tinyParams(c); got != 4_205_751_296 {
+		t.Fatalf("%d parameters, Qwen3.5-4B's text stack has 4,205,751,296", got)
+	}
+	if n := c.attentionLayers(); n != 8 || !c.isDeltaNet(0) || c.isDeltaNet(3) || c.RotaryDim != 64 {
+		t.Fatalf("%d attention layers, rotary dim %d", n, c.RotaryDim)
+	}
+	perRank := func(s loraSpec) int {
+		n := 0
+		for _, m := range c.loraModules(s) {
+			n += m.In + m.Out
+		}
+		return n
+	}
+	for _, w := range []struct {
+		name string
+		spec loraSpec
+		want int
+	}{{"mlp", loraSpec{MLP: true}, 1_130_496}, {"attn", loraSpec{Attn: true}, 897_024}, {"unembed", loraSpec{Unembed: true}, 250_880}} {
+		if got := perRank(w.spec); got != w.want {
+			t.Errorf("%s: %d LoRA parameters per rank, Tinker counts %d", w.name, got, w.want)
+		}
+	}
+}

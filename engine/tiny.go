@@ -47,10 +47,10 @@ var Presets = map[string]Preset{
 	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
 	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
 	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
-	// qwen3_5-4b: Qwen3.5-4B's text shape (reference §1.2) with a smaller vocabulary, for
-	// `skein bench engine` over generated weights (init-tiny --arch qwen3_5 --preset qwen3_5-4b).
-	// 32 layers (24 DeltaNet + 8 attention), ≈3.6 B parameters, ≈7.2 GB in bf16.
-	"qwen3_5-4b": {Hidden: 2560, Layers: 32, Heads: 16, KVHeads: 4, FFN: 9216, Vocab: 32768, Context: 8192, BF16: true, FillVocab: true,
+	// qwen3_5-4b: Qwen3.5-4B's text shape (reference §1.2), for `skein bench engine` over
+	// generated weights (init-tiny --arch qwen3_5 --preset qwen3_5-4b): 32 layers (24 DeltaNet
+	// + 8 gated attention), tied head, 4,205,751,296 parameters, ≈8.4 GB in bf16.
+	"qwen3_5-4b": {Hidden: 2560, Layers: 32, Heads: 16, KVHeads: 4, FFN: 9216, Vocab: 248320, Context: 8192, BF16: true, FillVocab: true,
 		HeadDim: 256, LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128},
 }
 
@@ -95,7 +95,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, qwen3_5-4b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {

@@ -194,7 +194,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	}
 	dkdv := d.dk * d.dv
 	kernels.ParallelRows(B*d.Hv, func(r0, r1 int) {
-		S := make([]E, dkdv)
+		S, u := make([]E, dkdv), make([]E, d.dv)
 		for r := r0; r < r1; r++ {
 			b, hv := r/d.Hv, r%d.Hv
 			hk := hv / d.r
@@ -211,8 +211,8 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 					copy(ckpt[(r*chunks+t/deltaChunk)*dkdv:], S)
 				}
 				n := b*T + t
-				deltaStep(S, qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
-					v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], g[n*d.Hv+hv], beta[n*d.Hv+hv], o.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], d.dv)
+				deltaStep(S, S, qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
+					v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], g[n*d.Hv+hv], beta[n*d.Hv+hv], o.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], u, d.dv)
 				if st != nil && !cont && t == end-1 {
 					copy(st.S.V[r*dkdv:(r+1)*dkdv], S)
 				}
@@ -249,38 +249,25 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	return out
 }
 
-// deltaStep is one token of the rule on state S [dk, dv]: decay, delta update, and the output
-// o = Sᵀq.
-func deltaStep[E float](S, q, k, v []E, g, beta E, o []E, dv int) {
+// deltaStep is one token of the rule from state src to dst [dk, dv] (the same slice, or
+// another: the backward pass's recomputation keeps every state of a chunk): decay, delta update,
+// and the output o = Sᵀq; u is scratch of dv. Rows of S go through the vector kernels.
+func deltaStep[E float](dst, src, q, k, v []E, g, beta E, o, u []E, dv int) {
 	decay := E(math.Exp(float64(g)))
-	for i := range S {
-		S[i] *= decay
-	}
-	u := make([]float64, dv)
-	for i, ki := range k {
-		row := S[i*dv : (i+1)*dv]
-		for j, x := range row {
-			u[j] += float64(x) * float64(ki)
-		}
+	clear(u)
+	for i, ki := range k { // u = S_prevᵀk; the decayed state predicts decay·u
+		kernels.Axpy(u, src[i*dv:(i+1)*dv], ki)
 	}
 	for j := range u {
-		u[j] = float64(beta) * (float64(v[j]) - u[j])
+		u[j] = beta * (v[j] - decay*u[j])
 	}
+	clear(o)
 	for i, ki := range k {
-		row := S[i*dv : (i+1)*dv]
+		in, row := src[i*dv:(i+1)*dv], dst[i*dv:(i+1)*dv]
 		for j := range row {
-			row[j] += ki * E(u[j])
+			row[j] = in[j]*decay + ki*u[j]
 		}
-	}
-	clear(u)
-	for i, qi := range q {
-		row := S[i*dv : (i+1)*dv]
-		for j, x := range row {
-			u[j] += float64(x) * float64(qi)
-		}
-	}
-	for j := range o {
-		o[j] = E(u[j])
+		kernels.Axpy(o, row, q[i])
 	}
 }
 
@@ -318,9 +305,8 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 	dkdv := d.dk * d.dv
 	kernels.ParallelRows(B*d.Hk, func(r0, r1 int) {
 		states := make([]E, (deltaChunk+1)*dkdv)
-		dS, dSh := make([]float64, dkdv), make([]float64, dkdv)
-		r, du, e, dq, dk := make([]float64, d.dv), make([]float64, d.dv), make([]float64, d.dv), make([]float64, d.dk), make([]float64, d.dk)
-		scratch := make([]E, d.dv)
+		dS := make([]E, dkdv)
+		r, du, e, scratch, u := make([]E, d.dv), make([]E, d.dv), make([]E, d.dv), make([]E, d.dv), make([]E, d.dv)
 		for bk := r0; bk < r1; bk++ {
 			b, hk := bk/d.Hk, bk%d.Hk
 			for hv := hk * d.r; hv < (hk+1)*d.r; hv++ {
@@ -331,10 +317,8 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 					copy(states[:dkdv], a.ckpt[(row*chunks+ch)*dkdv:(row*chunks+ch+1)*dkdv])
 					for t := t0; t < t1; t++ {
 						n := b*T + t
-						next := states[(t-t0+1)*dkdv : (t-t0+2)*dkdv]
-						copy(next, states[(t-t0)*dkdv:(t-t0+1)*dkdv])
-						deltaStep(next, a.qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], a.kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
-							a.v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], a.g[n*d.Hv+hv], a.beta[n*d.Hv+hv], scratch, d.dv)
+						deltaStep(states[(t-t0+1)*dkdv:(t-t0+2)*dkdv], states[(t-t0)*dkdv:(t-t0+1)*dkdv], a.qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], a.kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
+							a.v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], a.g[n*d.Hv+hv], a.beta[n*d.Hv+hv], scratch, u, d.dv)
 					}
 					for t := t1 - 1; t >= t0; t-- {
 						n := b*T + t
@@ -343,63 +327,44 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 						k := a.kh.V[n*d.Kd+hk*d.dk : n*d.Kd+(hk+1)*d.dk]
 						vv := a.v.V[n*d.Vd+hv*d.dv : n*d.Vd+(hv+1)*d.dv]
 						do := dO.V[n*d.Vd+hv*d.dv : n*d.Vd+(hv+1)*d.dv]
-						beta := float64(a.beta[n*d.Hv+hv])
-						decay := math.Exp(float64(a.g[n*d.Hv+hv]))
-						// o = Sᵀq: dq = S·do, dS += q·doᵀ.
+						beta := a.beta[n*d.Hv+hv]
+						decay := E(math.Exp(float64(a.g[n*d.Hv+hv])))
+						dq, dk := dqh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], dkh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk]
+						// o = Sᵀq: dq = S·do, dS += q·doᵀ. r = v − Ŝᵀk with Ŝ = decay·prev.
+						clear(r)
 						for i := range d.dk {
-							var acc float64
-							for j := range d.dv {
-								acc += float64(cur[i*d.dv+j]) * float64(do[j])
-								dS[i*d.dv+j] += float64(q[i]) * float64(do[j])
-							}
-							dq[i] = acc
+							dq[i] += E(kernels.Dot(cur[i*d.dv:(i+1)*d.dv], do))
+							kernels.Axpy(dS[i*d.dv:(i+1)*d.dv], do, q[i])
+							kernels.Axpy(r, prev[i*d.dv:(i+1)*d.dv], k[i])
 						}
-						// r = v − Ŝᵀk with Ŝ = decay·prev; u = β·r.
-						for j := range d.dv {
-							var acc float64
-							for i := range d.dk {
-								acc += float64(prev[i*d.dv+j]) * float64(k[i])
-							}
-							r[j] = float64(vv[j]) - decay*acc
+						for j := range r {
+							r[j] = vv[j] - decay*r[j]
+							u[j] = beta * r[j]
 						}
-						// S = Ŝ + k·uᵀ: dk = dS·u, du = dSᵀk.
+						// S = Ŝ + k·uᵀ with u = β·r: dk = dS·u, du = dSᵀk, dβ = du·r, dv = β·du.
 						clear(du)
 						for i := range d.dk {
-							var acc float64
-							for j := range d.dv {
-								x := dS[i*d.dv+j]
-								acc += x * beta * r[j]
-								du[j] += x * float64(k[i])
-							}
-							dk[i] = acc
+							dSi := dS[i*d.dv : (i+1)*d.dv]
+							dk[i] += E(kernels.Dot(dSi, u))
+							kernels.Axpy(du, dSi, k[i])
 						}
-						var db float64
-						for j := range d.dv {
-							db += du[j] * r[j]
+						dbeta[n*d.Hv+hv] = E(kernels.Dot(du, r))
+						for j := range e {
 							e[j] = beta * du[j]
-							dv.V[n*d.Vd+hv*d.dv+j] = E(e[j])
 						}
-						// dŜ = dS − k·eᵀ; dk −= Ŝ·e; dg = ⟨dŜ, Ŝ⟩; dS ← decay·dŜ.
+						copy(dv.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], e)
+						// dŜ = dS − k·eᵀ; dk −= Ŝ·e; dg = ⟨dŜ, Ŝ⟩; dS ← decay·dŜ (into the previous state).
 						var dgt float64
 						for i := range d.dk {
-							var acc float64
-							for j := range d.dv {
-								sh := decay * float64(prev[i*d.dv+j])
-								x := dS[i*d.dv+j] - float64(k[i])*e[j]
-								dSh[i*d.dv+j] = x
-								acc += sh * e[j]
-								dgt += x * sh
+							dSi, pi := dS[i*d.dv:(i+1)*d.dv], prev[i*d.dv:(i+1)*d.dv]
+							kernels.Axpy(dSi, e, -k[i])
+							dk[i] -= decay * E(kernels.Dot(pi, e))
+							dgt += kernels.Dot(dSi, pi)
+							for j := range dSi {
+								dSi[j] *= decay
 							}
-							dk[i] -= acc
 						}
-						for i := range dS {
-							dS[i] = decay * dSh[i]
-						}
-						dg[n*d.Hv+hv], dbeta[n*d.Hv+hv] = E(dgt), E(db)
-						for i := range d.dk {
-							dqh.V[n*d.Kd+hk*d.dk+i] += E(dq[i])
-							dkh.V[n*d.Kd+hk*d.dk+i] += E(dk[i])
-						}
+						dg[n*d.Hv+hv] = E(float64(decay) * dgt)
 					}
 				}
 			}

@@ -61,7 +61,7 @@ func textDatum(ids []int) Datum {
 }
 
 func TestTrainingLowersLoss(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			ids := e.Tokenizer.Encode("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.")

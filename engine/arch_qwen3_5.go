@@ -112,6 +112,10 @@ func (*qwen3_5Family) validate(c *Config) error {
 	if c.LinearNumValueHeads%c.LinearNumKeyHeads != 0 {
 		return fmt.Errorf("qwen3_5: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", c.LinearNumValueHeads, c.LinearNumKeyHeads)
 	}
+	if d := c.dnDims(); d.Hv*d.dk*d.dv > 1<<26 || d.C > 1<<20 {
+		// The state is Hv·dk·dv per row and layer: bounded at 256 MiB of float32 (Qwen3.5's is 2 MiB).
+		return fmt.Errorf("qwen3_5: a DeltaNet state of %d×%d×%d or %d conv channels is beyond any release", d.Hv, d.dk, d.dv, d.C)
+	}
 	if c.LinearConvKernelDim > 64 {
 		return fmt.Errorf("qwen3_5: linear_conv_kernel_dim %d is above 64", c.LinearConvKernelDim)
 	}

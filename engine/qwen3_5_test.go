@@ -3,11 +3,15 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/skein-ai/skein/safetensors"
 )
 
 // stepLogits runs a decode loop over B rows: a prefill of each row's prompt (padded to a
@@ -388,5 +392,111 @@ func TestQwen35ReducedPrecisionWeights(t *testing.T) {
 			t.Fatalf("%s: logits differ from float32 weights' by %.3g", p, d)
 		}
 		checkPrefillDecode(t, e, 5e-2)
+	}
+}
+
+// qwen35Config is a Qwen3.5 config.json (VL layout) with text_config edited by edit.
+func qwen35Config(edit func(text map[string]any)) []byte {
+	text := map[string]any{"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+		"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 10,
+		"rope_parameters": map[string]any{"rope_theta": 1e7, "partial_rotary_factor": 0.25}}
+	edit(text)
+	b, _ := json.Marshal(map[string]any{"architectures": []string{"Qwen3_5ForConditionalGeneration"}, "model_type": "qwen3_5",
+		"text_config": text, "vision_config": map[string]any{"depth": 2}, "image_token_id": 5})
+	return b
+}
+
+func parseQwen35(b []byte) (*Config, error) {
+	var c Config
+	if err := parseConfig(b, &c); err != nil {
+		return nil, err
+	}
+	return &c, c.finish()
+}
+
+// config.json's hybrid keys: layer_types from full_attention_interval when absent (every 4th
+// layer attention, as HF builds it), HF's legacy names, the rotary dim from the factor; and
+// what skein does not serve or cannot bound is refused with a message.
+func TestQwen35ConfigIsReadAndChecked(t *testing.T) {
+	c, err := parseQwen35(qwen35Config(func(map[string]any) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, true, true, false}; !slices.Equal(c.deltaNet, want) || c.RotaryDim != 8 || c.VisionConfig != nil {
+		t.Fatalf("deltaNet %v, rotary %d, vision %v", c.deltaNet, c.RotaryDim, c.VisionConfig)
+	}
+	if inv := c.invFreq(); len(inv) != 4 || math.Abs(inv[1]-math.Pow(1e7, -2.0/8)) > 1e-15 {
+		t.Fatalf("inverse frequencies %v: over the 8 rotating dims", inv)
+	}
+	c, err = parseQwen35(qwen35Config(func(m map[string]any) { m["layer_types"] = []string{"attention", "mamba", "mamba", "full_attention"} }))
+	if err != nil || !slices.Equal(c.deltaNet, []bool{false, true, true, false}) {
+		t.Fatalf("legacy layer names: %v %v", err, c)
+	}
+	for name, edit := range map[string]func(map[string]any){
+		"moe":         func(m map[string]any) { m["num_experts"] = 256 },
+		"ungated":     func(m map[string]any) { m["attn_output_gate"] = false },
+		"layer count": func(m map[string]any) { m["layer_types"] = []string{"full_attention"} },
+		"layer kind":  func(m map[string]any) { m["layer_types"] = []string{"a", "b", "c", "d"} },
+		"heads":       func(m map[string]any) { m["linear_num_value_heads"] = 3 },
+		"huge state": func(m map[string]any) {
+			m["linear_num_value_heads"], m["linear_key_head_dim"], m["linear_value_head_dim"] = 4096, 4096, 4096
+		},
+		"negative": func(m map[string]any) { m["linear_key_head_dim"] = -8 },
+		"conv":     func(m map[string]any) { m["linear_conv_kernel_dim"] = 1000 },
+		"rotary": func(m map[string]any) {
+			m["rope_parameters"] = map[string]any{"rope_theta": 1e7, "partial_rotary_factor": 0.01}
+		},
+		"attention bias": func(m map[string]any) { m["attention_bias"] = true },
+		"mrope sections": func(m map[string]any) {
+			m["rope_parameters"] = map[string]any{"rope_theta": 1e7, "mrope_section": []int{11, 11, 10}}
+		},
+		"no rope_theta": func(m map[string]any) { m["rope_parameters"] = map[string]any{"partial_rotary_factor": 0.25} },
+	} {
+		if _, err := parseQwen35(qwen35Config(edit)); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}
+
+// A real checkpoint carries the vision tower and the MTP draft block: they are not loaded, and
+// the load says so; a checkpoint whose fused in_proj_qkv has the wrong shape is refused.
+func TestQwen35LoadSkipsVisionAndMTP(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3_5, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "model.safetensors")
+	st, err := safetensors.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tensors := st.Tensors
+	tensors["model.visual.blocks.0.attn.qkv.weight"] = safetensors.FromFloat32(make([]float32, 12), 3, 4)
+	tensors["mtp.fc.weight"] = safetensors.FromFloat32(make([]float32, 8), 2, 4)
+	if err := safetensors.WriteFile(path, tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	e, err := Load(dir, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "not loading the vision tower") || !strings.Contains(logs.String(), "tensors=2") {
+		t.Fatalf("no log line about the skipped tensors:\n%s", logs.String())
+	}
+	want := logitsOf(t, loadTiny(t, ArchQwen3_5, Options{}), "", referenceTokens)
+	if d := maxDiff(logitsOf(t, e, "", referenceTokens), want); d != 0 {
+		t.Fatalf("extra tensors changed the logits by %.3g", d)
+	}
+	name := "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"
+	tensors[name] = safetensors.FromFloat32(make([]float32, 64*10), 10, 64)
+	if err := safetensors.WriteFile(path, tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir, Options{}); err == nil || !strings.Contains(err.Error(), "in_proj_qkv") {
+		t.Fatalf("a mis-shaped in_proj_qkv: %v", err)
 	}
 }

@@ -500,3 +500,28 @@ func TestQwen35LoadSkipsVisionAndMTP(t *testing.T) {
 		t.Fatalf("a mis-shaped in_proj_qkv: %v", err)
 	}
 }
+
+// Over Q8_0 base weights (the tiny-quant preset's rows are whole blocks, in_proj_a and
+// in_proj_b included) a Qwen3.5 model loads, stays near its float32 logits, and prefill +
+// decode still equals one pass. Near is loose for the reason of qwen35RefTol: on the
+// tiny-quant preset bf16 weights move the logits (up to 6) by 0.48 and q8_0 by 1.36, where
+// Qwen3's move by 0.063 and 0.13 — the same eight to tenfold for both roundings.
+func TestQwen35QuantizedBase(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3_5, "tiny-quant", 1); err != nil {
+		t.Fatal(err)
+	}
+	f32, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q8, err := Load(dir, Options{Precision: "q8_0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, got := logitsOf(t, f32, "", referenceTokens), logitsOf(t, q8, "", referenceTokens)
+	if d := maxDiff(got, ref); d > 2 || d == 0 {
+		t.Fatalf("q8_0 logits differ from float32's by %.3g", d)
+	}
+	checkPrefillDecode(t, q8, 5e-2)
+}

@@ -525,3 +525,38 @@ func TestQwen35QuantizedBase(t *testing.T) {
 	}
 	checkPrefillDecode(t, q8, 5e-2)
 }
+
+// An adapter saved with Tinker's names for a Qwen3.5 (base_model.model.model.layers.…, without
+// language_model.) loads as the same adapter as one with PEFT's full names.
+func TestQwen35LoadsTinkerNamedAdapter(t *testing.T) {
+	e := loadTiny(t, ArchQwen3_5, Options{})
+	referenceAdapter(t, e)
+	dir := t.TempDir()
+	if err := e.SaveAdapter(context.Background(), "ref", dir, false); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, AdapterWeightsFile)
+	st, err := safetensors.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := map[string]safetensors.Tensor{}
+	for name, tn := range st.Tensors {
+		if !strings.HasPrefix(name, "base_model.model.model.language_model.layers.") && !strings.HasPrefix(name, "base_model.model.lm_head") {
+			t.Fatalf("unexpected saved name %s", name)
+		}
+		renamed[strings.Replace(name, "model.language_model.", "model.", 1)] = tn
+	}
+	if err := safetensors.WriteFile(path, renamed, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.LoadAdapter(context.Background(), "tinker", dir, false); err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(logitsOf(t, e, "tinker", referenceTokens), logitsOf(t, e, "ref", referenceTokens)); d != 0 {
+		t.Fatalf("the Tinker-named adapter gives other logits (%.3g)", d)
+	}
+	if d := maxDiff(logitsOf(t, e, "tinker", referenceTokens), logitsOf(t, e, "", referenceTokens)); d == 0 {
+		t.Fatal("the adapter changes nothing")
+	}
+}

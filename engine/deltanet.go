@@ -194,7 +194,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	}
 	dkdv := d.dk * d.dv
 	kernels.ParallelRows(B*d.Hv, func(r0, r1 int) {
-		S, u := make([]E, dkdv), make([]E, d.dv)
+		S, u, ones := make([]E, dkdv), make([]E, d.dv), onesOf[E](dkdv)
 		for r := r0; r < r1; r++ {
 			b, hv := r/d.Hv, r%d.Hv
 			hk := hv / d.r
@@ -212,7 +212,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 				}
 				n := b*T + t
 				deltaStep(S, S, qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
-					v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], g[n*d.Hv+hv], beta[n*d.Hv+hv], o.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], u, d.dv)
+					v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], g[n*d.Hv+hv], beta[n*d.Hv+hv], o.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], u, ones, d.dv)
 				if st != nil && !cont && t == end-1 {
 					copy(st.S.V[r*dkdv:(r+1)*dkdv], S)
 				}
@@ -251,24 +251,32 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 
 // deltaStep is one token of the rule from state src to dst [dk, dv] (the same slice, or
 // another: the backward pass's recomputation keeps every state of a chunk): decay, delta update,
-// and the output o = Sᵀq; u is scratch of dv. Rows of S go through the vector kernels.
-func deltaStep[E float](dst, src, q, k, v []E, g, beta E, o, u []E, dv int) {
-	decay := E(math.Exp(float64(g)))
+// and the output o = Sᵀq; u is scratch of dv and ones dk·dv ones. Every pass over the state goes
+// through the vector row kernels.
+func deltaStep[E float](dst, src, q, k, v []E, g, beta E, o, u, ones []E, dv int) {
+	kernels.MulScaled(dst, src, ones, E(math.Exp(float64(g)))) // S ← e^g·S
 	clear(u)
-	for i, ki := range k { // u = S_prevᵀk; the decayed state predicts decay·u
-		kernels.Axpy(u, src[i*dv:(i+1)*dv], ki)
+	for i, ki := range k { // u = Sᵀk, what the decayed state predicts for k
+		kernels.Axpy(u, dst[i*dv:(i+1)*dv], ki)
 	}
 	for j := range u {
-		u[j] = beta * (v[j] - decay*u[j])
+		u[j] = beta * (v[j] - u[j])
 	}
 	clear(o)
 	for i, ki := range k {
-		in, row := src[i*dv:(i+1)*dv], dst[i*dv:(i+1)*dv]
-		for j := range row {
-			row[j] = in[j]*decay + ki*u[j]
-		}
+		row := dst[i*dv : (i+1)*dv]
+		kernels.Axpy(row, u, ki) // S ← S + k·uᵀ
 		kernels.Axpy(o, row, q[i])
 	}
+}
+
+// onesOf is a slice of n ones (deltaStep's scaling operand).
+func onesOf[E float](n int) []E {
+	v := make([]E, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
 }
 
 // deltaNetBack takes d loss/d(the mixer's residual output) dh2 and returns d loss/d(the layer's
@@ -307,6 +315,7 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 		states := make([]E, (deltaChunk+1)*dkdv)
 		dS := make([]E, dkdv)
 		r, du, e, scratch, u := make([]E, d.dv), make([]E, d.dv), make([]E, d.dv), make([]E, d.dv), make([]E, d.dv)
+		ones := onesOf[E](dkdv)
 		for bk := r0; bk < r1; bk++ {
 			b, hk := bk/d.Hk, bk%d.Hk
 			for hv := hk * d.r; hv < (hk+1)*d.r; hv++ {
@@ -318,7 +327,7 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 					for t := t0; t < t1; t++ {
 						n := b*T + t
 						deltaStep(states[(t-t0+1)*dkdv:(t-t0+2)*dkdv], states[(t-t0)*dkdv:(t-t0+1)*dkdv], a.qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], a.kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
-							a.v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], a.g[n*d.Hv+hv], a.beta[n*d.Hv+hv], scratch, u, d.dv)
+							a.v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], a.g[n*d.Hv+hv], a.beta[n*d.Hv+hv], scratch, u, ones, d.dv)
 					}
 					for t := t1 - 1; t >= t0; t-- {
 						n := b*T + t
@@ -360,10 +369,8 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 							kernels.Axpy(dSi, e, -k[i])
 							dk[i] -= decay * E(kernels.Dot(pi, e))
 							dgt += kernels.Dot(dSi, pi)
-							for j := range dSi {
-								dSi[j] *= decay
-							}
 						}
+						kernels.MulScaled(dS, dS, ones, decay)
 						dg[n*d.Hv+hv] = E(float64(decay) * dgt)
 					}
 				}

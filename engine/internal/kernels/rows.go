@@ -226,3 +226,7 @@ func Axpy[T Float](dst, src []T, alpha T) { rowAxpy(dst, src, alpha) }
 
 // Dot is Σ a·b over one row, on the calling goroutine (as Axpy).
 func Dot[T Float](a, b []T) float64 { return rowDot(a, b) }
+
+// MulScaled sets dst = a·b·s over one row, on the calling goroutine (as Axpy); with b all ones
+// it scales a row (the DeltaNet's decay of its state).
+func MulScaled[T Float](dst, a, b []T, s T) { rowMulScaled(dst, a, b, s) }

@@ -560,3 +560,29 @@ func TestQwen35LoadsTinkerNamedAdapter(t *testing.T) {
 		t.Fatal("the adapter changes nothing")
 	}
 }
+
+// A generated model bigger than tinyShardBytes is written in shards with an index (as the
+// qwen3_5-4b preset is), drawn a shard at a time, with the values of one written whole.
+func TestInitTinyShardsBigModels(t *testing.T) {
+	old := tinyShardBytes
+	tinyShardBytes = 100 << 10
+	defer func() { tinyShardBytes = old }()
+	dir := t.TempDir()
+	if err := InitTiny(dir, ArchQwen3_5, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	shards, _ := filepath.Glob(filepath.Join(dir, "model-*-of-*.safetensors"))
+	if len(shards) < 3 {
+		t.Fatalf("%d shards", len(shards))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
+		t.Fatal("a single model.safetensors beside the shards")
+	}
+	e, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(logitsOf(t, e, "", referenceTokens), logitsOf(t, loadTiny(t, ArchQwen3_5, Options{}), "", referenceTokens)); d != 0 {
+		t.Fatalf("the sharded model differs from the whole one by %.3g", d)
+	}
+}

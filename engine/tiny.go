@@ -40,7 +40,7 @@ type Preset struct {
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
-// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, a 2.4 GB bf16 file).
+// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, 2.4 GB of bf16 in two shards).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
 	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true},

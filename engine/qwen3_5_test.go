@@ -586,3 +586,34 @@ func TestInitTinyShardsBigModels(t *testing.T) {
 		t.Fatalf("the sharded model differs from the whole one by %.3g", d)
 	}
 }
+
+// A step of several tokens continuing the cache (a prefill in two pieces) carries the conv
+// history and the state as single-token steps do: its logits are one pass's.
+func TestQwen35TwoPiecePrefillEqualsOnePass(t *testing.T) {
+	e := loadTiny(t, ArchQwen3_5, Options{Float64: true})
+	seq := []int{5, 17, 300, 42, 7, 99, 256, 3, 64, 128, 11}
+	full := stepLogits(t, e, nil, [][]int{seq}, [][]int{nil})[0]
+	step, done := e.newDecodeStep(nil, 1, 16)
+	defer done()
+	first, second := seq[:5], seq[5:]
+	pos := func(from, n int) [][]int {
+		p := make([]int, n)
+		for i := range p {
+			p[i] = from + i
+		}
+		return [][]int{p}
+	}
+	a, err := step([][]int{first}, pos(0, len(first)), func(int, int) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := step([][]int{second}, pos(len(first), len(second)), func(int, int) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, row := range append(a, b...) {
+		if d := maxDiff(row, full[i]); d > 1e-10 {
+			t.Fatalf("position %d differs from one pass by %.3g", i, d)
+		}
+	}
+}

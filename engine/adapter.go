@@ -290,14 +290,28 @@ func (c *Config) loraModules(s loraSpec) []loraModule {
 	D, F, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
 	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
 	var mods []loraModule
+	if c.family().gatedAttention {
+		qd *= 2 // each head's queries and its gate rows: Tinker's LoRA covers the whole output
+	}
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
-		if s.Attn {
+		if s.Attn && c.isDeltaNet(l) {
+			// Tinker's set on a DeltaNet layer (reference §4): the split q/k/v rows of in_proj_qkv,
+			// z and out_proj; no LoRA on a, b or the conv.
+			d := c.dnDims()
+			a := p + "linear_attn."
+			mods = append(mods,
+				loraModule{a + "in_proj_q", D, d.Kd},
+				loraModule{a + "in_proj_k", D, d.Kd},
+				loraModule{a + "in_proj_v", D, d.Vd},
+				loraModule{a + "in_proj_z", D, d.Vd},
+				loraModule{a + "out_proj", d.Vd, D})
+		} else if s.Attn {
 			mods = append(mods,
 				loraModule{p + "self_attn.q_proj", D, qd},
 				loraModule{p + "self_attn.k_proj", D, kvd},
 				loraModule{p + "self_attn.v_proj", D, kvd},
-				loraModule{p + "self_attn.o_proj", qd, D})
+				loraModule{p + "self_attn.o_proj", c.NumAttentionHeads * hd, D})
 		}
 		if s.MLP {
 			mods = append(mods,

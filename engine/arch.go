@@ -21,6 +21,12 @@ type family struct {
 	statedRopeTheta bool
 	// lmPrefix is the HF name prefix of the LM's weights ("" : "model.").
 	lmPrefix string
+	// zeroCentredNorms: the checkpoint's RMSNorm weights w multiply as (1 + w) (Qwen3.5); the
+	// loader adds the 1, so the layers multiply by the stored weight as everywhere else.
+	zeroCentredNorms bool
+	// gatedAttention: q_proj gives each head its queries and then as many gate rows, and the
+	// attention output is multiplied by σ(gate) before o_proj (Qwen3.5).
+	gatedAttention bool
 }
 
 // architecture is what an arch_*.go file registers: a type that embeds its family, with the

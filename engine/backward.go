@@ -13,13 +13,14 @@ import (
 
 // ropeBack is rope's transpose: rotation by −θ.
 func (s *pass[E]) ropeBack(dy, dx []E, b, t int) {
-	half := len(dy) / 2
 	c, sn := s.ropeAt(b, t, t)
+	half := len(c) // partial rotary: the dims past 2·half passed through
 	for i := range half {
 		d1, d2 := dy[i], dy[i+half]
 		dx[i] = d1*c[i] + d2*sn[i]
 		dx[i+half] = d2*c[i] - d1*sn[i]
 	}
+	copy(dx[2*half:], dy[2*half:])
 }
 
 // rmsNormRowBack writes rmsNormRow's input gradient into dx.
@@ -70,6 +71,9 @@ func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []tensor.Po
 // gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
 func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	dh2 := s.feedForwardBack(l, dh)
+	if s.m.layers[l].dn != nil {
+		return s.deltaNetBack(l, dh2)
+	}
 	dq, dk, dv := s.attentionBack(l, dh2)
 	return s.qkvBack(l, dq, dk, dv, dh2)
 }
@@ -93,6 +97,16 @@ func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
 	la := &s.train.acts[l]
 	T, BK := s.T, s.B*c.NumKeyValueHeads
 	do := s.linearBack(dh2, L.o, true)
+	var dgate mat[E]
+	if la.gate.V != nil {
+		// o_proj's input was o ⊙ σ(gate): do ⊙ σ(gate) to o, do ⊙ o ⊙ σ'(gate) to the gate rows.
+		dgate = s.ar.Alloc(la.gate.Dims...)
+		for i, g := range la.gate.V {
+			sg := E(sigmoid(float64(g)))
+			dgate.V[i] = do.V[i] * la.o.V[i] * sg * (1 - sg)
+			do.V[i] *= sg
+		}
+	}
 	dO, dOT := s.tokensToHeads(do)
 	scale := E(1 / math.Sqrt(float64(c.HeadDim)))
 	probs := la.p
@@ -105,7 +119,11 @@ func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
 	kernels.SoftmaxBack(probs.V, dP.V, T, scale)
 	dQ := s.ar.MatMul(dP, la.kh, BK, false)   // [BK, G·T, hd]
 	dKT := s.ar.MatMul(la.qhT, dP, BK, false) // [BK, hd, T]
-	return s.headsBack(l, dQ, dKT, dVT)
+	dq, dk, dv = s.headsBack(l, dQ, dKT, dVT)
+	if dgate.V != nil {
+		dq = s.joinGate(dq, dgate)
+	}
+	return dq, dk, dv
 }
 
 // tokensToHeads copies d loss/d(attention output) from token layout [B·T, H·hd] into the

@@ -137,7 +137,8 @@ func ReadAdapterConfig(dir string) (LoraConfig, error) {
 	c := LoraConfig{Rank: pc.R, Alpha: pc.LoraAlpha, Seed: pc.SkeinSeed}
 	for _, t := range pc.TargetModules {
 		switch t {
-		case "q_proj", "k_proj", "v_proj", "o_proj":
+		case "q_proj", "k_proj", "v_proj", "o_proj",
+			"in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj": // Qwen3.5's DeltaNet layers
 			c.TrainAttn = true
 		case "gate_proj", "up_proj", "down_proj":
 			c.TrainMLP = true
@@ -178,6 +179,21 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		want[p.name] = p.shape
 	}
 	weights, err := readTensors(filepath.Join(dir, AdapterWeightsFile), want, nil)
+	if errors.Is(err, ErrTensorMismatch) && e.Config.lm() != "model." {
+		// Tinker names a vision-language model's LoRA modules without the language_model. part
+		// (base_model.model.model.layers.0.linear_attn.in_proj_q…, reference §4); PEFT and skein
+		// with it. Either is read.
+		alias := map[string][]int{}
+		for name, shape := range want {
+			alias[tinkerAdapterName(e.Config, name)] = shape
+		}
+		if w, err2 := readTensors(filepath.Join(dir, AdapterWeightsFile), alias, nil); err2 == nil {
+			weights, err = map[string][]float64{}, nil
+			for name := range want {
+				weights[name] = w[tinkerAdapterName(e.Config, name)]
+			}
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("engine: loading adapter %s: %w", dir, err)
 	}
@@ -227,6 +243,12 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 	e.adapters[id] = a
 	e.mu.Unlock()
 	return nil
+}
+
+// tinkerAdapterName is a PEFT tensor name as Tinker writes it for a vision-language model: the
+// LM's modules under model. rather than model.language_model.
+func tinkerAdapterName(c *Config, name string) string {
+	return strings.Replace(name, "base_model.model."+c.lm(), "base_model.model.model.", 1)
 }
 
 // ErrTensorMismatch is returned for a checkpoint file whose tensors do not fit the adapter.

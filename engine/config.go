@@ -22,6 +22,8 @@ type RopeScaling struct {
 	// Multimodal RoPE (Qwen3-VL): frequencies split between the t, h and w position ids.
 	MropeSection     []int `json:"mrope_section,omitempty"`
 	MropeInterleaved bool  `json:"mrope_interleaved,omitempty"`
+	// Partial rotary (Qwen3.5): only the first factor·head_dim dims of a head rotate.
+	PartialRotaryFactor float64 `json:"partial_rotary_factor,omitempty"`
 }
 
 // RopeParameters is transformers 5's rope_parameters: rope_scaling's keys and rope_theta in one
@@ -63,10 +65,28 @@ type Config struct {
 	VisionStartTokenID *int            `json:"vision_start_token_id,omitempty"`
 	VisionEndTokenID   *int            `json:"vision_end_token_id,omitempty"`
 
+	// Hybrid models (arch_qwen3_5.go): which layers are Gated DeltaNet ("linear_attention") and
+	// which softmax attention ("full_attention"), and the DeltaNet's sizes.
+	LayerTypes            []string `json:"layer_types,omitempty"`
+	FullAttentionInterval int      `json:"full_attention_interval,omitempty"`
+	LinearNumKeyHeads     int      `json:"linear_num_key_heads,omitempty"`
+	LinearNumValueHeads   int      `json:"linear_num_value_heads,omitempty"`
+	LinearKeyHeadDim      int      `json:"linear_key_head_dim,omitempty"`
+	LinearValueHeadDim    int      `json:"linear_value_head_dim,omitempty"`
+	LinearConvKernelDim   int      `json:"linear_conv_kernel_dim,omitempty"`
+	AttnOutputGate        *bool    `json:"attn_output_gate,omitempty"`
+	PartialRotaryFactor   float64  `json:"partial_rotary_factor,omitempty"`
+	NumExperts            int      `json:"num_experts,omitempty"` // refused: no mixture of experts
+
 	Arch Arch `json:"-"`
 	// RopeFreqFactors divide the rotary inverse frequencies one by one (a GGUF's rope_freqs
 	// tensor, which is how llama.cpp's converter stores llama3 scaling); nil: none.
 	RopeFreqFactors []float64 `json:"-"`
+	// RotaryDim is how many dims of each query and key head rotate: head_dim unless the family
+	// says otherwise (finish).
+	RotaryDim int `json:"-"`
+	// deltaNet marks the Gated DeltaNet layers (nil: none; set by the family's finish).
+	deltaNet []bool
 }
 
 // LoadConfig reads and validates DIR/config.json.
@@ -169,6 +189,7 @@ func (c *Config) finish() error {
 	if c.MaxPositionEmbeddings == 0 {
 		c.MaxPositionEmbeddings = 2048
 	}
+	c.RotaryDim = c.HeadDim
 	if fi, ok := a.(finisher); ok {
 		fi.finish(c)
 	}
@@ -197,10 +218,12 @@ func (c *Config) EOSTokens() []int {
 
 // invFreq returns the rotary inverse frequencies, with llama3 scaling applied if configured.
 func (c *Config) invFreq() []float64 {
-	half := c.HeadDim / 2
+	// Frequencies over the rotating dims only, as HF's default rope init with a partial factor.
+	rd := c.rotaryDim()
+	half := rd / 2
 	inv := make([]float64, half)
 	for i := range half {
-		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(rd))
 	}
 	if len(c.RopeFreqFactors) == half {
 		for i := range inv {
@@ -252,3 +275,14 @@ func (c *Config) useRopeParameters() {
 		c.RopeTheta = p.RopeTheta
 	}
 }
+
+// rotaryDim is RotaryDim, or head_dim for a config never finished.
+func (c *Config) rotaryDim() int {
+	if c.RotaryDim > 0 {
+		return c.RotaryDim
+	}
+	return c.HeadDim
+}
+
+// isDeltaNet reports whether layer l is a Gated DeltaNet layer (else softmax attention).
+func (c *Config) isDeltaNet(l int) bool { return l < len(c.deltaNet) && c.deltaNet[l] }

@@ -14,7 +14,8 @@ import (
 // attends over the cache. Both are forward-only passes: one layer's tensors at a time.
 
 // stepFunc feeds tokens [B][T] at positions [B][T] and returns the logits of the positions want
-// accepts, indexed b·T+t (nil elsewhere). Only those rows go through the unembedding: a prefill
+// accepts, indexed b·T+t (nil elsewhere). In a prefill, a row's prompt ends at the last position
+// want accepts: tokens after it are padding (a hybrid model's recurrent state is taken there). Only those rows go through the unembedding: a prefill
 // needs one row per sequence unless prompt logprobs were asked for.
 type stepFunc func(tok, pos [][]int, want func(b, t int) bool) ([][]float64, error)
 
@@ -66,7 +67,16 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 	d := &kvDecoder[E]{e: e, B: B, long: tensor.NewArena[E](e.base.mm)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
-	for range c.NumHiddenLayers {
+	d.cache.dn = make([]*deltaState[E], c.NumHiddenLayers)
+	for l := range c.NumHiddenLayers {
+		if c.isDeltaNet(l) {
+			// A fixed-size state per row in place of keys and values (deltanet.go); every row's
+			// prefill writes it before a decode step reads it.
+			dd := c.dnDims()
+			d.cache.dn[l] = &deltaState[E]{conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
+			d.cache.keysT, d.cache.values = append(d.cache.keysT, mat[E]{}), append(d.cache.values, mat[E]{})
+			continue
+		}
 		// Slots are written before any query may attend to them; zeroing keeps stale values of a
 		// reused buffer out of the masked-off products (0 × NaN would still be NaN).
 		d.cache.keysT = append(d.cache.keysT, d.long.Zeros(BK, c.HeadDim, S))
@@ -104,6 +114,10 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	if !fromStart {
 		parts.pos = pos
 	}
+	d.cache.lens = nil
+	if fromStart {
+		d.cache.lens = prefillLens(B, T, want)
+	}
 	s := newPass(e, ar, B, T, parts)
 	d.useImages(s, fromStart)
 	m0 := ar.Mark()
@@ -112,6 +126,23 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 		return nil, ar.Err
 	}
 	return s.wantedLogits(h, want)
+}
+
+// prefillLens is each row's prompt length in a prefill: one past the last position want
+// accepts (a prefill always asks for the logits at each prompt's last token, and none after
+// it; see stepFunc). The DeltaNet state of a row is taken there, not at the padded end.
+func prefillLens(B, T int, want func(b, t int) bool) []int {
+	lens := make([]int, B)
+	for b := range B {
+		lens[b] = T
+		for t := T - 1; t >= 0; t-- {
+			if want(b, t) {
+				lens[b] = t + 1
+				break
+			}
+		}
+	}
+	return lens
 }
 
 // checkPositions checks every position of a step [B][T] lies in the cache, and reports whether

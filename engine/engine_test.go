@@ -61,7 +61,7 @@ func textDatum(ids []int) Datum {
 }
 
 func TestTrainingLowersLoss(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			ids := e.Tokenizer.Encode("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.")
@@ -111,7 +111,9 @@ func rlDatum(ids []int, oldLP, adv float64) Datum {
 // Gradients of every loss match central finite differences on a float64 model: every loss on
 // Qwen3 (q/k norms), cross-entropy on Llama (untied lm_head) and Qwen2 (biases, tied lm_head).
 func TestGradientsMatchFiniteDifferences(t *testing.T) {
-	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2} {
+	// qwen3_5: every LoRA kind of a DeltaNet layer (split in_proj q/k/v, z, out_proj) and of a
+	// gated attention layer, through the hand-written backward of the delta rule.
+	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2, ArchQwen3_5} {
 		t.Run(string(arch), func(t *testing.T) { checkGradients(t, arch) })
 	}
 }

@@ -10,6 +10,10 @@ type kvStore[E float] interface {
 	slot(b, t int) int
 	// put stores the key (after RoPE) and value of kv head kv of token t of row b in layer l.
 	put(l, b, t, kv int, k, v []E)
+	// deltaState is DeltaNet layer l's sampler state (nil: none, a training or forward pass);
+	// cont: the pass continues it (a decode step), else it starts from zero and leaves each row's
+	// state after that row's own last token, lens[b] (nil: T).
+	deltaState(l int) (st *deltaState[E], cont bool, lens []int)
 }
 
 // passKV keeps keys and values of the pass's own tokens at positions 0…T-1: training,
@@ -39,6 +43,13 @@ func (p *passKV[E]) begin(l int) (mat[E], mat[E]) {
 
 func (p *passKV[E]) slot(_, t int) int { return t }
 
+func (p *passKV[E]) deltaState(l int) (*deltaState[E], bool, []int) {
+	if p.cache == nil {
+		return nil, false, nil
+	}
+	return p.cache.dn[l], false, p.cache.lens
+}
+
 func (p *passKV[E]) put(l, b, t, kv int, k, v []E) {
 	hd, T := p.hd, p.T
 	head := b*p.KVH + kv
@@ -64,8 +75,12 @@ func (p *passKV[E]) put(l, b, t, kv int, k, v []E) {
 // [B·KVH, hd, S] (for a few query rows the backend multiplies q·Kᵀ with K untransposed at a
 // third of the speed).
 type kvCache[E float] struct {
-	keysT, values []mat[E] // per layer
+	keysT, values []mat[E] // per layer (empty for DeltaNet layers)
 	KVH, hd, S    int
+	// A hybrid model's DeltaNet layers keep a fixed-size state per row instead (nil elsewhere),
+	// and a prefill leaves it after each row's own prompt: lens (nil: the whole step).
+	dn   []*deltaState[E]
+	lens []int
 }
 
 func (c *kvCache[E]) put(l, b, kv, slot int, k, v []E) {
@@ -88,5 +103,7 @@ type cacheKV[E float] struct {
 func (c *cacheKV[E]) begin(l int) (mat[E], mat[E]) { return c.cache.keysT[l], c.cache.values[l] }
 
 func (c *cacheKV[E]) slot(b, t int) int { return c.pos[b][t] }
+
+func (c *cacheKV[E]) deltaState(l int) (*deltaState[E], bool, []int) { return c.cache.dn[l], true, nil }
 
 func (c *cacheKV[E]) put(l, b, t, kv int, k, v []E) { c.cache.put(l, b, kv, c.pos[b][t], k, v) }

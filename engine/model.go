@@ -39,6 +39,8 @@ type decoderLayer[E float] struct {
 	inputNorm, postNorm        []E
 	qNorm, kNorm               []E // per-head RMSNorm before RoPE (families with headNorm), else nil
 	q, k, v, o, gate, up, down *linear[E]
+	// dn is a Gated DeltaNet layer's mixer (deltanet.go), in place of attention (q, k, v, o nil).
+	dn *deltaNetLayer[E]
 }
 
 // linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
@@ -56,6 +58,9 @@ type linear[E float] struct {
 }
 
 func (L *decoderLayer[E]) linears() []*linear[E] {
+	if L.dn != nil {
+		return append(L.dn.linears(), L.gate, L.up, L.down)
+	}
 	return []*linear[E]{L.q, L.k, L.v, L.o, L.gate, L.up, L.down}
 }
 
@@ -72,7 +77,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 	qw := map[string][]byte{}
 	qf := quantFormat(precision)
 	bytes := 0
-	for _, name := range c.weightNames() {
+	for _, name := range c.modelWeightNames() {
 		shape := host[name].Shape
 		// A GGUF's block tensor: its blocks kept as they are, or dequantized in place (gguf_load.go).
 		if blocks, err := ggufHostTensor(host, name, qf); err != nil {
@@ -123,6 +128,11 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 			t := transpose2D(hostTensor{shape: shape, data: v})
 			v, shape = t.data, t.shape
 		}
+		if c.plusOneNorm(name) { // (1 + w), in float64 before the engine's dtype rounds it
+			for i := range v {
+				v[i]++
+			}
+		}
 		t, size, err := tensor.NewWeight[E](shape...)
 		if err != nil {
 			return nil, 0, fmt.Errorf("engine: placing weight %s: %w", name, err)
@@ -170,6 +180,17 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 	}
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
+		if c.isDeltaNet(l) {
+			a := p + "linear_attn."
+			m.layers = append(m.layers, decoderLayer[E]{
+				inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
+				dn: &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
+					z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
+					conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V},
+				gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj"),
+			})
+			continue
+		}
 		L := decoderLayer[E]{
 			inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
 			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
@@ -190,7 +211,7 @@ func (c *Config) layerPrefix(l int) string { return fmt.Sprintf("%slayers.%d.", 
 
 // isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
 func isLinearWeight(name string) bool {
-	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight"
+	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight" || strings.Contains(name, ".linear_attn.in_proj_")
 }
 
 func transpose2D(t hostTensor) hostTensor {

@@ -45,7 +45,7 @@ func mropePositions(tokens []int, imageToken, merge int, grids [][3]int) (pos []
 
 // mropeAxes says which of t, h, w each rotary frequency turns with.
 func (c *Config) mropeAxes() []int {
-	half := c.HeadDim / 2
+	half := c.rotaryDim() / 2
 	axes := make([]int, half)
 	sec := c.RopeScaling.MropeSection
 	for i := range half {
@@ -68,7 +68,7 @@ type ropeOverride[E float] struct {
 
 // ropeAt is the cosines and sines that rotate token t of row b, whose slot is ps.
 func (s *pass[E]) ropeAt(b, t, ps int) (cs, sn []E) {
-	half := s.c.HeadDim / 2
+	half := s.c.rotaryDim() / 2
 	if r := s.rope; r != nil {
 		if r.cos != nil {
 			n := b*s.T + t
@@ -84,7 +84,7 @@ func (s *pass[E]) ropeAt(b, t, ps int) (cs, sn []E) {
 
 // mropeTables is the per-token rotation of positions pos [B·T] (t, h, w).
 func mropeTables[E float](c *Config, invFreq []float64, pos [][3]int) (cos, sin []E) {
-	half := c.HeadDim / 2
+	half := c.rotaryDim() / 2
 	axes := c.mropeAxes()
 	cos, sin = make([]E, len(pos)*half), make([]E, len(pos)*half)
 	for n, p := range pos {

@@ -63,11 +63,11 @@ func (e *Engine) recomputesLayers(B, T int) bool {
 // one layer's activations and backward temporaries, and the token's logits.
 func (c *Config) recomputeElemsPerToken(T int) int {
 	full := c.stepElemsPerToken(T)
-	layers := c.NumHiddenLayers * c.layerElemsPerToken()
+	layers := c.allLayersElemsPerToken()
 	if !c.recomputesProbs(T) {
-		layers += c.NumHiddenLayers * c.NumAttentionHeads * T
+		layers += c.attentionLayers() * c.NumAttentionHeads * T
 	}
-	return full - layers + c.NumHiddenLayers*c.HiddenSize + c.layerElemsPerToken() + c.NumAttentionHeads*T
+	return full - layers + c.NumHiddenLayers*c.HiddenSize + c.maxLayerElemsPerToken() + c.NumAttentionHeads*T
 }
 
 // stepFixedElems is what a training pass holds besides per-token tensors: merged LoRA weights,
@@ -79,7 +79,7 @@ func (e *Engine) stepFixedElems() int {
 	c := e.Config
 	fixed := c.layerWeightElems()
 	if e.keepsMerged() {
-		fixed *= c.NumHiddenLayers
+		fixed = c.allLayerWeightElems()
 	}
 	head := c.VocabSize * c.HiddenSize
 	fixed += head + c.VocabSize*e.opts.MaxRank
@@ -89,10 +89,36 @@ func (e *Engine) stepFixedElems() int {
 	return fixed
 }
 
-// layerWeightElems is the size of one decoder layer's linear weights.
+// layerWeightElems is the size of the largest decoder layer's linear weights.
 func (c *Config) layerWeightElems() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		n = max(n, c.layerWeightElemsOf(l))
+	}
+	return n
+}
+
+// allLayerWeightElems is the size of every decoder layer's linear weights.
+func (c *Config) allLayerWeightElems() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		n += c.layerWeightElemsOf(l)
+	}
+	return n
+}
+
+// layerWeightElemsOf is the size of layer l's linear weights, by its kind.
+func (c *Config) layerWeightElemsOf(l int) int {
+	D, mlp := c.HiddenSize, 3*c.HiddenSize*c.IntermediateSize
+	if c.isDeltaNet(l) {
+		d := c.dnDims()
+		return D*(d.C+2*d.Vd+2*d.Hv) + mlp // q, k, v, z, a, b in; out_proj
+	}
 	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
-	return c.HiddenSize * (2*q + 2*kv + 3*c.IntermediateSize)
+	if c.family().gatedAttention {
+		return D*(3*q+2*kv) + mlp // q_proj's gate rows
+	}
+	return D*(2*q+2*kv) + mlp
 }
 
 // keepsMerged reports whether a training pass keeps every layer's merged LoRA weights from the
@@ -117,21 +143,74 @@ func (c *Config) stepElemsPerToken(T int) int {
 	D, F := c.HiddenSize, c.IntermediateSize
 	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	probs := c.NumAttentionHeads * T
-	layer := c.layerElemsPerToken()
+	layers := c.allLayersElemsPerToken()
 	backward := 5*D + 6*q + 4*kv + probs + 3*F
+	if c.deltaNet != nil {
+		// A DeltaNet layer's backward temporaries: the gated norm's and the rule's gradients,
+		// the conv's input and output gradients, beside the MLP's.
+		d := c.dnDims()
+		backward = max(backward, 3*D+2*d.C+2*d.Kd+4*d.Vd+4*d.Hv+3*F)
+	}
 	if c.recomputesProbs(T) {
 		backward += probs // recomputed while the layer's backward runs
 	} else {
-		layer += probs
+		layers += c.attentionLayers() * probs
 	}
-	return c.NumHiddenLayers*layer + backward + c.VocabSize + 2*D
+	return layers + backward + c.VocabSize + 2*D
 }
 
-// layerElemsPerToken is what a layer keeps per token for its backward pass, besides attention
-// probabilities.
+// attentionLayers is how many layers are softmax attention (all but a hybrid's DeltaNet ones).
+func (c *Config) attentionLayers() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		if !c.isDeltaNet(l) {
+			n++
+		}
+	}
+	return n
+}
+
+// layerElemsPerToken is what an attention layer keeps per token for its backward pass, besides
+// attention probabilities.
 func (c *Config) layerElemsPerToken() int {
 	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	if c.family().gatedAttention {
+		q += q / 2 // the doubled q_proj output, its gate rows and the gated output, per query dim ≈ 1.5×
+		return 4*c.HiddenSize + 6*q + 6*kv + 4*c.IntermediateSize + 4
+	}
 	return 4*c.HiddenSize + 5*q + 6*kv + 4*c.IntermediateSize + 4
+}
+
+// layerElemsPerTokenOf is what layer l keeps per token, by its kind (attention probabilities
+// aside). A DeltaNet layer keeps its input and norm, the q/k/v/z/a/b projections, the conv's
+// pre-activations, normalised q and k, values, gates, the rule's output and the gated norm's,
+// and a state of Hv·dk·dv per deltaChunk tokens (reference §3's table).
+func (c *Config) layerElemsPerTokenOf(l int) int {
+	if !c.isDeltaNet(l) {
+		return c.layerElemsPerToken()
+	}
+	d := c.dnDims()
+	D, F := c.HiddenSize, c.IntermediateSize
+	mixer := 2*d.C + 2*d.Kd + 4*d.Vd + 6*d.Hv + (d.Hv*d.dk*d.dv+deltaChunk-1)/deltaChunk
+	return 4*D + mixer + 4*F + 4
+}
+
+// allLayersElemsPerToken is layerElemsPerTokenOf summed over the layers.
+func (c *Config) allLayersElemsPerToken() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		n += c.layerElemsPerTokenOf(l)
+	}
+	return n
+}
+
+// maxLayerElemsPerToken is the largest layer's layerElemsPerTokenOf.
+func (c *Config) maxLayerElemsPerToken() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		n = max(n, c.layerElemsPerTokenOf(l))
+	}
+	return n
 }
 
 // recomputesProbs reports whether attention probabilities of sequences of length T are computed

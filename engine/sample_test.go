@@ -34,7 +34,7 @@ func trainSteps(t *testing.T, e *Engine, id string, ids []int, steps int) {
 // The KV-cache sampler and the training forward pass are one model: the logprobs the sampler
 // reports for its tokens equal those forward computes for the same sequence.
 func TestSampleLogprobsMatchForwardAndAreReproducible(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			prompt := e.Tokenizer.Encode("The quick brown fox")
@@ -443,7 +443,14 @@ func halfToFloat32(h uint16) float32 {
 // Several requests decode in one batch (different prompts, lengths, parameters) and each gets
 // what it would get alone.
 func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
-	e := loadTiny(t, ArchQwen3, Options{})
+	// qwen3_5: rows of different lengths each keep their own DeltaNet state.
+	for _, arch := range []Arch{ArchQwen3, ArchQwen3_5} {
+		t.Run(string(arch), func(t *testing.T) { checkSampleBatch(t, arch) })
+	}
+}
+
+func checkSampleBatch(t *testing.T, arch Arch) {
+	e := loadTiny(t, arch, Options{})
 	seed := int64(11)
 	reqs := []SampleRequest{
 		{Prompt: e.Tokenizer.Encode("The quick brown fox"), NumSamples: 2, PromptLogprobs: true,

@@ -33,16 +33,25 @@ type Preset struct {
 	// trained tokenizer: it covers nearly all of its 512 ids, and the reference fixtures (the
 	// transformers.js token ids, the torch Qwen3-VL ones) are made with it.
 	FillVocab bool
+	// Sizes only some families read (0: the family's own choice from the sizes above): an
+	// explicit head_dim, and a Gated DeltaNet's heads and head dims (arch_qwen3_5.go).
+	HeadDim                                                        int
+	LinearKeyHeads, LinearValueHeads, LinearKeyDim, LinearValueDim int
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
-// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, a 2.4 GB bf16 file).
+// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, 2.4 GB of bf16 in two shards).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
 	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true},
 	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
 	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
 	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
+	// qwen3_5-4b: Qwen3.5-4B's text shape (reference §1.2), for `skein bench engine` over
+	// generated weights (init-tiny --arch qwen3_5 --preset qwen3_5-4b): 32 layers (24 DeltaNet
+	// + 8 gated attention), tied head, 4,205,751,296 parameters, ≈8.4 GB in bf16.
+	"qwen3_5-4b": {Hidden: 2560, Layers: 32, Heads: 16, KVHeads: 4, FFN: 9216, Vocab: 248320, Context: 8192, BF16: true, FillVocab: true,
+		HeadDim: 256, LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -86,7 +95,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, qwen3_5-4b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {
@@ -113,7 +122,6 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	}
 	progress := &loadProgress{log: log, start: start, last: start}
 	progress.logf("generating model", "dir", dir, "arch", arch, "preset", presetName, "parameters", tinyParams(c), "vocab", p.Vocab)
-	tensors := tinyWeights(c, p.BF16, seed, progress)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -136,16 +144,11 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 			return err
 		}
 	}
-	weights := filepath.Join(dir, "model.safetensors")
-	progress.logf("generating model: writing weights", "file", weights)
-	if err := safetensors.WriteFile(weights, tensors, map[string]string{"format": "pt"}); err != nil {
+	size, count, err := writeTinyWeights(dir, c, p.BF16, seed, progress)
+	if err != nil {
 		return err
 	}
-	var size int64
-	if st, err := os.Stat(weights); err == nil {
-		size = st.Size()
-	}
-	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", len(tensors),
+	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", count,
 		"seconds", time.Since(start).Seconds())
 	return nil
 }
@@ -212,47 +215,141 @@ func tinyParams(c *Config) int {
 
 // progress hears of each tensor drawn.
 func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[string]safetensors.Tensor {
-	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
+	d := newTinyDrawer(c, bf16, seed, progress)
 	tensors := map[string]safetensors.Tensor{}
-	names := c.allWeightNames()
-	for i, name := range names {
-		if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
-			progress.last = now
-			progress.logf("generating model: drawing weights", "tensors", i, "of", len(names), "seconds", now.Sub(progress.start).Seconds())
-		}
-		shape := c.expectedShape(name)
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		v := make([]float32, n)
-		switch {
-		case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
-			for i := range v { // norms start near one, as trained models have them
-				v[i] = float32(1 + 0.1*rng.NormFloat64())
-			}
-		case filepath.Ext(name) == ".bias":
-			for i := range v {
-				v[i] = float32(0.02 * rng.NormFloat64())
-			}
-		default:
-			// Unit-variance projections and modest embeddings: a random model whose attention
-			// and logits are not flat, so tests exercise every part of the network.
-			std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
-			if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
-				std = 0.1
-			}
-			for i := range v {
-				v[i] = float32(std * rng.NormFloat64())
-			}
-		}
-		if bf16 {
-			tensors[name] = bf16Tensor(v, shape)
-		} else {
-			tensors[name] = safetensors.FromFloat32(v, shape...)
-		}
+	for _, name := range d.names {
+		tensors[name] = d.draw(name)
 	}
 	return tensors
+}
+
+// tinyDrawer draws a generated model's tensors one at a time, in allWeightNames order from one
+// random stream, so that a model written in shards has the values of one written whole.
+type tinyDrawer struct {
+	c        *Config
+	bf16     bool
+	rng      *rand.Rand
+	names    []string
+	drawn    int
+	progress *loadProgress
+}
+
+func newTinyDrawer(c *Config, bf16 bool, seed uint64, progress *loadProgress) *tinyDrawer {
+	return &tinyDrawer{c: c, bf16: bf16, rng: rand.New(rand.NewPCG(seed, 0x5ce1)), names: c.allWeightNames(), progress: progress}
+}
+
+// draw is the next tensor, which must be name (the names are drawn in order).
+func (d *tinyDrawer) draw(name string) safetensors.Tensor {
+	c, rng, progress := d.c, d.rng, d.progress
+	if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
+		progress.last = now
+		progress.logf("generating model: drawing weights", "tensors", d.drawn, "of", len(d.names), "seconds", now.Sub(progress.start).Seconds())
+	}
+	if d.names[d.drawn] != name {
+		panic("engine: tiny tensors drawn out of order: " + name)
+	}
+	d.drawn++
+	shape := c.expectedShape(name)
+	n := 1
+	for _, x := range shape {
+		n *= x
+	}
+	v := make([]float32, n)
+	switch {
+	case c.plusOneNorm(name):
+		for i := range v { // zero-centred (Qwen3.5): (1 + w) near one
+			v[i] = float32(0.1 * rng.NormFloat64())
+		}
+	case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
+		for i := range v { // norms start near one, as trained models have them
+			v[i] = float32(1 + 0.1*rng.NormFloat64())
+		}
+	case filepath.Ext(name) == ".bias":
+		for i := range v {
+			v[i] = float32(0.02 * rng.NormFloat64())
+		}
+	default:
+		// Unit-variance projections and modest embeddings: a random model whose attention
+		// and logits are not flat, so tests exercise every part of the network.
+		std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
+		if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
+			std = 0.1
+		}
+		for i := range v {
+			v[i] = float32(std * rng.NormFloat64())
+		}
+	}
+	if d.bf16 {
+		return bf16Tensor(v, shape)
+	}
+	return safetensors.FromFloat32(v, shape...)
+}
+
+// tinyShardBytes is the most a generated model writes into one file: bigger models (the
+// qwen3_5-4b preset, 8.4 GB) go into shards with an index, as Hugging Face's checkpoints do, and
+// are drawn a shard at a time, so generating one holds a shard (twice, while it is encoded)
+// rather than the whole model.
+var tinyShardBytes int64 = 2 << 30
+
+// writeTinyWeights draws and writes a generated model's weights: model.safetensors, or shards
+// model-0000i-of-0000n.safetensors and model.safetensors.index.json when bigger than
+// tinyShardBytes. It returns the bytes written and the tensor count.
+func writeTinyWeights(dir string, c *Config, bf16 bool, seed uint64, progress *loadProgress) (int64, int, error) {
+	d := newTinyDrawer(c, bf16, seed, progress)
+	elem := int64(4)
+	if bf16 {
+		elem = 2
+	}
+	var shards [][]string
+	var size, total int64
+	for _, name := range d.names {
+		n := elem
+		for _, x := range c.expectedShape(name) {
+			n *= int64(x)
+		}
+		if len(shards) == 0 || (size > 0 && size+n > tinyShardBytes) {
+			shards, size = append(shards, nil), 0
+		}
+		shards[len(shards)-1] = append(shards[len(shards)-1], name)
+		size += n
+		total += n
+	}
+	meta := map[string]string{"format": "pt"}
+	if len(shards) == 1 {
+		path := filepath.Join(dir, "model.safetensors")
+		progress.logf("generating model: writing weights", "file", path)
+		if err := safetensors.WriteFile(path, tinyWeights(c, bf16, seed, progress), meta); err != nil {
+			return 0, 0, err
+		}
+		st, err := os.Stat(path)
+		if err != nil {
+			return 0, 0, err
+		}
+		return st.Size(), len(d.names), nil
+	}
+	weightMap := map[string]string{}
+	var written int64
+	for i, names := range shards {
+		file := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		tensors := map[string]safetensors.Tensor{}
+		for _, name := range names {
+			tensors[name] = d.draw(name)
+			weightMap[name] = file
+		}
+		path := filepath.Join(dir, file)
+		progress.logf("generating model: writing weights", "file", path, "shard", i+1, "of", len(shards))
+		if err := safetensors.WriteFile(path, tensors, meta); err != nil {
+			return 0, 0, err
+		}
+		if st, err := os.Stat(path); err == nil {
+			written += st.Size()
+		}
+	}
+	idx, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644); err != nil {
+		return 0, 0, err
+	}
+	return written, len(d.names), nil
 }
 
 func writeTinyTokenizerConfig(dir string) error {

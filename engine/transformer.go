@@ -80,6 +80,8 @@ type layerActs[E float] struct {
 	o                mat[E]       // attention output, token layout [N, H·hd]
 	h2, x2, inv2     mat[E]       // residual after attention, its norm, 1/rms
 	dense            denseActs[E] // the feed-forward block's (denseFFN)
+	gate             mat[E]       // gated attention: the gate rows of q_proj [N, H·hd] (o above is before σ(gate))
+	dn               deltaActs[E] // a DeltaNet layer's mixer (deltanet.go)
 }
 
 // passParts are what differ between the passes the engine runs, all made by newPass.
@@ -205,7 +207,12 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}
-	h2 := s.attention(l, h, la)
+	var h2 mat[E]
+	if s.m.layers[l].dn != nil {
+		h2 = s.deltaNet(l, h, la)
+	} else {
+		h2 = s.attention(l, h, la)
+	}
 	if la == nil { // attention's tensors are spent
 		s.dropMerged()
 		s.ar.ReleaseExcept(start, h2)
@@ -225,12 +232,24 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
 	kernels.RMSNorm(h.V, L.inputNorm, c.RMSNormEps, x1.V, inv1.V)
 	yq := s.linear(x1, L.q)
+	var gate mat[E]
+	if c.family().gatedAttention {
+		yq, gate = s.splitGate(yq)
+	}
 	yk := s.linear(x1, L.k)
 	yv := s.linear(x1, L.v)
 	keysT, values := s.kv.begin(l)
 	qh, qhT, qInv, kInv := s.headsIn(l, yq, yk, yv, la != nil)
 	probs, ot := s.attend(qh, keysT, values)
+	o := ot
+	if gate.V != nil {
+		o = s.ar.Alloc(N, c.NumAttentionHeads*c.HeadDim)
+		for i, g := range gate.V {
+			o.V[i] = ot.V[i] * E(sigmoid(float64(g)))
+		}
+	}
 	if la != nil {
+		la.gate = gate
 		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
 		if s.e.recomputeProbs(s.T) {
 			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
@@ -239,9 +258,38 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 			la.p = mat[E]{}
 		}
 	}
-	h2 := s.linear(ot, L.o)
+	h2 := s.linear(o, L.o)
 	kernels.AddScaled(h2.V, h.V, 1)
 	return h2
+}
+
+// splitGate splits a gated attention's q_proj output [N, H·2·hd], each head's queries followed
+// by its gate rows, into the queries [N, H·hd] and the gates [N, H·hd].
+func (s *pass[E]) splitGate(yq mat[E]) (q, gate mat[E]) {
+	N, H, hd := yq.Dims[0], s.c.NumAttentionHeads, s.c.HeadDim
+	q, gate = s.ar.Alloc(N, H*hd), s.ar.Alloc(N, H*hd)
+	for n := range N {
+		for h := range H {
+			src := yq.V[(n*H+h)*2*hd:]
+			copy(q.V[(n*H+h)*hd:(n*H+h+1)*hd], src[:hd])
+			copy(gate.V[(n*H+h)*hd:(n*H+h+1)*hd], src[hd:2*hd])
+		}
+	}
+	return q, gate
+}
+
+// joinGate is splitGate's inverse, for gradients: [N, H·hd] twice into [N, H·2·hd].
+func (s *pass[E]) joinGate(dq, dgate mat[E]) mat[E] {
+	N, H, hd := dq.Dims[0], s.c.NumAttentionHeads, s.c.HeadDim
+	out := s.ar.Alloc(N, 2*H*hd)
+	for n := range N {
+		for h := range H {
+			dst := out.V[(n*H+h)*2*hd:]
+			copy(dst[:hd], dq.V[(n*H+h)*hd:(n*H+h+1)*hd])
+			copy(dst[hd:2*hd], dgate.V[(n*H+h)*hd:(n*H+h+1)*hd])
+		}
+	}
+	return out
 }
 
 // headsIn puts layer l's query heads into the attention layout qh [B·KVH, G·T, hd], through the
@@ -397,14 +445,16 @@ func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
 }
 
 // ropeRow rotates x into y by the angles whose cosines and sines are c and sn (HF rotate_half
-// convention).
+// convention). Only the first 2·len(c) dims rotate (partial rotary, Qwen3.5); the rest pass
+// through.
 func ropeRow[E float](x, y, c, sn []E) {
-	half := len(x) / 2
+	half := len(c)
 	for i := range half {
 		x1, x2 := x[i], x[i+half]
 		y[i] = x1*c[i] - x2*sn[i]
 		y[i+half] = x2*c[i] + x1*sn[i]
 	}
+	copy(y[2*half:], x[2*half:])
 }
 
 // rmsNormRow normalises one row (a query or key head), storing 1/rms in inv.

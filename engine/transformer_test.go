@@ -12,7 +12,7 @@ import (
 // zero: at 16 tokens every module of the tiny model adds its LoRA after the base product, at 64
 // every module merges it into the weight.
 func TestSamplingAndTrainingRunOneLayer(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
 		e := loadTiny(t, arch, Options{})
 		adapterWithB(t, e, "one", LoraConfig{Rank: 4, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true},
 			func(i, j int) float64 { return 0.04 * float64((i+3*j)%7-3) })

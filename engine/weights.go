@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -26,6 +27,16 @@ func (c *Config) weightNames() []string {
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
 		names = append(names, p+"input_layernorm.weight")
+		if c.isDeltaNet(l) {
+			for _, m := range deltaNetWeights {
+				names = append(names, p+"linear_attn."+m)
+			}
+			names = append(names, p+"post_attention_layernorm.weight")
+			for _, m := range []string{"gate_proj", "up_proj", "down_proj"} {
+				names = append(names, p+"mlp."+m+".weight")
+			}
+			continue
+		}
 		for _, m := range []string{"q_proj", "k_proj", "v_proj", "o_proj"} {
 			names = append(names, p+"self_attn."+m+".weight")
 		}
@@ -49,6 +60,100 @@ func (c *Config) weightNames() []string {
 	return names
 }
 
+// deltaNetWeights are a Gated DeltaNet layer's tensors as the checkpoint names them, after
+// linear_attn. (in_proj_qkv is split at load into in_proj_q, in_proj_k and in_proj_v).
+var deltaNetWeights = []string{"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
+	"conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"}
+
+// fusedParts are the row blocks of a DeltaNet's fused in_proj_qkv, in order: all query heads,
+// all key heads, all value heads (blocked, not interleaved per head).
+var fusedParts = []string{"in_proj_q", "in_proj_k", "in_proj_v"}
+
+// modelWeightNames is weightNames with each fused in_proj_qkv replaced by its three parts: the
+// names loadModel places (loadWeights splits the fused tensors).
+func (c *Config) modelWeightNames() []string {
+	var out []string
+	for _, n := range c.weightNames() {
+		if base, ok := strings.CutSuffix(n, "linear_attn.in_proj_qkv.weight"); ok {
+			for _, part := range fusedParts {
+				out = append(out, base+"linear_attn."+part+".weight")
+			}
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// splitFused replaces each fused in_proj_qkv of host by its query, key and value row blocks
+// (views of the same bytes), so that each is an ordinary linear with its own LoRA, as Tinker
+// trains them.
+func (c *Config) splitFused(host map[string]safetensors.Tensor) error {
+	Kd, Vd := c.LinearNumKeyHeads*c.LinearKeyHeadDim, c.LinearNumValueHeads*c.LinearValueHeadDim
+	for l := range c.NumHiddenLayers {
+		if !c.isDeltaNet(l) {
+			continue
+		}
+		name := c.layerPrefix(l) + "linear_attn.in_proj_qkv.weight"
+		t, ok := host[name]
+		if !ok {
+			continue
+		}
+		rows, cols := t.Shape[0], t.Shape[1]
+		if rows*cols == 0 || len(t.Data)%(rows*cols) != 0 {
+			return fmt.Errorf("engine: weight %s: %d bytes for shape %v", name, len(t.Data), t.Shape)
+		}
+		rowBytes := len(t.Data) / rows
+		r0 := 0
+		for i, n := range []int{Kd, Kd, Vd} {
+			part := c.layerPrefix(l) + "linear_attn." + fusedParts[i] + ".weight"
+			host[part] = safetensors.Tensor{DType: t.DType, Shape: []int{n, cols}, Data: t.Data[r0*rowBytes : (r0+n)*rowBytes]}
+			r0 += n
+		}
+		delete(host, name)
+	}
+	return nil
+}
+
+// plusOneNorm reports the norm weights a zero-centred family multiplies as (1 + w): every
+// RMSNorm but the DeltaNet's gated one.
+func (c *Config) plusOneNorm(name string) bool {
+	if !c.family().zeroCentredNorms || strings.Contains(name, ".linear_attn.") {
+		return false
+	}
+	return strings.HasSuffix(name, "layernorm.weight") || strings.HasSuffix(name, "q_norm.weight") ||
+		strings.HasSuffix(name, "k_norm.weight") || name == c.lm()+"norm.weight"
+}
+
+// deltaNetShape is the HF shape of a DeltaNet tensor (nil: not one).
+func (c *Config) deltaNetShape(name string) []int {
+	i := strings.Index(name, ".linear_attn.")
+	if i < 0 {
+		return nil
+	}
+	D := c.HiddenSize
+	Hv, Kd, Vd := c.LinearNumValueHeads, c.LinearNumKeyHeads*c.LinearKeyHeadDim, c.LinearNumValueHeads*c.LinearValueHeadDim
+	switch name[i+len(".linear_attn."):] {
+	case "in_proj_qkv.weight":
+		return []int{2*Kd + Vd, D}
+	case "in_proj_q.weight", "in_proj_k.weight":
+		return []int{Kd, D}
+	case "in_proj_v.weight", "in_proj_z.weight":
+		return []int{Vd, D}
+	case "in_proj_a.weight", "in_proj_b.weight":
+		return []int{Hv, D}
+	case "conv1d.weight":
+		return []int{2*Kd + Vd, 1, c.LinearConvKernelDim}
+	case "dt_bias", "A_log":
+		return []int{Hv}
+	case "norm.weight":
+		return []int{c.LinearValueHeadDim}
+	case "out_proj.weight":
+		return []int{D, Vd}
+	}
+	return nil
+}
+
 // allWeightNames is weightNames and the family's other weights (a vision tower's).
 func (c *Config) allWeightNames() []string {
 	names := c.weightNames()
@@ -67,6 +172,12 @@ func (c *Config) expectedShape(name string) []int {
 		if s := f.extraShape(c, name); s != nil {
 			return s
 		}
+	}
+	if s := c.deltaNetShape(name); s != nil {
+		return s
+	}
+	if c.family().gatedAttention && suffix("q_proj.weight") {
+		return []int{2 * qd, D} // each head's queries, then its gate rows
 	}
 	switch {
 	case name == c.lm()+"embed_tokens.weight", name == "lm_head.weight":
@@ -125,6 +236,7 @@ func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensor
 	}
 	progress := newLoadProgress(log, dir, paths)
 	out := map[string]safetensors.Tensor{}
+	skipped := 0
 	for _, path := range paths {
 		st, err := readWeightsFile(path, progress)
 		if err != nil {
@@ -132,6 +244,9 @@ func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensor
 		}
 		for name, t := range st.Tensors {
 			if !want[name] {
+				if skippedWeight(name) && c.family().zeroCentredNorms {
+					skipped++
+				}
 				continue // e.g. rotary_emb.inv_freq in old checkpoints
 			}
 			exp := c.expectedShape(name)
@@ -145,6 +260,13 @@ func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensor
 		if _, ok := out[n]; !ok {
 			return nil, nil, fmt.Errorf("engine: weight %s missing from %s", n, dir)
 		}
+	}
+	if skipped > 0 && log != nil {
+		log.Info("not loading the vision tower (model.visual.*) and MTP draft block (mtp.*): skein serves Qwen3.5 text-only",
+			"tensors", skipped)
+	}
+	if err := c.splitFused(out); err != nil {
+		return nil, nil, err
 	}
 	return out, progress, nil
 }

@@ -218,3 +218,15 @@ func SoftmaxBack[T Float](p, dp []T, S int, scale T) {
 		}
 	})
 }
+
+// Axpy does dst += alpha·src over one row, on the calling goroutine: for small rows inside a
+// caller's own ParallelRows (the DeltaNet's per-head state updates), where AddScaled's split
+// into goroutines would cost more than the row.
+func Axpy[T Float](dst, src []T, alpha T) { rowAxpy(dst, src, alpha) }
+
+// Dot is Σ a·b over one row, on the calling goroutine (as Axpy).
+func Dot[T Float](a, b []T) float64 { return rowDot(a, b) }
+
+// MulScaled sets dst = a·b·s over one row, on the calling goroutine (as Axpy); with b all ones
+// it scales a row (the DeltaNet's decay of its state).
+func MulScaled[T Float](dst, a, b []T, s T) { rowMulScaled(dst, a, b, s) }

@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ArchQwen3_5 is Qwen3.5 dense (Qwen3_5ForConditionalGeneration, served text-only, and
+// Qwen3_5ForCausalLM): a hybrid of Gated DeltaNet layers (deltanet.go) and gated softmax
+// attention layers (q_proj doubled into queries and per-head gate rows, σ(gate) on the attention
+// output, q/k norm, partial rotary), every RMSNorm but the DeltaNet's gated one zero-centred
+// ((1 + w), added at load). The VL checkpoint's vision tower (model.visual.*) and its MTP draft
+// block (mtp.*) are not loaded. See /work/shared/reference/qwen35.md and docs/design-notes.md.
+const ArchQwen3_5 Arch = "qwen3_5"
+
+// ArchQwen3_5Text is Qwen3_5ForCausalLM: the same LM under model. (no vision tower).
+const ArchQwen3_5Text Arch = "qwen3_5_text"
+
+type qwen3_5Family struct{ family }
+
+var (
+	_ finisher   = (*qwen3_5Family)(nil)
+	_ validator  = (*qwen3_5Family)(nil)
+	_ tinyFamily = (*qwen3_5Family)(nil)
+)
+
+func init() {
+	registerFamily(&qwen3_5Family{family{arch: ArchQwen3_5, hfClass: "Qwen3_5ForConditionalGeneration", modelType: "qwen3_5",
+		headNorm: true, statedRopeTheta: true, lmPrefix: "model.language_model.", zeroCentredNorms: true, gatedAttention: true}})
+	registerFamily(&qwen3_5Family{family{arch: ArchQwen3_5Text, hfClass: "Qwen3_5ForCausalLM", modelType: "qwen3_5_text",
+		headNorm: true, statedRopeTheta: true, zeroCentredNorms: true, gatedAttention: true}})
+}
+
+// finish fills HF's defaults (Qwen3_5TextConfig) and marks the DeltaNet layers. The vision
+// tower is not served: its config is dropped, so nothing treats the model as vision-language.
+func (*qwen3_5Family) finish(c *Config) {
+	c.VisionConfig, c.ImageTokenID = nil, nil
+	if c.FullAttentionInterval == 0 {
+		c.FullAttentionInterval = 4
+	}
+	if c.LinearConvKernelDim == 0 {
+		c.LinearConvKernelDim = 4
+	}
+	if c.LinearKeyHeadDim == 0 {
+		c.LinearKeyHeadDim = 128
+	}
+	if c.LinearValueHeadDim == 0 {
+		c.LinearValueHeadDim = 128
+	}
+	if c.LinearNumKeyHeads == 0 {
+		c.LinearNumKeyHeads = 16
+	}
+	if c.LinearNumValueHeads == 0 {
+		c.LinearNumValueHeads = 32
+	}
+	f := c.PartialRotaryFactor
+	if f == 0 && c.RopeScaling != nil {
+		f = c.RopeScaling.PartialRotaryFactor
+	}
+	if f == 0 {
+		f = 0.25
+	}
+	c.PartialRotaryFactor = f
+	c.RotaryDim = int(float64(c.HeadDim) * f)
+	if c.LayerTypes == nil && c.FullAttentionInterval > 0 {
+		for l := range c.NumHiddenLayers {
+			kind := "linear_attention"
+			if (l+1)%c.FullAttentionInterval == 0 {
+				kind = "full_attention"
+			}
+			c.LayerTypes = append(c.LayerTypes, kind)
+		}
+	}
+	c.deltaNet = make([]bool, len(c.LayerTypes))
+	for l, t := range c.LayerTypes {
+		// HF's remap_legacy_layer_types: mamba → linear_attention, attention → full_attention.
+		c.deltaNet[l] = t == "linear_attention" || t == "mamba"
+	}
+}
+
+func (*qwen3_5Family) validate(c *Config) error {
+	if c.NumExperts > 0 {
+		return fmt.Errorf("qwen3_5: num_experts %d: the mixture-of-experts variants are not supported (dense Qwen3.5 only)", c.NumExperts)
+	}
+	if len(c.LayerTypes) != c.NumHiddenLayers {
+		return fmt.Errorf("qwen3_5: layer_types has %d entries for %d layers", len(c.LayerTypes), c.NumHiddenLayers)
+	}
+	for l, t := range c.LayerTypes {
+		switch t {
+		case "linear_attention", "mamba", "full_attention", "attention":
+		default:
+			return fmt.Errorf("qwen3_5: layer %d has unknown layer type %q", l, t)
+		}
+	}
+	if c.AttnOutputGate != nil && !*c.AttnOutputGate {
+		return fmt.Errorf("qwen3_5: attn_output_gate false is not supported (Qwen3.5's attention is always gated)")
+	}
+	if c.AttentionBias {
+		return fmt.Errorf("qwen3_5: attention_bias is not supported")
+	}
+	for _, b := range []struct {
+		name string
+		v    int
+	}{{"linear_num_key_heads", c.LinearNumKeyHeads}, {"linear_num_value_heads", c.LinearNumValueHeads},
+		{"linear_key_head_dim", c.LinearKeyHeadDim}, {"linear_value_head_dim", c.LinearValueHeadDim},
+		{"linear_conv_kernel_dim", c.LinearConvKernelDim}} {
+		// Bounded far above any release: they size the per-sequence state and its loops.
+		if b.v <= 0 || b.v > 1<<12 {
+			return fmt.Errorf("qwen3_5: %s %d is outside [1, %d]", b.name, b.v, 1<<12)
+		}
+	}
+	if c.LinearNumValueHeads%c.LinearNumKeyHeads != 0 {
+		return fmt.Errorf("qwen3_5: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", c.LinearNumValueHeads, c.LinearNumKeyHeads)
+	}
+	if d := c.dnDims(); d.Hv*d.dk*d.dv > 1<<26 || d.C > 1<<20 {
+		// The state is Hv·dk·dv per row and layer: bounded at 256 MiB of float32 (Qwen3.5's is 2 MiB).
+		return fmt.Errorf("qwen3_5: a DeltaNet state of %d×%d×%d or %d conv channels is beyond any release", d.Hv, d.dk, d.dv, d.C)
+	}
+	if c.LinearConvKernelDim > 64 {
+		return fmt.Errorf("qwen3_5: linear_conv_kernel_dim %d is above 64", c.LinearConvKernelDim)
+	}
+	if !(c.PartialRotaryFactor > 0 && c.PartialRotaryFactor <= 1) || c.RotaryDim%2 != 0 || c.RotaryDim == 0 {
+		return fmt.Errorf("qwen3_5: partial_rotary_factor %v of head_dim %d gives rotary dim %d (must be even and positive)", c.PartialRotaryFactor, c.HeadDim, c.RotaryDim)
+	}
+	if rs := c.RopeScaling; rs != nil && len(rs.MropeSection) > 0 {
+		sum := 0
+		for _, s := range rs.MropeSection {
+			sum += s
+		}
+		if sum != c.RotaryDim/2 {
+			return fmt.Errorf("qwen3_5: mrope_section %v must sum to rotary_dim/2 = %d", rs.MropeSection, c.RotaryDim/2)
+		}
+	}
+	return nil
+}
+
+// tinyConfig is a generated Qwen3.5 in the VL checkpoint's shape: the LM's keys in text_config.
+// Key heads fewer than value heads and dk ≠ dv, so that a tiling or a dk/dv mix-up shows; three
+// DeltaNet layers and one attention layer at the 4-layer presets (the released 3:1 pattern).
+func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
+	hd := 2 * p.Hidden / p.Heads
+	text := map[string]any{}
+	for k, v := range cfg {
+		if k != "architectures" && k != "transformers_version" {
+			text[k] = v
+		}
+	}
+	text["model_type"] = "qwen3_5_text"
+	text["attention_bias"] = false
+	text["attn_output_gate"] = true
+	text["tie_word_embeddings"] = true
+	text["full_attention_interval"] = 4
+	var types []string
+	for l := range p.Layers {
+		if (l+1)%4 == 0 {
+			types = append(types, "full_attention")
+		} else {
+			types = append(types, "linear_attention")
+		}
+	}
+	if p.Layers < 4 {
+		// The small presets: DeltaNet, attention, DeltaNet, so that gradients and decode state
+		// cross both kinds in both orders.
+		types = []string{"linear_attention", "full_attention", "linear_attention"}
+		text["num_hidden_layers"] = 3
+	}
+	if p.HeadDim > 0 {
+		hd = p.HeadDim
+	}
+	text["layer_types"] = types
+	text["head_dim"] = hd
+	kd, vd, hk, hv := p.Hidden/8, p.Hidden/8+p.Hidden/32, p.Heads/2, p.Heads
+	if p.LinearKeyHeads > 0 {
+		kd, vd, hk, hv = p.LinearKeyDim, p.LinearValueDim, p.LinearKeyHeads, p.LinearValueHeads
+	}
+	text["linear_num_key_heads"], text["linear_num_value_heads"] = hk, hv
+	text["linear_key_head_dim"], text["linear_value_head_dim"] = kd, vd
+	text["linear_conv_kernel_dim"] = 4
+	text["mamba_ssm_dtype"] = "float32"
+	delete(text, "rope_theta")
+	text["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+	if f.arch == ArchQwen3_5Text {
+		// The text-only class generates the untied shape (Qwen3.5-9B's), the VL one the tied (4B's).
+		text["tie_word_embeddings"] = false
+		for k := range cfg {
+			delete(cfg, k)
+		}
+		for k, v := range text {
+			cfg[k] = v
+		}
+		cfg["architectures"] = []string{f.hfClass}
+		cfg["model_type"] = f.modelType
+		return
+	}
+	for k := range cfg {
+		if k != "architectures" && k != "model_type" && k != "transformers_version" {
+			delete(cfg, k)
+		}
+	}
+	cfg["text_config"] = text
+	cfg["tie_word_embeddings"] = true
+}
+
+// skippedWeight reports the checkpoint tensors a Qwen3.5 model deliberately does not load: the
+// vision tower and the multi-token-prediction draft block.
+func skippedWeight(name string) bool {
+	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "mtp.")
+}

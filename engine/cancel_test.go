@@ -18,10 +18,10 @@ type adapterState struct {
 func stateOf(a *Adapter) adapterState {
 	s := adapterState{step: a.Step, pending: a.pendingGrads}
 	for _, p := range a.params {
-		s.w = append(s.w, slices.Clone(p.w))
-		s.g = append(s.g, slices.Clone(p.g))
-		s.m = append(s.m, slices.Clone(p.m))
-		s.v = append(s.v, slices.Clone(p.v))
+		s.w = append(s.w, slices.Clone(p.float64s('w')))
+		s.g = append(s.g, slices.Clone(p.float64s('g')))
+		s.m = append(s.m, slices.Clone(p.float64s('m')))
+		s.v = append(s.v, slices.Clone(p.float64s('v')))
 	}
 	return s
 }

@@ -35,7 +35,9 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 			continue
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
-		lm := &loraMats[E]{a: ar.From(pa.w, pa.shape...), b: ar.From(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		lm := &loraMats[E]{a: ar.Alloc(pa.shape...), b: ar.Alloc(pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		copy(lm.a.V, numbersOf[E](pa).w)
+		copy(lm.b.V, numbersOf[E](pb).w)
 		if !lin.outIn {
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
@@ -167,7 +169,7 @@ func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dA := s.ar.MatMul(dyBT, tap.x, 0, false) // [r, in]
 	gA := s.train.grads[lm.ai]
 	for i, v := range dA.V {
-		gA[i] += float64(v)
+		gA[i] += v
 	}
 	xaT := s.ar.Alloc(r, tap.xa.Dims[0])
 	transpose(tap.xa.V, xaT.V, tap.xa.Dims[0], r, s.scale)
@@ -176,7 +178,7 @@ func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	gB := s.train.grads[lm.bi]
 	for j := range r {
 		for o := range out {
-			gB[o*r+j] += float64(dBt.V[j*out+o])
+			gB[o*r+j] += dBt.V[j*out+o]
 		}
 	}
 	return dyB

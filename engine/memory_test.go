@@ -66,7 +66,7 @@ func TestRecomputedAttentionMatchesKept(t *testing.T) {
 		}
 		loss[k], peaks[k] = r.Loss, e.PeakStepBytes()
 		for _, p := range a.params {
-			grads[k] = append(grads[k], p.g)
+			grads[k] = append(grads[k], p.float64s('g'))
 		}
 	}
 	if loss[0] != loss[1] {
@@ -111,7 +111,7 @@ func TestRecomputedLayersMatchKept(t *testing.T) {
 				}
 				loss[k], peaks[k], lp[k] = r.Loss, e.PeakStepBytes(), r.Logprobs
 				for _, p := range a.params {
-					grads[k] = append(grads[k], p.g...)
+					grads[k] = append(grads[k], p.float64s('g')...)
 				}
 				if recompute {
 					T := padLen(len(ids))

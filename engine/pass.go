@@ -11,7 +11,7 @@ import (
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses
 // go into res, their gradients are added to grads (nil: a forward-only pass), and their summed
 // loss is returned.
-func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (total float64, err error) {
+func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]E) (total float64, err error) {
 	defer recoverCompute(&err)
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.

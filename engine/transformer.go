@@ -56,7 +56,7 @@ func (s *pass[E]) cancelled() bool {
 type trainState[E float] struct {
 	acts       []layerActs[E]
 	taps       []loraTap[E] // by linear id
-	grads      [][]float64  // per adapter param, added to
+	grads      [][]E        // per adapter param, added to
 	keepMerged bool         // merged weights live from the forward to the backward pass
 	// Recomputation (plan.go, recomputesLayers): the forward keeps only each layer's input, and
 	// the backward runs each layer's forward again, saving its activations, just before its
@@ -89,7 +89,7 @@ type passParts[E float] struct {
 	scale    E               // LoRA alpha/rank
 	segs     []loraSeg[E]    // forward-only passes over rows of several adapters (nil: lora for all)
 	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
-	grads    [][]float64     // a training pass's gradients, added to (nil: forward only)
+	grads    [][]E           // a training pass's gradients, added to (nil: forward only)
 	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
 	// tokens sit at positions pos, attends over it.
 	cache *kvCache[E]

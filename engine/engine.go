@@ -63,6 +63,7 @@ type Engine struct {
 	recomputeProbs func(T int) bool
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
 	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
+	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
 }

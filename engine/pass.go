@@ -31,16 +31,18 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	if s.ar.Err != nil { // cancelled, or a failed allocation: the rest would compute nothing
 		return 0, s.ar.Err
 	}
-	logits, invF := s.unembed(h)
+	hf, invF := s.finalNorm(h)
 	target := passTargets(p.targets[lo:hi], T)
-	lp, sumExp := tokenLogprobs(logits, e.Config.VocabSize, target)
-	var dlp []float64
-	dlp, total = tokenLosses(loss, p, lo, hi, T, lp, res)
+	var dlp func(r int, lp float64) float64
+	if grads != nil {
+		dlp = rowLossGrad(loss, p, lo, hi, T)
+	}
+	lp, dhf := s.headRows(hf, target, dlp)
+	_, total = tokenLosses(loss, p, lo, hi, T, lp, res)
 	if grads == nil || s.ar.Err != nil {
 		return total, s.ar.Err
 	}
-	logitsGrad(logits, e.Config.VocabSize, dlp, sumExp, target)
-	if !s.backward(h, invF, logits, marks) {
+	if !s.backward(h, invF, dhf, marks) {
 		return 0, s.ar.Err
 	}
 	return total, s.ar.Err

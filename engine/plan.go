@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
 // The memory plan of a pass: how many tokens one pass may hold (chunks, chunkTokens), from an
 // estimate of what a training pass keeps (stepFixedElems, stepElemsPerToken), and the two
 // choices that trade memory for work (keepsMerged, recomputesProbs).
@@ -28,10 +30,42 @@ func padLen(n int) int { return (n + 15) / 16 * 16 }
 // each layer's input kept (recomputesLayers), and at least the one sequence.
 func (e *Engine) chunkTokens(T int) int {
 	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
-	if n := budget / withMargin(e.Config.stepElemsPerToken(T)); n >= T {
+	if n := e.tokensIn(budget, withMargin(e.Config.stepElemsPerToken(T))); n >= T {
 		return max(T, min(e.opts.MaxBatchTokens, n))
 	}
-	return max(T, min(e.opts.MaxBatchTokens, budget/withMargin(e.Config.recomputeElemsPerToken(T))))
+	return max(T, min(e.opts.MaxBatchTokens, e.tokensIn(budget, withMargin(e.Config.recomputeElemsPerToken(T)))))
+}
+
+// tokensIn is the most tokens n whose n·perToken elements and head tile (headElems(n)) fit in
+// budget elements.
+func (e *Engine) tokensIn(budget, perToken int) int {
+	rows, V := e.headTileRows(), e.Config.VocabSize
+	if n := budget / (perToken + V); n <= rows {
+		return n
+	}
+	return (budget - rows*V) / perToken
+}
+
+// headElems is what the head holds for a pass of n rows besides per-token tensors: one tile of
+// logits (headRows), and the tile's copy of its rows of the final norm.
+func (e *Engine) headElems(n int) int {
+	rows := min(n, e.headTileRows())
+	tile := rows * e.Config.VocabSize
+	if rows < n {
+		tile += rows * e.Config.HiddenSize
+	}
+	return tile
+}
+
+// stepElems is the plan's estimate of the elements a training pass of B sequences of T tokens
+// holds at its peak, recomputing layers or not: the fixed part, every token's share with the
+// margin, and the head's tile. Tests compare it with what passes really hold.
+func (e *Engine) stepElems(B, T int, recompute bool) int {
+	per := e.Config.stepElemsPerToken(T)
+	if recompute {
+		per = e.Config.recomputeElemsPerToken(T)
+	}
+	return e.stepFixedElems() + B*T*withMargin(per) + e.headElems(B*T)
 }
 
 // withMargin adds the small tensors the estimate leaves out (measured within 4% on the small preset).
@@ -45,6 +79,20 @@ func (e *Engine) elemSize() int {
 	return 4
 }
 
+// headTileBytes bounds one tile of logits (headRows): rows × vocabulary elements.
+const headTileBytes = 64 << 20
+
+// headTileRows is how many rows of logits one tile of the head holds: as many as fit in
+// headTileBytes, a multiple of 16 and at least 16 (the tiny and small presets: every pass one
+// tile; an 8B shape's 152k vocabulary: 96 rows in float32).
+func (e *Engine) headTileRows() int {
+	if e.headTile > 0 {
+		return e.headTile
+	}
+	n := headTileBytes / (e.elemSize() * e.Config.VocabSize)
+	return max(16, n/16*16)
+}
+
 // recomputesLayers reports whether a training pass of B sequences of T tokens keeps only each
 // layer's input and runs each layer's forward again in the backward pass (one more forward of
 // compute, a third more): when its full activations do not fit in MaxStepBytes, which happens
@@ -55,12 +103,11 @@ func (e *Engine) recomputesLayers(B, T int) bool {
 	if e.recompute != nil {
 		return *e.recompute
 	}
-	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
-	return B*T*withMargin(e.Config.stepElemsPerToken(T)) > budget
+	return e.stepElems(B, T, false) > e.opts.MaxStepBytes/e.elemSize()
 }
 
 // recomputeElemsPerToken is stepElemsPerToken when layers are recomputed: every layer's input,
-// one layer's activations and backward temporaries, and the token's logits.
+// one layer's activations and backward temporaries.
 func (c *Config) recomputeElemsPerToken(T int) int {
 	full := c.stepElemsPerToken(T)
 	layers := c.NumHiddenLayers * c.layerElemsPerToken()
@@ -70,11 +117,11 @@ func (c *Config) recomputeElemsPerToken(T int) int {
 	return full - layers + c.NumHiddenLayers*c.HiddenSize + c.layerElemsPerToken() + c.NumAttentionHeads*T
 }
 
-// stepFixedElems is what a training pass holds besides per-token tensors: merged LoRA weights,
-// one layer's or all of them; the head's LoRA merged into a copy of the head (passes long
-// enough to merge) and its rank×V gradient temporaries, which a pass holds from the head's
-// backward to its end; with bf16 weights also one weight widened for its product, at most the
-// head (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
+// stepFixedElems is what a training pass holds besides per-token tensors and the head's tile:
+// merged LoRA weights, one layer's or all of them; the head's LoRA merged into a copy of the
+// head when its tiles are long enough to merge (headMerges) and its rank×V gradient
+// temporaries; with bf16 weights also one weight widened for its product, at most the head
+// (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
 func (e *Engine) stepFixedElems() int {
 	c := e.Config
 	fixed := c.layerWeightElems()
@@ -82,11 +129,25 @@ func (e *Engine) stepFixedElems() int {
 		fixed *= c.NumHiddenLayers
 	}
 	head := c.VocabSize * c.HiddenSize
-	fixed += head + c.VocabSize*e.opts.MaxRank
+	if e.headMerges() {
+		fixed += head
+	}
+	fixed += c.VocabSize * e.opts.MaxRank
 	if e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil {
 		fixed += max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
 	}
 	return fixed
+}
+
+// headMerges reports whether a head LoRA is merged into a copy of the head (loraWay at a full
+// tile's rows): never over bf16 weights on a path with the bf16 GEMM or over quantized ones,
+// which add their LoRA.
+func (e *Engine) headMerges() bool {
+	if quantFormat(e.opts.Precision) != nil || (e.opts.Precision == PrecisionBF16 && kernels.HaveBF16GEMM()) {
+		return false
+	}
+	c := e.Config
+	return e.headTileRows()*(c.HiddenSize+c.VocabSize) >= c.HiddenSize*c.VocabSize
 }
 
 // layerWeightElems is the size of one decoder layer's linear weights.
@@ -111,7 +172,8 @@ func (e *Engine) keepsMerged() bool {
 
 // stepElemsPerToken estimates the tensor elements a training pass holds per token at its peak,
 // for sequences of length T: every layer's saved activations, one layer's backward temporaries,
-// and the token's logits. Attention probabilities grow with T; they are kept for the backward
+// the final norm's output and its gradient. Logits are not per token: the head runs in tiles
+// (headElems). Attention probabilities grow with T; they are kept for the backward
 // pass only while they are not the bulk of a layer (see recomputesProbs).
 func (c *Config) stepElemsPerToken(T int) int {
 	D, F := c.HiddenSize, c.IntermediateSize
@@ -124,7 +186,7 @@ func (c *Config) stepElemsPerToken(T int) int {
 	} else {
 		layer += probs
 	}
-	return c.NumHiddenLayers*layer + backward + c.VocabSize + 2*D
+	return c.NumHiddenLayers*layer + backward + 2*D
 }
 
 // layerElemsPerToken is what a layer keeps per token for its backward pass, besides attention

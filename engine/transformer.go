@@ -32,6 +32,7 @@ type pass[E float] struct {
 	segs     []loraSeg[E]   // rows of several adapters (segments.go); nil: lora applies to every row
 	rowBatch []int          // the batch row of each row of the head's product, while segs need it
 	qPairs   []uint32       // a quantized weight widened for the bf16 GEMM (linear.go), reused by its products
+	qPairsOf *linear[E]     // the weight qPairs holds (nil: none)
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
 	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image
@@ -188,11 +189,18 @@ func (s *pass[E]) beforeLayer(l int) bool {
 	return s.cancelled()
 }
 
-// unembed is the final norm and the head: logits [rows, V] and 1/rms per row.
+// unembed is the final norm and the head: logits [rows, V] and 1/rms per row (the sampler's,
+// for the few rows it draws from; training and forward passes take the head in tiles, headRows).
 func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
-	hf, inv := s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
-	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
+	hf, inv := s.finalNorm(h)
 	return s.linear(hf, s.m.head), inv
+}
+
+// finalNorm is the norm before the head: h normalised, and 1/rms per row.
+func (s *pass[E]) finalNorm(h mat[E]) (hf mat[E], inv []E) {
+	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
+	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
+	return hf, inv
 }
 
 // layer runs decoder layer l on h [B·T, D]: attention, then the feed-forward block, each added

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
@@ -86,7 +87,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 			}
 			w[name], qw[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
 			bytes += len(blocks)
-			delete(host, name)
+			dropHost(host, name)
 			continue
 		}
 		// A VL model's embedding is the LM's, under its own prefix.
@@ -103,7 +104,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 			}
 			w[name], w16[name] = mat[E]{Dims: shape}, v
 			bytes += 2 * len(v)
-			delete(host, name)
+			dropHost(host, name)
 			continue
 		}
 		v, err := host[name].Float64()
@@ -123,7 +124,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 		}
 		w[name] = t
 		bytes += size
-		delete(host, name)
+		dropHost(host, name)
 	}
 	m := resolveModel(c, w, w16)
 	for _, l := range m.linears {
@@ -132,6 +133,19 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 		}
 	}
 	return m, bytes, nil
+}
+
+// dropHost forgets a host tensor loadModel has converted, giving back its pages of a mapped file
+// (releaseHost). After a big one the garbage of its conversion (float32 or widened copies, as
+// big as the tensor or twice) is collected at once: left to the collector's pace, a load's
+// garbage grows with what it has converted, up to the size of the model again.
+func dropHost(host map[string]safetensors.Tensor, name string) {
+	n := len(host[name].Data)
+	releaseHost(host[name].Data)
+	delete(host, name)
+	if n >= 64<<20 {
+		runtime.GC()
+	}
 }
 
 // resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept

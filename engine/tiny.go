@@ -3,8 +3,10 @@ package engine
 import (
 	"bytes"
 	_ "embed"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -43,6 +45,9 @@ var Presets = map[string]Preset{
 	// tiny-quant: as tiny, with rows of whole Q4_K blocks (256) for quantized-base tests.
 	"tiny-quant": {Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024},
 	"1b":         {Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 32768, Context: 4096, BF16: true, FillVocab: true},
+	// 8b: Llama-3.1-8B's shape with --arch llama (8.0B parameters, a 16 GB bf16 file), for
+	// measuring training memory at 8B; written a chunk at a time, so generating it takes a few MB.
+	"8b": {Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192, BF16: true, FillVocab: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -86,7 +91,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, 8b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {
@@ -113,7 +118,6 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	}
 	progress := &loadProgress{log: log, start: start, last: start}
 	progress.logf("generating model", "dir", dir, "arch", arch, "preset", presetName, "parameters", tinyParams(c), "vocab", p.Vocab)
-	tensors := tinyWeights(c, p.BF16, seed, progress)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -138,14 +142,15 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	}
 	weights := filepath.Join(dir, "model.safetensors")
 	progress.logf("generating model: writing weights", "file", weights)
-	if err := safetensors.WriteFile(weights, tensors, map[string]string{"format": "pt"}); err != nil {
+	tensors, err := writeTinyWeights(weights, c, p.BF16, seed, progress)
+	if err != nil {
 		return err
 	}
 	var size int64
 	if st, err := os.Stat(weights); err == nil {
 		size = st.Size()
 	}
-	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", len(tensors),
+	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", tensors,
 		"seconds", time.Since(start).Seconds())
 	return nil
 }
@@ -210,49 +215,76 @@ func tinyParams(c *Config) int {
 	return total
 }
 
+// writeTinyWeights writes a generated model's weights to path, drawn from seed (as bfloat16
+// with bf16), a tensor at a time and within a tensor a chunk at a time, straight into the file:
+// generating an 8B model needs a few megabytes, not its 16 GB. It returns the tensor count.
 // progress hears of each tensor drawn.
-func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[string]safetensors.Tensor {
+func writeTinyWeights(path string, c *Config, bf16 bool, seed uint64, progress *loadProgress) (int, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
-	tensors := map[string]safetensors.Tensor{}
 	names := c.allWeightNames()
+	specs := make([]safetensors.Spec, len(names))
 	for i, name := range names {
+		specs[i] = safetensors.Spec{Name: name, DType: "F32", Shape: c.expectedShape(name)}
+		if bf16 {
+			specs[i].DType = "BF16"
+		}
+	}
+	const chunk = 1 << 16
+	v := make([]float32, chunk)
+	buf := make([]byte, 4*chunk)
+	err := safetensors.WriteStream(path, specs, map[string]string{"format": "pt"}, func(i int, w io.Writer) error {
 		if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
 			progress.last = now
 			progress.logf("generating model: drawing weights", "tensors", i, "of", len(names), "seconds", now.Sub(progress.start).Seconds())
 		}
-		shape := c.expectedShape(name)
+		name, shape := names[i], specs[i].Shape
 		n := 1
 		for _, d := range shape {
 			n *= d
 		}
-		v := make([]float32, n)
-		switch {
-		case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
-			for i := range v { // norms start near one, as trained models have them
-				v[i] = float32(1 + 0.1*rng.NormFloat64())
+		draw := tinyDraw(name, shape, n)
+		for off := 0; off < n; off += chunk {
+			part := v[:min(chunk, n-off)]
+			for j := range part {
+				part[j] = float32(draw(rng))
 			}
-		case filepath.Ext(name) == ".bias":
-			for i := range v {
-				v[i] = float32(0.02 * rng.NormFloat64())
+			var b []byte
+			if bf16 {
+				b = buf[:2*len(part)]
+				for j, x := range part {
+					h := kernels.BF16Of(x)
+					b[2*j], b[2*j+1] = byte(h), byte(h>>8)
+				}
+			} else {
+				b = buf[:4*len(part)]
+				for j, x := range part {
+					binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
+				}
 			}
-		default:
-			// Unit-variance projections and modest embeddings: a random model whose attention
-			// and logits are not flat, so tests exercise every part of the network.
-			std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
-			if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
-				std = 0.1
-			}
-			for i := range v {
-				v[i] = float32(std * rng.NormFloat64())
+			if _, err := w.Write(b); err != nil {
+				return err
 			}
 		}
-		if bf16 {
-			tensors[name] = bf16Tensor(v, shape)
-		} else {
-			tensors[name] = safetensors.FromFloat32(v, shape...)
-		}
+		return nil
+	})
+	return len(names), err
+}
+
+// tinyDraw is how one tensor's values are drawn: norms near one, as trained models have them,
+// small biases, and unit-variance projections with modest embeddings (a random model whose
+// attention and logits are not flat, so tests exercise every part of the network).
+func tinyDraw(name string, shape []int, n int) func(*rand.Rand) float64 {
+	switch {
+	case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
+		return func(r *rand.Rand) float64 { return 1 + 0.1*r.NormFloat64() }
+	case filepath.Ext(name) == ".bias":
+		return func(r *rand.Rand) float64 { return 0.02 * r.NormFloat64() }
 	}
-	return tensors
+	std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
+	if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
+		std = 0.1
+	}
+	return func(r *rand.Rand) float64 { return std * r.NormFloat64() }
 }
 
 func writeTinyTokenizerConfig(dir string) error {
@@ -274,14 +306,4 @@ func AddTinyChatTemplate(dir string) error {
 		return nil
 	}
 	return writeTinyTokenizerConfig(dir)
-}
-
-// bf16Tensor rounds v to a BF16 tensor (to nearest, ties to even).
-func bf16Tensor(v []float32, shape []int) safetensors.Tensor {
-	b := make([]byte, 2*len(v))
-	for i, x := range v {
-		h := kernels.BF16Of(x)
-		b[2*i], b[2*i+1] = byte(h), byte(h>>8)
-	}
-	return safetensors.Tensor{DType: "BF16", Shape: shape, Data: b}
 }

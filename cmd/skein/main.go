@@ -29,7 +29,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--max-adapters-per-tenant N] [--accept-workers [--worker-token T]]
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
-  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|tiny-quant|small|1b] [--seed N]
+  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|tiny-quant|small|1b|8b] [--seed N]
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
   skein version
@@ -141,14 +141,14 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 func initTiny(args []string) error {
 	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
 	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3 or qwen3_vl")
-	preset := fs.String("preset", "tiny", "tiny, small or 1b")
+	preset := fs.String("preset", "tiny", "tiny, tiny-quant, small, 1b or 8b (Llama-3.1-8B's shape with --arch llama)")
 	seed := fs.Uint64("seed", 1, "random seed")
 	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|tiny-quant|small|1b]")
+		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl] [--preset tiny|tiny-quant|small|1b|8b]")
 	}
 	// Progress on stderr (the 1b preset takes a while); the result line stays on stdout.
 	if err := engine.InitTinyLogged(pos[0], engine.Arch(*arch), *preset, *seed, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {

@@ -257,7 +257,7 @@ func TestChunksMatchOneCall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := len(e.chunks(lengths)); got != c.chunks {
+		if got := len(e.chunks(lengths, nil)); got != c.chunks {
 			t.Fatalf("%s: %d chunks, want %d", c.name, got, c.chunks)
 		}
 		a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * math.Sin(float64(j+i)) })

@@ -33,7 +33,8 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 		}
 		cfg := e.Config
 		T := padLen(c.n)
-		estimate := 4 * e.stepElems(3, T, false)
+		a, _ := e.adapter("m")
+		estimate := 4 * e.stepElems(3, T, false, a)
 		got := e.PeakStepBytes()
 		t.Logf("%s, 3×%d tokens (probabilities recomputed: %v): peak %d bytes, estimate %d", arch, T, cfg.recomputesProbs(T), got, estimate)
 		if got > estimate || got < estimate*2/3 {
@@ -115,7 +116,7 @@ func TestRecomputedLayersMatchKept(t *testing.T) {
 				}
 				if recompute {
 					T := padLen(len(ids))
-					estimate := e.elemSize() * e.stepElems(2, T, true)
+					estimate := e.elemSize() * e.stepElems(2, T, true, a)
 					if peaks[k] > estimate {
 						t.Fatalf("%s f64=%v: recomputing held %d bytes, over its estimate %d", arch, f64, peaks[k], estimate)
 					}
@@ -141,15 +142,15 @@ func TestRecomputeIsChosenWhenOneSequenceDoesNotFit(t *testing.T) {
 	cfg.NumHiddenLayers = 32
 	e := &Engine{Config: &cfg, opts: tiny.opts}
 	T := 1024
-	full := e.elemSize() * e.stepElems(1, T, false)
+	full := e.elemSize() * e.stepElems(1, T, false, nil)
 	e.opts.MaxStepBytes = full * 5 / 6
-	if !e.recomputesLayers(1, T) {
+	if !e.recomputesLayers(1, T, nil) {
 		t.Fatalf("one sequence of %d tokens needing %d bytes runs without recomputing in %d", T, full, e.opts.MaxStepBytes)
 	}
-	if e.recomputesLayers(1, 64) {
+	if e.recomputesLayers(1, 64, nil) {
 		t.Fatal("a short sequence that fits recomputes")
 	}
-	if n := e.chunkTokens(T); n < 2*T {
+	if n := e.chunkTokens(T, nil); n < 2*T {
 		t.Fatalf("recomputing, a chunk holds %d tokens of %d-token sequences; want several", n, T)
 	}
 }
@@ -198,7 +199,7 @@ func TestHeadTilesMatchOneProductAndHoldOneTile(t *testing.T) {
 			grads[k] = append(grads[k], p.float64s('g')...)
 		}
 		lp[k], loss[k], peaks[k] = res.Logprobs, res.Loss, e.PeakStepBytes()
-		estimates[k] = 8 * e.stepElems(8, T, false)
+		estimates[k] = 8 * e.stepElems(8, T, false, a)
 		if k == 0 && e.headTileRows() < N {
 			t.Fatalf("the default tile (%d rows) must hold the whole pass of %d rows", e.headTileRows(), N)
 		}

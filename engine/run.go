@@ -79,7 +79,7 @@ func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared,
 	}
 	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
 	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
-	for _, c := range e.chunks(lengths) {
+	for _, c := range e.chunks(lengths, a) {
 		if err := stopped(ctx); err != nil {
 			return err
 		}

@@ -55,7 +55,6 @@ func TestQuantizedBaseTrainsLikeFloat32(t *testing.T) {
 	}
 }
 
-
 // BenchmarkQuantizedBaseLossCurve prints the loss curves of a LoRA (rank 16, attention and MLP)
 // trained over the small preset in float32, Q8_0 and Q4_K, the same generated stories and steps
 // (SKEIN_CURVE_STEPS, default 40), and the final losses' distance from float32's. Run:

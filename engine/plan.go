@@ -125,9 +125,12 @@ func (c *Config) recomputeElemsPerToken(T int) int {
 // (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
 func (e *Engine) stepFixedElems(a *Adapter) int {
 	c := e.Config
-	fixed := c.layerWeightElems()
-	if e.keepsMerged() {
-		fixed *= c.NumHiddenLayers
+	fixed := 0
+	if e.mergesLoRA() {
+		fixed = c.layerWeightElems()
+		if e.keepsMerged() {
+			fixed *= c.NumHiddenLayers
+		}
 	}
 	fixed += loraPassElems(a)
 	head := c.VocabSize * c.HiddenSize
@@ -203,11 +206,15 @@ func loraPassElems(a *Adapter) int {
 // tile's rows): never over bf16 weights on a path with the bf16 GEMM or over quantized ones,
 // which add their LoRA.
 func (e *Engine) headMerges() bool {
-	if quantFormat(e.opts.Precision) != nil || (e.opts.Precision == PrecisionBF16 && kernels.HaveBF16GEMM()) {
-		return false
-	}
 	c := e.Config
-	return e.headTileRows()*(c.HiddenSize+c.VocabSize) >= c.HiddenSize*c.VocabSize
+	return e.mergesLoRA() && e.headTileRows()*(c.HiddenSize+c.VocabSize) >= c.HiddenSize*c.VocabSize
+}
+
+// mergesLoRA reports whether passes with many rows merge LoRA into copies of the weights
+// (loraWay): not over bf16 weights on a path with the bf16 GEMM, nor over quantized ones, which
+// always add it (for an 8B shape in bf16 that is 0.9 GB the plan need not hold back).
+func (e *Engine) mergesLoRA() bool {
+	return quantFormat(e.opts.Precision) == nil && !(e.opts.Precision == PrecisionBF16 && kernels.HaveBF16GEMM())
 }
 
 // layerWeightElems is the size of one decoder layer's linear weights.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 )
 
 // LoraConfig is Tinker's LoraConfig.
@@ -149,6 +150,35 @@ type Adapter struct {
 	pendingGrads bool
 	// Snapshot marks read-only sampler weights (LoadSnapshot): they take no LoRA slot.
 	Snapshot bool
+	// scratch is a forward_backward's gradient sums ([][]float32 or [][]float64), kept for the
+	// next one: as big as the adapter's weights, it would otherwise be garbage every step.
+	scratchMu sync.Mutex
+	scratch   any
+}
+
+// batchGrads is zeroed gradient sums for one forward_backward over a (given back by putGrads).
+func batchGrads[E float](a *Adapter) [][]E {
+	a.scratchMu.Lock()
+	g, _ := a.scratch.([][]E)
+	a.scratch = nil
+	a.scratchMu.Unlock()
+	if g == nil {
+		g = make([][]E, len(a.params))
+		for i, q := range a.params {
+			g[i] = make([]E, q.size())
+		}
+		return g
+	}
+	for _, v := range g {
+		clear(v)
+	}
+	return g
+}
+
+func putGrads[E float](a *Adapter, g [][]E) {
+	a.scratchMu.Lock()
+	a.scratch = g
+	a.scratchMu.Unlock()
 }
 
 // CreateAdapter adds a LoRA with PEFT initialisation: A uniform(±1/√in) from the seed, B zero.

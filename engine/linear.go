@@ -121,7 +121,8 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 			k, n = n, k
 		}
 		if len(s.qPairs) < lin.in/2*lin.out {
-			s.qPairs = make([]uint32, lin.in/2*lin.out)
+			s.e.base.putPairs(s.qPairs)
+			s.qPairs, s.qPairsOf = s.e.base.takePairs(lin.in/2*lin.out), nil
 		}
 		w2 := s.qPairs[:lin.in/2*lin.out]
 		if s.qPairsOf != lin { // the head's tiles, forward and back, widen it once

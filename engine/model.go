@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
@@ -18,6 +19,36 @@ type baseModel struct {
 	weights any // *model[float32] or *model[float64], the engine's dtype
 	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
+	// pairs is the buffer passes widen quantized weights into for the bf16 GEMM (pass.qPairs),
+	// kept between passes (as big as the largest such weight: each pass would otherwise leave
+	// one behind for the collector, a gigabyte for an 8B shape's head).
+	pairsMu sync.Mutex
+	pairs   []uint32
+}
+
+// takePairs is the pairs buffer with room for n words (nil while another pass holds it: then a
+// new one, which putPairs keeps if it is the bigger).
+func (b *baseModel) takePairs(n int) []uint32 {
+	b.pairsMu.Lock()
+	p := b.pairs
+	b.pairs = nil
+	b.pairsMu.Unlock()
+	if cap(p) < n {
+		p = make([]uint32, n)
+	}
+	return p[:n]
+}
+
+// putPairs gives a pass's pairs buffer back.
+func (b *baseModel) putPairs(p []uint32) {
+	if p == nil {
+		return
+	}
+	b.pairsMu.Lock()
+	if cap(p) > cap(b.pairs) {
+		b.pairs = p
+	}
+	b.pairsMu.Unlock()
 }
 
 // modelOf is the base model's weights in the pass's element type.

@@ -22,6 +22,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads,
 		recompute: grads != nil && e.recomputesLayers(B, T, a)})
+	defer func() { e.base.putPairs(s.qPairs) }()
 	useImages(s, e, p.imageRows(lo, hi))
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not

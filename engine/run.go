@@ -68,10 +68,8 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, res *ForwardResult, backward bool) error {
 	var grads [][]E
 	if backward {
-		grads = make([][]E, len(a.params))
-		for i, q := range a.params {
-			grads[i] = make([]E, q.size())
-		}
+		grads = batchGrads[E](a)
+		defer putGrads(a, grads)
 	}
 	lengths := make([]int, len(p.tokens))
 	for i, t := range p.tokens {

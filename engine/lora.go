@@ -38,7 +38,7 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 		lm := &loraMats[E]{a: ar.Alloc(pa.shape...), b: ar.Alloc(pb.shape...), ai: 2 * i, bi: 2*i + 1}
 		copy(lm.a.V, numbersOf[E](pa).w)
 		copy(lm.b.V, numbersOf[E](pb).w)
-		if !lin.outIn {
+		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges (a sixth of the copies)
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
 		}
@@ -69,16 +69,20 @@ type loraApply[E float] interface {
 // a merged weight would be float32. The choice depends on the shape, the weight and the path
 // only, so a pass computes the same bits whether training, a forward or the sampler asked for it.
 func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
-	if (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() {
-		return addedLoRA[E]{}
-	}
-	if lin.qw != nil { // the base product reads the blocks; a merged weight would be float32
+	if lin.alwaysAdds() {
 		return addedLoRA[E]{}
 	}
 	if rows*(lin.in+lin.out) >= lin.in*lin.out {
 		return mergedLoRA[E]{}
 	}
 	return addedLoRA[E]{}
+}
+
+// alwaysAdds reports whether the module adds its LoRA whatever the rows: kept in bf16 on a path
+// with a bf16 GEMM, or quantized (the base product reads the blocks; a merged weight would be
+// float32).
+func (lin *linear[E]) alwaysAdds() bool {
+	return (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() || lin.qw != nil
 }
 
 // mergedLoRA multiplies by W + scale·(B·A)ᵀ: one big matmul instead of three (the rank-r

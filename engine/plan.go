@@ -132,7 +132,7 @@ func (e *Engine) stepFixedElems(a *Adapter) int {
 			fixed *= c.NumHiddenLayers
 		}
 	}
-	fixed += loraPassElems(a)
+	fixed += e.loraPassElems(a)
 	head := c.VocabSize * c.HiddenSize
 	if e.headMerges() {
 		fixed += head
@@ -189,15 +189,19 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 }
 
 // loraPassElems is what loraOf copies of adapter a into a pass: A and B, and for the products
-// Aᵀ, scale·A and scale·Bᵀ; three copies of each A, two of each B (for an 8B shape at rank 32,
-// 0.9 GB in float32). nil: nothing.
-func loraPassElems(a *Adapter) int {
+// scale·A and scale·Bᵀ, and Aᵀ where LoRA may merge; two or three copies of each A, two of each
+// B (for an 8B shape at rank 32 in bf16, 0.68 GB in float32). nil: nothing.
+func (e *Engine) loraPassElems(a *Adapter) int {
 	if a == nil {
 		return 0
 	}
+	copiesA := 2
+	if e.mergesLoRA() {
+		copiesA = 3
+	}
 	n := 0
 	for _, m := range a.mods {
-		n += a.Config.Rank * (3*m.In + 2*m.Out)
+		n += a.Config.Rank * (copiesA*m.In + 2*m.Out)
 	}
 	return n
 }

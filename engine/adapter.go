@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 )
 
 // LoraConfig is Tinker's LoraConfig.
@@ -21,13 +22,121 @@ func (c LoraConfig) spec() loraSpec {
 	return loraSpec{Attn: c.TrainAttn, MLP: c.TrainMLP, Unembed: c.TrainUnembed}
 }
 
-// param is one LoRA matrix with its gradient accumulator and Adam moments.
+// param is one LoRA matrix with its gradient accumulator and Adam moments, kept in the engine's
+// element type: float32 on the float32 engine (16 bytes a parameter rather than 32: an 8B
+// model's rank-32 adapter is 1.5 GB, not 2.9), float64 on the float64 engine, whose tests check
+// gradients by finite differences. Exactly one of s32, s64 is set (nil both: never).
 type param struct {
 	name  string // PEFT key
 	shape []int
-	w     []float64
-	g     []float64
-	m, v  []float64
+	s32   *paramState[float32]
+	s64   *paramState[float64]
+}
+
+// paramState is a param's numbers: weights, accumulated gradient, Adam's two moments. A sampler
+// snapshot holds w only (g, m, v nil).
+type paramState[E float] struct{ w, g, m, v []E }
+
+// numbersOf is p's numbers in the element type E of the engine that made it.
+func numbersOf[E float](p *param) *paramState[E] {
+	if s, ok := any(p.s32).(*paramState[E]); ok {
+		return s
+	}
+	return any(p.s64).(*paramState[E])
+}
+
+// newParam allocates a param of the engine's element type, zeroed.
+func (e *Engine) newParam(name string, shape []int, withState bool) *param {
+	n := shape[0] * shape[1]
+	p := &param{name: name, shape: shape}
+	if e.opts.Float64 {
+		p.s64 = newParamState[float64](n, withState)
+	} else {
+		p.s32 = newParamState[float32](n, withState)
+	}
+	return p
+}
+
+func newParamState[E float](n int, withState bool) *paramState[E] {
+	s := &paramState[E]{w: make([]E, n)}
+	if withState {
+		s.g, s.m, s.v = make([]E, n), make([]E, n), make([]E, n)
+	}
+	return s
+}
+
+// size is the number of the param's weights.
+func (p *param) size() int { return p.shape[0] * p.shape[1] }
+
+// bytes is the memory p's numbers hold.
+func (p *param) bytes() int {
+	if p.s64 != nil {
+		return 8 * (len(p.s64.w) + len(p.s64.g) + len(p.s64.m) + len(p.s64.v))
+	}
+	return 4 * (len(p.s32.w) + len(p.s32.g) + len(p.s32.m) + len(p.s32.v))
+}
+
+// float64s widens one of p's vectors ('w', 'g', 'm', 'v') for a file or a test.
+func (p *param) float64s(which byte) []float64 {
+	if p.s64 != nil {
+		return pick(p.s64, which)
+	}
+	v := pick(p.s32, which)
+	if v == nil {
+		return nil
+	}
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+func pick[E float](s *paramState[E], which byte) []E {
+	switch which {
+	case 'w':
+		return s.w
+	case 'g':
+		return s.g
+	case 'm':
+		return s.m
+	}
+	return s.v
+}
+
+// setFloat64s narrows v (a file's numbers) into one of p's vectors, allocating it if it was nil.
+func (p *param) setFloat64s(which byte, v []float64) {
+	if p.s64 != nil {
+		setPicked(p.s64, which, append([]float64(nil), v...))
+		return
+	}
+	f := make([]float32, len(v))
+	for i, x := range v {
+		f[i] = float32(x)
+	}
+	setPicked(p.s32, which, f)
+}
+
+func setPicked[E float](s *paramState[E], which byte, v []E) {
+	switch which {
+	case 'w':
+		s.w = v
+	case 'g':
+		s.g = v
+	case 'm':
+		s.m = v
+	default:
+		s.v = v
+	}
+}
+
+// dropState forgets p's gradient and moments (a sampler snapshot's weights).
+func (p *param) dropState() {
+	if p.s64 != nil {
+		p.s64.g, p.s64.m, p.s64.v = nil, nil, nil
+	} else {
+		p.s32.g, p.s32.m, p.s32.v = nil, nil, nil
+	}
 }
 
 // Adapter is one LoRA: weights, accumulated gradients, optimizer state, step count.
@@ -41,6 +150,35 @@ type Adapter struct {
 	pendingGrads bool
 	// Snapshot marks read-only sampler weights (LoadSnapshot): they take no LoRA slot.
 	Snapshot bool
+	// scratch is a forward_backward's gradient sums ([][]float32 or [][]float64), kept for the
+	// next one: as big as the adapter's weights, it would otherwise be garbage every step.
+	scratchMu sync.Mutex
+	scratch   any
+}
+
+// batchGrads is zeroed gradient sums for one forward_backward over a (given back by putGrads).
+func batchGrads[E float](a *Adapter) [][]E {
+	a.scratchMu.Lock()
+	g, _ := a.scratch.([][]E)
+	a.scratch = nil
+	a.scratchMu.Unlock()
+	if g == nil {
+		g = make([][]E, len(a.params))
+		for i, q := range a.params {
+			g[i] = make([]E, q.size())
+		}
+		return g
+	}
+	for _, v := range g {
+		clear(v)
+	}
+	return g
+}
+
+func putGrads[E float](a *Adapter, g [][]E) {
+	a.scratchMu.Lock()
+	a.scratch = g
+	a.scratchMu.Unlock()
 }
 
 // CreateAdapter adds a LoRA with PEFT initialisation: A uniform(±1/√in) from the seed, B zero.
@@ -59,9 +197,11 @@ func (e *Engine) CreateAdapter(id string, cfg LoraConfig) (*Adapter, error) {
 		rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i)))
 		bound := 1 / math.Sqrt(float64(m.In))
 		pa := a.params[2*i]
-		for j := range pa.w {
-			pa.w[j] = e.roundToDType((rng.Float64()*2 - 1) * bound)
+		w := make([]float64, pa.size())
+		for j := range w {
+			w[j] = (rng.Float64()*2 - 1) * bound
 		}
+		pa.setFloat64s('w', w)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -79,11 +219,7 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 			suffix string
 			shape  []int
 		}{{"lora_A", []int{cfg.Rank, m.In}}, {"lora_B", []int{m.Out, cfg.Rank}}} {
-			n := p.shape[0] * p.shape[1]
-			a.params = append(a.params, &param{
-				name:  "base_model.model." + m.Path + "." + p.suffix + ".weight",
-				shape: p.shape, w: make([]float64, n), g: make([]float64, n),
-				m: make([]float64, n), v: make([]float64, n)})
+			a.params = append(a.params, e.newParam("base_model.model."+m.Path+"."+p.suffix+".weight", p.shape, true))
 		}
 	}
 	return a
@@ -192,7 +328,19 @@ func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[st
 	if err != nil {
 		return nil, err
 	}
-	norm := gradNorm(a.params)
+	var metrics map[string]float64
+	if e.opts.Float64 {
+		metrics, err = adamStep[float64](a, p)
+	} else {
+		metrics, err = adamStep[float32](a, p)
+	}
+	return metrics, err
+}
+
+// adamStep is OptimStep over an adapter whose numbers are of type E. The arithmetic is float64
+// whatever E is (each number widened as it is read and narrowed as it is stored).
+func adamStep[E float](a *Adapter, p AdamParams) (map[string]float64, error) {
+	norm := gradNorm[E](a.params)
 	if !isFinite(norm) {
 		// Unreachable through the API (forward_backward refuses non-finite gradients); refused
 		// all the same, changing nothing.
@@ -206,31 +354,33 @@ func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[st
 	bc1 := 1 - math.Pow(p.Beta1, t)
 	bc2 := 1 - math.Pow(p.Beta2, t)
 	// adamUpdate is one element's step; it runs twice per element, first only to check that
-	// every new weight and moment is finite (a huge learning rate, or an eps tiny against a
+	// every new weight and moment is finite in E (a huge learning rate, or an eps tiny against a
 	// vanishing second moment, can overflow), then to apply the step. A refused step changes
 	// nothing, and the arithmetic is the same both times, so what is checked is what is stored.
-	adamUpdate := func(q *param, j int) (w, m, v float64) {
-		g := q.g[j] * clip
-		m = p.Beta1*q.m[j] + (1-p.Beta1)*g
-		v = p.Beta2*q.v[j] + (1-p.Beta2)*g*g
-		w = q.w[j] * (1 - p.LearningRate*p.WeightDecay)
-		upd := p.LearningRate * (m / bc1) / (math.Sqrt(v/bc2) + p.Eps)
-		return e.roundToDType(w - upd), m, v
+	adamUpdate := func(q *paramState[E], j int) (w, m, v E) {
+		g := float64(q.g[j]) * clip
+		mf := p.Beta1*float64(q.m[j]) + (1-p.Beta1)*g
+		vf := p.Beta2*float64(q.v[j]) + (1-p.Beta2)*g*g
+		wf := float64(q.w[j]) * (1 - p.LearningRate*p.WeightDecay)
+		upd := p.LearningRate * (mf / bc1) / (math.Sqrt(vf/bc2) + p.Eps)
+		return E(wf - upd), E(mf), E(vf)
 	}
-	for _, q := range a.params {
+	for _, pr := range a.params {
+		q := numbersOf[E](pr)
 		for j := range q.w {
-			if w, m, v := adamUpdate(q, j); !isFinite32(w) || !isFinite(m) || !isFinite(v) {
+			if w, m, v := adamUpdate(q, j); !isFinite(float64(w)) || !isFinite(float64(m)) || !isFinite(float64(v)) {
 				return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",
-					ErrNonFinite, q.name, w, m, v, p.LearningRate)
+					ErrNonFinite, pr.name, w, m, v, p.LearningRate)
 			}
 		}
 	}
 	a.Step++
 	var updSq float64
-	for _, q := range a.params {
+	for _, pr := range a.params {
+		q := numbersOf[E](pr)
 		for j := range q.w {
 			nw, m, v := adamUpdate(q, j)
-			d := nw - q.w[j]
+			d := float64(nw) - float64(q.w[j])
 			updSq += d * d
 			q.w[j], q.m[j], q.v[j] = nw, m, v
 		}
@@ -247,11 +397,11 @@ func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[st
 
 // gradNorm is the global L2 norm of the accumulated gradients. A sum of squares that
 // overflows (gradients near 1e154) is summed again scaled by the largest gradient.
-func gradNorm(params []*param) float64 {
+func gradNorm[E float](params []*param) float64 {
 	var sq float64
 	for _, q := range params {
-		for _, g := range q.g {
-			sq += g * g
+		for _, g := range numbersOf[E](q).g {
+			sq += float64(g) * float64(g)
 		}
 	}
 	if !math.IsInf(sq, 1) {
@@ -259,14 +409,14 @@ func gradNorm(params []*param) float64 {
 	}
 	var scale float64
 	for _, q := range params {
-		for _, g := range q.g {
-			scale = max(scale, math.Abs(g))
+		for _, g := range numbersOf[E](q).g {
+			scale = max(scale, math.Abs(float64(g)))
 		}
 	}
 	sq = 0
 	for _, q := range params {
-		for _, g := range q.g {
-			sq += (g / scale) * (g / scale)
+		for _, g := range numbersOf[E](q).g {
+			sq += (float64(g) / scale) * (float64(g) / scale)
 		}
 	}
 	return scale * math.Sqrt(sq)

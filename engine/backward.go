@@ -36,13 +36,12 @@ func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
 	}
 }
 
-// backward runs the pass backward from d loss/d logits (dlogits): through the head and the
+// backward runs the pass backward from d loss/d(the head's input) (dhf, headRows's): through the
 // final norm (h and invF its input and 1/rms), then every layer from the last, releasing each
 // layer's activations and merged weights once its backward pass is done. It reports false when
 // the pass was cancelled between layers.
-func (s *pass[E]) backward(h mat[E], invF []E, dlogits mat[E], marks []tensor.Point) bool {
+func (s *pass[E]) backward(h mat[E], invF []E, dhf mat[E], marks []tensor.Point) bool {
 	c := s.c
-	dhf := *s.linearBack(dlogits, s.m.head, true)
 	dh := s.ar.Alloc(s.B*s.T, c.HiddenSize)
 	kernels.RMSNormBack(dhf.V, h.V, invF, s.m.norm, dh.V, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/skein-ai/skein/engine/internal/tensor"
@@ -109,4 +112,73 @@ func (e *Engine) VisionImagesPerSecond(img Images, n int) (float64, error) {
 		return 0, err
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// SyntheticStories is a small generated corpus of n short stories in the manner of TinyStories
+// (the data of llama2.c's stories260K model): a few templates over small word lists, drawn from
+// seed, so that a LoRA has regularities to learn (names recur within a story, places and deeds
+// follow their characters). Deterministic for a seed.
+func SyntheticStories(n int, seed uint64) string {
+	rng := rand.New(rand.NewPCG(seed, 0x570))
+	pick := func(w []string) string { return w[rng.IntN(len(w))] }
+	names := []string{"Lily", "Tom", "Mia", "Ben", "Sue", "Max", "Anna", "Sam"}
+	animals := []string{"cat", "dog", "bird", "frog", "bunny", "duck"}
+	places := []string{"park", "garden", "forest", "house", "pond", "hill"}
+	things := []string{"ball", "kite", "box", "hat", "cake", "book"}
+	feel := []string{"happy", "sad", "tired", "brave", "kind"}
+	var b strings.Builder
+	for range max(0, n) {
+		name, friend, animal := pick(names), pick(names), pick(animals)
+		place, thing, mood := pick(places), pick(things), pick(feel)
+		fmt.Fprintf(&b, "Once upon a time, there was a little %s named %s. %s liked to play in the %s. ", animal, name, name, place)
+		fmt.Fprintf(&b, "One day, %s found a %s in the %s. %s was very %s. ", name, thing, place, name, mood)
+		fmt.Fprintf(&b, "%s met %s and said, \"Look at my %s!\" %s smiled and they played with the %s all day. ", name, friend, thing, friend, thing)
+		fmt.Fprintf(&b, "At night, %s went home and slept. The end.\n", name)
+	}
+	return b.String()
+}
+
+// maxCurveSteps bounds LossCurve's steps, batch and sequence length (its callers are tests and
+// benchmarks; a flag or a caller's number never becomes an unbounded loop or allocation).
+const maxCurveSteps = 10000
+
+// LossCurve trains a fresh LoRA of cfg on ids for steps optim_steps of batch windows of seq+1
+// tokens each (window i of step s starts at ((s·batch + i)·seq) mod (len(ids) − seq − 1), so
+// every engine gets the same data in the same order), and returns each step's mean loss per
+// token, measured by its forward_backward before the step. The adapter is deleted afterwards.
+func (e *Engine) LossCurve(ids []int, cfg LoraConfig, adam AdamParams, batch, seq, steps int) ([]float64, error) {
+	switch {
+	case steps < 1 || steps > maxCurveSteps || batch < 1 || batch > maxCurveSteps || seq < 1 || seq > maxCurveSteps:
+		return nil, fmt.Errorf("engine: loss curve of %d steps of %d × %d tokens: want each in 1…%d", steps, batch, seq, maxCurveSteps)
+	case len(ids) < seq+2:
+		return nil, fmt.Errorf("engine: loss curve over %d tokens: want more than a window of %d", len(ids), seq+1)
+	}
+	id := fmt.Sprintf("loss-curve-%d", rand.Uint64())
+	if _, err := e.CreateAdapter(id, cfg); err != nil {
+		return nil, err
+	}
+	defer e.DeleteAdapter(context.Background(), id)
+	span := len(ids) - seq - 1
+	curve := make([]float64, steps)
+	for s := range steps {
+		data := make([]Datum, batch)
+		for i := range data {
+			start := ((s*batch + i) * seq) % span
+			w := ids[start : start+seq+1]
+			tg := make([]float64, seq)
+			for j := range tg {
+				tg[j] = float64(w[j+1])
+			}
+			data[i] = Datum{Tokens: w[:seq], Inputs: map[string]TensorInput{"target_tokens": {DType: "int64", Data: tg}}}
+		}
+		r, err := e.ForwardBackward(context.Background(), id, data, "cross_entropy", nil)
+		if err != nil {
+			return nil, err
+		}
+		curve[s] = r.Loss / float64(batch*seq)
+		if _, err := e.OptimStep(context.Background(), id, adam); err != nil {
+			return nil, err
+		}
+	}
+	return curve, nil
 }

@@ -79,7 +79,8 @@ func TestStepMemoryEstimateCountsTheHead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := e.CreateAdapter("m", LoraConfig{Rank: 4, TrainAttn: true, TrainMLP: true, TrainUnembed: unembed}); err != nil {
+				a, err := e.CreateAdapter("m", LoraConfig{Rank: 4, TrainAttn: true, TrainMLP: true, TrainUnembed: unembed})
+				if err != nil {
 					t.Fatal(err)
 				}
 				ids := make([]int, 81)
@@ -90,8 +91,7 @@ func TestStepMemoryEstimateCountsTheHead(t *testing.T) {
 					t.Fatal(err)
 				}
 				T := padLen(80)
-				perToken := e.Config.stepElemsPerToken(T)
-				estimate := 4 * (e.stepFixedElems() + T*(perToken+perToken/10))
+				estimate := 4 * e.stepElems(1, T, false, a)
 				got := e.PeakStepBytes()
 				t.Logf("%s %s, LoRA on the head %v: peak %d bytes, estimate %d", arch, prec, unembed, got, estimate)
 				if got > estimate {

@@ -92,7 +92,7 @@ func TestBF16WeightsComputeAsFloat32(t *testing.T) {
 				}
 				got[k].lp[i] = r.Logprobs
 				for _, p := range a.params {
-					got[k].grads[i] = append(got[k].grads[i], p.g)
+					got[k].grads[i] = append(got[k].grads[i], p.float64s('g'))
 				}
 				seed := int64(3)
 				s, err := e.Sample(a.ID, SampleRequest{Prompt: ids[:n-1], NumSamples: 2, Params: SampleParams{MaxTokens: 5, Temperature: 1, Seed: &seed}})
@@ -203,7 +203,7 @@ func TestBF16GEMMTrainsNearFloat32(t *testing.T) {
 					}
 					lp[k] = r.Logprobs
 					for _, q := range a.params {
-						grads[k] = append(grads[k], q.g...)
+						grads[k] = append(grads[k], q.float64s('g')...)
 					}
 				}
 				if reflect.DeepEqual(lp[0], lp[1]) {
@@ -266,7 +266,7 @@ func TestBF16PairsLayoutGivesTheRowsResults(t *testing.T) {
 			}
 			lps = append(lps, r.Logprobs...)
 			for _, q := range a.params {
-				lps = append(lps, q.g)
+				lps = append(lps, q.float64s('g'))
 			}
 		}
 		seed := int64(5)

@@ -18,10 +18,10 @@ type adapterState struct {
 func stateOf(a *Adapter) adapterState {
 	s := adapterState{step: a.Step, pending: a.pendingGrads}
 	for _, p := range a.params {
-		s.w = append(s.w, slices.Clone(p.w))
-		s.g = append(s.g, slices.Clone(p.g))
-		s.m = append(s.m, slices.Clone(p.m))
-		s.v = append(s.v, slices.Clone(p.v))
+		s.w = append(s.w, slices.Clone(p.float64s('w')))
+		s.g = append(s.g, slices.Clone(p.float64s('g')))
+		s.m = append(s.m, slices.Clone(p.float64s('m')))
+		s.v = append(s.v, slices.Clone(p.float64s('v')))
 	}
 	return s
 }
@@ -71,7 +71,7 @@ func TestCancelledForwardBackwardStopsAndChangesNothing(t *testing.T) {
 			}
 			before := stateOf(a)
 
-			if c.opts.MaxBatchTokens > 0 && len(e.chunks([]int{199, 149, 119})) < 2 {
+			if c.opts.MaxBatchTokens > 0 && len(e.chunks([]int{199, 149, 119}, a)) < 2 {
 				t.Fatal("the batch should run in several chunks")
 			}
 			cancelAt := c.cancelAt
@@ -96,7 +96,7 @@ func TestCancelledForwardBackwardStopsAndChangesNothing(t *testing.T) {
 				t.Fatalf("err = %v, want one wrapping context.Canceled and ErrCancelled", err)
 			}
 			// The hook runs before each layer; the layer whose hook cancelled does not run.
-			full := L * len(e.chunks([]int{199, 149, 119}))
+			full := L * len(e.chunks([]int{199, 149, 119}, a))
 			want := cancelAt + 1
 			if cancelAt == 0 {
 				want = 0 // refused before the pass began

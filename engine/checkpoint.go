@@ -64,12 +64,12 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 	weights := map[string]safetensors.Tensor{}
 	opt := map[string]safetensors.Tensor{}
 	for _, p := range a.params {
-		weights[p.name] = e.hostTensor(p.w, p.shape)
+		weights[p.name] = p.tensor('w')
 		if withOptimizer {
-			opt[p.name+".exp_avg"] = safetensors.FromFloat64(p.m, p.shape...)
-			opt[p.name+".exp_avg_sq"] = safetensors.FromFloat64(p.v, p.shape...)
+			opt[p.name+".exp_avg"] = p.tensor('m')
+			opt[p.name+".exp_avg_sq"] = p.tensor('v')
 			if a.pendingGrads { // right after optim_step the accumulator is zero: not worth writing
-				opt[p.name+".grad_accum"] = safetensors.FromFloat64(p.g, p.shape...)
+				opt[p.name+".grad_accum"] = p.tensor('g')
 			}
 		}
 	}
@@ -102,15 +102,14 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 	return writeFileAtomic(filepath.Join(dir, TrainerStateFile), sb)
 }
 
-func (e *Engine) hostTensor(v []float64, shape []int) safetensors.Tensor {
-	if e.opts.Float64 {
-		return safetensors.FromFloat64(v, shape...)
+// tensor is one of p's vectors as a file tensor in the state's own dtype: F32 from the float32
+// engine (its optimizer file half the size the float64 state wrote), F64 from the float64 one.
+// Loads take either (readTensors), so checkpoints of float64 state load on the float32 engine.
+func (p *param) tensor(which byte) safetensors.Tensor {
+	if p.s64 != nil {
+		return safetensors.FromFloat64(pick(p.s64, which), p.shape...)
 	}
-	f := make([]float32, len(v))
-	for i, x := range v {
-		f[i] = float32(x)
-	}
-	return safetensors.FromFloat32(f, shape...)
+	return safetensors.FromFloat32(pick(p.s32, which), p.shape...)
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -198,7 +197,7 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		return fmt.Errorf("engine: loading adapter %s: %w", dir, err)
 	}
 	for _, p := range a.params {
-		p.w = weights[p.name]
+		p.setFloat64s('w', weights[p.name])
 	}
 	if withOptimizer {
 		want := map[string][]int{}
@@ -216,9 +215,11 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 			return fmt.Errorf("engine: loading optimizer state %s: %w", dir, err)
 		}
 		for _, p := range a.params {
-			p.m, p.v = opt[p.name+".exp_avg"], opt[p.name+".exp_avg_sq"]
+			p.setFloat64s('m', opt[p.name+".exp_avg"])
+			p.setFloat64s('v', opt[p.name+".exp_avg_sq"])
 			if g, ok := opt[p.name+".grad_accum"]; ok {
-				p.g, a.pendingGrads = g, true
+				p.setFloat64s('g', g)
+				a.pendingGrads = true
 			}
 		}
 		sb, err := os.ReadFile(filepath.Join(dir, TrainerStateFile))
@@ -236,7 +237,7 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		// Read-only weights: no gradients or moments (three quarters of a training adapter's
 		// memory), so many tenants' sampler copies fit beside the training adapters.
 		for _, p := range a.params {
-			p.g, p.m, p.v = nil, nil, nil
+			p.dropState()
 		}
 	}
 	e.mu.Lock()

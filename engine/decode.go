@@ -119,6 +119,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 		d.cache.lens = prefillLens(B, T, want)
 	}
 	s := newPass(e, ar, B, T, parts)
+	defer func() { e.base.putPairs(s.qPairs) }()
 	d.useImages(s, fromStart)
 	m0 := ar.Mark()
 	h, _ := s.layers(s.embed(tok), m0)

@@ -63,6 +63,7 @@ type Engine struct {
 	recomputeProbs func(T int) bool
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
 	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
+	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
 }
@@ -204,15 +205,6 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	return e, nil
 }
 
-// roundToDType rounds v to what the engine's dtype can hold, so stored weights equal what the
-// matmuls see and a float32 save/load round-trips exactly.
-func (e *Engine) roundToDType(v float64) float64 {
-	if !e.opts.Float64 {
-		return float64(float32(v))
-	}
-	return v
-}
-
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
 func (e *Engine) PeakStepBytes() int { return e.base.mm.Peak() }
@@ -268,14 +260,14 @@ func bucket(n, lo int) int {
 }
 
 // AdapterBytes is the memory the loaded adapters hold (training adapters and sampler snapshots):
-// weights, gradient accumulators and optimizer moments, all float64.
+// weights, gradient accumulators and optimizer moments, in the engine's element type.
 func (e *Engine) AdapterBytes() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
 	for _, a := range e.adapters {
 		for _, p := range a.params {
-			n += 8 * (len(p.w) + len(p.g) + len(p.m) + len(p.v))
+			n += p.bytes()
 		}
 	}
 	return n

@@ -153,16 +153,16 @@ func checkGradients(t *testing.T, arch Arch) {
 			}
 			checked := 0
 			for pi, p := range a.params {
-				for _, j := range []int{0, len(p.w) / 2, len(p.w) - 1} {
-					orig := p.w[j]
+				for _, j := range []int{0, len(p.s64.w) / 2, len(p.s64.w) - 1} {
+					orig := p.s64.w[j]
 					const h = 1e-6
-					p.w[j] = orig + h
+					p.s64.w[j] = orig + h
 					up := lossAt()
-					p.w[j] = orig - h
+					p.s64.w[j] = orig - h
 					down := lossAt()
-					p.w[j] = orig
+					p.s64.w[j] = orig
 					fd := (up - down) / (2 * h)
-					g := p.g[j]
+					g := p.s64.g[j]
 					if math.Abs(fd-g) > 1e-5*(1+math.Abs(fd)) {
 						t.Fatalf("%s param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", c.loss, pi, p.name, j, g, fd)
 					}
@@ -205,16 +205,16 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	}
 	cispo := make([][]float64, len(a.params))
 	for i, p := range a.params {
-		cispo[i] = append([]float64(nil), p.g...)
-		clear(p.g)
+		cispo[i] = append([]float64(nil), p.s64.g...)
+		clear(p.s64.g)
 	}
 	if _, err := e.ForwardBackward(context.Background(), "x", []Datum{ce}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range a.params {
-		for j := range p.g {
-			if math.Abs(p.g[j]-cispo[i][j]) > 1e-9*(1+math.Abs(p.g[j])) {
-				t.Fatalf("%s[%d]: cispo %.10g, weighted CE %.10g", p.name, j, cispo[i][j], p.g[j])
+		for j := range p.s64.g {
+			if math.Abs(p.s64.g[j]-cispo[i][j]) > 1e-9*(1+math.Abs(p.s64.g[j])) {
+				t.Fatalf("%s[%d]: cispo %.10g, weighted CE %.10g", p.name, j, cispo[i][j], p.s64.g[j])
 			}
 		}
 	}
@@ -259,7 +259,7 @@ func TestChunksMatchOneCall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := len(e.chunks(lengths)); got != c.chunks {
+		if got := len(e.chunks(lengths, nil)); got != c.chunks {
 			t.Fatalf("%s: %d chunks, want %d", c.name, got, c.chunks)
 		}
 		a := adapterWithB(t, e, "a", LoraConfig{Rank: 2, Seed: 4, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.01 * math.Sin(float64(j+i)) })
@@ -278,7 +278,7 @@ func TestChunksMatchOneCall(t *testing.T) {
 			}
 		}
 		for _, p := range a.params {
-			grads[c.name] = append(grads[c.name], p.g)
+			grads[c.name] = append(grads[c.name], p.float64s('g'))
 		}
 		if c.opts.MaxStepBytes > 0 && e.PeakStepBytes() > c.opts.MaxStepBytes {
 			t.Fatalf("%s: a pass held %d bytes, over the %d allowed", c.name, e.PeakStepBytes(), c.opts.MaxStepBytes)

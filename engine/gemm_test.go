@@ -113,7 +113,7 @@ func trainOnPath(t *testing.T, p kernels.Path) (*ForwardResult, []float64) {
 	a, _ := e.adapter("a")
 	var g []float64
 	for _, q := range a.params {
-		g = append(g, q.g...)
+		g = append(g, q.float64s('g')...)
 	}
 	return res, g
 }

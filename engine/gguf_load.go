@@ -64,7 +64,7 @@ func TokenizerFile(path, name string) ([]byte, bool) {
 // loadGGUF is Load for a GGUF file.
 func loadGGUF(path string, opts Options) (*Engine, error) {
 	progress := newLoadProgress(opts.Logger, path, []string{path})
-	b, release, err := mapFile(path)
+	b, release, err := mapReadOnly(path)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -260,7 +260,7 @@ func LoadModelConfig(path string) (*Config, error) {
 	if !IsGGUF(path) {
 		return LoadConfig(path)
 	}
-	b, release, err := mapFile(path)
+	b, release, err := mapReadOnly(path)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -17,9 +17,11 @@ func adapterWithB(t testing.TB, e *Engine, id string, cfg LoraConfig, f func(i, 
 	}
 	for i, p := range a.params {
 		if i%2 == 1 {
-			for j := range p.w {
-				p.w[j] = e.roundToDType(f(i, j))
+			w := make([]float64, p.size())
+			for j := range w {
+				w[j] = f(i, j)
 			}
+			p.setFloat64s('w', w) // narrowed to the engine's dtype
 		}
 	}
 	return a

@@ -121,10 +121,14 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 			k, n = n, k
 		}
 		if len(s.qPairs) < lin.in/2*lin.out {
-			s.qPairs = make([]uint32, lin.in/2*lin.out)
+			s.e.base.putPairs(s.qPairs)
+			s.qPairs, s.qPairsOf = s.e.base.takePairs(lin.in/2*lin.out), nil
 		}
 		w2 := s.qPairs[:lin.in/2*lin.out]
-		lin.qf.Pairs(w2, lin.qw, lin.in, lin.out, kernels.ParallelRows)
+		if s.qPairsOf != lin { // the head's tiles, forward and back, widen it once
+			lin.qf.Pairs(w2, lin.qw, lin.in, lin.out, kernels.ParallelRows)
+			s.qPairsOf = lin
+		}
 		y := s.ar.Alloc(rows, n)
 		if s.ar.Err == nil {
 			kernels.PairsMatMul(any(y.V).([]float32), xf, w2, rows, k, n, transposed)

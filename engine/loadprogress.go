@@ -19,6 +19,9 @@ var (
 	loadProgressEvery = 5 * time.Second
 	// loadChunk is how much is read at once between progress checks.
 	loadChunk = 64 << 20
+	// mapFrom is the size from which a weight file is mapped rather than read (hostmem_linux.go).
+	// A variable so that tests can take the mapped path with tiny models.
+	mapFrom int64 = 1 << 30
 )
 
 // loadProgress counts the bytes read of a load's weight files and logs them now and then.
@@ -71,6 +74,16 @@ func readWeightsFile(path string, p *loadProgress) (*safetensors.File, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if st.Size() >= mapFrom {
+		if b, ok := mapFile(path); ok {
+			p.add(len(b))
+			sf, err := safetensors.Parse(b)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+			return sf, nil
+		}
 	}
 	b := make([]byte, st.Size())
 	for off := 0; off < len(b); {

@@ -35,8 +35,10 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 			continue
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
-		lm := &loraMats[E]{a: ar.From(pa.w, pa.shape...), b: ar.From(pb.w, pb.shape...), ai: 2 * i, bi: 2*i + 1}
-		if !lin.outIn {
+		lm := &loraMats[E]{a: ar.Alloc(pa.shape...), b: ar.Alloc(pb.shape...), ai: 2 * i, bi: 2*i + 1}
+		copy(lm.a.V, numbersOf[E](pa).w)
+		copy(lm.b.V, numbersOf[E](pb).w)
+		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges (a sixth of the copies)
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
 		}
@@ -67,16 +69,20 @@ type loraApply[E float] interface {
 // a merged weight would be float32. The choice depends on the shape, the weight and the path
 // only, so a pass computes the same bits whether training, a forward or the sampler asked for it.
 func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
-	if (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() {
-		return addedLoRA[E]{}
-	}
-	if lin.qw != nil { // the base product reads the blocks; a merged weight would be float32
+	if lin.alwaysAdds() {
 		return addedLoRA[E]{}
 	}
 	if rows*(lin.in+lin.out) >= lin.in*lin.out {
 		return mergedLoRA[E]{}
 	}
 	return addedLoRA[E]{}
+}
+
+// alwaysAdds reports whether the module adds its LoRA whatever the rows: kept in bf16 on a path
+// with a bf16 GEMM, or quantized (the base product reads the blocks; a merged weight would be
+// float32).
+func (lin *linear[E]) alwaysAdds() bool {
+	return (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() || lin.qw != nil
 }
 
 // mergedLoRA multiplies by W + scale·(B·A)ᵀ: one big matmul instead of three (the rank-r
@@ -167,7 +173,7 @@ func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dA := s.ar.MatMul(dyBT, tap.x, 0, false) // [r, in]
 	gA := s.train.grads[lm.ai]
 	for i, v := range dA.V {
-		gA[i] += float64(v)
+		gA[i] += v
 	}
 	xaT := s.ar.Alloc(r, tap.xa.Dims[0])
 	transpose(tap.xa.V, xaT.V, tap.xa.Dims[0], r, s.scale)
@@ -176,7 +182,7 @@ func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	gB := s.train.grads[lm.bi]
 	for j := range r {
 		for o := range out {
-			gB[o*r+j] += float64(dBt.V[j*out+o])
+			gB[o*r+j] += dBt.V[j*out+o]
 		}
 	}
 	return dyB

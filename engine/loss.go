@@ -101,6 +101,63 @@ func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *For
 	return dlp, total
 }
 
+// rowLossGrad is tokenLosses's derivative for one row r of the pass (datums [lo,hi) of p in
+// rows of T) at logprob lp: 0 past a datum's end. headRows takes it tile by tile.
+func rowLossGrad(loss string, p *prepared, lo, hi, T int) func(r int, lp float64) float64 {
+	return func(r int, lp float64) float64 {
+		i, t := lo+r/T, r%T
+		if i >= hi || t >= len(p.tokens[i]) {
+			return 0
+		}
+		_, g := tokenLossGrad(loss, lp, p.weights[i][t], p.oldLP[i][t], p.adv[i][t], p.lo, p.hi, p.beta)
+		return g
+	}
+}
+
+// headRows runs the head over hf [N, D] in tiles of headTileRows rows and returns each row's
+// logprob of its target. With dlp (a training pass) each tile's logits become d loss/d logits
+// and go back through the head at once, into d loss/d hf (returned) and the head's LoRA
+// gradients. So a pass never holds more than one tile's logits: for an 8B shape's 152k
+// vocabulary 64 MB, not 0.6 GB per thousand tokens. A row's logprob does not depend on the
+// tile it is in; a pass of one tile is the whole product, as before tiles.
+func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) float64) (lp []float64, dhf mat[E]) {
+	N, D, V := hf.Dims[0], s.c.HiddenSize, s.c.VocabSize
+	head := s.m.head
+	lp = make([]float64, N)
+	if dlp != nil {
+		dhf = s.ar.Alloc(N, D)
+	}
+	rows := s.e.headTileRows()
+	if lm := s.lora[head.id]; lm != nil && s.segs == nil {
+		if _, merges := s.loraWay(head, min(rows, N)).(mergedLoRA[E]); merges {
+			s.mergedWeight(head, lm) // once, before the tiles, which all multiply by it
+		}
+	}
+	for r0 := 0; r0 < N && s.ar.Err == nil; r0 += rows {
+		r1 := min(N, r0+rows)
+		m := s.ar.Mark()
+		x := hf
+		if r1-r0 < N {
+			x = s.ar.Alloc(r1-r0, D)
+			copy(x.V, hf.V[r0*D:r1*D])
+		}
+		logits := s.linear(x, head)
+		tlp, sumExp := tokenLogprobs(logits, V, target[r0:r1])
+		copy(lp[r0:r1], tlp)
+		if dlp != nil {
+			g := make([]float64, r1-r0)
+			for i := range g {
+				g[i] = dlp(r0+i, tlp[i])
+			}
+			logitsGrad(logits, V, g, sumExp, target[r0:r1])
+			d := s.linearBack(logits, head, true)
+			copy(dhf.V[r0*D:r1*D], d.V)
+		}
+		s.ar.Release(m, s.ar.Mark())
+	}
+	return lp, dhf
+}
+
 // logitsGrad turns logits, each row exp(logit − max) as tokenLogprobs left it, into d loss/d
 // logits = dlp·(onehot(target) − softmax), in place.
 func logitsGrad[E float](logits mat[E], V int, dlp, sumExp []float64, target []int) {

@@ -43,7 +43,7 @@ func TestFloat32GradientsMatchFloat64(t *testing.T) {
 			}
 			lps[k] = r.Logprobs[0]
 			for _, p := range a.params {
-				grads[k] = append(grads[k], p.g)
+				grads[k] = append(grads[k], p.float64s('g'))
 			}
 		}
 		for i, v := range lps[1] {
@@ -95,7 +95,7 @@ func TestDROIgnoresPromptPadding(t *testing.T) {
 		}
 		var out [][]float64
 		for _, p := range a.params {
-			out = append(out, append([]float64(nil), p.g...))
+			out = append(out, append([]float64(nil), p.float64s('g')...))
 		}
 		return out, res
 	}

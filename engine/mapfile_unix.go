@@ -8,10 +8,10 @@ import (
 	"syscall"
 )
 
-// mapFile maps a file read-only: a GGUF's tensors are copied out of it one at a time, so the
+// mapReadOnly maps a file read-only (and is unmapped by release, unlike hostmem's mapFile for weight files): a GGUF's tensors are copied out of it one at a time, so the
 // file's pages stay page cache (dropped under pressure) rather than a second copy of the model in
 // the heap. release unmaps it; nothing may hold its bytes afterwards.
-func mapFile(path string) ([]byte, func(), error) {
+func mapReadOnly(path string) ([]byte, func(), error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"testing"
@@ -32,8 +33,8 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 		}
 		cfg := e.Config
 		T := padLen(c.n)
-		perToken := cfg.stepElemsPerToken(T)
-		estimate := 4 * (e.stepFixedElems() + 3*T*(perToken+perToken/10))
+		a, _ := e.adapter("m")
+		estimate := 4 * e.stepElems(3, T, false, a)
 		got := e.PeakStepBytes()
 		t.Logf("%s, 3×%d tokens (probabilities recomputed: %v): peak %d bytes, estimate %d", arch, T, cfg.recomputesProbs(T), got, estimate)
 		if got > estimate || got < estimate*2/3 {
@@ -66,7 +67,7 @@ func TestRecomputedAttentionMatchesKept(t *testing.T) {
 		}
 		loss[k], peaks[k] = r.Loss, e.PeakStepBytes()
 		for _, p := range a.params {
-			grads[k] = append(grads[k], p.g)
+			grads[k] = append(grads[k], p.float64s('g'))
 		}
 	}
 	if loss[0] != loss[1] {
@@ -111,11 +112,11 @@ func TestRecomputedLayersMatchKept(t *testing.T) {
 				}
 				loss[k], peaks[k], lp[k] = r.Loss, e.PeakStepBytes(), r.Logprobs
 				for _, p := range a.params {
-					grads[k] = append(grads[k], p.g...)
+					grads[k] = append(grads[k], p.float64s('g')...)
 				}
 				if recompute {
 					T := padLen(len(ids))
-					estimate := e.elemSize() * (e.stepFixedElems() + 2*T*withMargin(e.Config.recomputeElemsPerToken(T)))
+					estimate := e.elemSize() * e.stepElems(2, T, true, a)
 					if peaks[k] > estimate {
 						t.Fatalf("%s f64=%v: recomputing held %d bytes, over its estimate %d", arch, f64, peaks[k], estimate)
 					}
@@ -141,15 +142,103 @@ func TestRecomputeIsChosenWhenOneSequenceDoesNotFit(t *testing.T) {
 	cfg.NumHiddenLayers = 32
 	e := &Engine{Config: &cfg, opts: tiny.opts}
 	T := 1024
-	full := e.elemSize() * (e.stepFixedElems() + T*withMargin(e.Config.stepElemsPerToken(T)))
+	full := e.elemSize() * e.stepElems(1, T, false, nil)
 	e.opts.MaxStepBytes = full * 5 / 6
-	if !e.recomputesLayers(1, T) {
+	if !e.recomputesLayers(1, T, nil) {
 		t.Fatalf("one sequence of %d tokens needing %d bytes runs without recomputing in %d", T, full, e.opts.MaxStepBytes)
 	}
-	if e.recomputesLayers(1, 64) {
+	if e.recomputesLayers(1, 64, nil) {
 		t.Fatal("a short sequence that fits recomputes")
 	}
-	if n := e.chunkTokens(T); n < 2*T {
+	if n := e.chunkTokens(T, nil); n < 2*T {
 		t.Fatalf("recomputing, a chunk holds %d tokens of %d-token sequences; want several", n, T)
+	}
+}
+
+// The head in tiles of rows (headRows) gives the logprobs, loss and gradients of the head in
+// one product, and a pass holds one tile of logits, not all: on a model whose logits are most
+// of a pass (vocab 8192 over hidden 64, one layer) the peak falls by most of the logits' bytes,
+// and the plan's estimate, which counts one tile, bounds both peaks.
+func TestHeadTilesMatchOneProductAndHoldOneTile(t *testing.T) {
+	Presets["test-vocab"] = Preset{Hidden: 64, Layers: 1, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 8192, Context: 1024}
+	defer delete(Presets, "test-vocab")
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := InitTiny(dir, ArchQwen3, "test-vocab", 1); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int, 64)
+	for i := range ids {
+		ids[i] = (i*53)%400 + 3
+	}
+	var data []Datum
+	for range 8 {
+		data = append(data, textDatum(ids))
+	}
+	T := padLen(63)
+	N := 8 * T
+	var lp [2][][]float64
+	var loss [2]float64
+	var grads [2][]float64
+	var peaks, estimates [2]int
+	var e *Engine
+	for k, rows := range []int{0, 32} {
+		var err error
+		if e, err = Load(dir, Options{Float64: true}); err != nil {
+			t.Fatal(err)
+		}
+		e.headTile = rows
+		if _, err := e.CreateAdapter("m", LoraConfig{Rank: 4, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: true}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.ForwardBackward(context.Background(), "m", data, "cross_entropy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := e.adapter("m")
+		for _, p := range a.params {
+			grads[k] = append(grads[k], p.float64s('g')...)
+		}
+		lp[k], loss[k], peaks[k] = res.Logprobs, res.Loss, e.PeakStepBytes()
+		estimates[k] = 8 * e.stepElems(8, T, false, a)
+		if k == 0 && e.headTileRows() < N {
+			t.Fatalf("the default tile (%d rows) must hold the whole pass of %d rows", e.headTileRows(), N)
+		}
+	}
+	// One tile merges the head's LoRA (many rows), tiles of 32 add it: equal to rounding.
+	if math.Abs(loss[0]-loss[1]) > 1e-12*math.Abs(loss[0]) {
+		t.Fatalf("loss %v in one tile, %v in tiles", loss[0], loss[1])
+	}
+	for i := range lp[0] {
+		for j := range lp[0][i] {
+			if d := math.Abs(lp[0][i][j] - lp[1][i][j]); d > 1e-12 {
+				t.Fatalf("datum %d token %d: logprob %v in one tile, %v in tiles", i, j, lp[0][i][j], lp[1][i][j])
+			}
+		}
+	}
+	var dot, n0, n1 float64
+	for i := range grads[0] {
+		dot += grads[0][i] * grads[1][i]
+		n0 += grads[0][i] * grads[0][i]
+		n1 += grads[1][i] * grads[1][i]
+	}
+	if cos := dot / math.Sqrt(n0*n1); n0 == 0 || cos < 1-1e-12 || math.Abs(n0-n1) > 1e-10*n0 {
+		t.Fatalf("gradients: cosine %v, squared norms %v and %v", cos, n0, n1)
+	}
+	V := e.Config.VocabSize
+	logits := 8 * N * V
+	t.Logf("%d rows: peak %d bytes in one tile, %d in tiles of 32 (logits %d); estimates %d, %d", N, peaks[0], peaks[1], logits, estimates[0], estimates[1])
+	if peaks[0]-peaks[1] < logits*3/4 {
+		t.Fatalf("tiles of 32 rows held %d bytes, one tile %d: less than three quarters of the logits' %d saved", peaks[1], peaks[0], logits)
+	}
+	for k := range peaks {
+		if peaks[k] > estimates[k] || peaks[k] < estimates[k]/2 {
+			t.Fatalf("case %d: peak %d bytes, estimate %d", k, peaks[k], estimates[k])
+		}
+	}
+	// The whole head's logits less a tile's (and the tile's rows of the norm), and the merged
+	// head copy, which only the one-tile pass makes.
+	D := e.Config.HiddenSize
+	if want := 8 * ((N-32)*V - 32*D + V*D); estimates[0]-estimates[1] != want {
+		t.Fatalf("the estimate counts %d bytes more for the whole head's logits than for a tile's, want %d", estimates[0]-estimates[1], want)
 	}
 }

@@ -165,7 +165,7 @@ func adapterBits(a *Adapter) []uint64 {
 		out = append(out, 1)
 	}
 	for _, p := range a.params {
-		for _, s := range [][]float64{p.w, p.g, p.m, p.v} {
+		for _, s := range [][]float64{p.float64s('w'), p.float64s('g'), p.float64s('m'), p.float64s('v')} {
 			for _, v := range s {
 				out = append(out, math.Float64bits(v))
 			}
@@ -219,7 +219,7 @@ func TestOptimStepRefusesNonFiniteUpdates(t *testing.T) {
 		t.Fatalf("a good step after refused ones: %v", err)
 	}
 	for _, p := range a.params {
-		for _, v := range p.w {
+		for _, v := range p.float64s('w') {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
 				t.Fatal("non-finite weight after a good step")
 			}

@@ -11,7 +11,7 @@ import (
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses
 // go into res, their gradients are added to grads (nil: a forward-only pass), and their summed
 // loss is returned.
-func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]float64) (total float64, err error) {
+func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]E) (total float64, err error) {
 	defer recoverCompute(&err)
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
@@ -21,7 +21,8 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	lora, scale := loraOf(ar, a, modelOf[E](e.base)) // the adapter's matrices, copied into the pass's arena
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads,
-		recompute: grads != nil && e.recomputesLayers(B, T)})
+		recompute: grads != nil && e.recomputesLayers(B, T, a)})
+	defer func() { e.base.putPairs(s.qPairs) }()
 	useImages(s, e, p.imageRows(lo, hi))
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not
@@ -31,16 +32,18 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	if s.ar.Err != nil { // cancelled, or a failed allocation: the rest would compute nothing
 		return 0, s.ar.Err
 	}
-	logits, invF := s.unembed(h)
+	hf, invF := s.finalNorm(h)
 	target := passTargets(p.targets[lo:hi], T)
-	lp, sumExp := tokenLogprobs(logits, e.Config.VocabSize, target)
-	var dlp []float64
-	dlp, total = tokenLosses(loss, p, lo, hi, T, lp, res)
+	var dlp func(r int, lp float64) float64
+	if grads != nil {
+		dlp = rowLossGrad(loss, p, lo, hi, T)
+	}
+	lp, dhf := s.headRows(hf, target, dlp)
+	_, total = tokenLosses(loss, p, lo, hi, T, lp, res)
 	if grads == nil || s.ar.Err != nil {
 		return total, s.ar.Err
 	}
-	logitsGrad(logits, e.Config.VocabSize, dlp, sumExp, target)
-	if !s.backward(h, invF, logits, marks) {
+	if !s.backward(h, invF, dhf, marks) {
 		return 0, s.ar.Err
 	}
 	return total, s.ar.Err

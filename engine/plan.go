@@ -1,17 +1,19 @@
 package engine
 
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
 // The memory plan of a pass: how many tokens one pass may hold (chunks, chunkTokens), from an
 // estimate of what a training pass keeps (stepFixedElems, stepElemsPerToken), and the two
 // choices that trade memory for work (keepsMerged, recomputesProbs).
 
 // chunks cuts a batch into passes of at most MaxBatchTokens padded tokens whose activations fit
 // in MaxStepBytes (a sequence too long for the budget still runs, alone).
-func (e *Engine) chunks(lengths []int) [][2]int {
+func (e *Engine) chunks(lengths []int, a *Adapter) [][2]int {
 	var out [][2]int
 	start, maxLen := 0, 0
 	for i, n := range lengths {
 		m := max(maxLen, n)
-		if i > start && (i-start+1)*padLen(m) > e.chunkTokens(padLen(m)) {
+		if i > start && (i-start+1)*padLen(m) > e.chunkTokens(padLen(m), a) {
 			out = append(out, [2]int{start, i})
 			start, m = i, n
 		}
@@ -26,12 +28,44 @@ func padLen(n int) int { return (n + 15) / 16 * 16 }
 // chunkTokens is how many padded tokens of length T one pass may hold: as many as their full
 // activations allow in MaxStepBytes; when not even one sequence's do, as many as fit with only
 // each layer's input kept (recomputesLayers), and at least the one sequence.
-func (e *Engine) chunkTokens(T int) int {
-	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
-	if n := budget / withMargin(e.Config.stepElemsPerToken(T)); n >= T {
+func (e *Engine) chunkTokens(T int, a *Adapter) int {
+	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems(a)
+	if n := e.tokensIn(budget, withMargin(e.Config.stepElemsPerToken(T))); n >= T {
 		return max(T, min(e.opts.MaxBatchTokens, n))
 	}
-	return max(T, min(e.opts.MaxBatchTokens, budget/withMargin(e.Config.recomputeElemsPerToken(T))))
+	return max(T, min(e.opts.MaxBatchTokens, e.tokensIn(budget, withMargin(e.Config.recomputeElemsPerToken(T)))))
+}
+
+// tokensIn is the most tokens n whose n·perToken elements and head tile (headElems(n)) fit in
+// budget elements.
+func (e *Engine) tokensIn(budget, perToken int) int {
+	rows, V := e.headTileRows(), e.Config.VocabSize
+	if n := budget / (perToken + V); n <= rows {
+		return n
+	}
+	return (budget - rows*V) / perToken
+}
+
+// headElems is what the head holds for a pass of n rows besides per-token tensors: one tile of
+// logits (headRows), and the tile's copy of its rows of the final norm.
+func (e *Engine) headElems(n int) int {
+	rows := min(n, e.headTileRows())
+	tile := rows * e.Config.VocabSize
+	if rows < n {
+		tile += rows * e.Config.HiddenSize
+	}
+	return tile
+}
+
+// stepElems is the plan's estimate of the elements a training pass of B sequences of T tokens
+// holds at its peak, recomputing layers or not: the fixed part, every token's share with the
+// margin, and the head's tile. Tests compare it with what passes really hold.
+func (e *Engine) stepElems(B, T int, recompute bool, a *Adapter) int {
+	per := e.Config.stepElemsPerToken(T)
+	if recompute {
+		per = e.Config.recomputeElemsPerToken(T)
+	}
+	return e.stepFixedElems(a) + B*T*withMargin(per) + e.headElems(B*T)
 }
 
 // withMargin adds the small tensors the estimate leaves out (measured within 4% on the small preset).
@@ -45,22 +79,35 @@ func (e *Engine) elemSize() int {
 	return 4
 }
 
+// headTileBytes bounds one tile of logits (headRows): rows × vocabulary elements.
+const headTileBytes = 64 << 20
+
+// headTileRows is how many rows of logits one tile of the head holds: as many as fit in
+// headTileBytes, a multiple of 16 and at least 16 (the tiny and small presets: every pass one
+// tile; an 8B shape's 152k vocabulary: 96 rows in float32).
+func (e *Engine) headTileRows() int {
+	if e.headTile > 0 {
+		return e.headTile
+	}
+	n := headTileBytes / (e.elemSize() * e.Config.VocabSize)
+	return max(16, n/16*16)
+}
+
 // recomputesLayers reports whether a training pass of B sequences of T tokens keeps only each
 // layer's input and runs each layer's forward again in the backward pass (one more forward of
 // compute, a third more): when its full activations do not fit in MaxStepBytes, which happens
 // only to a chunk of one sequence (chunkTokens cuts the rest). Memory then is every layer's
 // input plus one layer's activations: for an 8B shape at 1 × 1024 tokens, 0.5 + 0.4 GB rather
 // than 13 GB.
-func (e *Engine) recomputesLayers(B, T int) bool {
+func (e *Engine) recomputesLayers(B, T int, a *Adapter) bool {
 	if e.recompute != nil {
 		return *e.recompute
 	}
-	budget := e.opts.MaxStepBytes/e.elemSize() - e.stepFixedElems()
-	return B*T*withMargin(e.Config.stepElemsPerToken(T)) > budget
+	return e.stepElems(B, T, false, a) > e.opts.MaxStepBytes/e.elemSize()
 }
 
 // recomputeElemsPerToken is stepElemsPerToken when layers are recomputed: every layer's input,
-// one layer's activations and backward temporaries, and the token's logits.
+// one layer's activations and backward temporaries.
 func (c *Config) recomputeElemsPerToken(T int) int {
 	full := c.stepElemsPerToken(T)
 	layers := c.allLayersElemsPerToken()
@@ -70,23 +117,108 @@ func (c *Config) recomputeElemsPerToken(T int) int {
 	return full - layers + c.NumHiddenLayers*c.HiddenSize + c.maxLayerElemsPerToken() + c.NumAttentionHeads*T
 }
 
-// stepFixedElems is what a training pass holds besides per-token tensors: merged LoRA weights,
-// one layer's or all of them; the head's LoRA merged into a copy of the head (passes long
-// enough to merge) and its rank×V gradient temporaries, which a pass holds from the head's
-// backward to its end; with bf16 weights also one weight widened for its product, at most the
-// head (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
-func (e *Engine) stepFixedElems() int {
+// stepFixedElems is what a training pass holds besides per-token tensors and the head's tile:
+// adapter a's matrices as the pass copies them (loraPassElems; nil: none); merged LoRA weights,
+// one layer's or all of them; the head's LoRA merged into a copy of the
+// head when its tiles are long enough to merge (headMerges) and its rank×V gradient
+// temporaries; with bf16 weights also one weight widened for its product, at most the head
+// (for Qwen3-0.6B 600 MB, as much as 140 tokens' activations).
+func (e *Engine) stepFixedElems(a *Adapter) int {
 	c := e.Config
-	fixed := c.layerWeightElems()
-	if e.keepsMerged() {
-		fixed = c.allLayerWeightElems()
+	fixed := 0
+	if e.mergesLoRA() {
+		fixed = c.layerWeightElems()
+		if e.keepsMerged() {
+			fixed = c.allLayerWeightElems()
+		}
 	}
+	fixed += e.loraPassElems(a)
 	head := c.VocabSize * c.HiddenSize
-	fixed += head + c.VocabSize*e.opts.MaxRank
-	if e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil {
+	if e.headMerges() {
+		fixed += head
+	}
+	fixed += c.VocabSize * e.opts.MaxRank
+	if (e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil) && !kernels.HaveBF16GEMM() {
+		// Widened into a float32 step buffer for the float32 GEMM (on a bf16 path the bf16 GEMM
+		// reads bf16 weights as they are, and quantized ones widened outside the arena: Plan).
 		fixed += max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
 	}
 	return fixed
+}
+
+// TrainingPlan is the memory plan's account, in bytes, of a process that trains one adapter.
+type TrainingPlan struct {
+	Weights int64 // the base model as loaded (WeightBytes)
+	Adapter int64 // the adapter's weights, gradients and Adam moments
+	Grads   int64 // one forward_backward's gradients, summed beside the adapter's until it ends
+	Step    int64 // the largest pass: activations, head tile, the pass's copies of the adapter
+	Widened int64 // a quantized weight widened into bf16 pairs for the bf16 GEMM (the largest)
+	// Recompute says whether the pass recomputes layers (the one sequence does not fit).
+	Recompute bool
+}
+
+// Total is the sum of the parts.
+func (p TrainingPlan) Total() int64 { return p.Weights + p.Adapter + p.Grads + p.Step + p.Widened }
+
+// PlanTraining is the memory plan for forward_backward over B sequences of T tokens with a LoRA
+// of cfg (its optim_step holds nothing more), as the engine sizes its passes: what the bench
+// prints beside the resident memory it measures.
+func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
+	a := &Adapter{Config: cfg, mods: e.Config.loraModules(cfg.spec())}
+	params := 0
+	for _, m := range a.mods {
+		params += cfg.Rank * (m.In + m.Out)
+	}
+	size := int64(e.elemSize())
+	T = padLen(T)
+	p := TrainingPlan{Weights: int64(e.WeightBytes()), Adapter: 4 * size * int64(params), Grads: size * int64(params)}
+	// The chunks the batch runs in: as many sequences of T as a pass takes.
+	per := max(1, min(B, e.chunkTokens(T, a)/T))
+	p.Recompute = e.recomputesLayers(per, T, a)
+	p.Step = size * int64(e.stepElems(per, T, p.Recompute, a))
+	if quantFormat(e.opts.Precision) != nil && kernels.HaveBF16GEMM() && !e.opts.Float64 {
+		largest := 0
+		for _, l := range modelOf[float32](e.base).linears {
+			if l.qw != nil {
+				largest = max(largest, l.in*l.out)
+			}
+		}
+		p.Widened = 2 * int64(largest)
+	}
+	return p
+}
+
+// loraPassElems is what loraOf copies of adapter a into a pass: A and B, and for the products
+// scale·A and scale·Bᵀ, and Aᵀ where LoRA may merge; two or three copies of each A, two of each
+// B (for an 8B shape at rank 32 in bf16, 0.68 GB in float32). nil: nothing.
+func (e *Engine) loraPassElems(a *Adapter) int {
+	if a == nil {
+		return 0
+	}
+	copiesA := 2
+	if e.mergesLoRA() {
+		copiesA = 3
+	}
+	n := 0
+	for _, m := range a.mods {
+		n += a.Config.Rank * (copiesA*m.In + 2*m.Out)
+	}
+	return n
+}
+
+// headMerges reports whether a head LoRA is merged into a copy of the head (loraWay at a full
+// tile's rows): never over bf16 weights on a path with the bf16 GEMM or over quantized ones,
+// which add their LoRA.
+func (e *Engine) headMerges() bool {
+	c := e.Config
+	return e.mergesLoRA() && e.headTileRows()*(c.HiddenSize+c.VocabSize) >= c.HiddenSize*c.VocabSize
+}
+
+// mergesLoRA reports whether passes with many rows merge LoRA into copies of the weights
+// (loraWay): not over bf16 weights on a path with the bf16 GEMM, nor over quantized ones, which
+// always add it (for an 8B shape in bf16 that is 0.9 GB the plan need not hold back).
+func (e *Engine) mergesLoRA() bool {
+	return quantFormat(e.opts.Precision) == nil && !(e.opts.Precision == PrecisionBF16 && kernels.HaveBF16GEMM())
 }
 
 // layerWeightElems is the size of the largest decoder layer's linear weights.
@@ -137,7 +269,8 @@ func (e *Engine) keepsMerged() bool {
 
 // stepElemsPerToken estimates the tensor elements a training pass holds per token at its peak,
 // for sequences of length T: every layer's saved activations, one layer's backward temporaries,
-// and the token's logits. Attention probabilities grow with T; they are kept for the backward
+// the final norm's output and its gradient. Logits are not per token: the head runs in tiles
+// (headElems). Attention probabilities grow with T; they are kept for the backward
 // pass only while they are not the bulk of a layer (see recomputesProbs).
 func (c *Config) stepElemsPerToken(T int) int {
 	D, F := c.HiddenSize, c.IntermediateSize
@@ -156,7 +289,7 @@ func (c *Config) stepElemsPerToken(T int) int {
 	} else {
 		layers += c.attentionLayers() * probs
 	}
-	return layers + backward + c.VocabSize + 2*D
+	return layers + backward + 2*D
 }
 
 // attentionLayers is how many layers are softmax attention (all but a hybrid's DeltaNet ones).

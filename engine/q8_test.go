@@ -56,7 +56,7 @@ func quantizedCase(t *testing.T, arch Arch, precision, preset string, tol, minCo
 		}
 		lp[k] = r.Logprobs
 		for _, q := range a.params {
-			grads[k] = append(grads[k], q.g...)
+			grads[k] = append(grads[k], q.float64s('g')...)
 		}
 	}
 	f32, q8 := engines[0], engines[1]

@@ -85,22 +85,22 @@ func TestQwen3VLGradientsWithImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	for pi, p := range a.params {
-		for _, j := range []int{0, len(p.w) / 2, len(p.w) - 1} {
-			orig := p.w[j]
+		for _, j := range []int{0, len(p.s64.w) / 2, len(p.s64.w) - 1} {
+			orig := p.s64.w[j]
 			const h = 1e-6
 			var l [2]float64
 			for k, x := range []float64{orig + h, orig - h} {
-				p.w[j] = x
+				p.s64.w[j] = x
 				r, err := e.Forward(context.Background(), "g", data, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				l[k] = r.Loss
 			}
-			p.w[j] = orig
+			p.s64.w[j] = orig
 			fd := (l[0] - l[1]) / (2 * h)
-			if math.Abs(fd-p.g[j]) > 1e-5*(1+math.Abs(fd)) {
-				t.Fatalf("param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", pi, p.name, j, p.g[j], fd)
+			if math.Abs(fd-p.s64.g[j]) > 1e-5*(1+math.Abs(fd)) {
+				t.Fatalf("param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", pi, p.name, j, p.s64.g[j], fd)
 			}
 		}
 	}
@@ -225,7 +225,7 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 		t.Fatalf("the good datum: %v", err)
 	}
 	a, _ := e.adapter("a")
-	before := append([]float64(nil), a.params[0].g...)
+	before := append([]float64(nil), a.params[0].float64s('g')...)
 	for what, tc := range cases {
 		d := good()
 		tc.edit(&d)
@@ -239,7 +239,7 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 			t.Errorf("%s: datum %d field %q (%v), want datum 1 field %q", what, ie.Datum, ie.Field, err, tc.field)
 		}
 	}
-	for j, g := range a.params[0].g {
+	for j, g := range a.params[0].float64s('g') {
 		if g != before[j] {
 			t.Fatal("a refused batch changed the gradient accumulator")
 		}

@@ -47,64 +47,72 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 		return nil, err
 	}
 	res := &ForwardResult{Logprobs: make([][]float64, len(data)), Losses: make([][]float64, len(data))}
-	var grads [][]float64
-	if backward {
-		grads = make([][]float64, len(a.params))
-		for i, q := range a.params {
-			grads[i] = make([]float64, len(q.w))
-		}
-	}
-	lengths := make([]int, len(data))
 	nTokens := 0
-	for i, t := range p.tokens {
-		lengths[i] = len(t)
+	for _, t := range p.tokens {
 		nTokens += len(t)
 	}
-	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
-	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
-	for _, c := range e.chunks(lengths) {
-		if err := stopped(ctx); err != nil {
-			return nil, err
-		}
-		var l float64
-		var err error
-		if e.opts.Float64 {
-			l, err = runPass[float64](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
-		} else {
-			l, err = runPass[float32](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
-		}
-		if err != nil {
-			return nil, err
-		}
-		res.Loss += l
+	if e.opts.Float64 {
+		err = runChunks[float64](ctx, e, a, p, res, backward)
+	} else {
+		err = runChunks[float32](ctx, e, a, p, res, backward)
 	}
-	if err := finiteResult(res); err != nil {
+	if err != nil {
 		return nil, err
-	}
-	// The last moment a cancel is seen: from here the gradients are added whole.
-	if err := stopped(ctx); err != nil {
-		return nil, err
-	}
-	if backward {
-		if err := addGrads(a, grads); err != nil {
-			return nil, err
-		}
 	}
 	res.Metrics = map[string]float64{"loss:sum": res.Loss, "num_tokens:sum": float64(nTokens)}
 	return res, nil
 }
 
+// runChunks is run's chunks in element type E: the batch's gradients (with backward) are summed
+// in E, beside the adapter's accumulator, and added to it at the end.
+func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, res *ForwardResult, backward bool) error {
+	var grads [][]E
+	if backward {
+		grads = batchGrads[E](a)
+		defer putGrads(a, grads)
+	}
+	lengths := make([]int, len(p.tokens))
+	for i, t := range p.tokens {
+		lengths[i] = len(t)
+	}
+	// Chunks run one after another: each already keeps every core busy (matmuls and kernels are
+	// multi-threaded), and summing in chunk order keeps results independent of scheduling.
+	for _, c := range e.chunks(lengths, a) {
+		if err := stopped(ctx); err != nil {
+			return err
+		}
+		l, err := runPass[E](ctx, e, a, p, c[0], c[1], p.loss, res, grads)
+		if err != nil {
+			return err
+		}
+		res.Loss += l
+	}
+	if err := finiteResult(res); err != nil {
+		return err
+	}
+	// The last moment a cancel is seen: from here the gradients are added whole.
+	if err := stopped(ctx); err != nil {
+		return err
+	}
+	if backward {
+		return addGrads(a, grads)
+	}
+	return nil
+}
+
 // addGrads adds a batch's gradients to the adapter's accumulator. Every sum is checked before
 // any is changed: a refused batch leaves the accumulator as it was.
-func addGrads(a *Adapter, grads [][]float64) error {
-	for i, q := range a.params {
+func addGrads[E float](a *Adapter, grads [][]E) error {
+	for i, pr := range a.params {
+		q := numbersOf[E](pr)
 		for j, g := range grads[i] {
-			if !isFinite(q.g[j] + g) {
+			if !isFinite(float64(q.g[j] + g)) {
 				return inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
 			}
 		}
 	}
-	for i, q := range a.params {
+	for i, pr := range a.params {
+		q := numbersOf[E](pr)
 		for j, g := range grads[i] {
 			q.g[j] += g
 		}

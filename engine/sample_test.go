@@ -195,7 +195,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 	for i := range a.params {
 		pa, pb := a.params[i], b.params[i]
-		if !reflect.DeepEqual(pa.w, pb.w) || !reflect.DeepEqual(pa.m, pb.m) || !reflect.DeepEqual(pa.v, pb.v) || !reflect.DeepEqual(pa.g, pb.g) {
+		if !reflect.DeepEqual(pa.float64s('w'), pb.float64s('w')) || !reflect.DeepEqual(pa.float64s('m'), pb.float64s('m')) || !reflect.DeepEqual(pa.float64s('v'), pb.float64s('v')) || !reflect.DeepEqual(pa.float64s('g'), pb.float64s('g')) {
 			t.Fatalf("%s differs after round trip", pa.name)
 		}
 	}
@@ -203,7 +203,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	trainSteps(t, e, "a", ids, 1)
 	trainSteps(t, e, "b", ids, 1)
 	for i := range a.params {
-		if !reflect.DeepEqual(a.params[i].w, b.params[i].w) {
+		if !reflect.DeepEqual(a.params[i].float64s('w'), b.params[i].float64s('w')) {
 			t.Fatalf("%s diverged after a step", a.params[i].name)
 		}
 	}
@@ -228,7 +228,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	snapshot := func() [][]float64 {
 		var s [][]float64
 		for _, p := range a.params {
-			s = append(s, append([]float64(nil), p.w...), append([]float64(nil), p.g...), append([]float64(nil), p.m...))
+			s = append(s, append([]float64(nil), p.float64s('w')...), append([]float64(nil), p.float64s('g')...), append([]float64(nil), p.float64s('m')...))
 		}
 		return s
 	}

@@ -3,8 +3,10 @@ package engine
 import (
 	"bytes"
 	_ "embed"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -40,7 +42,7 @@ type Preset struct {
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
-// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, 2.4 GB of bf16 in two shards).
+// (hidden 2048, 16 layers, GQA 32/8; 1.2B parameters, 2.4 GB of bf16).
 var Presets = map[string]Preset{
 	"tiny":  {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024},
 	"small": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true},
@@ -52,6 +54,9 @@ var Presets = map[string]Preset{
 	// + 8 gated attention), tied head, 4,205,751,296 parameters, ≈8.4 GB in bf16.
 	"qwen3_5-4b": {Hidden: 2560, Layers: 32, Heads: 16, KVHeads: 4, FFN: 9216, Vocab: 248320, Context: 8192, BF16: true, FillVocab: true,
 		HeadDim: 256, LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128},
+	// 8b: Llama-3.1-8B's shape with --arch llama (8.0B parameters, a 16 GB bf16 file), for
+	// measuring training memory at 8B; written a chunk at a time, so generating it takes a few MB.
+	"8b": {Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192, BF16: true, FillVocab: true},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -95,7 +100,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, qwen3_5-4b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, 8b, qwen3_5-4b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {
@@ -144,11 +149,17 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 			return err
 		}
 	}
-	size, count, err := writeTinyWeights(dir, c, p.BF16, seed, progress)
+	weights := filepath.Join(dir, "model.safetensors")
+	progress.logf("generating model: writing weights", "file", weights)
+	tensors, err := writeTinyWeights(weights, c, p.BF16, seed, progress)
 	if err != nil {
 		return err
 	}
-	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", count,
+	var size int64
+	if st, err := os.Stat(weights); err == nil {
+		size = st.Size()
+	}
+	progress.logf("model generated", "dir", dir, "bytes", size, "size", sizeString(size), "tensors", tensors,
 		"seconds", time.Since(start).Seconds())
 	return nil
 }
@@ -199,7 +210,6 @@ func tinyConfigFile(f tinyFamily, extras tinyExtras, p Preset, tok *tokenizer.To
 	return cb, &c, nil
 }
 
-// tinyWeights are a generated model's weights, drawn from seed (as bfloat16 with bf16).
 // tinyParams is the parameter count of a generated model's weights.
 func tinyParams(c *Config) int {
 	total := 0
@@ -213,144 +223,80 @@ func tinyParams(c *Config) int {
 	return total
 }
 
+// writeTinyWeights writes a generated model's weights to path, drawn from seed (as bfloat16
+// with bf16), a tensor at a time and within a tensor a chunk at a time, straight into the file:
+// generating an 8B model needs a few megabytes, not its 16 GB. It returns the tensor count.
 // progress hears of each tensor drawn.
-func tinyWeights(c *Config, bf16 bool, seed uint64, progress *loadProgress) map[string]safetensors.Tensor {
-	d := newTinyDrawer(c, bf16, seed, progress)
-	tensors := map[string]safetensors.Tensor{}
-	for _, name := range d.names {
-		tensors[name] = d.draw(name)
+func writeTinyWeights(path string, c *Config, bf16 bool, seed uint64, progress *loadProgress) (int, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x5ce1))
+	names := c.allWeightNames()
+	specs := make([]safetensors.Spec, len(names))
+	for i, name := range names {
+		specs[i] = safetensors.Spec{Name: name, DType: "F32", Shape: c.expectedShape(name)}
+		if bf16 {
+			specs[i].DType = "BF16"
+		}
 	}
-	return tensors
+	const chunk = 1 << 16
+	v := make([]float32, chunk)
+	buf := make([]byte, 4*chunk)
+	err := safetensors.WriteStream(path, specs, map[string]string{"format": "pt"}, func(i int, w io.Writer) error {
+		if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
+			progress.last = now
+			progress.logf("generating model: drawing weights", "tensors", i, "of", len(names), "seconds", now.Sub(progress.start).Seconds())
+		}
+		name, shape := names[i], specs[i].Shape
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		draw := tinyDraw(c, name, shape, n)
+		for off := 0; off < n; off += chunk {
+			part := v[:min(chunk, n-off)]
+			for j := range part {
+				part[j] = float32(draw(rng))
+			}
+			var b []byte
+			if bf16 {
+				b = buf[:2*len(part)]
+				for j, x := range part {
+					h := kernels.BF16Of(x)
+					b[2*j], b[2*j+1] = byte(h), byte(h>>8)
+				}
+			} else {
+				b = buf[:4*len(part)]
+				for j, x := range part {
+					binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
+				}
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return len(names), err
 }
 
-// tinyDrawer draws a generated model's tensors one at a time, in allWeightNames order from one
-// random stream, so that a model written in shards has the values of one written whole.
-type tinyDrawer struct {
-	c        *Config
-	bf16     bool
-	rng      *rand.Rand
-	names    []string
-	drawn    int
-	progress *loadProgress
-}
-
-func newTinyDrawer(c *Config, bf16 bool, seed uint64, progress *loadProgress) *tinyDrawer {
-	return &tinyDrawer{c: c, bf16: bf16, rng: rand.New(rand.NewPCG(seed, 0x5ce1)), names: c.allWeightNames(), progress: progress}
-}
-
-// draw is the next tensor, which must be name (the names are drawn in order).
-func (d *tinyDrawer) draw(name string) safetensors.Tensor {
-	c, rng, progress := d.c, d.rng, d.progress
-	if now := time.Now(); progress.log != nil && now.Sub(progress.last) >= loadProgressEvery {
-		progress.last = now
-		progress.logf("generating model: drawing weights", "tensors", d.drawn, "of", len(d.names), "seconds", now.Sub(progress.start).Seconds())
-	}
-	if d.names[d.drawn] != name {
-		panic("engine: tiny tensors drawn out of order: " + name)
-	}
-	d.drawn++
-	shape := c.expectedShape(name)
-	n := 1
-	for _, x := range shape {
-		n *= x
-	}
-	v := make([]float32, n)
+// tinyDraw is how one tensor's values are drawn: norms near one, as trained models have them,
+// small biases, and unit-variance projections with modest embeddings (a random model whose
+// attention and logits are not flat, so tests exercise every part of the network).
+func tinyDraw(c *Config, name string, shape []int, n int) func(*rand.Rand) float64 {
 	switch {
-	case c.plusOneNorm(name):
-		for i := range v { // zero-centred (Qwen3.5): (1 + w) near one
-			v[i] = float32(0.1 * rng.NormFloat64())
-		}
+	case c.plusOneNorm(name): // zero-centred (Qwen3.5): (1 + w) near one
+		return func(r *rand.Rand) float64 { return 0.1 * r.NormFloat64() }
 	case len(shape) == 1 && (filepath.Ext(name) == ".weight"):
-		for i := range v { // norms start near one, as trained models have them
-			v[i] = float32(1 + 0.1*rng.NormFloat64())
-		}
+		return func(r *rand.Rand) float64 { return 1 + 0.1*r.NormFloat64() }
 	case filepath.Ext(name) == ".bias":
-		for i := range v {
-			v[i] = float32(0.02 * rng.NormFloat64())
-		}
-	default:
-		// Unit-variance projections and modest embeddings: a random model whose attention
-		// and logits are not flat, so tests exercise every part of the network.
-		std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
-		if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
-			std = 0.1
-		}
-		for i := range v {
-			v[i] = float32(std * rng.NormFloat64())
-		}
+		return func(r *rand.Rand) float64 { return 0.02 * r.NormFloat64() }
 	}
-	if d.bf16 {
-		return bf16Tensor(v, shape)
+	std := 1 / math.Sqrt(float64(n/shape[0])) // 1/√fan-in (a conv's too)
+	if strings.HasSuffix(name, "embed_tokens.weight") || name == "lm_head.weight" || strings.HasSuffix(name, "pos_embed.weight") {
+		std = 0.1
 	}
-	return safetensors.FromFloat32(v, shape...)
+	return func(r *rand.Rand) float64 { return std * r.NormFloat64() }
 }
 
-// tinyShardBytes is the most a generated model writes into one file: bigger models (the
-// qwen3_5-4b preset, 8.4 GB) go into shards with an index, as Hugging Face's checkpoints do, and
-// are drawn a shard at a time, so generating one holds a shard (twice, while it is encoded)
-// rather than the whole model.
-var tinyShardBytes int64 = 2 << 30
-
-// writeTinyWeights draws and writes a generated model's weights: model.safetensors, or shards
-// model-0000i-of-0000n.safetensors and model.safetensors.index.json when bigger than
-// tinyShardBytes. It returns the bytes written and the tensor count.
-func writeTinyWeights(dir string, c *Config, bf16 bool, seed uint64, progress *loadProgress) (int64, int, error) {
-	d := newTinyDrawer(c, bf16, seed, progress)
-	elem := int64(4)
-	if bf16 {
-		elem = 2
-	}
-	var shards [][]string
-	var size, total int64
-	for _, name := range d.names {
-		n := elem
-		for _, x := range c.expectedShape(name) {
-			n *= int64(x)
-		}
-		if len(shards) == 0 || (size > 0 && size+n > tinyShardBytes) {
-			shards, size = append(shards, nil), 0
-		}
-		shards[len(shards)-1] = append(shards[len(shards)-1], name)
-		size += n
-		total += n
-	}
-	meta := map[string]string{"format": "pt"}
-	if len(shards) == 1 {
-		path := filepath.Join(dir, "model.safetensors")
-		progress.logf("generating model: writing weights", "file", path)
-		if err := safetensors.WriteFile(path, tinyWeights(c, bf16, seed, progress), meta); err != nil {
-			return 0, 0, err
-		}
-		st, err := os.Stat(path)
-		if err != nil {
-			return 0, 0, err
-		}
-		return st.Size(), len(d.names), nil
-	}
-	weightMap := map[string]string{}
-	var written int64
-	for i, names := range shards {
-		file := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
-		tensors := map[string]safetensors.Tensor{}
-		for _, name := range names {
-			tensors[name] = d.draw(name)
-			weightMap[name] = file
-		}
-		path := filepath.Join(dir, file)
-		progress.logf("generating model: writing weights", "file", path, "shard", i+1, "of", len(shards))
-		if err := safetensors.WriteFile(path, tensors, meta); err != nil {
-			return 0, 0, err
-		}
-		if st, err := os.Stat(path); err == nil {
-			written += st.Size()
-		}
-	}
-	idx, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), idx, 0o644); err != nil {
-		return 0, 0, err
-	}
-	return written, len(d.names), nil
-}
 
 func writeTinyTokenizerConfig(dir string) error {
 	var b bytes.Buffer
@@ -371,14 +317,4 @@ func AddTinyChatTemplate(dir string) error {
 		return nil
 	}
 	return writeTinyTokenizerConfig(dir)
-}
-
-// bf16Tensor rounds v to a BF16 tensor (to nearest, ties to even).
-func bf16Tensor(v []float32, shape []int) safetensors.Tensor {
-	b := make([]byte, 2*len(v))
-	for i, x := range v {
-		h := kernels.BF16Of(x)
-		b[2*i], b[2*i+1] = byte(h), byte(h>>8)
-	}
-	return safetensors.Tensor{DType: "BF16", Shape: shape, Data: b}
 }

@@ -32,6 +32,7 @@ type pass[E float] struct {
 	segs     []loraSeg[E]   // rows of several adapters (segments.go); nil: lora applies to every row
 	rowBatch []int          // the batch row of each row of the head's product, while segs need it
 	qPairs   []uint32       // a quantized weight widened for the bf16 GEMM (linear.go), reused by its products
+	qPairsOf *linear[E]     // the weight qPairs holds (nil: none)
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
 	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image
@@ -56,7 +57,7 @@ func (s *pass[E]) cancelled() bool {
 type trainState[E float] struct {
 	acts       []layerActs[E]
 	taps       []loraTap[E] // by linear id
-	grads      [][]float64  // per adapter param, added to
+	grads      [][]E        // per adapter param, added to
 	keepMerged bool         // merged weights live from the forward to the backward pass
 	// Recomputation (plan.go, recomputesLayers): the forward keeps only each layer's input, and
 	// the backward runs each layer's forward again, saving its activations, just before its
@@ -91,7 +92,7 @@ type passParts[E float] struct {
 	scale    E               // LoRA alpha/rank
 	segs     []loraSeg[E]    // forward-only passes over rows of several adapters (nil: lora for all)
 	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
-	grads    [][]float64     // a training pass's gradients, added to (nil: forward only)
+	grads    [][]E           // a training pass's gradients, added to (nil: forward only)
 	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
 	// tokens sit at positions pos, attends over it.
 	cache *kvCache[E]
@@ -190,11 +191,18 @@ func (s *pass[E]) beforeLayer(l int) bool {
 	return s.cancelled()
 }
 
-// unembed is the final norm and the head: logits [rows, V] and 1/rms per row.
+// unembed is the final norm and the head: logits [rows, V] and 1/rms per row (the sampler's,
+// for the few rows it draws from; training and forward passes take the head in tiles, headRows).
 func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
-	hf, inv := s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
-	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
+	hf, inv := s.finalNorm(h)
 	return s.linear(hf, s.m.head), inv
+}
+
+// finalNorm is the norm before the head: h normalised, and 1/rms per row.
+func (s *pass[E]) finalNorm(h mat[E]) (hf mat[E], inv []E) {
+	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
+	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
+	return hf, inv
 }
 
 // layer runs decoder layer l on h [B·T, D]: attention, then the feed-forward block, each added

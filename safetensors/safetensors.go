@@ -7,10 +7,12 @@
 package safetensors
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
@@ -284,4 +286,88 @@ func WriteFile(path string, tensors map[string]Tensor, metadata map[string]strin
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// Spec names one tensor of a file WriteStream writes: its bytes come later, from a function.
+type Spec struct {
+	Name  string
+	DType string
+	Shape []int
+}
+
+// WriteStream writes a safetensors file of the tensors in specs, in that order, atomically
+// (temp file + rename), asking data for each tensor's bytes in turn: a file of many gigabytes
+// never sits in memory whole. Each tensor must get exactly its size's bytes.
+func WriteStream(path string, specs []Spec, metadata map[string]string, data func(i int, w io.Writer) error) error {
+	header := map[string]any{}
+	if len(metadata) > 0 {
+		header["__metadata__"] = metadata
+	}
+	sizes := make([]int64, len(specs))
+	var off int64
+	for i, s := range specs {
+		size, ok := dtypeSize(s.DType)
+		if !ok {
+			return fmt.Errorf("%w: tensor %q: unsupported dtype %s", ErrFormat, s.Name, s.DType)
+		}
+		n, err := elements(s.Shape)
+		if err != nil {
+			return fmt.Errorf("tensor %q: %w", s.Name, err)
+		}
+		shape := s.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		sizes[i] = int64(n) * int64(size)
+		header[s.Name] = headerEntry{DType: s.DType, Shape: shape, DataOffsets: [2]int64{off, off + sizes[i]}}
+		off += sizes[i]
+	}
+	h, err := json.Marshal(header)
+	if err != nil {
+		return err
+	}
+	for len(h)%8 != 0 {
+		h = append(h, ' ')
+	}
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp) // a no-op once renamed
+	w := bufio.NewWriterSize(f, 1<<20)
+	var n8 [8]byte
+	binary.LittleEndian.PutUint64(n8[:], uint64(len(h)))
+	w.Write(n8[:])
+	w.Write(h)
+	for i, s := range specs {
+		c := &countingWriter{w: w}
+		if err := data(i, c); err != nil {
+			f.Close()
+			return fmt.Errorf("tensor %q: %w", s.Name, err)
+		}
+		if c.n != sizes[i] {
+			f.Close()
+			return fmt.Errorf("%w: tensor %q got %d bytes, its shape and dtype take %d", ErrFormat, s.Name, c.n, sizes[i])
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

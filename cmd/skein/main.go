@@ -30,7 +30,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--max-adapters-per-tenant N] [--accept-workers [--worker-token T]]
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
-  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|qwen3_5-4b] [--seed N]
+  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|8b|qwen3_5-4b] [--seed N]
   skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k] [--name NAME]
   skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
@@ -150,14 +150,14 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 func initTiny(args []string) error {
 	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
 	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3, qwen3_vl, qwen3_5 or qwen3_5_text")
-	preset := fs.String("preset", "tiny", "tiny, small, 1b, or qwen3_5-4b (Qwen3.5-4B's shape, with --arch qwen3_5)")
+	preset := fs.String("preset", "tiny", "tiny, tiny-quant, small, 1b, 8b (Llama-3.1-8B's shape, with --arch llama) or qwen3_5-4b (Qwen3.5-4B's shape, with --arch qwen3_5)")
 	seed := fs.Uint64("seed", 1, "random seed")
 	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|qwen3_5-4b]")
+		return errors.New("usage: skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|8b|qwen3_5-4b]")
 	}
 	// Progress on stderr (the 1b preset takes a while); the result line stays on stdout.
 	if err := engine.InitTinyLogged(pos[0], engine.Arch(*arch), *preset, *seed, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {

@@ -61,3 +61,32 @@ func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 		}
 	}
 }
+
+// q8BlockPairs is q8BlockPairsScalar with AVX2: the block's 32 int8 widened to four float32
+// vectors (as q8Outputs does), each multiplied by d (one rounding, as the scalar product) and
+// rounded to bf16 in integer lanes (add 0x7fff and the kept bit's parity, keep the top half:
+// BF16Of's rounding; d·q is never NaN, d being a finite f16). Even elements take the low half
+// of their word, odd ones the high half. The widening into pairs, once per weight and product
+// of a training pass, was most of what training over Q8_0 spent beyond bf16 on the 1b shape.
+// w must have 16 readable bytes past its last block (QuantizeQ8_0 allocates them).
+func q8BlockPairs(dst *[BlockQ8_0 / 2]uint32, w []byte, at int) {
+	if !kernels.FewRowKernels() || cap(w) < at+BlockBytesQ8_0+16 {
+		q8BlockPairsScalar(dst, w, at)
+		return
+	}
+	all := unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(w))), cap(w))
+	d := archsimd.BroadcastFloat32x8(F16ToF32(uint16(w[at]) | uint16(w[at+1])<<8))
+	q := all[at+2:]
+	one := archsimd.BroadcastUint32x8(1)
+	half := archsimd.BroadcastUint32x8(0x7fff)
+	top := archsimd.BroadcastUint32x8(0xffff0000)
+	var r [BlockQ8_0]uint32
+	for i := range 4 {
+		v := archsimd.LoadInt8x16Slice(q[8*i : 8*i+16]).ExtendLo8ToInt32().ConvertToFloat32().Mul(d).AsUint32x8()
+		v = v.Add(half).Add(v.ShiftAllRight(16).And(one)).And(top)
+		v.Store((*[8]uint32)(r[8*i : 8*i+8]))
+	}
+	for j := range BlockQ8_0 / 2 {
+		dst[j] = r[2*j]>>16 | r[2*j+1]
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -179,5 +180,82 @@ func TestFormatsPairsAndProduct(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The vector widening of a Q8_0 block into bf16 pairs gives the scalar one's bits for any
+// block: random scales over the whole finite f16 range (subnormal ones included) and random
+// quants.
+func TestQ8BlockPairsMatchesScalar(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	w := make([]byte, BlockBytesQ8_0, BlockBytesQ8_0+16)
+	var got, want [BlockQ8_0 / 2]uint32
+	for i := range 20000 {
+		for j := range w {
+			w[j] = byte(rng.Uint32())
+		}
+		if i%7 == 0 { // halfway cases: d a power of two and q odd multiples that round on ties
+			w[0], w[1] = 0, byte(0x3c-4*(i%5))
+		}
+		if h := uint16(w[0]) | uint16(w[1])<<8; h&0x7c00 == 0x7c00 {
+			continue // inf or NaN: a quantizer never writes one
+		}
+		q8BlockPairs(&got, w, 0)
+		q8BlockPairsScalar(&want, w, 0)
+		if got != want {
+			t.Fatalf("block % x: vector %x, scalar %x", w, got, want)
+		}
+	}
+}
+
+// BenchmarkQ8_0Pairs times widening a 1b-shaped FFN weight (8192 outputs × 2048 inputs) into
+// bf16 pairs: once per product of a training pass over a Q8_0 base.
+func BenchmarkQ8_0Pairs(b *testing.B) {
+	K, N := 2048, 8192
+	x := make([]float32, K*N)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range x {
+		x[i] = float32(rng.NormFloat64() * 0.02)
+	}
+	blocks, err := QuantizeQ8_0(x, K)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst := make([]uint32, K/2*N)
+	b.SetBytes(int64(K * N))
+	for b.Loop() {
+		Q8_0Pairs(dst, blocks, K, N, kernels.ParallelRows)
+	}
+}
+
+// BenchmarkQ8BlockPairs times the block kernel alone, vector against scalar, over the same
+// weight as BenchmarkQ8_0Pairs (one core).
+func BenchmarkQ8BlockPairs(b *testing.B) {
+	K, N := 2048, 8192
+	x := make([]float32, K*N)
+	for i := range x {
+		x[i] = float32(math.Sin(float64(i))) * 0.02
+	}
+	blocks, err := QuantizeQ8_0(x, K)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nb := K * N / BlockQ8_0
+	for _, k := range []struct {
+		name string
+		fn   func(*[BlockQ8_0 / 2]uint32, []byte, int)
+	}{{"vector", q8BlockPairs}, {"scalar", q8BlockPairsScalar}} {
+		b.Run(k.name, func(b *testing.B) {
+			var tile [BlockQ8_0 / 2]uint32
+			var sink uint32
+			b.SetBytes(int64(K * N))
+			for b.Loop() {
+				for i := range nb {
+					k.fn(&tile, blocks, i*BlockBytesQ8_0)
+					sink += tile[0]
+				}
+			}
+			_ = sink
+		})
 	}
 }

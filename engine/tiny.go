@@ -297,7 +297,6 @@ func tinyDraw(c *Config, name string, shape []int, n int) func(*rand.Rand) float
 	return func(r *rand.Rand) float64 { return std * r.NormFloat64() }
 }
 
-
 func writeTinyTokenizerConfig(dir string) error {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)

@@ -6,7 +6,6 @@ import (
 	"compress/gzip"
 	"context"
 	"io"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,32 +14,13 @@ import (
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/engine/gguf"
-	"github.com/skein-ai/skein/gateway"
-	"github.com/skein-ai/skein/replica"
-	"github.com/skein-ai/skein/storage/storagetest"
 )
 
 // With --storage s3://… a checkpoint's files are only in the bucket: ?format=gguf still gives
 // the GGUF adapter, converted from the bucket's copy, byte for byte the file export-gguf makes
 // of the checkpoint's presigned tar.gz.
 func TestGGUFArchiveFromObjectStorage(t *testing.T) {
-	st := storagetest.S3(t)
-	data := t.TempDir()
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored, err := replica.NewStored(e, st, data, filepath.Join(data, "scratch"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := replica.New("r0", base, stored, 1)
-	gw, err := gateway.New(gateway.Options{DataDir: data, Storage: st}, rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(gw)
-	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
+	ts, _, _, e := s3Gateway(t)
 	ctx := context.Background()
 	c := client.New(ts.URL, "tml-s3-gguf")
 	sess, err := c.CreateSession(ctx)

@@ -27,11 +27,11 @@ import (
 	"github.com/skein-ai/skein/worker"
 )
 
-// With --storage s3://…, adapter state, checkpoints and sampler weights live in the bucket and
-// nowhere on the gateway's disk: training survives an eviction through S3 with the same numbers,
-// a checkpoint loads back into a new model, its archive is a presigned URL of the bucket that
-// downloads without credentials, and a deleted checkpoint's objects are gone.
-func TestObjectStorageEndToEnd(t *testing.T) {
+// s3Gateway is a gateway over a fresh prefix of the test bucket (skipped without SKEIN_TEST_S3),
+// with one in-process replica of the tiny model of one LoRA slot: its server, the storage, the
+// gateway's data directory and the engine.
+func s3Gateway(t *testing.T) (*httptest.Server, storage.Storage, string, *engine.Engine) {
+	t.Helper()
 	st := storagetest.S3(t)
 	data := t.TempDir()
 	e, err := engine.Load(modelDir(), engine.Options{})
@@ -49,6 +49,15 @@ func TestObjectStorageEndToEnd(t *testing.T) {
 	}
 	ts := httptest.NewServer(gw)
 	t.Cleanup(func() { ts.Close(); gw.Close(); rep.Close() })
+	return ts, st, data, e
+}
+
+// With --storage s3://…, adapter state, checkpoints and sampler weights live in the bucket and
+// nowhere on the gateway's disk: training survives an eviction through S3 with the same numbers,
+// a checkpoint loads back into a new model, its archive is a presigned URL of the bucket that
+// downloads without credentials, and a deleted checkpoint's objects are gone.
+func TestObjectStorageEndToEnd(t *testing.T) {
+	ts, st, data, _ := s3Gateway(t)
 	ctx := context.Background()
 	c := client.New(ts.URL, "tml-s3")
 	sess, _ := c.CreateSession(ctx)

@@ -115,13 +115,18 @@ func TestDiscoveredWorkersJoinDrainAndLeave(t *testing.T) {
 	}
 
 	// pod-b's own drain (SIGTERM) is seen through its status even while the source says ready.
+	// (pod-a's readiness is applied asynchronously: wait for it before draining pod-b, or the
+	// new run could find no healthy replica at all.)
 	src.upsert("pod-a", wa.URL, true)
+	waitUntil(t, "pod-a to be ready again", func() bool {
+		return !strings.Contains(replicaIDs(t, ts.URL), `"healthy":false`)
+	})
 	wbServer.Drain()
-	_, tc2 := newRun(t, ts.URL, "tml-disc2", 4)
 	waitUntil(t, "pod-b's drain to show", func() bool {
 		body := replicaIDs(t, ts.URL)
 		return strings.Count(body, `"healthy":false`) == 1 && strings.Contains(body, `"draining":true`)
 	})
+	_, tc2 := newRun(t, ts.URL, "tml-disc2", 4)
 	if s, err := step(t, tc2); err != nil || s != 1 {
 		t.Fatalf("a new run while pod-b drains: %v %v", s, err)
 	}

@@ -129,81 +129,14 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 	}
 	switch model {
 	case "gpt2":
-		merges, ok, err := f.Strings("tokenizer.ggml.merges")
-		if err != nil {
-			return nil, nil, err
-		}
-		if !ok {
-			return nil, nil, fmt.Errorf("tokenizer.ggml.merges missing (a gpt2 tokenizer merges pairs)")
-		}
-		mb, _ := json.Marshal(merges)
-		tf.Model.Merges = mb
-		preName, _, err := f.String("tokenizer.ggml.pre")
-		if err != nil {
-			return nil, nil, err
-		}
-		if preName == "" {
-			preName = "default"
-		}
-		pre, ok := bpePres[preName]
-		if !ok {
-			names := make([]string, 0, len(bpePres))
-			for n := range bpePres {
-				names = append(names, n)
-			}
-			sort.Strings(names)
-			return nil, nil, fmt.Errorf("tokenizer.ggml.pre %q is not one skein knows (%s): put the model's tokenizer.json beside it", preName, strings.Join(names, ", "))
-		}
-		tf.Model.IgnoreMerges = pre.ignoreMerges
-		byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": pre.pattern == ""}
-		if pre.pattern != "" {
-			tf.PreTokenizer, _ = json.Marshal(map[string]any{"type": "Sequence", "pretokenizers": []any{
-				map[string]any{"type": "Split", "pattern": map[string]string{"Regex": pre.pattern}, "behavior": "Isolated", "invert": false},
-				byteLevel}})
-		} else {
-			tf.PreTokenizer, _ = json.Marshal(byteLevel)
-		}
-		if pre.nfc {
-			tf.Normalizer = json.RawMessage(`{"type":"NFC"}`)
-		}
-		tf.Decoder, _ = json.Marshal(byteLevel)
+		err = gpt2Pipeline(f, &tf)
 	case "llama":
-		scores, ok, err := f.Float32s("tokenizer.ggml.scores")
-		if err != nil {
-			return nil, nil, err
-		}
-		if !ok || len(scores) != len(tokens) {
-			return nil, nil, fmt.Errorf("tokenizer.ggml.scores must give one score per token (a llama tokenizer merges by score)")
-		}
-		mb, _ := json.Marshal(mergesFromScores(tokens, scores, types))
-		tf.Model.Merges = mb
-		tf.Model.ByteFallback = true
-		tf.Model.FuseUnk = true
-		if unk, ok, err := special("unknown_token_id"); err != nil {
-			return nil, nil, err
-		} else if ok {
-			tf.Model.UnkToken = tokens[unk]
-		}
-		prefix, ok, err := f.Bool("tokenizer.ggml.add_space_prefix")
-		if err != nil {
-			return nil, nil, err
-		}
-		steps := []any{}
-		if prefix || !ok {
-			steps = append(steps, map[string]any{"type": "Prepend", "prepend": "▁"})
-		}
-		steps = append(steps, map[string]any{"type": "Replace", "pattern": map[string]string{"String": " "}, "content": "▁"})
-		tf.Normalizer, _ = json.Marshal(map[string]any{"type": "Sequence", "normalizers": steps})
-		dec := []any{
-			map[string]any{"type": "Replace", "pattern": map[string]string{"String": "▁"}, "content": " "},
-			map[string]any{"type": "ByteFallback"}, map[string]any{"type": "Fuse"},
-		}
-		if prefix || !ok {
-			dec = append(dec, map[string]any{"type": "Strip", "content": " ", "start": 1, "stop": 0})
-		}
-		tf.Decoder, _ = json.Marshal(map[string]any{"type": "Sequence", "decoders": dec})
+		err = llamaPipeline(f, &tf, tokens, types, special)
 	default:
-		return nil, nil, fmt.Errorf("tokenizer.ggml.model %q (skein reads gpt2 and llama)", model)
+		err = fmt.Errorf("tokenizer.ggml.model %q (skein reads gpt2 and llama)", model)
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	if addBOS && hasBOS {
 		tf.PostProcessor, _ = json.Marshal(map[string]any{"type": "TemplateProcessing",
@@ -229,6 +162,90 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 	}
 	cfgJSON, err = json.Marshal(cfg)
 	return tokJSON, cfgJSON, err
+}
+
+// gpt2Pipeline fills a byte-level BPE tokenizer's merges and pre-tokenizer from a GGUF's
+// tokenizer.ggml.merges and tokenizer.ggml.pre.
+func gpt2Pipeline(f *gguf.File, tf *tokenizer.File) error {
+	merges, ok, err := f.Strings("tokenizer.ggml.merges")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("tokenizer.ggml.merges missing (a gpt2 tokenizer merges pairs)")
+	}
+	mb, _ := json.Marshal(merges)
+	tf.Model.Merges = mb
+	preName, _, err := f.String("tokenizer.ggml.pre")
+	if err != nil {
+		return err
+	}
+	if preName == "" {
+		preName = "default"
+	}
+	pre, ok := bpePres[preName]
+	if !ok {
+		names := make([]string, 0, len(bpePres))
+		for n := range bpePres {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return fmt.Errorf("tokenizer.ggml.pre %q is not one skein knows (%s): put the model's tokenizer.json beside it", preName, strings.Join(names, ", "))
+	}
+	tf.Model.IgnoreMerges = pre.ignoreMerges
+	byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": pre.pattern == ""}
+	if pre.pattern != "" {
+		tf.PreTokenizer, _ = json.Marshal(map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]string{"Regex": pre.pattern}, "behavior": "Isolated", "invert": false},
+			byteLevel}})
+	} else {
+		tf.PreTokenizer, _ = json.Marshal(byteLevel)
+	}
+	if pre.nfc {
+		tf.Normalizer = json.RawMessage(`{"type":"NFC"}`)
+	}
+	tf.Decoder, _ = json.Marshal(byteLevel)
+	return nil
+}
+
+// llamaPipeline fills a SentencePiece tokenizer's merges (from the scores), byte fallback,
+// normaliser and decoder from a GGUF's metadata.
+func llamaPipeline(f *gguf.File, tf *tokenizer.File, tokens []string, types []int64, special func(string) (int, bool, error)) error {
+	scores, ok, err := f.Float32s("tokenizer.ggml.scores")
+	if err != nil {
+		return err
+	}
+	if !ok || len(scores) != len(tokens) {
+		return fmt.Errorf("tokenizer.ggml.scores must give one score per token (a llama tokenizer merges by score)")
+	}
+	mb, _ := json.Marshal(mergesFromScores(tokens, scores, types))
+	tf.Model.Merges = mb
+	tf.Model.ByteFallback = true
+	tf.Model.FuseUnk = true
+	if unk, ok, err := special("unknown_token_id"); err != nil {
+		return err
+	} else if ok {
+		tf.Model.UnkToken = tokens[unk]
+	}
+	prefix, ok, err := f.Bool("tokenizer.ggml.add_space_prefix")
+	if err != nil {
+		return err
+	}
+	steps := []any{}
+	if prefix || !ok {
+		steps = append(steps, map[string]any{"type": "Prepend", "prepend": "▁"})
+	}
+	steps = append(steps, map[string]any{"type": "Replace", "pattern": map[string]string{"String": " "}, "content": "▁"})
+	tf.Normalizer, _ = json.Marshal(map[string]any{"type": "Sequence", "normalizers": steps})
+	dec := []any{
+		map[string]any{"type": "Replace", "pattern": map[string]string{"String": "▁"}, "content": " "},
+		map[string]any{"type": "ByteFallback"}, map[string]any{"type": "Fuse"},
+	}
+	if prefix || !ok {
+		dec = append(dec, map[string]any{"type": "Strip", "content": " ", "start": 1, "stop": 0})
+	}
+	tf.Decoder, _ = json.Marshal(map[string]any{"type": "Sequence", "decoders": dec})
+	return nil
 }
 
 // mergesFromScores makes BPE merges of a SentencePiece vocabulary as transformers'

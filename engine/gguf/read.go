@@ -158,71 +158,41 @@ func (r *reader) array(et ValueType, n int, key string) any {
 	if b == nil {
 		return nil
 	}
+	le := binary.LittleEndian
 	switch et {
 	case TypeUint8:
 		return append([]uint8(nil), b...)
 	case TypeInt8:
-		out := make([]int8, n)
-		for i := range out {
-			out[i] = int8(b[i])
-		}
-		return out
+		return decodeArray(b, 1, func(e []byte) int8 { return int8(e[0]) })
 	case TypeBool:
-		out := make([]bool, n)
-		for i := range out {
-			out[i] = b[i] != 0
-		}
-		return out
+		return decodeArray(b, 1, func(e []byte) bool { return e[0] != 0 })
 	case TypeUint16:
-		out := make([]uint16, n)
-		for i := range out {
-			out[i] = binary.LittleEndian.Uint16(b[2*i:])
-		}
-		return out
+		return decodeArray(b, 2, le.Uint16)
 	case TypeInt16:
-		out := make([]int16, n)
-		for i := range out {
-			out[i] = int16(binary.LittleEndian.Uint16(b[2*i:]))
-		}
-		return out
+		return decodeArray(b, 2, func(e []byte) int16 { return int16(le.Uint16(e)) })
 	case TypeUint32:
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = binary.LittleEndian.Uint32(b[4*i:])
-		}
-		return out
+		return decodeArray(b, 4, le.Uint32)
 	case TypeInt32:
-		out := make([]int32, n)
-		for i := range out {
-			out[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
-		}
-		return out
+		return decodeArray(b, 4, func(e []byte) int32 { return int32(le.Uint32(e)) })
 	case TypeFloat32:
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-		}
-		return out
+		return decodeArray(b, 4, func(e []byte) float32 { return math.Float32frombits(le.Uint32(e)) })
 	case TypeUint64:
-		out := make([]uint64, n)
-		for i := range out {
-			out[i] = binary.LittleEndian.Uint64(b[8*i:])
-		}
-		return out
+		return decodeArray(b, 8, le.Uint64)
 	case TypeInt64:
-		out := make([]int64, n)
-		for i := range out {
-			out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
-		}
-		return out
+		return decodeArray(b, 8, func(e []byte) int64 { return int64(le.Uint64(e)) })
 	case TypeFloat64:
-		out := make([]float64, n)
-		for i := range out {
-			out[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
-		}
-		return out
+		return decodeArray(b, 8, func(e []byte) float64 { return math.Float64frombits(le.Uint64(e)) })
 	}
 	return nil
+}
+
+// decodeArray decodes b as elements of size bytes each, little-endian.
+func decodeArray[T any](b []byte, size int, decode func([]byte) T) []T {
+	out := make([]T, len(b)/size)
+	for i := range out {
+		out[i] = decode(b[size*i:])
+	}
+	return out
 }
 
 // Parse decodes a whole GGUF file. Tensor Data slices alias b; metadata is copied.

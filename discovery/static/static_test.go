@@ -53,9 +53,13 @@ func TestStartUpsertsEveryWorkerReadyInOrder(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- s.Start(ctx, &rec) }()
 	deadline := time.After(10 * time.Second)
-	for len(rec.Members()) < 2 {
+	for {
+		ch := rec.Changed() // taken before looking, so an event between the two is not missed
+		if len(rec.Members()) >= 2 {
+			break
+		}
 		select {
-		case <-rec.Changed():
+		case <-ch:
 		case <-deadline:
 			t.Fatal("not notified")
 		}

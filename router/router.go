@@ -271,31 +271,11 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 				return nil, ctx.Err()
 			}
 		}
+		if p := r.placed[req.Adapter]; p != nil && !p.ep.ep.Healthy() {
+			r.unplaceLocked(req.Adapter, p)
+		}
 		if p := r.placed[req.Adapter]; p != nil {
-			if !p.ep.ep.Healthy() {
-				r.unplaceLocked(req.Adapter, p)
-			} else {
-				if p.active == 0 && p.loading == nil {
-					p.ep.idle--
-				}
-				p.active++
-				p.ep.ops++
-				loading := p.loading
-				r.mu.Unlock()
-				if loading != nil { // another request is placing it: wait for that one load
-					select {
-					case <-loading:
-					case <-ctx.Done():
-						r.releaseFailed(req.Adapter, p)
-						return nil, ctx.Err()
-					}
-					if p.loadErr != nil {
-						r.releaseFailed(req.Adapter, p)
-						return nil, p.loadErr
-					}
-				}
-				return &Lease{Endpoint: p.ep.ep, r: r, adapter: req.Adapter, p: p}, nil
-			}
+			return r.joinLocked(ctx, req.Adapter, p)
 		}
 		es, victim, err := r.pickLocked(req)
 		if err != nil {
@@ -316,57 +296,95 @@ func (r *Router) Acquire(ctx context.Context, req Request) (*Lease, error) {
 				return nil, fmt.Errorf("%w: %v", ErrCapacity, ctx.Err())
 			}
 		}
-		ep := es.ep
-		// Reserve the slot (and the victim's) before unlocking, so concurrent placements count it.
-		p := &placement{ep: es, active: 1, lastUsed: r.tick(), loading: make(chan struct{})}
-		r.placed[req.Adapter] = p
-		es.held++
-		es.ops++
-		var vp *placement
-		if victim != "" {
-			vp = r.placed[victim]
-			delete(r.placed, victim) // requests for it now wait, then place it afresh
-			r.evicting[victim] = make(chan struct{})
-			vp.active++ // keep its slot counted until the eviction finishes
-			es.ops++
-			es.idle--
-		}
+		p, vp := r.reserveLocked(req.Adapter, es, victim)
 		r.mu.Unlock()
-		err = nil
-		if victim != "" && r.hooks.Evict != nil {
-			err = r.hooks.Evict(ctx, victim, ep)
-		}
-		r.mu.Lock()
-		if victim != "" {
-			es.held--
-			vp.active--
-			es.ops--
-			if err != nil && r.endpoints[ep.ID()] == es { // the victim stays where it was
-				r.placed[victim] = vp
-				es.held++
-				es.idle++
-			}
-			close(r.evicting[victim])
-			delete(r.evicting, victim)
-		}
-		r.mu.Unlock()
-		if err == nil && r.hooks.Load != nil {
-			err = r.hooks.Load(ctx, req.Adapter, ep)
-		}
-		r.mu.Lock()
-		p.loadErr = err
-		close(p.loading)
-		p.loading = nil
-		if err != nil {
-			r.unplaceLocked(req.Adapter, p)
-			p.active--
-			es.ops--
-			r.mu.Unlock()
-			return nil, fmt.Errorf("placing %s on %s: %w", req.Adapter, ep.ID(), err)
-		}
-		r.mu.Unlock()
-		return &Lease{Endpoint: ep, r: r, adapter: req.Adapter, p: p}, nil
+		return r.evictAndLoad(ctx, req.Adapter, p, victim, vp)
 	}
+}
+
+// joinLocked takes an op on an adapter already placed (on a healthy replica), waiting for its
+// load if another request is placing it. It is called with r.mu held and unlocks it.
+func (r *Router) joinLocked(ctx context.Context, adapter string, p *placement) (*Lease, error) {
+	if p.active == 0 && p.loading == nil {
+		p.ep.idle--
+	}
+	p.active++
+	p.ep.ops++
+	loading := p.loading
+	r.mu.Unlock()
+	if loading != nil { // another request is placing it: wait for that one load
+		select {
+		case <-loading:
+		case <-ctx.Done():
+			r.releaseFailed(adapter, p)
+			return nil, ctx.Err()
+		}
+		if p.loadErr != nil {
+			r.releaseFailed(adapter, p)
+			return nil, p.loadErr
+		}
+	}
+	return &Lease{Endpoint: p.ep.ep, r: r, adapter: adapter, p: p}, nil
+}
+
+// reserveLocked places adapter on es and takes the victim's slot out of the map (its requests
+// now wait, then place it afresh), before r.mu is unlocked, so that concurrent placements count
+// both. vp is the victim's placement (nil without one).
+func (r *Router) reserveLocked(adapter string, es *endpointState, victim string) (p, vp *placement) {
+	p = &placement{ep: es, active: 1, lastUsed: r.tick(), loading: make(chan struct{})}
+	r.placed[adapter] = p
+	es.held++
+	es.ops++
+	if victim != "" {
+		vp = r.placed[victim]
+		delete(r.placed, victim)
+		r.evicting[victim] = make(chan struct{})
+		vp.active++ // keep its slot counted until the eviction finishes
+		es.ops++
+		es.idle--
+	}
+	return p, vp
+}
+
+// evictAndLoad saves and unloads the victim (if any), then loads adapter into the slot
+// reserveLocked took. A failed eviction leaves the victim where it was; a failed load gives the
+// slot back.
+func (r *Router) evictAndLoad(ctx context.Context, adapter string, p *placement, victim string, vp *placement) (*Lease, error) {
+	es := p.ep
+	ep := es.ep
+	var err error
+	if victim != "" && r.hooks.Evict != nil {
+		err = r.hooks.Evict(ctx, victim, ep)
+	}
+	r.mu.Lock()
+	if victim != "" {
+		es.held--
+		vp.active--
+		es.ops--
+		if err != nil && r.endpoints[ep.ID()] == es { // the victim stays where it was
+			r.placed[victim] = vp
+			es.held++
+			es.idle++
+		}
+		close(r.evicting[victim])
+		delete(r.evicting, victim)
+	}
+	r.mu.Unlock()
+	if err == nil && r.hooks.Load != nil {
+		err = r.hooks.Load(ctx, adapter, ep)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p.loadErr = err
+	close(p.loading)
+	p.loading = nil
+	if err != nil {
+		r.unplaceLocked(adapter, p)
+		p.active--
+		es.ops--
+		return nil, fmt.Errorf("placing %s on %s: %w", adapter, ep.ID(), err)
+	}
+	return &Lease{Endpoint: ep, r: r, adapter: adapter, p: p}, nil
 }
 
 func (r *Router) releaseFailed(adapter string, p *placement) {

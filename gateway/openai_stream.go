@@ -306,66 +306,91 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	out := &sseWriter{s: s, w: w}
-	n := j.sr.NumSamples
-	choices := make([]*choiceStream, n)
-	for i := range choices {
-		choices[i] = j.newChoiceStream()
-		if j.chat {
-			empty := ""
-			out.send(j.chatChunk(api.ChatChoice{Index: i, Delta: &api.ChatChoiceMessage{Role: "assistant", Content: &empty}}))
-		}
-	}
-	emit := func(i int, text string, finish *string) {
-		c := choices[i]
-		if j.chat {
-			d := &api.ChatChoiceMessage{}
-			if text != "" {
-				d.Content = &text
-			}
-			out.send(j.chatChunk(api.ChatChoice{Index: i, Delta: d, Logprobs: c.chatLogprobs(j.logprobs), FinishReason: finish}))
-			return
-		}
-		out.send(j.completionChunk(api.CompletionChoice{Index: i, Text: text, Logprobs: c.completionLogprobs(j.logprobs), FinishReason: finish}))
-	}
-	pushed := make([]int, n)
-	forward := func(toks []fedToken) {
-		for _, t := range toks {
-			if t.sample < 0 || t.sample >= n {
-				continue
-			}
-			choices[t.sample].push(t.token, t.logprob)
-			pushed[t.sample]++
-		}
-		for i, c := range choices {
-			if text := c.take(); text != "" {
-				emit(i, text, nil)
-			}
-		}
-	}
+	st := newOAIStream(j, &sseWriter{s: s, w: w})
 	for running := true; running; {
 		select {
 		case <-feed.wake:
-			forward(feed.take())
+			st.forward(feed.take())
 		case <-f.done:
 			running = false
 		case <-ctx.Done():
 			return nil // the client went: OnToken ends the decode at its next token
 		}
-		if out.err != nil {
+		if st.out.err != nil {
 			cancel() // the client stopped reading
-			s.log.Debug("openai stream ended by the client", "err", out.err)
+			s.log.Debug("openai stream ended by the client", "err", st.out.err)
 			return nil
 		}
 	}
-	forward(feed.take())
+	st.forward(feed.take())
 	res, err := awaitSample(ctx, f)
 	if err != nil {
 		_, body := openAIErrorOf(err)
-		out.send(body)
-		out.done()
+		st.out.send(body)
+		st.out.done()
 		return nil
 	}
+	st.finish(res)
+	return nil
+}
+
+// oaiStream is one streamed answer's choices: the text each has decoded and how many of its
+// tokens have been pushed, and the writer their chunks go to.
+type oaiStream struct {
+	j       *oaiJob
+	out     *sseWriter
+	choices []*choiceStream
+	pushed  []int
+}
+
+// newOAIStream opens every choice (a chat answer's first chunk names the assistant's role).
+func newOAIStream(j *oaiJob, out *sseWriter) *oaiStream {
+	n := j.sr.NumSamples
+	st := &oaiStream{j: j, out: out, choices: make([]*choiceStream, n), pushed: make([]int, n)}
+	for i := range st.choices {
+		st.choices[i] = j.newChoiceStream()
+		if j.chat {
+			empty := ""
+			out.send(j.chatChunk(api.ChatChoice{Index: i, Delta: &api.ChatChoiceMessage{Role: "assistant", Content: &empty}}))
+		}
+	}
+	return st
+}
+
+// emit sends choice i's new text (and its finish reason, at the end) as one chunk.
+func (st *oaiStream) emit(i int, text string, finish *string) {
+	c, j := st.choices[i], st.j
+	if j.chat {
+		d := &api.ChatChoiceMessage{}
+		if text != "" {
+			d.Content = &text
+		}
+		st.out.send(j.chatChunk(api.ChatChoice{Index: i, Delta: d, Logprobs: c.chatLogprobs(j.logprobs), FinishReason: finish}))
+		return
+	}
+	st.out.send(j.completionChunk(api.CompletionChoice{Index: i, Text: text, Logprobs: c.completionLogprobs(j.logprobs), FinishReason: finish}))
+}
+
+// forward pushes tokens the decoder drew into their choices and sends what text they complete.
+func (st *oaiStream) forward(toks []fedToken) {
+	n := len(st.choices)
+	for _, t := range toks {
+		if t.sample < 0 || t.sample >= n {
+			continue
+		}
+		st.choices[t.sample].push(t.token, t.logprob)
+		st.pushed[t.sample]++
+	}
+	for i, c := range st.choices {
+		if text := c.take(); text != "" {
+			st.emit(i, text, nil)
+		}
+	}
+}
+
+// finish sends each choice's remaining text and finish reason, then the usage chunk if asked.
+func (st *oaiStream) finish(res *api.SampleResponse) {
+	j, n := st.j, len(st.choices)
 	usage := &api.Usage{PromptTokens: len(j.sr.Prompt)}
 	for i, q := range res.Sequences {
 		if i >= n {
@@ -373,29 +398,28 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 		}
 		usage.CompletionTokens += len(q.Tokens)
 		// A remote worker's decode does not call OnToken: its tokens come with the answer.
-		for k := pushed[i]; k < len(q.Tokens); k++ {
-			choices[i].push(q.Tokens[k], logprobAt(q.Logprobs, k))
+		for k := st.pushed[i]; k < len(q.Tokens); k++ {
+			st.choices[i].push(q.Tokens[k], logprobAt(q.Logprobs, k))
 		}
-		if text := choices[i].take() + choices[i].flush(); text != "" {
-			emit(i, text, nil)
+		if text := st.choices[i].take() + st.choices[i].flush(); text != "" {
+			st.emit(i, text, nil)
 		}
-		finish := choices[i].finishReason(q.StopReason)
-		emit(i, "", &finish) // as OpenAI ends a choice: an empty delta with its finish_reason
+		finish := st.choices[i].finishReason(q.StopReason)
+		st.emit(i, "", &finish) // as OpenAI ends a choice: an empty delta with its finish_reason
 	}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	if j.includeUsage {
 		if j.chat {
 			c := j.chatChunk()
 			c.Usage = usage
-			out.send(c)
+			st.out.send(c)
 		} else {
 			c := j.completionChunk()
 			c.Usage = usage
-			out.send(c)
+			st.out.send(c)
 		}
 	}
-	out.done()
-	return nil
+	st.out.done()
 }
 
 func (j *oaiJob) chatChunk(choices ...api.ChatChoice) api.ChatCompletion {

@@ -98,12 +98,18 @@ func (t *futureTable) get(tenant, id string) *future {
 		// Another gateway runs it; its completion arrives as a notification (see remoteDone).
 		f.remote, f.finishing = true, true
 		t.mu.Lock()
-		if existing := t.byID[id]; existing != nil {
+		existing := t.byID[id]
+		if existing != nil {
 			f = existing
 		} else {
 			t.byID[id] = f
 		}
 		t.mu.Unlock()
+		if existing == nil {
+			// Its completion may have been notified between the read above and the registration,
+			// when remoteDone could not find it: read it once more now that notices reach it.
+			t.remoteDone(id)
+		}
 		return f
 	}
 	t.fill(f, row)
@@ -116,6 +122,28 @@ func (t *futureTable) fill(f *future, row store.Future) {
 		f.errMsg, f.category = string(row.Result), row.Category
 	} else {
 		f.result = decodeResult(row.Kind, row.Result)
+	}
+}
+
+// recheckRemote re-reads every future other gateways run that is still waited on here: the
+// notification listener calls it each time it (re)connects, since notices sent while it was not
+// listening are lost.
+func (t *futureTable) recheckRemote() {
+	t.mu.Lock()
+	var ids []string
+	for id, f := range t.byID {
+		if !f.remote {
+			continue
+		}
+		select {
+		case <-f.done:
+		default:
+			ids = append(ids, id)
+		}
+	}
+	t.mu.Unlock()
+	for _, id := range ids {
+		t.remoteDone(id)
 	}
 }
 

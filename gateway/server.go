@@ -254,7 +254,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	if l, ok := st.(store.FutureListener); ok {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { <-s.stop; cancel() }()
-		go l.ListenFutures(ctx, s.futures.remoteDone)
+		go l.ListenFutures(ctx, s.futures.remoteDone, s.futures.recheckRemote)
 	}
 	return s, nil
 }

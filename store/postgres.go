@@ -39,12 +39,16 @@ func OpenPostgres(dsn string) (*Postgres, error) {
 }
 
 // ListenFutures calls fn with the id of every future finished (by any gateway) until ctx ends,
-// reconnecting if the connection drops.
-func (p *Postgres) ListenFutures(ctx context.Context, fn func(id string)) {
+// reconnecting if the connection drops; listening (if not nil) runs after each LISTEN, since
+// notifications sent while no connection listened are gone.
+func (p *Postgres) ListenFutures(ctx context.Context, fn func(id string), listening func()) {
 	for ctx.Err() == nil {
 		conn, err := pgx.Connect(ctx, p.dsn)
 		if err == nil {
 			if _, err = conn.Exec(ctx, "LISTEN skein_futures"); err == nil {
+				if listening != nil {
+					listening()
+				}
 				for {
 					n, err := conn.WaitForNotification(ctx)
 					if err != nil {

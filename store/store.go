@@ -206,7 +206,9 @@ type Store interface {
 	Close() error
 }
 
-// FutureListener is a Store that reports futures finished by other gateways.
+// FutureListener is a Store that reports futures finished by other gateways. listening is
+// called each time notices start reaching fn (after every connection), so that the caller can
+// re-read what may have finished while none did.
 type FutureListener interface {
-	ListenFutures(ctx context.Context, fn func(id string))
+	ListenFutures(ctx context.Context, fn func(id string), listening func())
 }

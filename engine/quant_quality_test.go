@@ -8,18 +8,22 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/quant"
 )
 
-// A LoRA trained over a Q4_K base learns as one over the float32 base: the same data (generated
-// stories), the same steps, and the loss curves stay close, the final losses within 5%. Both
-// curves must also fall (a LoRA that learned nothing would match trivially).
+// A LoRA trained over a Q4_K base, and over the Q4_K_M mix (layer 1's v and down projections in
+// Q6_K), learns as one over the float32 base: the same data (generated stories), the same
+// steps, and the loss curves stay close, the final losses within 5%. Every curve must also fall
+// (a LoRA that learned nothing would match trivially).
 func TestQuantizedBaseTrainsLikeFloat32(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "m")
 	if err := InitTiny(dir, ArchQwen3, "tiny-quant", 1); err != nil {
 		t.Fatal(err)
 	}
+	precs := []string{PrecisionF32, PrecisionQ4_K, PrecisionQ4_K_M}
 	curves := map[string][]float64{}
-	for _, prec := range []string{PrecisionF32, "q4_k"} {
+	for _, prec := range precs {
 		e, err := Load(dir, Options{Precision: prec})
 		if err != nil {
 			t.Fatal(err)
@@ -33,47 +37,63 @@ func TestQuantizedBaseTrainsLikeFloat32(t *testing.T) {
 		}
 		curves[prec] = c
 	}
-	f, q := curves[PrecisionF32], curves["q4_k"]
-	var line strings.Builder
-	for i := range f {
-		fmt.Fprintf(&line, " %.3f/%.3f", f[i], q[i])
-	}
-	t.Logf("loss per token, f32/q4_k:%s", line.String())
+	f := curves[PrecisionF32]
 	last := len(f) - 1
 	for name, c := range curves {
 		if c[last] > 0.8*c[0] {
 			t.Fatalf("%s: loss %v at the start, %v at the end: it did not learn", name, c[0], c[last])
 		}
 	}
-	if d := math.Abs(q[last]-f[last]) / f[last]; d > 0.05 {
-		t.Fatalf("final loss %v over q4_k, %v over f32: %.1f%% apart, more than 5%%", q[last], f[last], 100*d)
-	}
-	for i := range f {
-		if d := math.Abs(q[i]-f[i]) / f[i]; d > 0.10 {
-			t.Fatalf("step %d: loss %v over q4_k, %v over f32: %.1f%% apart, more than 10%%", i, q[i], f[i], 100*d)
+	for _, prec := range precs[1:] {
+		q := curves[prec]
+		var line strings.Builder
+		for i := range f {
+			fmt.Fprintf(&line, " %.3f/%.3f", f[i], q[i])
+		}
+		t.Logf("loss per token, f32/%s:%s", prec, line.String())
+		if d := math.Abs(q[last]-f[last]) / f[last]; d > 0.05 {
+			t.Fatalf("final loss %v over %s, %v over f32: %.1f%% apart, more than 5%%", q[last], prec, f[last], 100*d)
+		}
+		for i := range f {
+			if d := math.Abs(q[i]-f[i]) / f[i]; d > 0.10 {
+				t.Fatalf("step %d: loss %v over %s, %v over f32: %.1f%% apart, more than 10%%", i, q[i], prec, f[i], 100*d)
+			}
 		}
 	}
 }
 
 // BenchmarkQuantizedBaseLossCurve prints the loss curves of a LoRA (rank 16, attention and MLP)
-// trained over the small preset in float32, Q8_0 and Q4_K, the same generated stories and steps
-// (SKEIN_CURVE_STEPS, default 40), and the final losses' distance from float32's. Run:
+// trained over the small preset under each of SKEIN_CURVE_VARIANTS (default f32, q8_0, q4_k,
+// q4_k_m; see curveVariant for the diagnostic ones, e.g. q4_k@mlp), the same generated stories
+// and steps (SKEIN_CURVE_STEPS, default 40), each final loss's distance from the first
+// variant's, and the mean of the last five steps' (one step's loss is one batch's). Run:
 //
-//	go test ./engine -run X -bench QuantizedBaseLossCurve -benchtime 1x
+//	SKEIN_CURVE_STEPS=90 go test ./engine -run X -bench QuantizedBaseLossCurve -benchtime 1x
 func BenchmarkQuantizedBaseLossCurve(b *testing.B) {
 	steps := 40
 	if v, err := strconv.Atoi(os.Getenv("SKEIN_CURVE_STEPS")); err == nil && v > 0 && v <= maxCurveSteps {
 		steps = v
 	}
+	variants := []string{PrecisionF32, PrecisionQ8_0, PrecisionQ4_K, PrecisionQ4_K_M}
+	if v := os.Getenv("SKEIN_CURVE_VARIANTS"); v != "" {
+		variants = strings.Split(v, ",")
+	}
+	arch := ArchQwen2
+	if v := os.Getenv("SKEIN_CURVE_ARCH"); v != "" {
+		arch = Arch(v) // llama: an untied head, quantized as a projection
+	}
 	dir := filepath.Join(b.TempDir(), "small")
-	if err := InitTiny(dir, ArchQwen2, "small", 1); err != nil {
+	if err := InitTiny(dir, arch, "small", 1); err != nil {
 		b.Fatal(err)
 	}
 	for range b.N {
 		curves := map[string][]float64{}
-		precs := []string{PrecisionF32, "q8_0", "q4_k"}
-		for _, prec := range precs {
-			e, err := Load(dir, Options{Precision: prec})
+		for _, name := range variants {
+			opts, err := curveVariant(name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := Load(dir, opts)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -84,18 +104,61 @@ func BenchmarkQuantizedBaseLossCurve(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			curves[prec] = c
-		}
-		f := curves[PrecisionF32]
-		last := len(f) - 1
-		for _, prec := range precs {
+			curves[name] = c
+			ref := curves[variants[0]]
 			var line strings.Builder
-			for _, v := range curves[prec] {
+			for _, v := range c {
 				fmt.Fprintf(&line, " %.3f", v)
 			}
-			q := curves[prec]
-			b.Logf("%-5s final %.4f (%+.2f%% of f32's):%s", prec, q[last], 100*(q[last]-f[last])/f[last], line.String())
-			b.ReportMetric(q[last], "final_loss_"+prec)
+			last := len(c) - 1
+			b.Logf("%-14s final %.4f (%+.2f%% of %s's), last five %.4f (%+.2f%%):%s", name, c[last],
+				100*(c[last]-ref[last])/ref[last], variants[0], tailMean(c, 5), 100*(tailMean(c, 5)-tailMean(ref, 5))/tailMean(ref, 5), line.String())
+			b.ReportMetric(c[last], "final_loss_"+strings.NewReplacer("@", "_at_", "-", "_", "+", "_").Replace(name))
 		}
 	}
+}
+
+// tailMean is the mean of c's last n values.
+func tailMean(c []float64, n int) float64 {
+	n = min(n, len(c))
+	var s float64
+	for _, v := range c[len(c)-n:] {
+		s += v
+	}
+	return s / float64(n)
+}
+
+// curveVariant is the Options of a loss-curve variant: a precision (f32, bf16, q8_0, q4_k,
+// q4_k_m), or FORMAT@SET, projections in SET in FORMAT (q8_0, q4_k, q6_k) and the others in
+// float32, to find which weights cost a format's loss: SET is attn (q, k, v, o), mlp (gate, up,
+// down), down+v (down and v, the ones Q4_K_M widens), not-down+v (all but those), head (an
+// untied head only; SKEIN_CURVE_ARCH=llama) or all.
+func curveVariant(name string) (Options, error) {
+	format, set, ok := strings.Cut(name, "@")
+	if !ok {
+		return Options{Precision: name}, CheckPrecision(name)
+	}
+	formats := map[string]*quant.Format{"q8_0": quant.Q8_0, "q4_k": quant.Q4_K, "q6_k": quant.Q6_K}
+	f := formats[format]
+	in := map[string]func(string) bool{
+		"attn": func(n string) bool { return strings.Contains(n, ".self_attn.") },
+		"mlp":  func(n string) bool { return strings.Contains(n, ".mlp.") },
+		"down+v": func(n string) bool {
+			return strings.HasSuffix(n, "down_proj.weight") || strings.HasSuffix(n, "v_proj.weight")
+		},
+		"not-down+v": func(n string) bool {
+			return !strings.HasSuffix(n, "down_proj.weight") && !strings.HasSuffix(n, "v_proj.weight")
+		},
+		"head": func(n string) bool { return n == "lm_head.weight" },
+		"all":  func(string) bool { return true },
+	}[set]
+	if f == nil || in == nil {
+		return Options{}, fmt.Errorf("unknown loss-curve variant %q", name)
+	}
+	return Options{Precision: PrecisionQ4_K, weightFormats: func(n string) *quant.Format {
+		if in(n) {
+			return f
+		}
+		return nil
+	}}, nil
 }

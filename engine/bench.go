@@ -145,17 +145,20 @@ const maxCurveSteps = 10000
 // LossCurve trains a fresh LoRA of cfg on ids for steps optim_steps of batch windows of seq+1
 // tokens each (window i of step s starts at ((s·batch + i)·seq) mod (len(ids) − seq − 1), so
 // every engine gets the same data in the same order), and returns each step's mean loss per
-// token, measured by its forward_backward before the step. The adapter is deleted afterwards.
-func (e *Engine) LossCurve(ids []int, cfg LoraConfig, adam AdamParams, batch, seq, steps int) ([]float64, error) {
+// token, measured by its forward_backward before the step, and the trained LoRA's mean loss per
+// token over held (consecutive windows of seq+1, forward only; 0 when held is shorter than one):
+// one batch's loss is noisy, a fixed held-out set's is what a comparison of bases wants. The
+// adapter is deleted afterwards.
+func (e *Engine) LossCurve(ids, held []int, cfg LoraConfig, adam AdamParams, batch, seq, steps int) ([]float64, float64, error) {
 	switch {
 	case steps < 1 || steps > maxCurveSteps || batch < 1 || batch > maxCurveSteps || seq < 1 || seq > maxCurveSteps:
-		return nil, fmt.Errorf("engine: loss curve of %d steps of %d × %d tokens: want each in 1…%d", steps, batch, seq, maxCurveSteps)
+		return nil, 0, fmt.Errorf("engine: loss curve of %d steps of %d × %d tokens: want each in 1…%d", steps, batch, seq, maxCurveSteps)
 	case len(ids) < seq+2:
-		return nil, fmt.Errorf("engine: loss curve over %d tokens: want more than a window of %d", len(ids), seq+1)
+		return nil, 0, fmt.Errorf("engine: loss curve over %d tokens: want more than a window of %d", len(ids), seq+1)
 	}
 	id := fmt.Sprintf("loss-curve-%d", rand.Uint64())
 	if _, err := e.CreateAdapter(id, cfg); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer e.DeleteAdapter(context.Background(), id)
 	span := len(ids) - seq - 1
@@ -164,21 +167,41 @@ func (e *Engine) LossCurve(ids []int, cfg LoraConfig, adam AdamParams, batch, se
 		data := make([]Datum, batch)
 		for i := range data {
 			start := ((s*batch + i) * seq) % span
-			w := ids[start : start+seq+1]
-			tg := make([]float64, seq)
-			for j := range tg {
-				tg[j] = float64(w[j+1])
-			}
-			data[i] = Datum{Tokens: w[:seq], Inputs: map[string]TensorInput{"target_tokens": {DType: "int64", Data: tg}}}
+			data[i] = curveDatum(ids[start : start+seq+1])
 		}
 		r, err := e.ForwardBackward(context.Background(), id, data, "cross_entropy", nil)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		curve[s] = r.Loss / float64(batch*seq)
 		if _, err := e.OptimStep(context.Background(), id, adam); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return curve, nil
+	var data []Datum
+	for start := 0; start+seq+1 <= len(held) && len(data) < maxCurveSteps; start += seq + 1 {
+		data = append(data, curveDatum(held[start:start+seq+1]))
+	}
+	if len(data) == 0 {
+		return curve, 0, nil
+	}
+	var heldLoss float64
+	for lo := 0; lo < len(data); lo += batch { // batches of the training's size
+		r, err := e.Forward(context.Background(), id, data[lo:min(lo+batch, len(data))], "cross_entropy", nil)
+		if err != nil {
+			return nil, 0, err
+		}
+		heldLoss += r.Loss
+	}
+	return curve, heldLoss / float64(len(data)*seq), nil
+}
+
+// curveDatum is a window of seq+1 tokens as a datum: the first seq tokens in, each next one its
+// target.
+func curveDatum(w []int) Datum {
+	tg := make([]float64, len(w)-1)
+	for j := range tg {
+		tg[j] = float64(w[j+1])
+	}
+	return Datum{Tokens: w[:len(w)-1], Inputs: map[string]TensorInput{"target_tokens": {DType: "int64", Data: tg}}}
 }

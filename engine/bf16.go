@@ -23,15 +23,19 @@ const (
 	PrecisionBF16 = "bf16"
 	PrecisionQ8_0 = "q8_0" // projections in GGUF's Q8_0 blocks (linear.go, internal/quant)
 	PrecisionQ4_K = "q4_k" // projections in GGUF's Q4_K blocks
+	PrecisionQ6_K = "q6_k" // projections in GGUF's Q6_K blocks
 )
 
-// quantFormat is the block format of a precision's projections (nil: not a quantized one).
+// quantFormat is the block format of a precision's projections (nil: not a quantized one); a
+// mix's (q4_k_m) is its most common one, weightFormat gives each weight's.
 func quantFormat(precision string) *quant.Format {
 	switch precision {
 	case PrecisionQ8_0:
 		return quant.Q8_0
-	case PrecisionQ4_K:
+	case PrecisionQ4_K, PrecisionQ4_K_M:
 		return quant.Q4_K
+	case PrecisionQ6_K:
+		return quant.Q6_K
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -44,6 +45,9 @@ type Options struct {
 	// Logger gets Load's progress lines (what it loads, how far it has read, the total and
 	// the time taken); nil: none.
 	Logger *slog.Logger
+	// weightFormats, set by tests only, picks each projection's block format under a quantized
+	// precision in place of the precision's rule (weightFormat), e.g. to quantize only the MLP.
+	weightFormats func(name string) *quant.Format
 }
 
 // Engine is one loaded base model plus the adapters trained on it.
@@ -115,10 +119,10 @@ type (
 // CheckPrecision refuses a precision of base weights that Load would refuse ("" is f32).
 func CheckPrecision(p string) error {
 	switch p {
-	case "", PrecisionF32, PrecisionBF16, PrecisionQ8_0, PrecisionQ4_K:
+	case "", PrecisionF32, PrecisionBF16, PrecisionQ8_0, PrecisionQ4_K, PrecisionQ6_K, PrecisionQ4_K_M:
 		return nil
 	}
-	return fmt.Errorf("engine: unknown precision %q (f32, bf16, q8_0, q4_k)", p)
+	return fmt.Errorf("engine: unknown precision %q (f32, bf16, q8_0, q4_k, q6_k, q4_k_m)", p)
 }
 
 // Load opens a model directory (config.json, safetensors weights, optional tokenizer.json), or
@@ -183,9 +187,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
 	e.base = &baseModel{mm: mm}
 	if e.opts.Float64 {
-		e.base.weights, e.base.bytes, err = loadModel[float64](opts.Precision, cfg, host)
+		e.base.weights, e.base.bytes, err = loadModel[float64](opts, cfg, host)
 	} else {
-		e.base.weights, e.base.bytes, err = loadModel[float32](opts.Precision, cfg, host)
+		e.base.weights, e.base.bytes, err = loadModel[float32](opts, cfg, host)
 	}
 	if err != nil {
 		return nil, err

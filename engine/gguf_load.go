@@ -358,19 +358,20 @@ func permuteRows(data []byte, rows, heads int, toHF bool) []byte {
 }
 
 // ggufHostTensor prepares host[name] for loadModel when it holds a GGUF block type: the blocks
-// themselves when the engine keeps weight name in that format (qf, a projection), copied out of
-// the file with the vector kernel's spare bytes; else the tensor dequantized to float32 in
-// host[name]'s place, for the float paths. Tensors of float types are left as they are.
-func ggufHostTensor(host map[string]safetensors.Tensor, name string, qf *quant.Format) ([]byte, error) {
+// themselves when the engine keeps weight name in that format (qf, a projection; under a mix,
+// mixed, any block format the engine has, as the file's own mix chose it), copied out of the
+// file with the vector kernel's spare bytes, and their format; else the tensor dequantized to
+// float32 in host[name]'s place, for the float paths. Tensors of float types are left as they are.
+func ggufHostTensor(host map[string]safetensors.Tensor, name string, qf *quant.Format, mixed bool) ([]byte, *quant.Format, error) {
 	t := host[name]
 	typ, ok := strings.CutPrefix(t.DType, ggufDType)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
-	if qf != nil && isLinearWeight(name) && strings.EqualFold(typ, qf.Name) {
+	if kept := keptGGUFFormat(typ, qf, mixed); kept != nil && isLinearWeight(name) {
 		out := make([]byte, len(t.Data), len(t.Data)+16) // Q8_0's kernel loads 16 bytes past a block's last quarter
 		copy(out, t.Data)
-		return out, nil
+		return out, kept, nil
 	}
 	var gt gguf.GGMLType
 	for _, c := range []gguf.GGMLType{gguf.Q4_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K} {
@@ -379,7 +380,7 @@ func ggufHostTensor(host map[string]safetensors.Tensor, name string, qf *quant.F
 		}
 	}
 	if gt == 0 {
-		return nil, fmt.Errorf("engine: weight %s: unknown GGUF type %s", name, typ)
+		return nil, nil, fmt.Errorf("engine: weight %s: unknown GGUF type %s", name, typ)
 	}
 	dims := make([]int, len(t.Shape))
 	for i, d := range t.Shape {
@@ -387,8 +388,27 @@ func ggufHostTensor(host map[string]safetensors.Tensor, name string, qf *quant.F
 	}
 	v, err := gguf.Float32s(&gguf.TensorInfo{Name: name, Dims: dims, Type: gt, Data: t.Data})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	host[name] = safetensors.FromFloat32(v, t.Shape...)
-	return nil, nil
+	return nil, nil, nil
+}
+
+// keptGGUFFormat is the engine's format for a file's block type typ when its blocks are kept as
+// they are: qf's own type, or under a mix any of the engine's block formats (nil: dequantize).
+func keptGGUFFormat(typ string, qf *quant.Format, mixed bool) *quant.Format {
+	if qf == nil {
+		return nil
+	}
+	if strings.EqualFold(typ, qf.Name) {
+		return qf
+	}
+	if mixed {
+		for _, f := range []*quant.Format{quant.Q8_0, quant.Q4_K, quant.Q6_K} {
+			if strings.EqualFold(typ, f.Name) {
+				return f
+			}
+		}
+	}
+	return nil
 }

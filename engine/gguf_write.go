@@ -28,17 +28,27 @@ func ggufArchOf(c *Config) (string, error) {
 }
 
 // GGUFTypes are the tensor types WriteGGUF writes projections in, by name.
-var GGUFTypes = map[string]gguf.GGMLType{"f32": gguf.F32, "f16": gguf.F16, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_k": gguf.Q4_K}
+var GGUFTypes = map[string]gguf.GGMLType{"f32": gguf.F32, "f16": gguf.F16, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_k": gguf.Q4_K,
+	"q6_k": gguf.Q6_K, "q4_k_m": GGUFQ4_K_M}
 
-// llama_ftype of a file whose projections are of one type.
-var ggufFileType = map[gguf.GGMLType]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q8_0: 7, gguf.Q4_K: 15, gguf.BF16: 32}
+// GGUFQ4_K_M stands for llama.cpp's Q4_K_M mix where WriteGGUF takes a tensor type: no ggml type
+// itself, but each projection in the type the q4_k_m precision keeps it in (Q4_K, Q6_K, or
+// Q8_0 for a head whose rows are not whole Q6_K blocks), as llama-quantize writes them.
+const GGUFQ4_K_M gguf.GGMLType = 1 << 30
+
+// llama_ftype of a file whose projections are of one type (LLAMA_FTYPE_MOSTLY_*; Q4_K_M's is 15).
+var ggufFileType = map[gguf.GGMLType]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q8_0: 7, gguf.Q4_K: 15, gguf.Q6_K: 18,
+	gguf.BF16: 32, GGUFQ4_K_M: 15}
+
+// ggufTypeOfFormat is the ggml type of an engine block format.
+var ggufTypeOfFormat = map[*quant.Format]gguf.GGMLType{quant.Q8_0: gguf.Q8_0, quant.Q4_K: gguf.Q4_K, quant.Q6_K: gguf.Q6_K}
 
 // WriteGGUF writes the Hugging Face model in dir (config.json, safetensors, tokenizer.json and
 // tokenizer_config.json) as one GGUF file, as llama.cpp's convert_hf_to_gguf lays it out: its
 // names, its metadata keys, llama's q/k rows permuted, llama3 rope scaling as rope_freqs. The
 // projections (and an untied head) are written in typ; the embedding is F32 (F16 or BF16 when typ
-// is that), norms and biases F32. Q8_0 and Q4_K blocks are the engine's quantizers' (bit for bit
-// ggml's reference ones).
+// is that), norms and biases F32. Q8_0, Q4_K and Q6_K blocks are the engine's quantizers' (bit
+// for bit ggml's reference ones); GGUFQ4_K_M writes each projection in its Q4_K_M type.
 func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	c, err := LoadConfig(dir)
 	if err != nil {
@@ -57,7 +67,7 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	w.Set("general.type", "model")
 	w.Set("general.name", name)
 	w.Set("general.file_type", ggufFileType[typ])
-	if typ == gguf.Q8_0 || typ == gguf.Q4_K {
+	if typ == gguf.Q8_0 || typ == gguf.Q4_K || typ == gguf.Q6_K || typ == GGUFQ4_K_M {
 		w.Set("general.quantization_version", uint32(2))
 	}
 	u := func(key string, v int) { w.Set(arch+"."+key, uint32(v)) }
@@ -111,6 +121,8 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		shape := t.Shape
 		tt := gguf.F32
 		switch {
+		case isLinearWeight(hf) && typ == GGUFQ4_K_M:
+			tt = ggufTypeOfFormat[q4KMFormat(c, hf)]
 		case isLinearWeight(hf):
 			tt = typ
 		case hf == c.lm()+"embed_tokens.weight" && (typ == gguf.F16 || typ == gguf.BF16):
@@ -161,6 +173,8 @@ func encodeGGUF(v []float32, shape []int, t gguf.GGMLType) ([]byte, error) {
 		return quant.QuantizeQ8_0(v, shape[len(shape)-1])
 	case gguf.Q4_K:
 		return quant.QuantizeQ4_K(v, shape[len(shape)-1])
+	case gguf.Q6_K:
+		return quant.QuantizeQ6_K(v, shape[len(shape)-1])
 	}
 	return nil, fmt.Errorf("cannot write type %s", t)
 }

@@ -66,7 +66,9 @@ func TestLlamaCppLogits(t *testing.T) {
 		// Q4_K needs rows of 256: the tiny-quant preset.
 		// llama.cpp rounds the activations to Q8_K (one scale per 256) for Q4_K products, coarser
 		// than Q8_0's per 32: measured max 0.14–0.19, mean 0.027–0.032.
-		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.4, 0.05}}
+		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.4, 0.05},
+		// The Q4_K_M mix: layer 1's v and down projections and llama's head in Q6_K.
+		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 0.4, 0.05}}
 	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
 		for _, c := range variants {
 			dir := filepath.Join(tmp, string(arch)+"-"+c.preset)
@@ -75,7 +77,7 @@ func TestLlamaCppLogits(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			file := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", arch, c.typ))
+			file := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", arch, c.prec))
 			if err := WriteGGUF(dir, file, c.typ, "tiny"); err != nil {
 				t.Fatal(err)
 			}
@@ -83,12 +85,12 @@ func TestLlamaCppLogits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			jobs = append(jobs, &job{Model: file, Tokens: tokens, Texts: llamaCppTexts, name: fmt.Sprintf("%s %s", arch, c.typ), tok: e,
+			jobs = append(jobs, &job{Model: file, Tokens: tokens, Texts: llamaCppTexts, name: fmt.Sprintf("%s %s", arch, c.prec), tok: e,
 				want: logitsOf(t, e, "", tokens), tol: c.tol, tolMean: c.tolMean})
 			// An adapter with every module (the head too where it is untied), trained B.
 			cfg := LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: !e.Config.TieWordEmbeddings, Alpha: 8}
 			adapterWithB(t, e, "x", cfg, func(i, j int) float64 { return 0.08 * math.Sin(float64(3*j+i)) })
-			ck := filepath.Join(tmp, fmt.Sprintf("%s-%s-adapter", arch, c.typ))
+			ck := filepath.Join(tmp, fmt.Sprintf("%s-%s-adapter", arch, c.prec))
 			if err := e.SaveAdapter(context.Background(), "x", ck, false); err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +103,7 @@ func TestLlamaCppLogits(t *testing.T) {
 			if maxAbsDiff(base, withLoRA) < 0.1 {
 				t.Fatalf("%s: the adapter hardly changes skein's logits (%g): the check would be blind", arch, maxAbsDiff(base, withLoRA))
 			}
-			jobs = append(jobs, &job{Model: file, Adapter: lora, Tokens: tokens, name: fmt.Sprintf("%s %s + LoRA", arch, c.typ),
+			jobs = append(jobs, &job{Model: file, Adapter: lora, Tokens: tokens, name: fmt.Sprintf("%s %s + LoRA", arch, c.prec),
 				want: withLoRA, tol: c.tol, tolMean: c.tolMean})
 		}
 	}

@@ -103,19 +103,22 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 // product (bf16.go). Linear weights are stored transposed, [in, out]: with few rows (decoding)
 // the backend multiplies x·W twice as fast as x·Wᵀ, and for training the two are even. The
 // embedding stays [V, D] for the lookup, so a tied head multiplies by it transposed.
-func loadModel[E float](precision string, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
+func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {
+	precision := opts.Precision
 	w := map[string]mat[E]{}
 	w16 := map[string][]uint16{}
 	qw := map[string][]byte{}
-	qf := quantFormat(precision)
+	qfs := map[string]*quant.Format{} // each quantized weight's format (a mix has several)
 	bytes := 0
 	for _, name := range c.modelWeightNames() {
 		shape := host[name].Shape
+		qf := weightFormat(opts, c, name)
+		qfs[name] = qf
 		// A GGUF's block tensor: its blocks kept as they are, or dequantized in place (gguf_load.go).
-		if blocks, err := ggufHostTensor(host, name, qf); err != nil {
+		if blocks, kept, err := ggufHostTensor(host, name, qf, precision == PrecisionQ4_K_M); err != nil {
 			return nil, 0, err
 		} else if blocks != nil {
-			w[name], qw[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks
+			w[name], qw[name], qfs[name] = mat[E]{Dims: []int{shape[1], shape[0]}}, blocks, kept
 			bytes += len(blocks)
 			delete(host, name)
 			continue
@@ -139,7 +142,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 		// The embedding of a quantized base stays bf16, as GGUF files commonly keep it at 16 bits
 		// or more: it is a lookup (and a tied head), a large share of small models.
 		embedding := name == c.lm()+"embed_tokens.weight"
-		if (precision == PrecisionBF16 && (keepsBF16(name) || embedding)) || (qf != nil && embedding) {
+		if (precision == PrecisionBF16 && (keepsBF16(name) || embedding)) || (quantFormat(precision) != nil && embedding) {
 			v, err := bf16Weight(host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
@@ -179,7 +182,7 @@ func loadModel[E float](precision string, c *Config, host map[string]safetensors
 	m := resolveModel(c, w, w16)
 	for _, l := range m.linears {
 		if b, ok := qw[l.path+".weight"]; ok {
-			l.qw, l.qf = b, qf
+			l.qw, l.qf = b, qfs[l.path+".weight"]
 		}
 	}
 	return m, bytes, nil

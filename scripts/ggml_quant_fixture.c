@@ -2,7 +2,7 @@
 // JSON, for engine/internal/quant's bit-exactness tests. It loads libggml-base.so at run time
 // (from the npm package @node-llama-cpp/linux-x64; nothing of ggml is committed):
 //
-//	npm install --prefix /tmp/ggml @node-llama-cpp/linux-x64
+//	NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --omit=optional --prefix /tmp/ggml @node-llama-cpp/linux-x64@3.22.1
 //	gcc -O1 -o /tmp/qfix scripts/ggml_quant_fixture.c -ldl
 //	/tmp/qfix /tmp/ggml/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so \
 //	    > engine/internal/quant/testdata/ggml_blocks.json
@@ -58,12 +58,13 @@ int main(int argc, char **argv) {
 	struct { const char *name, *sym; int block, bytes; } types[] = {
 		{"q8_0", "quantize_row_q8_0_ref", 32, 34},
 		{"q4_k", "quantize_row_q4_K_ref", 256, 144},
+		{"q6_k", "quantize_row_q6_K_ref", 256, 210},
 	};
 	enum { N = 512 };
 	float x[N];
-	uint8_t y[N / 32 * 34 + N / 256 * 144];
+	uint8_t y[N / 256 * 210 + N / 32 * 34];
 	printf("{");
-	for (int t = 0; t < 2; t++) {
+	for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
 		quant_fn f = (quant_fn)dlsym(lib, types[t].sym);
 		if (!f) {
 			fprintf(stderr, "%s\n", dlerror());

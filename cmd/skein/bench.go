@@ -145,7 +145,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.decode, "decode", 32, "tokens to decode per sequence")
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
 	fs.BoolVar(&c.trainOnly, "train-only", false, "measure training only (its speed, its memory against the plan, under a soft memory limit at the plan unless GOMEMLIMIT is set), then stop")
-	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0 or q4_k")
+	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0, q6_k, q4_k or q4_k_m")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
 	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")

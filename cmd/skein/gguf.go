@@ -18,7 +18,7 @@ func toGGUF(args []string) error {
 	fs := flag.NewFlagSet("to-gguf", flag.ContinueOnError)
 	typ := fs.String("type", "f16", "tensor type of the projections: "+strings.Join(ggufTypeNames(), ", "))
 	name := fs.String("name", "", "general.name (default: the directory's name)")
-	const synopsis = "skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k] [--name NAME]"
+	const synopsis = "skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k|q6_k|q4_k_m] [--name NAME]"
 	pos, err := parseArgs(fs, args, synopsis)
 	if err != nil {
 		return err

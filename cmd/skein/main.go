@@ -31,7 +31,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
   skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|8b|qwen3_5-4b] [--seed N]
-  skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k] [--name NAME]
+  skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k|q6_k|q4_k_m] [--name NAME]
   skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]

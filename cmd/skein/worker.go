@@ -46,7 +46,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
-	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0 or q4_k (projections in GGUF Q8_0 or Q4_K blocks, about a quarter or an eighth of f32; LoRA, norms and gradients in f32)")
+	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0, q6_k or q4_k (projections in GGUF Q8_0, Q6_K or Q4_K blocks, about a quarter, a fifth or an eighth of f32); q4_k_m (llama.cpp's Q4_K_M mix: Q4_K with Q6_K for the head and some layers' v and down projections); LoRA, norms and gradients in f32")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
 	fs.StringVar(&c.Data, "data", "./skein-data", "the data directory shared with the gateway (without --storage): checkpoint loads and saves stay inside it; with --storage s3://…, scratch space for copies")

@@ -24,6 +24,10 @@ var (
 	Q4_K = &Format{Name: "q4_k", Block: BlockQ4_K, BlockBytes: BlockBytesQ4_K, Quantize: QuantizeQ4_K,
 		Dequantize: DequantizeQ4_K, Product: rowsProduct(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K),
 		Pairs: rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)}
+	// Q6_K: Q4_K_M's head and its attn_v and ffn_down on some layers; Q4_K's paths.
+	Q6_K = &Format{Name: "q6_k", Block: BlockQ6_K, BlockBytes: BlockBytesQ6_K, Quantize: QuantizeQ6_K,
+		Dequantize: DequantizeQ6_K, Product: rowsProduct(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K),
+		Pairs: rowsPairs(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K)}
 )
 
 // rowsProduct is a Product for a format without a kernel of its own: each output's row of W is

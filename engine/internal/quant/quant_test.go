@@ -135,11 +135,49 @@ func TestQ4_KMatchesGGML(t *testing.T) {
 	}
 }
 
+// Q6_K blocks equal ggml's bit for bit (its symmetric search over 19 scales per 16 weights),
+// and dequantized each weight is within two steps of its group's scale d·sc (half a step, but
+// the search may scale the group's largest weight of the other sign past level 31, where it
+// is clipped). A group whose scale rounds to 0 against its super-block's largest (below
+// GROUP_MAX_EPS, or under an outlier 256 times its size) is zero, as in ggml.
+func TestQ6_KMatchesGGML(t *testing.T) {
+	cases := fixtures(t)["q6_k"]
+	if len(cases) == 0 {
+		t.Fatal("no q6_k fixtures")
+	}
+	for i, c := range cases {
+		x := floats(t, c.X)
+		want, _ := hex.DecodeString(c.Blocks)
+		got, err := QuantizeQ6_K(x, len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := 0; b < len(got); b += BlockBytesQ6_K {
+			if !bytes.Equal(got[b:b+BlockBytesQ6_K], want[b:b+BlockBytesQ6_K]) {
+				t.Fatalf("case %d block %d:\n got %x\nggml %x", i, b/BlockBytesQ6_K, got[b:b+BlockBytesQ6_K], want[b:b+BlockBytesQ6_K])
+			}
+		}
+		back := make([]float32, len(x))
+		DequantizeQ6_K(back, got)
+		for j := range x {
+			blk := got[j/BlockQ6_K*BlockBytesQ6_K:]
+			d := F16ToF32(uint16(blk[208])|uint16(blk[209])<<8) * float32(int8(blk[192+j%BlockQ6_K/16]))
+			step := math.Abs(float64(d))
+			if diff := math.Abs(float64(back[j] - x[j])); step != 0 && diff > 2*step+1e-3*math.Abs(float64(x[j])) {
+				t.Fatalf("case %d weight %d: %v back as %v (step %v)", i, j, x[j], back[j], step)
+			}
+		}
+	}
+	if _, err := QuantizeQ6_K(make([]float32, 128), 128); err == nil {
+		t.Fatal("a row of 128 weights was quantized into blocks of 256")
+	}
+}
+
 // Each format's Pairs is kernels.PackPairs of its dequantized weight, transposed and rounded to
 // bf16, including a last tile of fewer outputs; its Product is the dequantized weight's product.
 func TestFormatsPairsAndProduct(t *testing.T) {
 	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
-	for _, f := range []*Format{Q8_0, Q4_K} {
+	for _, f := range []*Format{Q8_0, Q4_K, Q6_K} {
 		K, N, R := 2*f.Block, 37, 19
 		w := make([]float32, N*K)
 		for i := range w {

@@ -36,9 +36,8 @@ var ggufFileType = map[gguf.GGMLType]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q8_0:
 // WriteGGUF writes the Hugging Face model in dir (config.json, safetensors, tokenizer.json and
 // tokenizer_config.json) as one GGUF file, as llama.cpp's convert_hf_to_gguf lays it out: its
 // names, its metadata keys, llama's q/k rows permuted, llama3 rope scaling as rope_freqs. The
-// projections (and an untied head) are written in typ; the embedding is F32 (F16 or BF16 when typ
-// is that), norms and biases F32. Q8_0 and Q4_K blocks are the engine's quantizers' (bit for bit
-// ggml's reference ones).
+// projections (and an untied head) and the embedding are written in typ, norms and biases F32.
+// Q8_0 and Q4_K blocks are the engine's quantizers' (bit for bit ggml's reference ones).
 func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	c, err := LoadConfig(dir)
 	if err != nil {
@@ -113,8 +112,8 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		switch {
 		case isLinearWeight(hf):
 			tt = typ
-		case hf == c.lm()+"embed_tokens.weight" && (typ == gguf.F16 || typ == gguf.BF16):
-			tt = typ
+		case hf == c.lm()+"embed_tokens.weight" && typ != gguf.F32:
+			tt = typ // in a quantized file the blocks the engine's load makes (embedq.go), as Q4_K_M files keep token_embd
 		}
 		data, err := encodeGGUF(v, shape, tt)
 		if err != nil {

@@ -119,6 +119,10 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 					t.Fatalf("%s: the GGUF's blocks are not the ones quantized at load", l.path)
 				}
 			}
+			// The embedding too (token_embd written in the file's type, loaded as its blocks).
+			if ms.embedQ == nil || mg.embedQF != ms.embedQF || !slices.Equal(mg.embedQ, ms.embedQ) {
+				t.Fatal("the GGUF's token_embd blocks are not the embedding's blocks quantized at load")
+			}
 			if d := maxAbsDiff(logitsOf(t, st, "", ggufTestTokens), logitsOf(t, gg, "", ggufTestTokens)); d != 0 {
 				t.Fatalf("logits differ by %g", d)
 			}

@@ -1,12 +1,16 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // A quantized weight too large to widen at once (pairsChunkOutputs) is multiplied a chunk of its
@@ -74,5 +78,58 @@ func TestQuantizedChunksMatchWholeWeight(t *testing.T) {
 	t.Logf("loss %v / %v, gradient cosine %v", loss[0], loss[1], cos)
 	if !(cos > 1-1e-6) {
 		t.Fatalf("gradients in chunks: cosine %v against whole weights", cos)
+	}
+}
+
+// The embedding of a quantized base is held in the base's blocks: the blocks of the file's rows
+// quantized (byte for byte the format's quantizer over the whole tensor), each looked-up row
+// their dequantized row, and a tied head multiplying by the very same blocks; the weights shrink
+// by the embedding's bf16 bytes less its blocks.
+func TestQuantizedEmbeddingIsBlocks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := InitTiny(dir, ArchQwen3, "tiny-quant", 1); err != nil { // tied embeddings
+		t.Fatal(err)
+	}
+	e, err := Load(dir, Options{Precision: PrecisionQ4_K})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := modelOf[float32](e.base)
+	c := e.Config
+	host, _, err := loadWeights(dir, c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := host[c.lm()+"embed_tokens.weight"].Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := quant.Q4_K.Quantize(f, c.HiddenSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.embedQF != quant.Q4_K || !bytes.Equal(m.embedQ, want) || m.embed16 != nil {
+		t.Fatal("the embedding is not the Q4_K blocks of the file's rows")
+	}
+	if !c.TieWordEmbeddings || &m.head.qw[0] != &m.embedQ[0] || m.head.qf != quant.Q4_K || m.head.in != c.HiddenSize || m.head.out != c.VocabSize {
+		t.Fatal("the tied head does not multiply by the embedding's blocks")
+	}
+	deq := make([]float32, len(f))
+	quant.Q4_K.Dequantize(deq, want)
+	ar := tensor.NewArena[float32](e.base.mm)
+	defer ar.Free()
+	s := newPass(e, ar, 1, 16, passParts[float32]{})
+	tokens := []int{7, 0, c.VocabSize - 1, 7}
+	h := s.embed([][]int{tokens})
+	D := c.HiddenSize
+	for i, id := range tokens {
+		if !slices.Equal(h.V[i*D:(i+1)*D], deq[id*D:(id+1)*D]) {
+			t.Fatalf("token %d: looked-up row is not its dequantized row", id)
+		}
+	}
+	embedBF16 := 2 * c.VocabSize * D
+	t.Logf("q4_k weights %d bytes; the embedding %d bytes of blocks against %d in bf16", e.WeightBytes(), len(want), embedBF16)
+	if len(want) > embedBF16/3 {
+		t.Fatalf("the embedding's blocks take %d bytes, bf16 %d", len(want), embedBF16)
 	}
 }

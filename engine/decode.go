@@ -84,10 +84,10 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 	}
 	if runs := adapterRuns(rowAdapters); len(runs) == 1 {
 		// One adapter: the pass chooses how to apply it (merged or added) as training does.
-		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base))
+		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base), false)
 	} else {
 		for _, r := range runs {
-			lora, _ := loraOf(d.long, r.a, modelOf[E](e.base))
+			lora, _ := loraOf(d.long, r.a, modelOf[E](e.base), false)
 			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora})
 		}
 	}

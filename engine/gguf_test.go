@@ -134,6 +134,13 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 					}
 				}
 			}
+			// The embedding too (token_embd written in the file's type, loaded as its blocks).
+			if ms.embedQ == nil || mg.embedQF != ms.embedQF || !slices.Equal(mg.embedQ, ms.embedQ) {
+				t.Fatal("the GGUF's token_embd blocks are not the embedding's blocks quantized at load")
+			}
+			if c.typ == GGUFQ4_K_M && ms.embedQF != quant.Q4_K { // an untied model: token_embd is Q4_K_M's default type
+				t.Fatalf("embedding in %s, want Q4_K", ms.embedQF.Name)
+			}
 			tol := 0.0
 			if c.arch == ArchLlama {
 				tol = 1e-5 // llama3 rope scaling stored as float32 divisors (TestGGUFRoundTripSameLogits)

@@ -46,9 +46,9 @@ var ggufTypeOfFormat = map[*quant.Format]gguf.GGMLType{quant.Q8_0: gguf.Q8_0, qu
 // WriteGGUF writes the Hugging Face model in dir (config.json, safetensors, tokenizer.json and
 // tokenizer_config.json) as one GGUF file, as llama.cpp's convert_hf_to_gguf lays it out: its
 // names, its metadata keys, llama's q/k rows permuted, llama3 rope scaling as rope_freqs. The
-// projections (and an untied head) are written in typ; the embedding is F32 (F16 or BF16 when typ
-// is that), norms and biases F32. Q8_0, Q4_K and Q6_K blocks are the engine's quantizers' (bit
-// for bit ggml's reference ones); GGUFQ4_K_M writes each projection in its Q4_K_M type.
+// projections (and an untied head) and the embedding are written in typ, norms and biases F32.
+// Q8_0, Q4_K and Q6_K blocks are the engine's quantizers' (bit for bit ggml's reference ones);
+// GGUFQ4_K_M writes each projection, and the embedding, in its Q4_K_M type.
 func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	c, err := LoadConfig(dir)
 	if err != nil {
@@ -125,8 +125,10 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 			tt = ggufTypeOfFormat[q4KMFormat(c, hf)]
 		case isLinearWeight(hf):
 			tt = typ
-		case hf == c.lm()+"embed_tokens.weight" && (typ == gguf.F16 || typ == gguf.BF16):
-			tt = typ
+		case hf == c.lm()+"embed_tokens.weight" && typ == GGUFQ4_K_M:
+			tt = ggufTypeOfFormat[embeddingFormat(Options{Precision: PrecisionQ4_K_M}, c)]
+		case hf == c.lm()+"embed_tokens.weight" && typ != gguf.F32:
+			tt = typ // in a quantized file the blocks the engine's load makes (embedq.go), as Q4_K_M files keep token_embd
 		}
 		data, err := encodeGGUF(v, shape, tt)
 		if err != nil {

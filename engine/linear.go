@@ -116,19 +116,14 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 	}
 	if xf, ok := any(x.V).([]float32); ok && kernels.HaveBF16GEMM() && len(x.Dims) == 2 {
 		// Through the bf16 GEMM, as bf16 weights are, over the blocks widened into pairs.
+		if nc := s.e.pairsChunkOutputs(lin.in, lin.out); nc < lin.out {
+			return s.quantChunkedProduct(x, xf, lin, nc, transposed)
+		}
 		k, n := lin.in, lin.out
 		if transposed {
 			k, n = n, k
 		}
-		if len(s.qPairs) < lin.in/2*lin.out {
-			s.e.base.putPairs(s.qPairs)
-			s.qPairs, s.qPairsOf = s.e.base.takePairs(lin.in/2*lin.out), nil
-		}
-		w2 := s.qPairs[:lin.in/2*lin.out]
-		if s.qPairsOf != lin { // the head's tiles, forward and back, widen it once
-			lin.qf.Pairs(w2, lin.qw, lin.in, lin.out, kernels.ParallelRows)
-			s.qPairsOf = lin
-		}
+		w2 := s.widenedPairs(lin, 0, lin.out)
 		y := s.ar.Alloc(rows, n)
 		if s.ar.Err == nil {
 			kernels.PairsMatMul(any(y.V).([]float32), xf, w2, rows, k, n, transposed)
@@ -138,6 +133,95 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 	w, done := s.quantWeight(lin)
 	y := s.ar.MatMul(x, w, 0, !transposed) // x·W = x·(Q [out, in])ᵀ; an input gradient dy·Q
 	done()
+	return y
+}
+
+// pairsChunkBytes bounds the pairs one quantized product widens at a time (pass.qPairs): a
+// weight whose pairs are larger (an 8B shape's head, 1.05 GB) is multiplied a chunk of its
+// outputs at a time (quantChunkedProduct).
+const pairsChunkBytes = 64 << 20
+
+// pairsChunkOutputs is how many of a quantized [out, in] weight's outputs one chunk of its pairs
+// holds: all of them when they fit in pairsChunkBytes, else a multiple of 16 that does (at
+// least 16). Tests set Engine.pairsChunk to force chunks on small models.
+func (e *Engine) pairsChunkOutputs(in, out int) int {
+	limit := pairsChunkBytes / 4 // words
+	if e.pairsChunk > 0 {
+		limit = e.pairsChunk * (in / 2)
+	}
+	if in/2*out <= limit {
+		return out
+	}
+	return max(16, limit/(in/2)/16*16)
+}
+
+// widenedPairs is outputs [o0, o1) of a quantized weight widened into bf16 pairs, in the pass's
+// pairs buffer; widened again only when the buffer holds something else (the head's tiles
+// multiply by the same weight one after another, forward and back).
+func (s *pass[E]) widenedPairs(lin *linear[E], o0, o1 int) []uint32 {
+	words := lin.in / 2 * (o1 - o0)
+	if len(s.qPairs) < words {
+		s.e.base.putPairs(s.qPairs)
+		s.qPairs, s.qPairsOf = s.e.base.takePairs(words), nil
+	}
+	w2 := s.qPairs[:words]
+	if s.qPairsOf != lin || s.qPairsAt != [2]int{o0, o1} {
+		rowBytes := lin.in / lin.qf.Block * lin.qf.BlockBytes
+		lin.qf.Pairs(w2, lin.qw[o0*rowBytes:o1*rowBytes], lin.in, o1-o0, kernels.ParallelRows)
+		s.qPairsOf, s.qPairsAt = lin, [2]int{o0, o1}
+	}
+	return w2
+}
+
+// quantChunkedProduct is quantProduct's bf16 GEMM over a weight too large to widen at once: nc
+// outputs at a time, x·W into y's columns of each chunk, or (transposed) dy's columns of each
+// chunk times its rows of W summed into dx. Forward chunks go up and input-gradient chunks come
+// down, so the chunk left in the buffer is the next product's first (a head tile's backward
+// starts where its forward ended, the next tile's forward where that ended).
+func (s *pass[E]) quantChunkedProduct(x mat[E], xf []float32, lin *linear[E], nc int, transposed bool) mat[E] {
+	rows, in, out := x.Dims[0], lin.in, lin.out
+	n := out
+	if transposed {
+		n = in
+	}
+	y := s.ar.Alloc(rows, n)
+	yf, _ := any(y.V).([]float32)
+	chunks := (out + nc - 1) / nc
+	for i := range chunks {
+		c := i
+		if transposed {
+			c = chunks - 1 - i
+		}
+		o0, o1 := c*nc, min(out, (c+1)*nc)
+		w2 := s.widenedPairs(lin, o0, o1)
+		if s.ar.Err != nil {
+			return y
+		}
+		m := s.ar.Mark()
+		if !transposed {
+			part := s.ar.Alloc(rows, o1-o0)
+			pf, _ := any(part.V).([]float32)
+			kernels.PairsMatMul(pf, xf, w2, rows, in, o1-o0, false)
+			for r := range rows {
+				copy(yf[r*out+o0:r*out+o1], pf[r*(o1-o0):(r+1)*(o1-o0)])
+			}
+		} else {
+			cols := s.ar.Alloc(rows, o1-o0)
+			cf, _ := any(cols.V).([]float32)
+			for r := range rows {
+				copy(cf[r*(o1-o0):(r+1)*(o1-o0)], xf[r*out+o0:r*out+o1])
+			}
+			if i == 0 {
+				kernels.PairsMatMul(yf, cf, w2, rows, o1-o0, in, true)
+			} else {
+				part := s.ar.Alloc(rows, in)
+				pf, _ := any(part.V).([]float32)
+				kernels.PairsMatMul(pf, cf, w2, rows, o1-o0, in, true)
+				kernels.AddScaled(yf, pf, 1)
+			}
+		}
+		s.ar.Release(m, s.ar.Mark())
+	}
 	return y
 }
 

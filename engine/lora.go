@@ -9,25 +9,30 @@ import (
 // loraMats are one module's A and B for a pass, with the transposes its products need, and the
 // indices of their gradient accumulators.
 type loraMats[E float] struct {
-	a, b   mat[E] // A [r, in], B [out, r]
+	a, b   mat[E] // A [r, in], B [out, r]: the adapter's own numbers, or copies (loraOf)
 	aT     mat[E] // Aᵀ [in, r] for merging into an [in, out] weight
-	bTs    mat[E] // scale·Bᵀ [r, out] for adding
-	as     mat[E] // scale·A [r, in] for adding to the input gradient
+	bTs    mat[E] // scale·Bᵀ [r, out] for the few-row kernels of segmented passes (decode)
 	ai, bi int
 }
 
 // loraTap is what a module's LoRA gradients need of its forward pass: its input and x·Aᵀ.
 type loraTap[E float] struct{ x, xa mat[E] }
 
-// loraOf copies an adapter's matrices into the arena, by linear id (nil adapter: none), and
-// returns its scale.
-func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) {
+// loraOf gives a pass an adapter's matrices, by linear id (nil adapter: none), and its scale.
+// A training pass (alias) reads A and B where the adapter keeps them whenever its matmuls take
+// Go slices (float32 on the kernels' GEMM): an adapter's ops run one after another (the gateway
+// orders them), so nothing changes them during the pass, and for an 8B shape at rank 32 the
+// copies were 0.7 GB. Otherwise (the backend's matmuls take only its buffers; decode, whose
+// generations outlive an optim_step) they are copied into the arena, with scale·Bᵀ for the
+// few-row kernels. The scale is applied to the rank-r products instead (addedLoRA).
+func loraOf[E float](ar *arena[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
 	out := make([]*loraMats[E], len(m.linears))
 	if a == nil {
 		return out, 0
 	}
 	r := a.Config.Rank
 	scale := E(a.Config.Alpha / float64(r))
+	alias = alias && aliasesLoRA[E]()
 	for i, mod := range a.mods {
 		lin := m.byPath[mod.Path]
 		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
@@ -35,22 +40,32 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E]) ([]*loraMats[E], E) 
 			continue
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
-		lm := &loraMats[E]{a: ar.Alloc(pa.shape...), b: ar.Alloc(pb.shape...), ai: 2 * i, bi: 2*i + 1}
-		copy(lm.a.V, numbersOf[E](pa).w)
-		copy(lm.b.V, numbersOf[E](pb).w)
-		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges (a sixth of the copies)
+		lm := &loraMats[E]{ai: 2 * i, bi: 2*i + 1}
+		if alias {
+			lm.a = mat[E]{V: numbersOf[E](pa).w, Dims: pa.shape}
+			lm.b = mat[E]{V: numbersOf[E](pb).w, Dims: pb.shape}
+		} else {
+			lm.a, lm.b = ar.Alloc(pa.shape...), ar.Alloc(pb.shape...)
+			copy(lm.a.V, numbersOf[E](pa).w)
+			copy(lm.b.V, numbersOf[E](pb).w)
+			lm.bTs = ar.Alloc(r, mod.Out)
+			transpose(lm.b.V, lm.bTs.V, mod.Out, r, scale)
+		}
+		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
-		}
-		lm.bTs = ar.Alloc(r, mod.Out)
-		transpose(lm.b.V, lm.bTs.V, mod.Out, r, scale)
-		lm.as = ar.Alloc(r, mod.In)
-		for j, v := range lm.a.V {
-			lm.as.V[j] = scale * v
 		}
 		out[lin.id] = lm
 	}
 	return out, scale
+}
+
+// aliasesLoRA reports whether a pass's matmuls read plain Go slices (float32 through the
+// kernels' GEMM), so that A and B need not be copied into backend buffers.
+func aliasesLoRA[E float]() bool {
+	var zero E
+	_, f32 := any(zero).(float32)
+	return f32 && kernels.HaveGEMM()
 }
 
 // loraApply is how a linear module applies its LoRA, forward and for the input gradient.
@@ -128,7 +143,9 @@ type addedLoRA[E float] struct{}
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
 	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
-	s.ar.MatMulAdd(y, xa, lm.bTs, false)
+	xas := scaled(s, xa)
+	s.ar.MatMulAdd(y, xas, lm.b, true) // (scale·x·Aᵀ)·Bᵀ: the scale on [N, r], not on B
+	s.ar.ReleaseOne(xas)
 	if s.saving() {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
@@ -137,8 +154,19 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	s.ar.MatMulAdd(dx, dyB, lm.as, false) // (dy·B)·(scale·A) [N, in]
+	dyBs := scaled(s, dyB)
+	s.ar.MatMulAdd(dx, dyBs, lm.a, false) // (scale·dy·B)·A [N, in]
+	s.ar.ReleaseOne(dyBs)
 	return dx
+}
+
+// scaled is a copy of a rank-r product [N, r] times the adapter's scale.
+func scaled[E float](s *pass[E], m mat[E]) mat[E] {
+	out := s.ar.Alloc(m.Dims...)
+	for i, v := range m.V[:len(out.V)] {
+		out.V[i] = s.scale * v
+	}
+	return out
 }
 
 // linearBack adds the module's LoRA gradients for output gradient dy and returns d loss/dx

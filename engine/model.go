@@ -59,6 +59,8 @@ func modelOf[E float](b *baseModel) *model[E] { return b.weights.(*model[E]) }
 type model[E float] struct {
 	embed   mat[E]   // [V, D]; only its dims when kept in bf16
 	embed16 []uint16 // the embedding's bf16 bits (nil unless the engine keeps weights in bf16)
+	embedQ  []byte   // or its blocks, rows of D (a quantized base: embedQF's format)
+	embedQF *quant.Format
 	layers  []decoderLayer[E]
 	norm    []E // final RMSNorm
 	head    *linear[E]
@@ -114,6 +116,16 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 		shape := host[name].Shape
 		qf := weightFormat(opts, c, name)
 		qfs[name] = qf
+		if ef := embeddingFormat(opts, c); ef != nil && name == c.lm()+"embed_tokens.weight" {
+			blocks, kept, err := embeddingBlocks(ef, host, name, precision == PrecisionQ4_K_M)
+			if err != nil {
+				return nil, 0, err
+			}
+			w[name], qw[name], qfs[name] = mat[E]{Dims: shape}, blocks, kept
+			bytes += len(blocks)
+			dropHost(host, name)
+			continue
+		}
 		// A GGUF's block tensor: its blocks kept as they are, or dequantized in place (gguf_load.go).
 		if blocks, kept, err := ggufHostTensor(host, name, qf, precision == PrecisionQ4_K_M); err != nil {
 			return nil, 0, err
@@ -125,11 +137,7 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 		}
 		if qf != nil && isLinearWeight(name) {
 			// Quantized from float32, rows of the file's [out, in] layout along in, as GGUF does.
-			f, err := host[name].Float32()
-			if err != nil {
-				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
-			}
-			blocks, err := qf.Quantize(f, shape[1])
+			blocks, err := quantizeHost(qf, host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s %v for %s (rows must be whole blocks of %d): %w", name, shape, qf.Name, qf.Block, err)
 			}
@@ -139,10 +147,8 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 			continue
 		}
 		// A VL model's embedding is the LM's, under its own prefix.
-		// The embedding of a quantized base stays bf16, as GGUF files commonly keep it at 16 bits
-		// or more: it is a lookup (and a tied head), a large share of small models.
 		embedding := name == c.lm()+"embed_tokens.weight"
-		if (precision == PrecisionBF16 && (keepsBF16(name) || embedding)) || (quantFormat(precision) != nil && embedding) {
+		if precision == PrecisionBF16 && (keepsBF16(name) || embedding) {
 			v, err := bf16Weight(host[name])
 			if err != nil {
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
@@ -185,7 +191,28 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 			l.qw, l.qf = b, qfs[l.path+".weight"]
 		}
 	}
+	quantizedEmbedding(m, c, qw[c.lm()+"embed_tokens.weight"], qfs[c.lm()+"embed_tokens.weight"])
 	return m, bytes, nil
+}
+
+// quantizeHost quantizes a 2-D host tensor's rows into qf's blocks on every core, a few rows
+// widened to float32 at a time (quant.QuantizeRows): an 8B shape's weights took 861 s on one
+// goroutine, and its head widened whole was 2.1 GB of float32 beside the model.
+func quantizeHost(qf *quant.Format, t safetensors.Tensor) ([]byte, error) {
+	if len(t.Shape) != 2 || t.Shape[0] <= 0 || t.Shape[1] <= 0 {
+		return nil, fmt.Errorf("shape %v is not a matrix", t.Shape)
+	}
+	rows, n := t.Shape[0], t.Shape[1]
+	es := len(t.Data) / (rows * n) // bytes per element; the file's reader checked data against shape
+	if es == 0 || es*rows*n != len(t.Data) {
+		return nil, fmt.Errorf("%d bytes for shape %v", len(t.Data), t.Shape)
+	}
+	return qf.QuantizeRows(rows, n, func(dst []float32, r0, r1 int) error {
+		part := safetensors.Tensor{DType: t.DType, Shape: []int{r1 - r0, n}, Data: t.Data[r0*n*es : r1*n*es]}
+		f, err := part.Float32()
+		copy(dst, f)
+		return err
+	})
 }
 
 // dropHost forgets a host tensor loadModel has converted, giving back its pages of a mapped file

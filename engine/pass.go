@@ -18,7 +18,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	B, T := hi-lo, padLen(longest(p.tokens[lo:hi]))
 	ar := tensor.NewArena[E](e.base.mm)
 	defer ar.Free()
-	lora, scale := loraOf(ar, a, modelOf[E](e.base)) // the adapter's matrices, copied into the pass's arena
+	lora, scale := loraOf(ar, a, modelOf[E](e.base), true) // the adapter's matrices, read where it keeps them
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads,
 		recompute: grads != nil && e.recomputesLayers(B, T, a)})

@@ -152,7 +152,7 @@ type TrainingPlan struct {
 	Adapter int64 // the adapter's weights, gradients and Adam moments
 	Grads   int64 // one forward_backward's gradients, summed beside the adapter's until it ends
 	Step    int64 // the largest pass: activations, head tile, the pass's copies of the adapter
-	Widened int64 // a quantized weight widened into bf16 pairs for the bf16 GEMM (the largest)
+	Widened int64 // a quantized weight's chunk widened into bf16 pairs for the bf16 GEMM (the largest)
 	// Recompute says whether the pass recomputes layers (the one sequence does not fit).
 	Recompute bool
 }
@@ -177,31 +177,35 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 	p.Recompute = e.recomputesLayers(per, T, a)
 	p.Step = size * int64(e.stepElems(per, T, p.Recompute, a))
 	if quantFormat(e.opts.Precision) != nil && kernels.HaveBF16GEMM() && !e.opts.Float64 {
-		largest := 0
+		words := 0 // the largest chunk of pairs a product widens (pairsChunkOutputs)
 		for _, l := range modelOf[float32](e.base).linears {
 			if l.qw != nil {
-				largest = max(largest, l.in*l.out)
+				words = max(words, l.in/2*e.pairsChunkOutputs(l.in, l.out))
 			}
 		}
-		p.Widened = 2 * int64(largest)
+		p.Widened = 4 * int64(words)
 	}
 	return p
 }
 
-// loraPassElems is what loraOf copies of adapter a into a pass: A and B, and for the products
-// scale·A and scale·Bᵀ, and Aᵀ where LoRA may merge; two or three copies of each A, two of each
-// B (for an 8B shape at rank 32 in bf16, 0.68 GB in float32). nil: nothing.
+// loraPassElems is what loraOf copies of adapter a into a training pass: Aᵀ where LoRA may
+// merge; A, B and scale·Bᵀ too where the matmuls take only backend buffers (aliasesLoRA false:
+// float64, or no GEMM). On the float32 GEMM path with LoRA always added (bf16 or quantized
+// weights) nothing: an 8B shape at rank 32 held 0.83 GB of copies before. nil: nothing.
 func (e *Engine) loraPassElems(a *Adapter) int {
 	if a == nil {
 		return 0
 	}
-	copiesA := 2
+	var copiesA, copiesB int
 	if e.mergesLoRA() {
-		copiesA = 3
+		copiesA = 1
+	}
+	if e.opts.Float64 || !kernels.HaveGEMM() {
+		copiesA, copiesB = copiesA+1, 2
 	}
 	n := 0
 	for _, m := range a.mods {
-		n += a.Config.Rank * (copiesA*m.In + 2*m.Out)
+		n += a.Config.Rank * (copiesA*m.In + copiesB*m.Out)
 	}
 	return n
 }

@@ -67,3 +67,23 @@ func TestQ4KMFormats(t *testing.T) {
 		t.Errorf("q4_k: v_proj %v, want Q4_K", got)
 	}
 }
+
+// The embedding's format: the precision's own; under q4_k_m Q4_K, or the head's type when the
+// embedding is the head (tied), as llama.cpp quantizes token_embd of a model without output.weight.
+func TestEmbeddingFormat(t *testing.T) {
+	for _, c := range []struct {
+		prec   string
+		tied   bool
+		hidden int
+		want   *quant.Format
+	}{
+		{PrecisionF32, true, 256, nil}, {PrecisionBF16, false, 256, nil},
+		{PrecisionQ8_0, true, 256, quant.Q8_0}, {PrecisionQ4_K, true, 256, quant.Q4_K}, {PrecisionQ6_K, false, 256, quant.Q6_K},
+		{PrecisionQ4_K_M, false, 256, quant.Q4_K}, {PrecisionQ4_K_M, true, 256, quant.Q6_K}, {PrecisionQ4_K_M, true, 96, quant.Q8_0},
+	} {
+		cfg := &Config{HiddenSize: c.hidden, TieWordEmbeddings: c.tied}
+		if got := embeddingFormat(Options{Precision: c.prec}, cfg); got != c.want {
+			t.Errorf("%s tied=%v hidden %d: %v, want %v", c.prec, c.tied, c.hidden, got, c.want)
+		}
+	}
+}

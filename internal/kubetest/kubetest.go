@@ -73,8 +73,7 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 	cp := &ControlPlane{dir: t.TempDir()}
 	t.Cleanup(func() { cp.stop(t) })
 	if err := cp.start(bin, opts); err != nil {
-		cp.dumpLogs(t)
-		t.Fatalf("kubetest: %v", err)
+		t.Fatalf("kubetest: %v", err) // the cleanup prints the processes' logs
 	}
 	return cp
 }

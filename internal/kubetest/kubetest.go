@@ -107,7 +107,7 @@ func (cp *ControlPlane) start(bin string, opts Options) error {
 	}
 	return cp.run(filepath.Join(bin, "kube-controller-manager"), "--kubeconfig="+kubeconfig,
 		"--controllers="+strings.Join(opts.Controllers, ","), "--leader-elect=false", "--secure-port=0",
-		"--use-service-account-credentials=false", "--concurrent-endpointslice-syncs=2")
+		"--use-service-account-credentials=false")
 }
 
 func (cp *ControlPlane) apiserverArgs(etcdURL string, port int) []string {

@@ -12,8 +12,9 @@ import (
 )
 
 // What would otherwise grow forever is swept: sessions closed long ago (with their training runs
-// that can never run again), temporary directories a crash left behind, and ephemeral sampler
-// weights whose sampler is gone.
+// that can never run again), temporary directories a crash left behind, ephemeral sampler
+// weights whose sampler is gone, and on object storage checkpoint generations no checkpoint
+// names (objectsweep.go).
 
 const (
 	// DefaultSessionRetention is how long a closed (expired) session is kept, listed and
@@ -50,6 +51,7 @@ func (s *Server) sweepLeftovers(now time.Time) {
 	s.sweepTempDirs(now)
 	s.sweepClosedSessions(ctx, now)
 	s.sweepEphemeral(ctx, now)
+	s.sweepObjects(ctx, now)
 }
 
 // sweepTempDirs removes stale temporary directories under the state and checkpoint trees.

@@ -188,6 +188,10 @@ func (s *Source) endpointsOf(es *discoveryv1.EndpointSlice) ([]discovery.Endpoin
 	if es.AddressType == discoveryv1.AddressTypeFQDN {
 		return nil, fmt.Errorf("kubernetes discovery: slice %s/%s has FQDN addresses; only IP slices are used", es.Namespace, es.Name)
 	}
+	if len(es.Endpoints) == 0 {
+		// The controller's placeholder for a Service with no pods yet has no ports: empty, not wrong.
+		return nil, nil
+	}
 	port, err := s.portOf(es)
 	if err != nil {
 		return nil, err

@@ -42,7 +42,12 @@ func slice(name string, lbls map[string]string, eps ...discoveryv1.Endpoint) *di
 // waitFor waits until the recorder's membership is want (pod → ready).
 func waitFor(t *testing.T, rec *discoverytest.Recorder, want map[string]bool, what string) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	waitForWithin(t, rec, want, what, 10*time.Second)
+}
+
+func waitForWithin(t *testing.T, rec *discoverytest.Recorder, want map[string]bool, what string, limit time.Duration) {
+	t.Helper()
+	deadline := time.After(limit)
 	for {
 		ch := rec.Changed()
 		got := map[string]bool{}

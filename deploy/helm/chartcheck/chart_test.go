@@ -2,6 +2,7 @@ package chartcheck
 
 import (
 	"encoding/base64"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"sigs.k8s.io/yaml"
 
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint"
@@ -128,6 +130,74 @@ func TestPodsAreLockedDown(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A pool that gives only the required fields (twoPools' pools) renders no empty flag and no
+// null field: the worker gets --precision=bf16 and --step-memory-mb=4096 (an empty value would
+// stop it at start), the model volume is an unbounded emptyDir, and the PodDisruptionBudget lets
+// one worker down at a time. (kubeconform found the nulls: the API server and a strict decode
+// take null as absent.)
+func TestPoolsDefaultTheirOptionalFields(t *testing.T) {
+	out, _, err := Render(twoPools, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range Documents(out) {
+		var tree any
+		if err := yaml.Unmarshal([]byte(doc), &tree); err != nil {
+			t.Fatal(err)
+		}
+		for _, where := range nullsAndEmptyFlags(tree, "") {
+			t.Errorf("%.60q: %s", strings.TrimSpace(doc), where)
+		}
+	}
+	o := decodeAll(t, out)
+	w := o.deployments["skein-worker-llama-1b"].Spec.Template.Spec
+	if v, _ := arg(w.Containers[0], "--precision"); v != "bf16" {
+		t.Errorf("--precision=%q", v)
+	}
+	if v, _ := arg(w.Containers[0], "--step-memory-mb"); v != "4096" {
+		t.Errorf("--step-memory-mb=%q", v)
+	}
+	if w.Volumes[0].Name != "model" || w.Volumes[0].EmptyDir == nil || w.Volumes[0].EmptyDir.SizeLimit != nil {
+		t.Errorf("model volume %+v", w.Volumes[0])
+	}
+	for _, pdb := range o.pdbs {
+		if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+			t.Errorf("%s: minAvailable %v maxUnavailable %v, want maxUnavailable 1", pdb.Name, pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
+		}
+	}
+	// The defaults' own pool keeps what values.yaml says.
+	d := render(t, map[string]any{"postgres": map[string]any{"existingSecret": "pg"}, "sharedData": map[string]any{"existingClaim": "c"}})
+	if pdb := d.pdbs[0]; pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
+		t.Errorf("values.yaml's pool: PDB %+v", pdb.Spec)
+	}
+}
+
+// nullsAndEmptyFlags lists the places in a decoded manifest that hold null, or a "--flag=" string
+// with nothing after the "=".
+func nullsAndEmptyFlags(v any, at string) []string {
+	switch x := v.(type) {
+	case nil:
+		return []string{at + " is null"}
+	case string:
+		if strings.HasPrefix(x, "--") && strings.HasSuffix(x, "=") {
+			return []string{at + " is the empty flag " + x}
+		}
+	case map[string]any:
+		var out []string
+		for k, e := range x {
+			out = append(out, nullsAndEmptyFlags(e, at+"."+k)...)
+		}
+		return out
+	case []any:
+		var out []string
+		for i, e := range x {
+			out = append(out, nullsAndEmptyFlags(e, fmt.Sprintf("%s[%d]", at, i))...)
+		}
+		return out
+	}
+	return nil
 }
 
 func arg(c corev1.Container, flag string) (string, bool) {

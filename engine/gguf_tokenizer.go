@@ -73,17 +73,9 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 	if len(tokens) > ggufMaxVocab {
 		return nil, nil, fmt.Errorf("tokenizer.ggml.tokens: %d tokens, over %d", len(tokens), ggufMaxVocab)
 	}
-	types := make([]int64, len(tokens))
-	for i := range types {
-		types[i] = ggmlTokenNormal
-	}
-	if tt, ok, err := f.Ints("tokenizer.ggml.token_type"); err != nil {
+	types, err := ggufTokenTypes(f, len(tokens))
+	if err != nil {
 		return nil, nil, err
-	} else if ok {
-		if len(tt) != len(tokens) {
-			return nil, nil, fmt.Errorf("tokenizer.ggml.token_type has %d entries for %d tokens", len(tt), len(tokens))
-		}
-		types = tt
 	}
 	special := func(key string) (int, bool, error) {
 		v, ok, err := f.Int("tokenizer.ggml." + key)
@@ -162,6 +154,25 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 	}
 	cfgJSON, err = json.Marshal(cfg)
 	return tokJSON, cfgJSON, err
+}
+
+// ggufTokenTypes is tokenizer.ggml.token_type, one per token (all normal when the key is absent).
+func ggufTokenTypes(f *gguf.File, n int) ([]int64, error) {
+	tt, ok, err := f.Ints("tokenizer.ggml.token_type")
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		types := make([]int64, n)
+		for i := range types {
+			types[i] = ggmlTokenNormal
+		}
+		return types, nil
+	}
+	if len(tt) != n {
+		return nil, fmt.Errorf("tokenizer.ggml.token_type has %d entries for %d tokens", len(tt), n)
+	}
+	return tt, nil
 }
 
 // gpt2Pipeline fills a byte-level BPE tokenizer's merges and pre-tokenizer from a GGUF's

@@ -2,7 +2,9 @@ package main
 
 import (
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,5 +59,55 @@ func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("worker did not exit after its drain delay")
+	}
+}
+
+// SIGTERM while the worker is still loading its model (Kubernetes stops pods that never got
+// ready) ends it cleanly: the signal is caught from the start, the worker never starts serving,
+// and it exits 0. Before, the handler was installed only after the server started, so a signal
+// before that (or in the moment after the first ready answer) killed the process outright.
+func TestWorkerSignalledWhileLoadingExitsCleanly(t *testing.T) {
+	root := t.TempDir()
+	modelDir := filepath.Join(root, "small")
+	// small: a load long enough (~0.5 s) for the signal to land inside it.
+	if err := engine.InitTiny(modelDir, engine.ArchQwen3, "small", 1); err != nil {
+		t.Fatal(err)
+	}
+	logs := filepath.Join(root, "logs")
+	if err := os.Mkdir(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := startSkein(t, logs, "worker", "--model", modelDir, "--worker-token", "s3cret", "--data", root,
+		"--addr", freeAddr(t))
+	logText := func() string {
+		matches, _ := filepath.Glob(filepath.Join(logs, "worker-*.log"))
+		if len(matches) != 1 {
+			return ""
+		}
+		b, _ := os.ReadFile(matches[0])
+		return string(b)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(logText(), `msg="loading model"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker never began loading; its log:\n%s", logText())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a worker signalled while loading ended with %v, not a clean exit; its log:\n%s", err, logText())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a worker signalled while loading did not exit")
+	}
+	if log := logText(); strings.Contains(log, "skein worker serving") {
+		t.Fatalf("a worker signalled while loading started serving anyway; its log:\n%s", log)
 	}
 }

@@ -77,6 +77,10 @@ func runWorker(args []string) error {
 	if _, err := parseSettings(fs, args, workerSynopsis); err != nil {
 		return err
 	}
+	// Signals are caught from the start: a SIGTERM while the model loads, or in the moment after
+	// the server's first ready answer, must end the worker cleanly, not kill it.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	gw, model, name, token, data, maxLoras := &c.Gateway, &c.Model, &c.Name, &c.WorkerToken, &c.Data, &c.MaxLoras
 	if *model == "" {
 		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
@@ -120,6 +124,10 @@ func runWorker(args []string) error {
 		return err
 	}
 	*name = served
+	if ctx.Err() != nil {
+		log.Info("a signal came while the model loaded; exiting without serving")
+		return nil
+	}
 	url := "http://" + ln.Addr().String()
 	ctx0 := context.Background()
 	ws := worker.NewServer(e, *token, *data)
@@ -141,8 +149,6 @@ func runWorker(args []string) error {
 	ws.SetIdentity(*name, *maxLoras)
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
 	// The registration loop outlives the signal by the drain: its heartbeats then say draining.
 	announce, endAnnounce := context.WithCancel(context.Background())

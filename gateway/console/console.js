@@ -274,8 +274,15 @@ async function loadCheckpoints(id) {
   if (list.length === 0) body.appendChild(row(["No checkpoints."]));
 }
 
+// act awaits an action and the refresh after it. body[data-pending] counts the actions still
+// in flight (the status line cannot say: a refresh writes "Loading…" only once its action's
+// request has answered), so that scripts driving the page know when it has settled.
+let pendingActs = 0;
 async function act(p) {
-  try { await p; await refresh(); } catch (e) { status(e.message, true); }
+  document.body.dataset.pending = String(++pendingActs);
+  try { await p; await refresh(); } catch (e) { status(e.message, true); } finally {
+    document.body.dataset.pending = String(--pendingActs);
+  }
 }
 
 async function loadSessions() {

@@ -150,8 +150,9 @@ type Adapter struct {
 	pendingGrads bool
 	// Snapshot marks read-only sampler weights (LoadSnapshot): they take no LoRA slot.
 	Snapshot bool
-	// scratch is a forward_backward's gradient sums ([][]float32 or [][]float64), kept for the
-	// next one: as big as the adapter's weights, it would otherwise be garbage every step.
+	// scratch is the gradient sums ([][]float32 or [][]float64) of a forward_backward that ran
+	// with gradients pending, kept for the next such one until the optim_step: as big as the
+	// adapter's weights, it would otherwise be garbage every accumulated batch.
 	scratchMu sync.Mutex
 	scratch   any
 }
@@ -387,6 +388,11 @@ func adamStep[E float](a *Adapter, p AdamParams) (map[string]float64, error) {
 		clear(q.g)
 	}
 	a.pendingGrads = false
+	// The next forward_backward sums into the zero accumulator in place; a batch-sums buffer kept
+	// from gradient accumulation would be a fifth copy of the adapter held while it idles.
+	a.scratchMu.Lock()
+	a.scratch = nil
+	a.scratchMu.Unlock()
 	return map[string]float64{
 		"grad_norm:mean":     norm,
 		"update_norm:mean":   math.Sqrt(updSq),

@@ -252,27 +252,36 @@ func TestNonFiniteLossIsRefused(t *testing.T) {
 		{"loss overflows float32", "cross_entropy", huge(textDatum(ids), "weights", 3e38)},
 		{"weight beyond float32", "cross_entropy", huge(textDatum(ids), "weights", 1e300)},
 	}
-	before := adapterBits(a)
-	for _, c := range cases {
-		ok := textDatum(ids)
-		if c.loss != "cross_entropy" {
-			ok = rlDatum(ids, -1, 1)
-		}
-		for _, backward := range []bool{true, false} {
-			var err error
-			if backward {
-				_, err = e.ForwardBackward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
-			} else {
-				_, err = e.Forward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
+	check := func(when string) {
+		t.Helper()
+		before := adapterBits(a)
+		for _, c := range cases {
+			ok := textDatum(ids)
+			if c.loss != "cross_entropy" {
+				ok = rlDatum(ids, -1, 1)
 			}
-			if !errors.Is(err, ErrInvalidInput) {
-				t.Fatalf("%s (backward %v): want a user error, got %v", c.name, backward, err)
-			}
-			if !slices.Equal(before, adapterBits(a)) {
-				t.Fatalf("%s (backward %v): the refused batch changed the adapter", c.name, backward)
+			for _, backward := range []bool{true, false} {
+				var err error
+				if backward {
+					_, err = e.ForwardBackward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
+				} else {
+					_, err = e.Forward(context.Background(), "a", []Datum{ok, c.d}, c.loss, nil)
+				}
+				if !errors.Is(err, ErrInvalidInput) {
+					t.Fatalf("%s, %s (backward %v): want a user error, got %v", when, c.name, backward, err)
+				}
+				if !slices.Equal(before, adapterBits(a)) {
+					t.Fatalf("%s, %s (backward %v): the refused batch changed the adapter", when, c.name, backward)
+				}
 			}
 		}
 	}
+	// Gradients pending (summed beside the accumulator), and none (summed into it in place).
+	check("gradients pending")
+	if _, err := e.OptimStep(context.Background(), "a", DefaultAdamParams()); err != nil {
+		t.Fatal(err)
+	}
+	check("accumulator zero")
 }
 
 // Loss parameters outside their meaning are refused: negative ratio clips, a negative DRO beta.

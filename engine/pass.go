@@ -69,7 +69,8 @@ func passTargets(targets [][]int, T int) []int {
 
 // recoverCompute turns a panic in the backend (a bug, not bad input: inputs are checked first)
 // into an error, so one failed request does not take the server down. The caller's accumulators
-// are only updated after a pass succeeds.
+// are left as they were (runChunks: summed beside them and added after success, or summed into
+// zero ones in place and zeroed again on failure).
 func recoverCompute(err *error) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("engine: compute failed: %v\n%s", r, debug.Stack())

@@ -150,15 +150,19 @@ func (e *Engine) stepFixedElems(a *Adapter) int {
 type TrainingPlan struct {
 	Weights int64 // the base model as loaded (WeightBytes)
 	Adapter int64 // the adapter's weights, gradients and Adam moments
-	Grads   int64 // one forward_backward's gradients, summed beside the adapter's until it ends
-	Step    int64 // the largest pass: activations, head tile, the pass's copies of the adapter
-	Widened int64 // a quantized weight's chunk widened into bf16 pairs for the bf16 GEMM (the largest)
+	// AccumulateGrads is what a forward_backward holds more when gradients are already pending
+	// (gradient accumulation: a second one before the optim_step sums its batch beside the
+	// accumulator). Not in Total, which plans the loop of one forward_backward a step: the first
+	// after an optim_step sums into the zero accumulator in place.
+	AccumulateGrads int64
+	Step            int64 // the largest pass: activations, head tile, the pass's copies of the adapter
+	Widened         int64 // a quantized weight's chunk widened into bf16 pairs for the bf16 GEMM (the largest)
 	// Recompute says whether the pass recomputes layers (the one sequence does not fit).
 	Recompute bool
 }
 
 // Total is the sum of the parts.
-func (p TrainingPlan) Total() int64 { return p.Weights + p.Adapter + p.Grads + p.Step + p.Widened }
+func (p TrainingPlan) Total() int64 { return p.Weights + p.Adapter + p.Step + p.Widened }
 
 // PlanTraining is the memory plan for forward_backward over B sequences of T tokens with a LoRA
 // of cfg (its optim_step holds nothing more), as the engine sizes its passes: what the bench
@@ -171,7 +175,7 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 	}
 	size := int64(e.elemSize())
 	T = padLen(T)
-	p := TrainingPlan{Weights: int64(e.WeightBytes()), Adapter: 4 * size * int64(params), Grads: size * int64(params)}
+	p := TrainingPlan{Weights: int64(e.WeightBytes()), Adapter: 4 * size * int64(params), AccumulateGrads: size * int64(params)}
 	// The chunks the batch runs in: as many sequences of T as a pass takes.
 	per := max(1, min(B, e.chunkTokens(T, a)/T))
 	p.Recompute = e.recomputesLayers(per, T, a)

@@ -63,6 +63,9 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 			return y
 		}
 	}
+	if nc := s.widenChunk(x, lin); nc > 0 {
+		return s.widenedChunkProduct(x, lin, nc, transposed)
+	}
 	w, done := s.weight(lin)
 	y := s.ar.MatMul(x, w, 0, transB)
 	done()
@@ -129,6 +132,9 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 			kernels.PairsMatMul(any(y.V).([]float32), xf, w2, rows, k, n, transposed)
 		}
 		return y
+	}
+	if nc := s.widenChunk(x, lin); nc > 0 {
+		return s.widenedChunkProduct(x, lin, nc, transposed)
 	}
 	w, done := s.quantWeight(lin)
 	y := s.ar.MatMul(x, w, 0, !transposed) // x·W = x·(Q [out, in])ᵀ; an input gradient dy·Q
@@ -241,4 +247,95 @@ func (s *pass[E]) quantWeight(lin *linear[E]) (mat[E], func()) {
 		}
 	}
 	return w, func() { s.ar.ReleaseOne(w) }
+}
+
+// widenChunkBytes bounds a bf16 or quantized weight widened into float32 for the float32 GEMM
+// (on a path without the bf16 GEMM): a larger one is multiplied a chunk of its outputs at a time
+// (widenedChunkProduct). Widened whole, an 8B shape's head was 2.1 GB of the step.
+const widenChunkBytes = 64 << 20
+
+// widenChunk is how many outputs of lin's weight one float32 chunk holds when x·W runs in chunks
+// (a float32 pass through the float32 GEMM over a bf16 or quantized weight larger than
+// widenChunkBytes): a multiple of 16 that fits (at least 16). 0: the weight is widened whole, or
+// not at all. Tests set Engine.pairsChunk to force chunks on small models.
+func (s *pass[E]) widenChunk(x mat[E], lin *linear[E]) int {
+	if _, ok := any(x.V).([]float32); !ok || !kernels.HaveGEMM() || len(x.Dims) != 2 || (lin.w16 == nil && lin.qw == nil) {
+		return 0
+	}
+	limit := widenChunkBytes / 4
+	if s.e.pairsChunk > 0 {
+		limit = s.e.pairsChunk * lin.in
+	}
+	if lin.in*lin.out <= limit {
+		return 0
+	}
+	return max(16, limit/lin.in/16*16)
+}
+
+// widenedChunkProduct is x·W (x·Wᵀ when transposed, an input gradient) through the float32 GEMM
+// for a bf16 or quantized weight too large to widen at once: nc outputs at a time, each chunk
+// widened into a step buffer and given back after its product. Forward, x times the chunk fills
+// y's columns of the chunk (each the same product as over the whole weight); transposed, dy's
+// columns of the chunk times the chunk are summed into dx, chunk after chunk (float32 rounding
+// apart from one product).
+func (s *pass[E]) widenedChunkProduct(x mat[E], lin *linear[E], nc int, transposed bool) mat[E] {
+	lf := any(lin).(*linear[float32]) // widenChunk: float32 passes only
+	xf := any(x.V).([]float32)
+	rows, in, out := x.Dims[0], lin.in, lin.out
+	var y mat[E]
+	if transposed {
+		y = s.ar.Zeros(rows, in)
+	} else {
+		y = s.ar.Alloc(rows, out)
+	}
+	yf := any(y.V).([]float32)
+	for o0 := 0; o0 < out && s.ar.Err == nil; o0 += nc {
+		o1 := min(out, o0+nc)
+		m := s.ar.Mark()
+		c := s.ar.Alloc(o1-o0, in)
+		if s.ar.Err != nil {
+			break
+		}
+		outMajor := widenOutputs(any(c.V).([]float32), lf, o0, o1)
+		if !outMajor {
+			c.Dims = []int{in, o1 - o0}
+		}
+		if !transposed {
+			part := s.ar.MatMul(x, c, 0, outMajor)
+			pf, _ := any(part.V).([]float32)
+			for r := range rows {
+				copy(yf[r*out+o0:r*out+o1], pf[r*(o1-o0):(r+1)*(o1-o0)])
+			}
+		} else {
+			cols := s.ar.Alloc(rows, o1-o0)
+			cf, _ := any(cols.V).([]float32)
+			for r := range rows {
+				copy(cf[r*(o1-o0):(r+1)*(o1-o0)], xf[r*out+o0:r*out+o1])
+			}
+			s.ar.MatMulAdd(y, cols, c, !outMajor)
+		}
+		s.ar.Release(m, s.ar.Mark())
+	}
+	return y
+}
+
+// widenOutputs widens outputs [o0, o1) of a bf16 or quantized weight into dst in float32 and
+// reports whether it wrote them as rows ([o1−o0, in]: quantized blocks and a tied head, stored
+// [out, in]) or as columns ([in, o1−o0]: the [in, out] rows of the other bf16 weights).
+func widenOutputs(dst []float32, lin *linear[float32], o0, o1 int) (outMajor bool) {
+	in := lin.in
+	switch {
+	case lin.qw != nil:
+		rowBytes := in / lin.qf.Block * lin.qf.BlockBytes
+		kernels.ParallelRows(o1-o0, func(lo, hi int) {
+			lin.qf.Dequantize(dst[lo*in:hi*in], lin.qw[(o0+lo)*rowBytes:(o0+hi)*rowBytes])
+		})
+		return true
+	case lin.outIn:
+		kernels.WidenBF16(dst, lin.w16[o0*in:o1*in])
+		return true
+	default:
+		kernels.WidenBF16Cols(dst, lin.w16, in, lin.out, o0, o1)
+		return false
+	}
 }

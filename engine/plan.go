@@ -141,7 +141,12 @@ func (e *Engine) stepFixedElems(a *Adapter) int {
 	if (e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil) && !kernels.HaveBF16GEMM() {
 		// Widened into a float32 step buffer for the float32 GEMM (on a bf16 path the bf16 GEMM
 		// reads bf16 weights as they are, and quantized ones widened outside the arena: Plan).
-		fixed += max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
+		// At most one chunk of widenChunkBytes through the float32 GEMM (widenedChunkProduct).
+		widest := max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
+		if !e.opts.Float64 && kernels.HaveGEMM() {
+			widest = min(widest, widenChunkBytes/4)
+		}
+		fixed += widest
 	}
 	return fixed
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
 	"slices"
@@ -131,5 +132,74 @@ func TestQuantizedEmbeddingIsBlocks(t *testing.T) {
 	t.Logf("q4_k weights %d bytes; the embedding %d bytes of blocks against %d in bf16", e.WeightBytes(), len(want), embedBF16)
 	if len(want) > embedBF16/3 {
 		t.Fatalf("the embedding's blocks take %d bytes, bf16 %d", len(want), embedBF16)
+	}
+}
+
+// On a path without the bf16 GEMM, bf16 and quantized weights larger than widenChunkBytes are
+// widened into float32 a chunk of outputs at a time for the float32 GEMM (widenedChunkProduct):
+// the same loss, logprobs and gradients as widening each weight whole, with the step's peak
+// smaller by about the head's float32 copy. Both layouts: Llama's untied head ([in, out] rows of
+// bf16, widened by columns) and Qwen3's tied one ([out, in], by rows), and quantized blocks.
+func TestWidenedChunksMatchWholeWeight(t *testing.T) {
+	if kernels.HaveBF16GEMM() || !kernels.HaveGEMM() {
+		t.Skip("weights are widened into float32 for the float32 GEMM only on a path with it and without the bf16 GEMM")
+	}
+	// A head (16 MB in float32) far larger than anything else a step holds, so its widening is
+	// the step's peak.
+	Presets["test-widen-vocab"] = Preset{Hidden: 256, Layers: 1, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 16384, Context: 1024}
+	defer delete(Presets, "test-widen-vocab")
+	ids := make([]int, 96)
+	for i := range ids {
+		ids[i] = (i*53)%900 + 3
+	}
+	data := []Datum{textDatum(ids), textDatum(ids[:70])}
+	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+		dir := filepath.Join(t.TempDir(), string(arch))
+		if err := InitTiny(dir, arch, "test-widen-vocab", 1); err != nil {
+			t.Fatal(err)
+		}
+		for _, prec := range []string{PrecisionBF16, PrecisionQ4_K} {
+			var lp [2][][]float64
+			var loss [2]float64
+			var grads [2][]float64
+			var peaks [2]int
+			for k, chunk := range []int{0, 48} { // 48: chunks of 48 outputs, a last one of fewer
+				e, err := Load(dir, Options{Precision: prec})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Tiles of 96 rows: past the few-row kernels, which read bf16 bits unwidened.
+				e.headTile, e.pairsChunk = 96, chunk
+				cfg := LoraConfig{Rank: 4, Seed: 5, TrainAttn: true, TrainMLP: true, TrainUnembed: !e.Config.TieWordEmbeddings}
+				a := adapterWithB(t, e, "m", cfg, func(i, j int) float64 { return 0.02 * math.Sin(float64(3*i+j)) })
+				res, err := e.ForwardBackward(context.Background(), a.ID, data, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range a.params {
+					grads[k] = append(grads[k], p.float64s('g')...)
+				}
+				lp[k], loss[k], peaks[k] = res.Logprobs, res.Loss, e.PeakStepBytes()
+			}
+			name := fmt.Sprintf("%s %s", arch, prec)
+			head := 4 * 256 * 16384 // the head in float32
+			t.Logf("%s: loss %v / %v, step peak %d / %d bytes", name, loss[0], loss[1], peaks[0], peaks[1])
+			if peaks[0]-peaks[1] < head/2 {
+				t.Errorf("%s: the step's peak fell from %d to %d bytes in chunks; the head alone is %d in float32", name, peaks[0], peaks[1], head)
+			}
+			if math.Abs(loss[0]-loss[1]) > 1e-5*math.Abs(loss[0]) {
+				t.Errorf("%s: loss %v over whole weights, %v in chunks", name, loss[0], loss[1])
+			}
+			for i := range lp[0] {
+				for j := range lp[0][i] {
+					if d := math.Abs(lp[0][i][j] - lp[1][i][j]); d > 1e-4 {
+						t.Fatalf("%s: datum %d token %d: logprob %v over whole weights, %v in chunks", name, i, j, lp[0][i][j], lp[1][i][j])
+					}
+				}
+			}
+			if cos, _ := compareVectors(grads[0], grads[1]); !(cos > 1-1e-6) {
+				t.Errorf("%s: gradients in chunks: cosine %v against whole weights", name, cos)
+			}
+		}
 	}
 }

@@ -142,3 +142,15 @@ func widenBF16Scalar(dst []float32, src []uint16) {
 // FewRowKernels reports whether the active path multiplies few rows by float32 or bf16 weights
 // directly (BF16Product, F32Product); without it the engine widens and uses its matmul.
 func FewRowKernels() bool { return haveBF16Kernel() }
+
+// WidenBF16Cols writes columns [c0, c1) of src, a [rows, cols] matrix of bf16 bits, into dst as
+// a [rows, c1−c0] float32 matrix, split across the cores: one chunk of a weight's outputs widened
+// for the float32 GEMM without widening the rest.
+func WidenBF16Cols(dst []float32, src []uint16, rows, cols, c0, c1 int) {
+	n := c1 - c0
+	ParallelRows(rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			widenBF16To32(dst[r*n:(r+1)*n], src[r*cols+c0:r*cols+c1])
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/skein-ai/skein/engine/gguf"
@@ -61,14 +62,19 @@ func TestLlamaCppLogits(t *testing.T) {
 		typ          gguf.GGMLType
 		prec         string
 		tol, tolMean float64
+		ggml         bool // Options.GGMLActivations
 	}
-	variants := []variant{{"tiny", gguf.F32, PrecisionF32, 1e-4, 1e-5}, {"tiny", gguf.Q8_0, PrecisionQ8_0, 0.25, 0.03},
+	variants := []variant{{"tiny", gguf.F32, PrecisionF32, 1e-4, 1e-5, false}, {"tiny-quant", gguf.F32, PrecisionF32, 1e-4, 1e-5, false}, {"tiny", gguf.Q8_0, PrecisionQ8_0, 0.25, 0.03, false},
 		// Q4_K needs rows of 256: the tiny-quant preset.
 		// llama.cpp rounds the activations to Q8_K (one scale per 256) for Q4_K products, coarser
 		// than Q8_0's per 32: measured max 0.14–0.19, mean 0.027–0.032.
-		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.4, 0.05},
+		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.4, 0.05, false},
 		// The Q4_K_M mix: layer 1's v and down projections and llama's head in Q6_K.
-		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 0.4, 0.05}}
+		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 0.4, 0.05, false},
+		// With Options.GGMLActivations skein rounds the activations as llama.cpp does.
+		{"tiny", gguf.Q8_0, PrecisionQ8_0, 1e-3, 1e-4, true},
+		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 1e-3, 1e-4, true},
+		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 1e-3, 1e-4, true}}
 	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
 		for _, c := range variants {
 			dir := filepath.Join(tmp, string(arch)+"-"+c.preset)
@@ -77,20 +83,24 @@ func TestLlamaCppLogits(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			file := filepath.Join(tmp, fmt.Sprintf("%s-%s.gguf", arch, c.prec))
+			name := c.prec
+			if c.ggml {
+				name += " ggml"
+			}
+			file := filepath.Join(tmp, fmt.Sprintf("%s-%s-%s.gguf", arch, c.preset, c.prec))
 			if err := WriteGGUF(dir, file, c.typ, "tiny"); err != nil {
 				t.Fatal(err)
 			}
-			e, err := Load(file, Options{Precision: c.prec})
+			e, err := Load(file, Options{Precision: c.prec, GGMLActivations: c.ggml})
 			if err != nil {
 				t.Fatal(err)
 			}
-			jobs = append(jobs, &job{Model: file, Tokens: tokens, Texts: llamaCppTexts, name: fmt.Sprintf("%s %s", arch, c.prec), tok: e,
+			jobs = append(jobs, &job{Model: file, Tokens: tokens, Texts: llamaCppTexts, name: fmt.Sprintf("%s %s", arch, name), tok: e,
 				want: logitsOf(t, e, "", tokens), tol: c.tol, tolMean: c.tolMean})
 			// An adapter with every module (the head too where it is untied), trained B.
 			cfg := LoraConfig{Rank: 4, Seed: 2, TrainAttn: true, TrainMLP: true, TrainUnembed: !e.Config.TieWordEmbeddings, Alpha: 8}
 			adapterWithB(t, e, "x", cfg, func(i, j int) float64 { return 0.08 * math.Sin(float64(3*j+i)) })
-			ck := filepath.Join(tmp, fmt.Sprintf("%s-%s-adapter", arch, c.prec))
+			ck := filepath.Join(tmp, fmt.Sprintf("%s-%s-%s-adapter", arch, c.preset, strings.ReplaceAll(name, " ", "-")))
 			if err := e.SaveAdapter(context.Background(), "x", ck, false); err != nil {
 				t.Fatal(err)
 			}
@@ -103,7 +113,7 @@ func TestLlamaCppLogits(t *testing.T) {
 			if maxAbsDiff(base, withLoRA) < 0.1 {
 				t.Fatalf("%s: the adapter hardly changes skein's logits (%g): the check would be blind", arch, maxAbsDiff(base, withLoRA))
 			}
-			jobs = append(jobs, &job{Model: file, Adapter: lora, Tokens: tokens, name: fmt.Sprintf("%s %s + LoRA", arch, c.prec),
+			jobs = append(jobs, &job{Model: file, Adapter: lora, Tokens: tokens, name: fmt.Sprintf("%s %s + LoRA", arch, name),
 				want: withLoRA, tol: c.tol, tolMean: c.tolMean})
 		}
 	}

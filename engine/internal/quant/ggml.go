@@ -177,6 +177,61 @@ func DotQ4_K(w []byte, a []BlockQ8_K) float32 {
 	return hsum8(&acc) + ((accM[0] + accM[2]) + (accM[1] + accM[3]))
 }
 
+// q4KSums is one Q4_K super-block's integer sums with Q8_K activations, by pairs of sub-blocks
+// (64 weights: the repacked kernels' step): isum[p] = sc_2p·Σq4·q8 + sc_2p+1·Σq4·q8 and
+// imin[p] = m_2p·(bsums 4p + 4p+1) + m_2p+1·(bsums 4p+2 + 4p+3).
+func q4KSums(x []byte, y *BlockQ8_K) (isum, imin [4]int32) {
+	q := x[16:]
+	for p := range 4 {
+		s0, m0 := scaleMinK4(2*p, x[4:16])
+		s1, m1 := scaleMinK4(2*p+1, x[4:16])
+		var lo, hi int32
+		for i := range 32 {
+			lo += int32(q[32*p+i]&0xf) * int32(y.Qs[64*p+i])
+			hi += int32(q[32*p+i]>>4) * int32(y.Qs[64*p+32+i])
+		}
+		isum[p] = int32(s0)*lo + int32(s1)*hi
+		bs := y.Bsums[4*p:]
+		imin[p] = int32(m0)*int32(bs[0]+bs[1]) + int32(m1)*int32(bs[2]+bs[3])
+	}
+	return isum, imin
+}
+
+// DotQ4_KGemm is one output of ggml_gemm_q4_K_8x8_q8_K (AVX2), the kernel of a Q4_K weight that
+// ggml-cpu repacked (its rows a multiple of 8) for a group of 4 activation rows: per pair of
+// sub-blocks, float32(isum) fused-multiply-added with d_w·d_a and float32(imin) with
+// dmin_w·d_a into two accumulators, the second subtracted at the end.
+func DotQ4_KGemm(w []byte, a []BlockQ8_K) float32 {
+	var acc, accM float32
+	for b := range a {
+		x := w[b*BlockBytesQ4_K : (b+1)*BlockBytesQ4_K]
+		d := F16ToF32(uint16(x[0])|uint16(x[1])<<8) * a[b].D
+		dmin := F16ToF32(uint16(x[2])|uint16(x[3])<<8) * a[b].D
+		isum, imin := q4KSums(x, &a[b])
+		for p := range 4 {
+			acc = fma32(float32(isum[p]), d, acc)
+			accM = fma32(float32(imin[p]), dmin, accM)
+		}
+	}
+	return acc - accM
+}
+
+// DotQ4_KGemv is one output of ggml_gemv_q4_K_8x8_q8_K (AVX2): the repacked kernel for a single
+// activation row (the rows past the last group of 4). As DotQ4_KGemm with the integer sums of
+// the whole super-block fused-multiply-added once.
+func DotQ4_KGemv(w []byte, a []BlockQ8_K) float32 {
+	var acc, accM float32
+	for b := range a {
+		x := w[b*BlockBytesQ4_K : (b+1)*BlockBytesQ4_K]
+		d := F16ToF32(uint16(x[0])|uint16(x[1])<<8) * a[b].D
+		dmin := F16ToF32(uint16(x[2])|uint16(x[3])<<8) * a[b].D
+		isum, imin := q4KSums(x, &a[b])
+		acc = fma32(float32(isum[0]+isum[1]+isum[2]+isum[3]), d, acc)
+		accM = fma32(float32(imin[0]+imin[1]+imin[2]+imin[3]), dmin, accM)
+	}
+	return acc - accM
+}
+
 // DotQ6_K is ggml_vec_dot_q6_K_q8_K (AVX2) of Q6_K weight blocks w and activations a: per block,
 // lane m is Σ sc·q6·q8 (q6 the unsigned 6-bit value) over the elements whose index mod 32 is in
 // 4m…4m+3, less 32·(bsums_2m·sc_2m + bsums_2m+1·sc_2m+1) (the −32 offset of every q6), converted to
@@ -210,4 +265,74 @@ func DotQ6_K(w []byte, a []BlockQ8_K) float32 {
 		}
 	}
 	return hsum8(&acc)
+}
+
+// ggmlProductQ8_0 sets y [R, N] = x [R, K]·Wᵀ for Q8_0 rows W [N, K] as ggml-cpu does: each row of
+// x rounded to Q8_0 blocks (QuantizeActQ8_0), each output DotQ8_0.
+func ggmlProductQ8_0(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int))) {
+	if R == 0 || N == 0 {
+		return
+	}
+	nb := K / BlockQ8_0
+	rowBytes := nb * BlockBytesQ8_0
+	_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
+	a := make([]byte, R*rowBytes)
+	parallel(R, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			QuantizeActQ8_0(a[r*rowBytes:(r+1)*rowBytes], x[r*K:(r+1)*K])
+		}
+	})
+	parallel(N, func(lo, hi int) {
+		for o := lo; o < hi; o++ {
+			wo := w[o*rowBytes : (o+1)*rowBytes]
+			for r := range R {
+				y[r*N+o] = DotQ8_0(wo, a[r*rowBytes:(r+1)*rowBytes], nb)
+			}
+		}
+	})
+}
+
+// ggmlProductQ4_K is ggmlProductK for Q4_K, with the kernel ggml-cpu takes on AVX2: a weight of
+// a multiple of 8 rows is repacked (its "extra buffer type"), and multiplied by groups of 4
+// activation rows through the gemm kernel and the rest one by one through gemv; any other
+// through vec_dot.
+func ggmlProductQ4_K(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
+	if N%8 != 0 {
+		ggmlProductK(func(w []byte, a []BlockQ8_K, _ int) float32 { return DotQ4_K(w, a) }, BlockBytesQ4_K)(y, x, w, R, K, N, parallel)
+		return
+	}
+	grouped := R - R%4
+	ggmlProductK(func(w []byte, a []BlockQ8_K, r int) float32 {
+		if r < grouped {
+			return DotQ4_KGemm(w, a)
+		}
+		return DotQ4_KGemv(w, a)
+	}, BlockBytesQ4_K)(y, x, w, R, K, N, parallel)
+}
+
+// ggmlProductK is ggmlProductQ8_0 for a k-quant (Q4_K, Q6_K): the rows of x rounded to Q8_K
+// blocks, each output dot(weight row, activation row, the activation row's index).
+func ggmlProductK(dot func(w []byte, a []BlockQ8_K, row int) float32, blockBytes int) func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
+	return func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
+		if R == 0 || N == 0 {
+			return
+		}
+		nb := K / 256
+		rowBytes := nb * blockBytes
+		_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
+		a := make([]BlockQ8_K, R*nb)
+		parallel(R, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				QuantizeActQ8_K(a[r*nb:(r+1)*nb], x[r*K:(r+1)*K])
+			}
+		})
+		parallel(N, func(lo, hi int) {
+			for o := lo; o < hi; o++ {
+				wo := w[o*rowBytes : (o+1)*rowBytes]
+				for r := range R {
+					y[r*N+o] = dot(wo, a[r*nb:(r+1)*nb], r)
+				}
+			}
+		})
+	}
 }

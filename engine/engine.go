@@ -124,6 +124,24 @@ type (
 	arena[E float] = tensor.Arena[E]
 )
 
+// The --activations names: how the forward products of quantized base weights treat their input
+// rows (Options.GGMLActivations).
+const (
+	ActivationsF32  = "f32"  // float32 rows times the dequantized weights (the default)
+	ActivationsGGML = "ggml" // rows rounded to 8-bit blocks, integer dots: llama.cpp's CPU values
+)
+
+// ParseActivations is Options.GGMLActivations for an --activations name ("" is f32).
+func ParseActivations(s string) (bool, error) {
+	switch s {
+	case "", ActivationsF32:
+		return false, nil
+	case ActivationsGGML:
+		return true, nil
+	}
+	return false, fmt.Errorf("engine: unknown activations %q (f32, ggml)", s)
+}
+
 // CheckPrecision refuses a precision of base weights that Load would refuse ("" is f32).
 func CheckPrecision(p string) error {
 	switch p {

@@ -2,6 +2,8 @@ package quant
 
 import (
 	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // llama.cpp's CPU backend (ggml-cpu) multiplies a quantized weight by rounding each input row of
@@ -86,28 +88,8 @@ func QuantizeActQ8_K(dst []BlockQ8_K, x []float32) {
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
 
-// fma32 is a·b + c rounded once to float32, as VFMADD does: the product is exact in float64, the
-// sum is rounded to odd in float64 (53 ≥ 2·24+2 bits, so rounding that to float32 is rounding the
-// exact value once; Go's float32(math.FMA(…)) would round twice).
-func fma32(a, b, c float32) float32 {
-	p := float64(float64(a) * float64(b)) // exact: 48 bits
-	cf := float64(c)
-	s := p + cf
-	bb := s - p
-	e := (p - (s - bb)) + (cf - bb) // the addition's exact error (TwoSum)
-	if e != 0 {
-		bits := math.Float64bits(s)
-		if bits&1 == 0 { // step to the odd neighbour on the exact value's side
-			if (e > 0) == (s > 0) {
-				bits++
-			} else {
-				bits--
-			}
-			s = math.Float64frombits(bits)
-		}
-	}
-	return float32(s)
-}
+// fma32 is a·b + c rounded once to float32, as VFMADD does (kernels.FMA32).
+func fma32(a, b, c float32) float32 { return kernels.FMA32(a, b, c) }
 
 // hsum8 is ggml's hsum_float_8: the high half added to the low, then lanes 0+2 and 1+3, then the
 // two.

@@ -24,6 +24,15 @@ type actFixture struct {
 		Blocks string   `json:"blocks"` // one weight row, quantized by ggml's reference quantizer
 		Dots   []uint32 `json:"dots"`   // vec_dot of the row with each activation row, float32 bits
 	} `json:"weights"`
+	// Repacked: 8 Q4_K weight rows as ggml-cpu repacks them for AVX2 (block_q4_Kx8), 8
+	// activation rows, and the kernels' outputs [row][output]: gemm over groups of 4 rows, gemv
+	// over each row alone.
+	Repacked struct {
+		Weights []string   `json:"weights"`
+		Acts    []string   `json:"acts"`
+		Gemm    [][]uint32 `json:"gemm"`
+		Gemv    [][]uint32 `json:"gemv"`
+	} `json:"repacked_q4_k"`
 }
 
 func loadActFixture(t *testing.T) *actFixture {
@@ -120,6 +129,29 @@ func TestDotsMatchGGML(t *testing.T) {
 		}
 	}
 	t.Logf("%d dot products equal ggml's", n)
+}
+
+// The products of a repacked Q4_K weight are ggml's gemm and gemv kernels' bit for bit.
+func TestRepackedQ4_KMatchesGGML(t *testing.T) {
+	f := loadActFixture(t)
+	rp := f.Repacked
+	if len(rp.Weights) != 8 || len(rp.Acts) == 0 {
+		t.Fatal("no repacked fixture")
+	}
+	for r, h := range rp.Acts {
+		x := floats(t, h)
+		a := make([]BlockQ8_K, len(x)/256)
+		QuantizeActQ8_K(a, x)
+		for o, wh := range rp.Weights {
+			w := unhex(t, wh)
+			if got := DotQ4_KGemm(w, a); math.Float32bits(got) != rp.Gemm[r][o] {
+				t.Errorf("gemm row %d output %d: %g, ggml %g", r, o, got, math.Float32frombits(rp.Gemm[r][o]))
+			}
+			if got := DotQ4_KGemv(w, a); math.Float32bits(got) != rp.Gemv[r][o] {
+				t.Errorf("gemv row %d output %d: %g, ggml %g", r, o, got, math.Float32frombits(rp.Gemv[r][o]))
+			}
+		}
+	}
 }
 
 // fma32 rounds a·b + c once: against the exactly rounded big-float value, on random operands

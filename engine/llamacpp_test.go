@@ -72,10 +72,10 @@ func TestLlamaCppLogits(t *testing.T) {
 		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.4, 0.05, false},
 		// The Q4_K_M mix: layer 1's v and down projections and llama's head in Q6_K.
 		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 0.4, 0.05, false},
-		// With Options.GGMLActivations skein rounds the activations (and its RMSNorms and
-		// SwiGLU) as llama.cpp's CPU backend does. Measured: Q8_0 0 (bit for bit) in 11 of 12
-		// jobs, Q4_K and Q4_K_M at most 2.9e-6 in 11 of 12. What is left is attention (and
-		// with an adapter the LoRA products), which llama.cpp sums in another order: ulps, which
+		// With Options.GGMLActivations skein rounds the activations (and its RMSNorms, SwiGLU and
+		// LoRA terms) as llama.cpp's CPU backend does. Measured: Q8_0 0 (bit for bit) in 9 of 12
+		// jobs and ≤ 2.4e-7 in 2, Q4_K and Q4_K_M at most 2.9e-6 in 11 of 12. What is left is
+		// attention, which llama.cpp computes in another order and rounding: ulps, which
 		// Q8_0's f16 scales mostly absorb and Q8_K's float32 scales pass on. Now and then such
 		// an ulp moves one activation's rounding by a step, and the logits from there on by
 		// 0.05–0.07 (qwen2 q8_0 + LoRA from position 6, qwen3 q4_k + LoRA at 7): so each job

@@ -259,6 +259,33 @@ int main(int argc, char **argv) {
 		hex(sy, n * 4);
 	}
 	printf("}");
+	// ggml_vec_dot_f32 (what a float32 mat-mul row not a multiple of 8 long goes through: the
+	// rank-r LoRA B product) at lengths through each of its tails.
+	void (*dotf32)(int n, float *s, size_t bs, const float *x, size_t bx, const float *y, size_t by, int nrc) =
+		(void (*)(int, float *, size_t, const float *, size_t, const float *, size_t, int))dlsym(cpu, "ggml_vec_dot_f32");
+	if (!dotf32) {
+		fprintf(stderr, "%s\n", dlerror());
+		return 1;
+	}
+	static float dx[100], dy[100];
+	for (int i = 0; i < 100; i++) {
+		dx[i] = next_normal();
+		dy[i] = 0.1f * next_normal();
+	}
+	printf(", \"vec_dot_f32\": {\"x\": ");
+	hex(dx, sizeof dx);
+	printf(", \"y\": ");
+	hex(dy, sizeof dy);
+	printf(", \"dots\": [");
+	int lens[] = {1, 3, 4, 7, 12, 13, 31, 32, 45, 64, 77, 100};
+	for (int i = 0; i < 12; i++) {
+		float r;
+		dotf32(lens[i], &r, 0, dx, 0, dy, 0, 1);
+		uint32_t bits;
+		memcpy(&bits, &r, 4);
+		printf("%s[%d, %u]", i ? ", " : "", lens[i], bits);
+	}
+	printf("]}");
 	printf("}\n");
 	return 0;
 }

@@ -52,3 +52,44 @@ func TestSiluGateGGMLMatchesGGML(t *testing.T) {
 		}
 	}
 }
+
+// vecDotF32GGML is ggml_vec_dot_f32's AVX2 build bit for bit at lengths through each of its
+// tails (the 4×8-lane body, groups of 8 and of 4 of rounded products, fused last ≤ 3).
+func TestVecDotF32MatchesGGML(t *testing.T) {
+	raw, err := os.ReadFile("../quant/testdata/ggml_act.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		V struct {
+			X, Y string
+			Dots [][2]uint32
+		} `json:"vec_dot_f32"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	x, y := fixtureFloats(t, f.V.X), fixtureFloats(t, f.V.Y)
+	if len(f.V.Dots) == 0 || len(x) != 100 {
+		t.Fatal("no vec_dot_f32 fixture")
+	}
+	for _, d := range f.V.Dots {
+		n := int(d[0])
+		if got := vecDotF32GGML(x[:n], y[:n]); math.Float32bits(got) != d[1] {
+			t.Errorf("n=%d: %g, ggml %g", n, got, math.Float32frombits(d[1]))
+		}
+	}
+}
+
+func fixtureFloats(t *testing.T, h string) []float32 {
+	t.Helper()
+	b, err := hex.DecodeString(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, len(b)/4)
+	for i := range x {
+		x[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return x
+}

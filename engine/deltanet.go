@@ -87,7 +87,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	L := Ly.dn
 	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	kernels.RMSNorm(h.V, Ly.inputNorm, c.RMSNormEps, x1.V, inv1.V)
+	s.rmsNorm(h.V, Ly.inputNorm, x1.V, inv1.V)
 	st, cont, lens := s.kv.deltaState(l)
 	in := dnConvInput[E]{q: s.linear(x1, L.q), k: s.linear(x1, L.k), v: s.linear(x1, L.v), st: st, cont: cont, d: c.dnDims(), T: s.T}
 	z, av, bv := s.linear(x1, L.z), s.linear(x1, L.a), s.linear(x1, L.b)

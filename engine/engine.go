@@ -39,6 +39,13 @@ type Options struct {
 	// keeps the projections and the embedding in bfloat16 (half the memory), widened per
 	// product. Computation is in float32 (float64 with Float64) either way.
 	Precision string
+	// GGMLActivations computes the forward products of quantized base weights (q8_0, q4_k,
+	// q4_k_m) as llama.cpp's CPU backend does: each input row rounded to 8-bit blocks (Q8_0 per
+	// 32 for Q8_0 weights, Q8_K per 256 for Q4_K and Q6_K), integer dot products with the
+	// blocks, so logits equal llama.cpp's on the same GGUF (within 1e-3 on the tiny models).
+	// Input gradients still multiply by the dequantized weights (straight-through) and LoRA
+	// terms stay float32. No effect on float32 or bf16 bases. Slower (scalar Go).
+	GGMLActivations bool
 	// Name is the model as its users know it (the served name, e.g. Qwen/Qwen3-8B): saved
 	// adapters name it as their base_model_name_or_path, so they load elsewhere. Default: Dir.
 	Name string
@@ -116,6 +123,24 @@ type (
 	mat[E float]   = tensor.Mat[E]
 	arena[E float] = tensor.Arena[E]
 )
+
+// The --activations names: how the forward products of quantized base weights treat their input
+// rows (Options.GGMLActivations).
+const (
+	ActivationsF32  = "f32"  // float32 rows times the dequantized weights (the default)
+	ActivationsGGML = "ggml" // rows rounded to 8-bit blocks, integer dots: llama.cpp's CPU values
+)
+
+// ParseActivations is Options.GGMLActivations for an --activations name ("" is f32).
+func ParseActivations(s string) (bool, error) {
+	switch s {
+	case "", ActivationsF32:
+		return false, nil
+	case ActivationsGGML:
+		return true, nil
+	}
+	return false, fmt.Errorf("engine: unknown activations %q (f32, ggml)", s)
+}
 
 // CheckPrecision refuses a precision of base weights that Load would refuse ("" is f32).
 func CheckPrecision(p string) error {

@@ -43,7 +43,11 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
 	act, sig := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	kernels.SiluGate(gate.V, up.V, sig.V, act.V)
+	if gf, ok := any(gate.V).([]float32); ok && s.e.ggmlNorms() {
+		kernels.SiluGateGGML(gf, any(up.V).([]float32), any(sig.V).([]float32), any(act.V).([]float32), F)
+	} else {
+		kernels.SiluGate(gate.V, up.V, sig.V, act.V)
+	}
 	out := s.linear(act, f.down)
 	if la != nil {
 		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}

@@ -110,6 +110,15 @@ const quantFewRows = MaxSampleRows
 // bf16 path the sampler's logprobs differ from a forward pass's by bf16 rounding (≈1e-3).
 func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
 	rows := x.Dims[0]
+	if xf, ok := any(x.V).([]float32); ok && s.e.opts.GGMLActivations && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in {
+		// llama.cpp's way (Options.GGMLActivations): the rows rounded to 8-bit blocks, integer
+		// dots. Forward only: an input gradient stays over the dequantized weight.
+		y := s.ar.Alloc(rows, lin.out)
+		if s.ar.Err == nil {
+			lin.qf.GGMLProduct(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
+		}
+		return y
+	}
 	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= quantFewRows {
 		y := s.ar.Alloc(rows, lin.out)
 		if s.ar.Err == nil {

@@ -142,6 +142,12 @@ type addedLoRA[E float] struct{}
 
 func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
+	if s.ggmlLoRA(x, y, lin, lm, 0, x.Dims[0]) {
+		if s.saving() {
+			s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
+		}
+		return y
+	}
 	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
 	xas := scaled(s, xa)
 	s.ar.MatMulAdd(y, xas, lm.b, true) // (scale·x·Aᵀ)·Bᵀ: the scale on [N, r], not on B
@@ -158,6 +164,19 @@ func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *lo
 	s.ar.MatMulAdd(dx, dyBs, lm.a, false) // (scale·dy·B)·A [N, in]
 	s.ar.ReleaseOne(dyBs)
 	return dx
+}
+
+// ggmlLoRA adds rows r0…r1 of module lin's LoRA term to y as llama.cpp does (under ggmlNorms:
+// kernels.LoRARowsGGML, float32 passes) and reports whether it did. An ulp of difference here
+// reaches the next product's activation rounding as the norms' would.
+func (s *pass[E]) ggmlLoRA(x, y mat[E], lin *linear[E], lm *loraMats[E], r0, r1 int) bool {
+	xf, ok := any(x.V).([]float32)
+	if !ok || !s.e.ggmlNorms() || s.ar.Err != nil {
+		return ok && s.e.ggmlNorms()
+	}
+	yf, a, b := any(y.V).([]float32), any(lm.a.V).([]float32), any(lm.b.V).([]float32)
+	kernels.LoRARowsGGML(yf[r0*lin.out:r1*lin.out], xf[r0*lin.in:r1*lin.in], a, b, r1-r0, lin.in, lm.a.Dims[0], lin.out, float32(s.scale))
+	return true
 }
 
 // scaled is a copy of a rank-r product [N, r] times the adapter's scale.

@@ -77,7 +77,7 @@ func (s *pass[E]) segmentedLinear(x mat[E], lin *linear[E]) mat[E] {
 	var few []rowRun
 	for _, g := range s.rowRuns(x.Dims[0]) {
 		lm := s.segLoRA(g, lin)
-		if lm == nil {
+		if lm == nil || s.ggmlLoRA(x, y, lin, lm, g.r0, g.r1) {
 			continue
 		}
 		if s.fewRows(x, g) {

@@ -208,7 +208,7 @@ func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
 // finalNorm is the norm before the head: h normalised, and 1/rms per row.
 func (s *pass[E]) finalNorm(h mat[E]) (hf mat[E], inv []E) {
 	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
-	kernels.RMSNorm(h.V, s.m.norm, s.c.RMSNormEps, hf.V, inv)
+	s.rmsNorm(h.V, s.m.norm, hf.V, inv)
 	return hf, inv
 }
 
@@ -245,7 +245,7 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	kernels.RMSNorm(h.V, L.inputNorm, c.RMSNormEps, x1.V, inv1.V)
+	s.rmsNorm(h.V, L.inputNorm, x1.V, inv1.V)
 	yq := s.linear(x1, L.q)
 	var gate mat[E]
 	if c.family().gatedAttention {
@@ -338,7 +338,7 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 					if qInv != nil {
 						inv = &qInv[n*H+hh]
 					}
-					rmsNormRow(src, L.qNorm, c.RMSNormEps, buf, inv)
+					s.rmsNormHead(src, L.qNorm, buf, inv)
 					src = buf
 				}
 				row := (b*KVH+kv)*G*T + g*T + t
@@ -358,7 +358,7 @@ func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[
 					if kInv != nil {
 						inv = &kInv[n*KVH+kv]
 					}
-					rmsNormRow(src, L.kNorm, c.RMSNormEps, buf, inv)
+					s.rmsNormHead(src, L.kNorm, buf, inv)
 					src = buf
 				}
 				ropeRow(src, kr, cs, sn)
@@ -395,7 +395,7 @@ func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	kernels.RMSNorm(h2.V, L.postNorm, c.RMSNormEps, x2.V, inv2.V)
+	s.rmsNorm(h2.V, L.postNorm, x2.V, inv2.V)
 	out := L.ffn().forward(s, x2, la)
 	kernels.AddScaled(out.V, h2.V, 1)
 	if la != nil {
@@ -470,6 +470,34 @@ func ropeRow[E float](x, y, c, sn []E) {
 		y[i+half] = x2*c[i] + x1*sn[i]
 	}
 	copy(y[2*half:], x[2*half:])
+}
+
+// rmsNorm is kernels.RMSNorm over rows of x with the model's eps, or under ggmlNorms
+// kernels.RMSNormGGML.
+func (s *pass[E]) rmsNorm(x, w, y, inv []E) {
+	if xf, ok := any(x).([]float32); ok && s.e.ggmlNorms() {
+		kernels.RMSNormGGML(xf, any(w).([]float32), s.c.RMSNormEps, any(y).([]float32), any(inv).([]float32))
+		return
+	}
+	kernels.RMSNorm(x, w, s.c.RMSNormEps, y, inv)
+}
+
+// rmsNormHead is rmsNormRow of one query or key head, or under ggmlNorms
+// kernels.RMSNormRowGGML.
+func (s *pass[E]) rmsNormHead(x, w, y []E, inv *E) {
+	if xf, ok := any(x).([]float32); ok && s.e.ggmlNorms() {
+		*inv = E(kernels.RMSNormRowGGML(xf, any(w).([]float32), s.c.RMSNormEps, any(y).([]float32)))
+		return
+	}
+	rmsNormRow(x, w, s.c.RMSNormEps, y, inv)
+}
+
+// ggmlNorms: Options.GGMLActivations over a quantized base also rounds the RMSNorms as ggml-cpu
+// does. An ulp of difference in a norm's output can move one of llama.cpp's activation roundings
+// by a step, which moved the tiny Q4_K models' logits by up to 0.1; over float32 and bf16 bases
+// the option changes nothing.
+func (e *Engine) ggmlNorms() bool {
+	return e.opts.GGMLActivations && quantFormat(e.opts.Precision) != nil
 }
 
 // rmsNormRow normalises one row (a query or key head), storing 1/rms in inv.

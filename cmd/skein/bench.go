@@ -31,6 +31,7 @@ var benchLog io.Writer = os.Stderr
 // benchConfig is what `skein bench engine` was asked to measure.
 type benchConfig struct {
 	model, precision, cpuProfile    string
+	activations                     string
 	batch, seq, rank, steps, decode int
 	peakSize, images, imageSide     int
 	tenants                         int
@@ -44,6 +45,10 @@ func benchEngine(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(benchLog, nil))
 	slog.SetDefault(log) // the phases logged from the helpers below, and the replica's lines
+	ggmlAct, err := engine.ParseActivations(c.activations)
+	if err != nil {
+		return err
+	}
 	if err := setupKernels(log); err != nil {
 		return err
 	}
@@ -54,7 +59,7 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, Logger: log})
+	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -147,6 +152,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
 	fs.BoolVar(&c.trainOnly, "train-only", false, "measure training only (its speed, its memory against the plan, under a soft memory limit at the plan unless GOMEMLIMIT is set), then stop")
 	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0, q6_k, q4_k or q4_k_m")
+	fs.StringVar(&c.activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 or ggml (llama.cpp's activation rounding and integer dots)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
 	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
 	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")

@@ -246,6 +246,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	if err := engine.CheckPrecision(cfg.Precision); err != nil {
 		return err
 	}
+	if _, err := engine.ParseActivations(cfg.Activations); err != nil {
+		return err
+	}
 	if cfg.Replicas < 1 || cfg.MaxLoras < 1 {
 		return errors.New("--replicas and --max-loras must be at least 1")
 	}
@@ -288,7 +291,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Logger: log})
 		if err != nil {
 			return nil, err
 		}

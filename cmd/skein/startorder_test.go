@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// serve refuses what it can check before any model work: a bad --precision, and an address in
+// serve refuses what it can check before any model work: a bad --precision or --activations, and an address in
 // use (taken before the models load), each before the tiny model is generated.
 func TestServeChecksBeforeLoading(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -21,6 +21,7 @@ func TestServeChecksBeforeLoading(t *testing.T) {
 		args       []string
 	}{
 		{"precision", "unknown precision", []string{"--addr", "127.0.0.1:0", "--precision", "f16x"}},
+		{"activations", "unknown activations", []string{"--addr", "127.0.0.1:0", "--activations", "int8"}},
 		{"port in use", "address already in use", []string{"--addr", taken.Addr().String()}},
 		{"sampler copies", "--sampler-copies 0", []string{"--addr", "127.0.0.1:0", "--sampler-copies", "0"}},
 	} {

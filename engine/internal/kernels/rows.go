@@ -53,6 +53,34 @@ func RMSNorm[T Float](x, w []T, eps float64, y, inv []T) {
 	})
 }
 
+// RMSNormGGML is RMSNorm rounded as ggml-cpu's rms_norm and the mul by the weight after it:
+// the float32 squares summed in float64 in order, the mean rounded to float32, scale =
+// 1/sqrtf(mean + eps) in float32, y = (x·scale)·w. It differs from RMSNorm by an ulp now and
+// then, which matters only where a later rounding to integers (llama.cpp's activation
+// quantization) turns an ulp into a step.
+func RMSNormGGML(x, w []float32, eps float64, y, inv []float32) {
+	width := len(w)
+	ParallelRows(len(x)/width, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			inv[r] = RMSNormRowGGML(x[r*width:(r+1)*width], w, eps, y[r*width:(r+1)*width])
+		}
+	})
+}
+
+// RMSNormRowGGML is RMSNormGGML of one row; it returns the scale.
+func RMSNormRowGGML(x, w []float32, eps float64, y []float32) float32 {
+	var sum float64
+	for _, v := range x {
+		sum += float64(float32(v * v))
+	}
+	mean := float32(sum / float64(len(x)))
+	scale := 1 / float32(math.Sqrt(float64(mean+float32(eps)))) // sqrtf: double rounding is exact for sqrt
+	for i, v := range x {
+		y[i] = float32(v*scale) * w[i]
+	}
+	return scale
+}
+
 // RMSNormBack writes (or, with accumulate, adds) into dx the gradient of RMSNorm at x:
 // with u = dy·w, dx = inv·u − x·inv³·(Σ u·x)/width.
 func RMSNormBack[T Float](dy, x, inv, w []T, dx []T, accumulate bool) {

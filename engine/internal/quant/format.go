@@ -15,19 +15,22 @@ type Format struct {
 	Product func(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int)))
 	// Pairs writes Wᵀ [K, N] rounded to bf16 as pairs of rows (kernels.PackPairs's layout).
 	Pairs func(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int)))
+	// GGMLProduct is Product as llama.cpp's CPU backend computes it: x rounded to 8-bit blocks
+	// (Q8_0 or Q8_K), integer dot products (ggml.go).
+	GGMLProduct func(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int)))
 }
 
 // The formats, by the --precision names.
 var (
 	Q8_0 = &Format{Name: "q8_0", Block: BlockQ8_0, BlockBytes: BlockBytesQ8_0, Quantize: QuantizeQ8_0,
-		Dequantize: DequantizeQ8_0, Product: Q8_0Product, Pairs: Q8_0Pairs}
+		Dequantize: DequantizeQ8_0, Product: Q8_0Product, Pairs: Q8_0Pairs, GGMLProduct: ggmlProductQ8_0}
 	Q4_K = &Format{Name: "q4_k", Block: BlockQ4_K, BlockBytes: BlockBytesQ4_K, Quantize: QuantizeQ4_K,
 		Dequantize: DequantizeQ4_K, Product: rowsProduct(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K),
-		Pairs: rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)}
+		Pairs: rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K), GGMLProduct: ggmlProductQ4_K}
 	// Q6_K: Q4_K_M's head and its attn_v and ffn_down on some layers; Q4_K's paths.
 	Q6_K = &Format{Name: "q6_k", Block: BlockQ6_K, BlockBytes: BlockBytesQ6_K, Quantize: QuantizeQ6_K,
 		Dequantize: DequantizeQ6_K, Product: rowsProduct(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K),
-		Pairs: rowsPairs(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K)}
+		Pairs: rowsPairs(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K), GGMLProduct: ggmlProductK(func(w []byte, a []BlockQ8_K, _ int) float32 { return DotQ6_K(w, a) }, BlockBytesQ6_K)}
 )
 
 // rowsProduct is a Product for a format without a kernel of its own: each output's row of W is

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/skein-ai/skein/engine/gguf"
+	xcpu "golang.org/x/sys/cpu"
 )
 
 // Texts llama.cpp and skein must tokenize alike (the tiny tokenizer, pre-tokenizer "qwen2").
@@ -84,6 +85,22 @@ func TestLlamaCppLogits(t *testing.T) {
 		{"tiny-quant", gguf.Q8_0, PrecisionQ8_0, 0.15, 0.01, true},
 		{"tiny-quant", gguf.Q4_K, PrecisionQ4_K, 0.15, 0.01, true},
 		{"tiny-quant", GGUFQ4_K_M, PrecisionQ4_K_M, 0.15, 0.01, true}}
+	// GGMLActivations follows the kernels of ggml-cpu's haswell build (AVX2 and FMA, no AVX-512),
+	// the one node-llama-cpp loads on such a CPU; on another it loads another build (skylakex,
+	// icelake, zen4, sapphirerapids…) whose kernels were not checked here, so its option-on jobs
+	// are held to the option-off tolerances and not to the exact share.
+	haswell := xcpu.X86.HasAVX2 && xcpu.X86.HasFMA && !xcpu.X86.HasAVX512F
+	if !haswell {
+		t.Log("not ggml-cpu's haswell build: GGMLActivations jobs held to the float tolerances")
+		for i, v := range variants {
+			if v.ggml {
+				variants[i].tol, variants[i].tolMean = 0.25, 0.03
+				if v.typ != gguf.Q8_0 {
+					variants[i].tol, variants[i].tolMean = 0.4, 0.05
+				}
+			}
+		}
+	}
 	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
 		for _, c := range variants {
 			dir := filepath.Join(tmp, string(arch)+"-"+c.preset)
@@ -181,7 +198,7 @@ func TestLlamaCppLogits(t *testing.T) {
 	}
 	// ggmlExact: the share of GGMLActivations jobs within 1e-5 of llama.cpp (measured 22 of 24).
 	const ggmlExact = 0.75
-	if float64(ggmlClose) < ggmlExact*float64(ggmlJobs) {
+	if haswell && float64(ggmlClose) < ggmlExact*float64(ggmlJobs) {
 		t.Errorf("only %d of %d GGMLActivations jobs within 1e-5 of llama.cpp (want %.0f%%)", ggmlClose, ggmlJobs, 100*ggmlExact)
 	}
 }

@@ -217,15 +217,11 @@ func (s *pass[E]) quantChunkedProduct(x mat[E], xf []float32, lin *linear[E], nc
 			part := s.ar.Alloc(rows, o1-o0)
 			pf, _ := any(part.V).([]float32)
 			kernels.PairsMatMul(pf, xf, w2, rows, in, o1-o0, false)
-			for r := range rows {
-				copy(yf[r*out+o0:r*out+o1], pf[r*(o1-o0):(r+1)*(o1-o0)])
-			}
+			setColumns(yf, pf, rows, out, o0, o1)
 		} else {
 			cols := s.ar.Alloc(rows, o1-o0)
 			cf, _ := any(cols.V).([]float32)
-			for r := range rows {
-				copy(cf[r*(o1-o0):(r+1)*(o1-o0)], xf[r*out+o0:r*out+o1])
-			}
+			columnsOf(cf, xf, rows, out, o0, o1)
 			if i == 0 {
 				kernels.PairsMatMul(yf, cf, w2, rows, o1-o0, in, true)
 			} else {
@@ -312,15 +308,11 @@ func (s *pass[E]) widenedChunkProduct(x mat[E], lin *linear[E], nc int, transpos
 		if !transposed {
 			part := s.ar.MatMul(x, c, 0, outMajor)
 			pf, _ := any(part.V).([]float32)
-			for r := range rows {
-				copy(yf[r*out+o0:r*out+o1], pf[r*(o1-o0):(r+1)*(o1-o0)])
-			}
+			setColumns(yf, pf, rows, out, o0, o1)
 		} else {
 			cols := s.ar.Alloc(rows, o1-o0)
 			cf, _ := any(cols.V).([]float32)
-			for r := range rows {
-				copy(cf[r*(o1-o0):(r+1)*(o1-o0)], xf[r*out+o0:r*out+o1])
-			}
+			columnsOf(cf, xf, rows, out, o0, o1)
 			s.ar.MatMulAdd(y, cols, c, !outMajor)
 		}
 		s.ar.Release(m, s.ar.Mark())
@@ -346,5 +338,19 @@ func widenOutputs(dst []float32, lin *linear[float32], o0, o1 int) (outMajor boo
 	default:
 		kernels.WidenBF16Cols(dst, lin.w16, in, lin.out, o0, o1)
 		return false
+	}
+}
+
+// columnsOf copies columns [c0, c1) of src, a [rows, cols] matrix, into dst ([rows, c1−c0]).
+func columnsOf(dst, src []float32, rows, cols, c0, c1 int) {
+	for r := range rows {
+		copy(dst[r*(c1-c0):(r+1)*(c1-c0)], src[r*cols+c0:r*cols+c1])
+	}
+}
+
+// setColumns copies src ([rows, c1−c0]) into columns [c0, c1) of dst, a [rows, cols] matrix.
+func setColumns(dst, src []float32, rows, cols, c0, c1 int) {
+	for r := range rows {
+		copy(dst[r*cols+c0:r*cols+c1], src[r*(c1-c0):(r+1)*(c1-c0)])
 	}
 }

@@ -17,7 +17,16 @@ import (
 // accepts, indexed b·T+t (nil elsewhere). In a prefill, a row's prompt ends at the last position
 // want accepts: tokens after it are padding (a hybrid model's recurrent state is taken there). Only those rows go through the unembedding: a prefill
 // needs one row per sequence unless prompt logprobs were asked for.
-type stepFunc func(tok, pos [][]int, want func(b, t int) bool) ([][]float64, error)
+// With a sink, each wanted row is offered to it as the head's tiles are computed, and only the
+// rows it does not take are returned.
+type stepFunc func(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) ([][]float64, error)
+
+// rowSink takes one wanted row's logits (b, t), widened to float64, instead of the step returning
+// it, and reports whether it did. Prompt logprobs reduce each prompt position to its logprob and
+// top-k this way, so a long prompt never holds [prompt × vocabulary] logits (a 4096-token prompt
+// over Qwen3's 151,936 tokens was 7.5 GB of them). It must not keep row, and is called from
+// several goroutines at once, each with its own rows.
+type rowSink func(b, t int, row []float64) bool
 
 // newDecodeStep returns the step function of one sampling loop over B rows and S cache slots, and
 // a function that frees its cache.
@@ -97,7 +106,7 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 
 // step is the loop's stepFunc: one pass over tokens tok at positions pos, a prefill when every
 // row's tokens sit at 0…T-1, a decode step over the cache otherwise.
-func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]float64, err error) {
+func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
 	if d.long.Err != nil {
 		return nil, d.long.Err
@@ -126,7 +135,11 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool) (_ [][]f
 	if ar.Err != nil {
 		return nil, ar.Err
 	}
-	return s.wantedLogits(h, want)
+	var take rowSink
+	if len(sink) > 0 {
+		take = sink[0]
+	}
+	return s.wantedLogits(h, want, take)
 }
 
 // prefillLens is each row's prompt length in a prefill: one past the last position want
@@ -162,8 +175,10 @@ func (d *kvDecoder[E]) checkPositions(pos [][]int, T int) (fromStart bool, err e
 }
 
 // wantedLogits are the logits of the rows of h [B·T, D] that want accepts, widened to float64
-// and indexed b·T+t (nil elsewhere). Only those rows go through the unembedding.
-func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool) ([][]float64, error) {
+// and indexed b·T+t (nil elsewhere, and where sink took the row). Only those rows go through the
+// unembedding, in tiles of the head's rows (headTileRows: at most 64 MB of logits), each given
+// back before the next.
+func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink) ([][]float64, error) {
 	T, D, V := s.T, s.c.HiddenSize, s.c.VocabSize
 	N := s.B * T
 	var picked []int
@@ -173,33 +188,42 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool) ([][]float64,
 		}
 	}
 	out := make([][]float64, N)
-	if len(picked) == 0 {
-		return out, s.ar.Err
-	}
-	M := len(picked)
-	if s.segs != nil { // the head's rows are the picked ones: each keeps its adapter
-		s.rowBatch = make([]int, M)
-		for i, n := range picked {
-			s.rowBatch[i] = n / T
-		}
-		defer func() { s.rowBatch = nil }()
-	}
-	hm := s.ar.Alloc(M, D)
-	for i, n := range picked {
-		copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
-	}
-	logits, _ := s.unembed(hm)
-	if s.ar.Err != nil {
-		return nil, s.ar.Err
-	}
-	kernels.ParallelRows(M, func(r0, r1 int) {
-		for i := r0; i < r1; i++ {
-			row := make([]float64, V)
-			for j, v := range logits.V[i*V : (i+1)*V] {
-				row[j] = float64(v)
+	defer func() { s.rowBatch = nil }()
+	tile := s.e.headTileRows()
+	for i0 := 0; i0 < len(picked); i0 += tile {
+		rows := picked[i0:min(len(picked), i0+tile)]
+		if s.segs != nil { // the head's rows are the picked ones: each keeps its adapter
+			s.rowBatch = make([]int, len(rows))
+			for i, n := range rows {
+				s.rowBatch[i] = n / T
 			}
-			out[picked[i]] = row
 		}
-	})
-	return out, nil
+		mark := s.ar.Mark()
+		hm := s.ar.Alloc(len(rows), D)
+		for i, n := range rows {
+			copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
+		}
+		logits, _ := s.unembed(hm)
+		if s.ar.Err != nil {
+			return nil, s.ar.Err
+		}
+		kernels.ParallelRows(len(rows), func(r0, r1 int) {
+			var row []float64 // reused while the sink takes the rows
+			for i := r0; i < r1; i++ {
+				if row == nil {
+					row = make([]float64, V)
+				}
+				for j, v := range logits.V[i*V : (i+1)*V] {
+					row[j] = float64(v)
+				}
+				n := rows[i]
+				if sink != nil && sink(n/T, n%T, row) {
+					continue
+				}
+				out[n], row = row, nil
+			}
+		})
+		s.ar.Release(mark, s.ar.Mark())
+	}
+	return out, s.ar.Err
 }

@@ -272,11 +272,12 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	defer done()
 
 	first := firstRows(rows)
-	logits, T, err := prefill(step, reqs, rows, first, maxPrompt)
+	prompts := e.newPromptLogprobs(reqs, first)
+	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, prompts.take)
 	if err != nil {
 		return nil, err
 	}
-	results := e.promptResults(reqs, rows, first, logits, T)
+	results := prompts.finish(rows)
 	stopFailed(rows)
 
 	// next[b] holds the logits that predict row b's next token.
@@ -331,7 +332,7 @@ func firstRows(rows []*sampleRow) map[int]int {
 // position of the first row of a request that asked for prompt logprobs. Padding writes garbage
 // into cache slots at or after the row's prompt end; decode overwrites each slot before any
 // query may attend to it.
-func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt int) ([][]float64, int, error) {
+func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt int, sink rowSink) ([][]float64, int, error) {
 	B, T := len(rows), bucket(maxPrompt, 16)
 	tok := make([][]int, B)
 	pos := make([][]int, B)
@@ -350,39 +351,79 @@ func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[i
 		}
 		req := reqs[r.req]
 		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
-	})
+	}, sink)
 	return logits, T, err
 }
 
-// promptResults starts each request's result, with its prompt logprobs where it asked for them
-// (from its first row's prefill logits; non-finite logits fail that row).
-func (e *Engine) promptResults(reqs []SampleRequest, rows []*sampleRow, first map[int]int, logits [][]float64, T int) []*SampleResult {
-	results := make([]*SampleResult, len(reqs))
+// promptLogprobs starts each request's result and fills in its prompt logprobs where it asked
+// for them, from its first row's prefill logits as the head computes them (take, a rowSink): the
+// row at position t predicts the prompt's token t+1. Non-finite logits fail that row (finish).
+type promptLogprobs struct {
+	e       *Engine
+	reqs    []SampleRequest
+	results []*SampleResult
+	asking  map[int]int // a first row asking for prompt logprobs → its request
+	bad     [][]error   // per request asking, per prompt position: its logits were not finite
+}
+
+func (e *Engine) newPromptLogprobs(reqs []SampleRequest, first map[int]int) *promptLogprobs {
+	p := &promptLogprobs{e: e, reqs: reqs, results: make([]*SampleResult, len(reqs)), asking: map[int]int{}, bad: make([][]error, len(reqs))}
 	for ri, r := range reqs {
 		res := &SampleResult{}
-		results[ri] = res
+		p.results[ri] = res
 		if !r.PromptLogprobs && r.TopKPromptLogprobs == 0 {
 			continue
 		}
-		P, b := len(r.Prompt), first[ri]
+		P := len(r.Prompt)
+		p.asking[first[ri]] = ri
+		p.bad[ri] = make([]error, P)
 		res.PromptLogprobs = make([]float64, P)
 		res.PromptLogprobs[0] = math.NaN()
 		if r.TopKPromptLogprobs > 0 {
 			res.TopKPrompt = make([][]TokenLogprob, P)
 		}
-		for t := 1; t < P; t++ {
-			row := logits[b*T+t-1]
-			if err := finiteLogits(row); err != nil {
-				rows[b].err = fmt.Errorf("prompt logprobs at position %d: %w", t, err)
-				break
+	}
+	return p
+}
+
+// take is the prefill's rowSink: a prompt position's row of a request asking for its logprobs
+// becomes that logprob and top-k; every other row (each prompt's last, which samples) is left
+// to the prefill's result.
+func (p *promptLogprobs) take(b, t int, row []float64) bool {
+	ri, ok := p.asking[b]
+	if !ok || t >= len(p.reqs[ri].Prompt)-1 {
+		return false
+	}
+	r, res, pos := p.reqs[ri], p.results[ri], t+1
+	if err := finiteLogits(row); err != nil {
+		p.bad[ri][pos] = err
+		return true
+	}
+	res.PromptLogprobs[pos] = p.e.logprobOf(row, r.Prompt[pos]) // as a training pass computes it
+	if r.TopKPromptLogprobs > 0 {
+		res.TopKPrompt[pos] = topK(logSoftmax(row), r.TopKPromptLogprobs)
+	}
+	return true
+}
+
+// finish fails the first row of each request whose prompt logits were not finite somewhere,
+// naming the first such position, and clears what came after it; it returns the results.
+func (p *promptLogprobs) finish(rows []*sampleRow) []*SampleResult {
+	for b, ri := range p.asking {
+		for pos, err := range p.bad[ri] {
+			if err == nil {
+				continue
 			}
-			res.PromptLogprobs[t] = e.logprobOf(row, r.Prompt[t]) // as a training pass computes it
-			if r.TopKPromptLogprobs > 0 {
-				res.TopKPrompt[t] = topK(logSoftmax(row), r.TopKPromptLogprobs)
+			rows[b].err = fmt.Errorf("prompt logprobs at position %d: %w", pos, err)
+			res := p.results[ri]
+			clear(res.PromptLogprobs[pos:])
+			if res.TopKPrompt != nil {
+				clear(res.TopKPrompt[pos:])
 			}
+			break
 		}
 	}
-	return results
+	return p.results
 }
 
 // decodeSteps draws every running row's next token from next, hands it to OnToken and feeds it

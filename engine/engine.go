@@ -76,6 +76,7 @@ type Engine struct {
 	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
 	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
 	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: pairsChunkOutputs decides); tests set it
+	attnChunk      int   // query rows of a chunk of a forward-only pass's attention (0: attnChunkRows decides); tests set it
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -91,5 +92,55 @@ func TestPromptLogprobsInHeadTiles(t *testing.T) {
 	}
 	if got.Sequences[0].Tokens[0] != want.Sequences[0].Tokens[0] {
 		t.Fatalf("the sampled token differs: %d in tiles, %d in one", got.Sequences[0].Tokens[0], want.Sequences[0].Tokens[0])
+	}
+}
+
+// A forward-only pass whose attention probabilities would be large (a long prompt's prefill)
+// computes them a chunk of query rows of one kv head at a time: the sample's prompt logprobs and
+// tokens and a forward pass's logprobs are bit for bit those of one product, and the pass holds
+// one chunk's probabilities rather than every head's [T × S].
+func TestForwardAttentionInChunks(t *testing.T) {
+	prompt := make([]int, 300)
+	for i := range prompt {
+		prompt[i] = (i*37)%400 + 3
+	}
+	seed := int64(3)
+	req := SampleRequest{Prompt: prompt, NumSamples: 2, PromptLogprobs: true, Params: SampleParams{MaxTokens: 6, Temperature: 1, Seed: &seed}}
+	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+		var res [2]*SampleResult
+		var fwd [2][][]float64
+		var peaks [2]int
+		for k, chunk := range []int{0, 40} {
+			e := loadTiny(t, arch, Options{})
+			e.attnChunk = chunk
+			out, err := e.SampleBatch(context.Background(), "", []SampleRequest{req})
+			if err != nil || out[0].Err != nil {
+				t.Fatal(err, out[0].Err)
+			}
+			res[k] = out[0]
+			peaks[k] = e.PeakStepBytes()
+			f, err := e.Forward(context.Background(), "", []Datum{textDatum(prompt)}, "cross_entropy", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fwd[k] = f.Logprobs
+		}
+		t.Logf("%s: step peak %d B in one product, %d B in chunks", arch, peaks[0], peaks[1])
+		for p := 1; p < len(prompt); p++ {
+			if res[0].PromptLogprobs[p] != res[1].PromptLogprobs[p] {
+				t.Fatalf("%s: prompt logprob %d: %v in one product, %v in chunks", arch, p, res[0].PromptLogprobs[p], res[1].PromptLogprobs[p])
+			}
+		}
+		for i := range res[0].Sequences {
+			if !slices.Equal(res[0].Sequences[i].Tokens, res[1].Sequences[i].Tokens) || !slices.Equal(res[0].Sequences[i].Logprobs, res[1].Sequences[i].Logprobs) {
+				t.Fatalf("%s: sample %d: %v %v in one product, %v %v in chunks", arch, i, res[0].Sequences[i].Tokens, res[0].Sequences[i].Logprobs, res[1].Sequences[i].Tokens, res[1].Sequences[i].Logprobs)
+			}
+		}
+		if !slices.EqualFunc(fwd[0], fwd[1], slices.Equal[[]float64]) {
+			t.Fatalf("%s: a forward pass's logprobs differ in chunks", arch)
+		}
+		if peaks[1] >= peaks[0] {
+			t.Errorf("%s: the step's peak did not fall in chunks (%d, %d)", arch, peaks[0], peaks[1])
+		}
 	}
 }

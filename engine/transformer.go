@@ -376,6 +376,9 @@ func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, BK, S := H/KVH, B*KVH, values.Dims[1]
 	scale := E(1 / math.Sqrt(float64(hd)))
+	if n := s.attnChunks(BK, G*T, S); n > 0 {
+		return mat[E]{}, s.attendInChunks(qh, keysT, values, n)
+	}
 	probs = s.ar.MatMul(qh, keysT, BK, false) // [BK, G·T, S]
 	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
 		for r := r0; r < r1; r++ {
@@ -387,6 +390,64 @@ func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
 	ot = s.ar.Alloc(B*T, H*hd)
 	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
 	return probs, ot
+}
+
+// attnProbsBytes bounds the attention probabilities a forward-only pass holds at once.
+const attnProbsBytes = 64 << 20
+
+// attnChunks is how many chunks of query rows each kv head's attention runs in when a
+// forward-only float32 pass's probabilities [BK, G·T, S] would pass attnProbsBytes (a long
+// prompt's prefill: 27 GB a layer for 40,960 tokens of an 8B shape), 0 when they fit or when
+// the pass keeps them (training). Chunks have more rows than kernels.FewRowsF32, so every row
+// goes through the GEMM as it does in one product.
+func (s *pass[E]) attnChunks(BK, GT, S int) int {
+	if _, ok := any(s.ar).(*arena[float32]); !ok || s.saving() || !kernels.HaveGEMM() {
+		return 0
+	}
+	rows := attnProbsBytes / 4 / S
+	if s.e.attnChunk > 0 {
+		rows = s.e.attnChunk
+	} else if BK*GT <= rows {
+		return 0
+	}
+	n := (GT + rows - 1) / rows
+	return max(1, min(n, GT/(kernels.FewRowsF32()+1)))
+}
+
+// attendInChunks is attend for a forward-only pass, one kv head at a time and its G·T query rows
+// in n chunks of nearly equal size: each chunk's probabilities [rows, S] are computed, masked
+// and multiplied by the values, then given back. Each row is the same products as in one pass.
+func (s *pass[E]) attendInChunks(qh, keysT, values mat[E], n int) mat[E] {
+	c, B, T := s.c, s.B, s.T
+	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
+	G, BK, S := H/KVH, B*KVH, values.Dims[1]
+	GT := G * T
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	o := s.ar.Alloc(BK, GT, hd)
+	of, qf := any(o.V).([]float32), any(qh.V).([]float32)
+	kf, vf := any(keysT.V).([]float32), any(values.V).([]float32)
+	for bk := range BK {
+		for i := range n {
+			r0, r1 := GT*i/n, GT*(i+1)/n
+			m := s.ar.Mark()
+			p := s.ar.Alloc(r1-r0, S)
+			if s.ar.Err != nil {
+				break
+			}
+			pf := any(p.V).([]float32)
+			kernels.MatMul(pf, qf[(bk*GT+r0)*hd:(bk*GT+r1)*hd], kf[bk*hd*S:(bk+1)*hd*S], 1, r1-r0, hd, S, false)
+			kernels.ParallelRows(r1-r0, func(a0, a1 int) {
+				for a := a0; a < a1; a++ {
+					kernels.SoftmaxRow(pf[a*S:(a+1)*S], s.kv.slot(bk/KVH, (r0+a)%T), scale) // a row sees slots 0…its own
+				}
+			})
+			kernels.MatMul(of[(bk*GT+r0)*hd:(bk*GT+r1)*hd], pf, vf[bk*S*hd:(bk+1)*S*hd], 1, r1-r0, S, hd, false)
+			s.ar.Release(m, s.ar.Mark())
+		}
+	}
+	ot := s.ar.Alloc(B*T, H*hd)
+	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
+	return ot
 }
 
 // feedForward is h2 + ffn(norm(h2)) of layer l, saving its activations into la (nil: a

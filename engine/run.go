@@ -69,13 +69,13 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 // failed batch zeroes again, so it is left exactly as it was found; otherwise beside it, and
 // added to it at the end. Summing in place saves one copy of the adapter's size (336 MB for an
 // 8B shape at rank 32), and, since zero + g is g, gives the same accumulator bit for bit.
-func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, res *ForwardResult, backward bool) (err error) {
+func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, res *ForwardResult, backward bool) error {
 	var grads [][]E
-	inPlace := false
+	inPlace, kept := false, false
 	if backward {
 		if grads, inPlace = accumulatorIfZero[E](a); inPlace {
-			defer func() {
-				if err != nil {
+			defer func() { // an error or a panic: back to zero
+				if !kept {
 					for _, g := range grads {
 						clear(g)
 					}
@@ -113,7 +113,7 @@ func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared,
 		if !allFinite(grads) {
 			return errGradsNotFinite()
 		}
-		a.pendingGrads = true
+		a.pendingGrads, kept = true, true
 		return nil
 	}
 	if backward {

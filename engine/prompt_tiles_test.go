@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // Prompt logprobs are reduced as the head's tiles of rows are computed (promptLogprobs.take):
@@ -97,9 +99,12 @@ func TestPromptLogprobsInHeadTiles(t *testing.T) {
 
 // A forward-only pass whose attention probabilities would be large (a long prompt's prefill)
 // computes them a chunk of query rows of one kv head at a time: the sample's prompt logprobs and
-// tokens and a forward pass's logprobs are bit for bit those of one product, and the pass holds
-// one chunk's probabilities rather than every head's [T × S].
+// tokens and a forward pass's logprobs are those of one product, and the pass holds one chunk's
+// probabilities rather than every head's [T × S].
 func TestForwardAttentionInChunks(t *testing.T) {
+	if !kernels.HaveGEMM() {
+		t.Skip("attention runs in chunks only on a path with the float32 GEMM (without one the backend's matmuls take whole buffers)")
+	}
 	prompt := make([]int, 300)
 	for i := range prompt {
 		prompt[i] = (i*37)%400 + 3
@@ -126,17 +131,20 @@ func TestForwardAttentionInChunks(t *testing.T) {
 			fwd[k] = f.Logprobs
 		}
 		t.Logf("%s: step peak %d B in one product, %d B in chunks", arch, peaks[0], peaks[1])
+		// Bit for bit where it was measured (AVX2); within 1e-5 asked of every path, whose GEMMs
+		// could in principle sum a row otherwise for another row count.
+		near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5 }
 		for p := 1; p < len(prompt); p++ {
-			if res[0].PromptLogprobs[p] != res[1].PromptLogprobs[p] {
+			if !near(res[0].PromptLogprobs[p], res[1].PromptLogprobs[p]) {
 				t.Fatalf("%s: prompt logprob %d: %v in one product, %v in chunks", arch, p, res[0].PromptLogprobs[p], res[1].PromptLogprobs[p])
 			}
 		}
 		for i := range res[0].Sequences {
-			if !slices.Equal(res[0].Sequences[i].Tokens, res[1].Sequences[i].Tokens) || !slices.Equal(res[0].Sequences[i].Logprobs, res[1].Sequences[i].Logprobs) {
+			if !slices.Equal(res[0].Sequences[i].Tokens, res[1].Sequences[i].Tokens) || !slices.EqualFunc(res[0].Sequences[i].Logprobs, res[1].Sequences[i].Logprobs, near) {
 				t.Fatalf("%s: sample %d: %v %v in one product, %v %v in chunks", arch, i, res[0].Sequences[i].Tokens, res[0].Sequences[i].Logprobs, res[1].Sequences[i].Tokens, res[1].Sequences[i].Logprobs)
 			}
 		}
-		if !slices.EqualFunc(fwd[0], fwd[1], slices.Equal[[]float64]) {
+		if !slices.EqualFunc(fwd[0], fwd[1], func(a, b []float64) bool { return slices.EqualFunc(a, b, near) }) {
 			t.Fatalf("%s: a forward pass's logprobs differ in chunks", arch)
 		}
 		if peaks[1] >= peaks[0] {

@@ -84,33 +84,11 @@ func runWorker(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	gw, model, name, token, data, maxLoras := &c.Gateway, &c.Model, &c.Name, &c.WorkerToken, &c.Data, &c.MaxLoras
-	if *model == "" {
-		return errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
-	}
-	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
-		return err
-	}
-	if *token == "" {
-		t, err := readToken(filepath.Join(*data, tokenFile))
-		if err != nil {
-			return fmt.Errorf("a worker needs the gateway's cluster token: --worker-token T or SKEIN_WORKER_TOKEN (a gateway given none writes one to DATA/%s): %w", tokenFile, err)
-		}
-		*token = t
-	}
-	log, _, err := c.Log.setupLog()
+	ggmlAct, err := checkWorkerConfig(c)
 	if err != nil {
 		return err
 	}
-	if c.StepMemoryMB < 1 {
-		return errors.New("--step-memory-mb must be at least 1")
-	}
-	if c.DrainDelay < 0 || c.DrainDelay > 10*time.Minute {
-		return errors.New("--drain-delay must be in [0, 10m]")
-	}
-	if err := engine.CheckPrecision(c.Precision); err != nil {
-		return err
-	}
-	ggmlAct, err := engine.ParseActivations(c.Activations)
+	log, _, err := c.Log.setupLog()
 	if err != nil {
 		return err
 	}
@@ -137,20 +115,8 @@ func runWorker(args []string) error {
 	url := "http://" + ln.Addr().String()
 	ctx0 := context.Background()
 	ws := worker.NewServer(e, *token, *data)
-	if c.Storage != "" {
-		st, err := storage.Open(ctx0, c.Storage, *data, c.S3Endpoint)
-		if err != nil {
-			return fmt.Errorf("--storage: %w", err)
-		}
-		if err := ws.UseStorage(st, filepath.Join(*data, "scratch")); err != nil {
-			return fmt.Errorf("--storage: %w", err)
-		}
-		if storage.Local(st) == "" {
-			// In the background, retried: the bucket may come up after the worker, and the worker
-			// serves training without it (only a gateway's tokenizer endpoint waits for it).
-			go publishModelFiles(ctx0, st, *name, e.Dir, log)
-		}
-		log.Info("adapters load and save in storage", "storage", st.String())
+	if err := useWorkerStorage(ctx0, ws, c, e, log); err != nil {
+		return err
 	}
 	ws.SetIdentity(*name, *maxLoras)
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
@@ -175,6 +141,56 @@ func runWorker(args []string) error {
 	endAnnounce()
 	<-announced
 	return shutdownOnSignal(ctx, hs, log, c.ShutdownTimeout, func() {})
+}
+
+// checkWorkerConfig refuses a worker's settings before anything starts (and reads the cluster
+// token from the data directory when none was given); it returns Options.GGMLActivations.
+func checkWorkerConfig(c *workerConfig) (ggmlAct bool, err error) {
+	if c.Model == "" {
+		return false, errors.New("usage: " + workerSynopsis + " (see skein worker --help)")
+	}
+	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
+		return false, err
+	}
+	if c.WorkerToken == "" {
+		t, err := readToken(filepath.Join(c.Data, tokenFile))
+		if err != nil {
+			return false, fmt.Errorf("a worker needs the gateway's cluster token: --worker-token T or SKEIN_WORKER_TOKEN (a gateway given none writes one to DATA/%s): %w", tokenFile, err)
+		}
+		c.WorkerToken = t
+	}
+	if c.StepMemoryMB < 1 {
+		return false, errors.New("--step-memory-mb must be at least 1")
+	}
+	if c.DrainDelay < 0 || c.DrainDelay > 10*time.Minute {
+		return false, errors.New("--drain-delay must be in [0, 10m]")
+	}
+	if err := engine.CheckPrecision(c.Precision); err != nil {
+		return false, err
+	}
+	return engine.ParseActivations(c.Activations)
+}
+
+// useWorkerStorage points the worker's adapters at --storage (none: the data directory, as
+// before) and, on object storage, publishes the model's tokenizer files there for gateways.
+func useWorkerStorage(ctx context.Context, ws *worker.Server, c *workerConfig, e *engine.Engine, log *slog.Logger) error {
+	if c.Storage == "" {
+		return nil
+	}
+	st, err := storage.Open(ctx, c.Storage, c.Data, c.S3Endpoint)
+	if err != nil {
+		return fmt.Errorf("--storage: %w", err)
+	}
+	if err := ws.UseStorage(st, filepath.Join(c.Data, "scratch")); err != nil {
+		return fmt.Errorf("--storage: %w", err)
+	}
+	if storage.Local(st) == "" {
+		// In the background, retried: the bucket may come up after the worker, and the worker
+		// serves training without it (only a gateway's tokenizer endpoint waits for it).
+		go publishModelFiles(ctx, st, c.Name, e.Dir, log)
+	}
+	log.Info("adapters load and save in storage", "storage", st.String())
+	return nil
 }
 
 // publishModelFiles copies the model's tokenizer files into storage, retrying every few seconds

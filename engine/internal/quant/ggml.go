@@ -252,26 +252,9 @@ func DotQ6_K(w []byte, a []BlockQ8_K) float32 {
 // ggmlProductQ8_0 sets y [R, N] = x [R, K]·Wᵀ for Q8_0 rows W [N, K] as ggml-cpu does: each row of
 // x rounded to Q8_0 blocks (QuantizeActQ8_0), each output DotQ8_0.
 func ggmlProductQ8_0(y, x []float32, w []byte, R, K, N int, parallel func(n int, fn func(lo, hi int))) {
-	if R == 0 || N == 0 {
-		return
-	}
 	nb := K / BlockQ8_0
-	rowBytes := nb * BlockBytesQ8_0
-	_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
-	a := make([]byte, R*rowBytes)
-	parallel(R, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			QuantizeActQ8_0(a[r*rowBytes:(r+1)*rowBytes], x[r*K:(r+1)*K])
-		}
-	})
-	parallel(N, func(lo, hi int) {
-		for o := lo; o < hi; o++ {
-			wo := w[o*rowBytes : (o+1)*rowBytes]
-			for r := range R {
-				y[r*N+o] = DotQ8_0(wo, a[r*rowBytes:(r+1)*rowBytes], nb)
-			}
-		}
-	})
+	ggmlRows(y, x, w, R, K, N, nb*BlockBytesQ8_0, nb*BlockBytesQ8_0, QuantizeActQ8_0,
+		func(w, a []byte, _ int) float32 { return DotQ8_0(w, a, nb) }, parallel)
 }
 
 // ggmlProductQ4_K is ggmlProductK for Q4_K, with the kernel ggml-cpu takes on AVX2: a weight of
@@ -296,25 +279,31 @@ func ggmlProductQ4_K(y, x []float32, w []byte, R, K, N int, parallel func(int, f
 // blocks, each output dot(weight row, activation row, the activation row's index).
 func ggmlProductK(dot func(w []byte, a []BlockQ8_K, row int) float32, blockBytes int) func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
 	return func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
-		if R == 0 || N == 0 {
-			return
-		}
 		nb := K / 256
-		rowBytes := nb * blockBytes
-		_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
-		a := make([]BlockQ8_K, R*nb)
-		parallel(R, func(lo, hi int) {
-			for r := lo; r < hi; r++ {
-				QuantizeActQ8_K(a[r*nb:(r+1)*nb], x[r*K:(r+1)*K])
-			}
-		})
-		parallel(N, func(lo, hi int) {
-			for o := lo; o < hi; o++ {
-				wo := w[o*rowBytes : (o+1)*rowBytes]
-				for r := range R {
-					y[r*N+o] = dot(wo, a[r*nb:(r+1)*nb], r)
-				}
-			}
-		})
+		ggmlRows(y, x, w, R, K, N, nb*blockBytes, nb, QuantizeActQ8_K, dot, parallel)
 	}
+}
+
+// ggmlRows is the loop both products share: every row of x quantized once into actPer elements
+// of A, then each output o of every row r as dot(W's row o, r's blocks, r).
+func ggmlRows[A any](y, x []float32, w []byte, R, K, N, wRowBytes, actPer int, quantize func(dst []A, x []float32),
+	dot func(w []byte, a []A, row int) float32, parallel func(int, func(int, int))) {
+	if R == 0 || N == 0 {
+		return
+	}
+	_, _, _ = y[R*N-1], x[R*K-1], w[N*wRowBytes-1]
+	a := make([]A, R*actPer)
+	parallel(R, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			quantize(a[r*actPer:(r+1)*actPer], x[r*K:(r+1)*K])
+		}
+	})
+	parallel(N, func(lo, hi int) {
+		for o := lo; o < hi; o++ {
+			wo := w[o*wRowBytes : (o+1)*wRowBytes]
+			for r := range R {
+				y[r*N+o] = dot(wo, a[r*actPer:(r+1)*actPer], r)
+			}
+		}
+	})
 }

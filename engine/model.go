@@ -209,8 +209,12 @@ func quantizeHost(qf *quant.Format, t safetensors.Tensor) ([]byte, error) {
 	}
 	return qf.QuantizeRows(rows, n, func(dst []float32, r0, r1 int) error {
 		part := safetensors.Tensor{DType: t.DType, Shape: []int{r1 - r0, n}, Data: t.Data[r0*n*es : r1*n*es]}
-		f, err := part.Float32()
-		copy(dst, f)
+		err := part.Float32Into(dst)
+		// The rows' pages of a mapped file go back as soon as they are converted, not with the
+		// whole tensor: an 8B shape's head is 1.05 GB of bf16 file, resident beside the model
+		// until its last row was quantized. A page shared with a neighbouring chunk that another
+		// worker still reads is read from the file again (a clean, read-only mapping).
+		releaseHost(part.Data)
 		return err
 	})
 }

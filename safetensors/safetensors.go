@@ -151,33 +151,44 @@ func dtypeSize(dt string) (int, bool) {
 
 // Float32 returns the tensor's values widened or narrowed to float32.
 func (t Tensor) Float32() ([]float32, error) {
+	size, ok := dtypeSize(t.DType)
+	if !ok || t.DType == "I32" || t.DType == "I64" {
+		return nil, fmt.Errorf("safetensors: cannot convert %s to float32", t.DType)
+	}
+	out := make([]float32, len(t.Data)/size)
+	return out, t.Float32Into(out)
+}
+
+// Float32Into writes the tensor's values widened or narrowed to float32 into dst, which must
+// hold exactly as many: a loader converting a big tensor a few rows at a time reuses one buffer
+// rather than leaving a float32 copy of every part to the collector.
+func (t Tensor) Float32Into(dst []float32) error {
+	size, ok := dtypeSize(t.DType)
+	if !ok || t.DType == "I32" || t.DType == "I64" {
+		return fmt.Errorf("safetensors: cannot convert %s to float32", t.DType)
+	}
+	if len(dst)*size != len(t.Data) {
+		return fmt.Errorf("safetensors: %d float32 values for %d bytes of %s", len(dst), len(t.Data), t.DType)
+	}
 	switch t.DType {
 	case "F32":
-		out := make([]float32, len(t.Data)/4)
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
 		}
-		return out, nil
 	case "F64":
-		out := make([]float32, len(t.Data)/8)
-		for i := range out {
-			out[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(t.Data[8*i:])))
+		for i := range dst {
+			dst[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(t.Data[8*i:])))
 		}
-		return out, nil
 	case "BF16":
-		out := make([]float32, len(t.Data)/2)
-		for i := range out {
-			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(t.Data[2*i:])) << 16)
+		for i := range dst {
+			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(t.Data[2*i:])) << 16)
 		}
-		return out, nil
 	case "F16":
-		out := make([]float32, len(t.Data)/2)
-		for i := range out {
-			out[i] = halfToFloat(binary.LittleEndian.Uint16(t.Data[2*i:]))
+		for i := range dst {
+			dst[i] = halfToFloat(binary.LittleEndian.Uint16(t.Data[2*i:]))
 		}
-		return out, nil
 	}
-	return nil, fmt.Errorf("safetensors: cannot convert %s to float32", t.DType)
+	return nil
 }
 
 // Float64 returns the values as float64 (F64 exactly, others widened).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -31,6 +32,7 @@ var benchLog io.Writer = os.Stderr
 // benchConfig is what `skein bench engine` was asked to measure.
 type benchConfig struct {
 	model, precision, cpuProfile    string
+	memProfile                      string
 	activations                     string
 	batch, seq, rank, steps, decode int
 	peakSize, images, imageSide     int
@@ -59,6 +61,7 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
+	loadStart := time.Now()
 	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Logger: log})
 	if err != nil {
 		return err
@@ -66,11 +69,26 @@ func benchEngine(args []string) error {
 	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
 		return err
 	}
+	loaded := map[string]float64{"load_s": time.Since(loadStart).Seconds()}
+	// Loading's peak apart from training's: quantizing at load holds the file's pages and
+	// conversion copies that training never does. The peak is then reset (Linux clear_refs 5),
+	// so train_rss_mb is what training holds; where it cannot be, train_rss_mb is the process's.
+	if hwm, err := peakRSS(); err == nil {
+		loaded["load_rss_mb"] = float64(hwm) / (1 << 20)
+		runtime.GC()
+		debug.FreeOSMemory()
+		loaded["rss_reset"] = 0
+		if resetPeakRSS() == nil {
+			loaded["rss_reset"] = 1
+		}
+	}
 	if c.trainOnly && os.Getenv("GOMEMLIMIT") == "" {
 		// The collector's goal is twice the live heap, and a model's weights are Go memory: left
 		// alone, garbage grows toward the weights' size again (the 1b preset in bf16: 4.4 GB
 		// resident against 3.7 planned; with a limit at the plan, 3.8). A soft limit at the plan
-		// (+5%) measures what training holds, not how lazily it is collected.
+		// (+5%) measures what training holds, not how lazily it is collected. At the plan itself
+		// an 8B shape over Q4_K held 130 MB less but stepped 1.5× slower: its free step buffers
+		// of other shapes put the live heap just over the plan, and the collector ran on and on.
 		plan := e.PlanTraining(c.batch, c.seq, engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true})
 		limit := plan.Total() + plan.Total()/20
 		debug.SetMemoryLimit(limit)
@@ -83,6 +101,7 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
+	maps.Copy(res, loaded)
 	// Memory through loading and training, before decoding and the tenants' adapters add theirs,
 	// beside what the memory plan expects of it.
 	if hwm, err := peakRSS(); err == nil {
@@ -94,6 +113,11 @@ func benchEngine(args []string) error {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res["heap_live_mb"] = float64(ms.HeapAlloc) / (1 << 20)
+	if c.memProfile != "" {
+		if err := writeHeapProfile(c.memProfile); err != nil {
+			return err
+		}
+	}
 	plan := e.PlanTraining(c.batch, c.seq, engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true})
 	res["plan_train_mb"] = float64(plan.Total()) / (1 << 20)
 	res["plan_weights_mb"] = float64(plan.Weights) / (1 << 20)
@@ -154,6 +178,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0, q6_k, q4_k or q4_k_m")
 	fs.StringVar(&c.activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 or ggml (llama.cpp's activation rounding and integer dots)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile of what is live after training to this file")
 	fs.IntVar(&c.peakSize, "peak-size", 1024, "side of the square float32 matmul that measures the peak")
 	fs.IntVar(&c.images, "images", 8, "vision-language models: images the vision tower is timed on")
 	fs.IntVar(&c.imageSide, "image-side", 224, "vision-language models: side in pixels of the bench's square images")
@@ -485,6 +510,25 @@ func peakRSS() (int64, error) {
 	return 0, errors.New("no VmHWM in /proc/self/status")
 }
 
+// writeHeapProfile writes the heap profile (what is live as of the last collection) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// resetPeakRSS sets the process's peak resident memory back to what is resident now (Linux 4.0+:
+// writing 5 to /proc/self/clear_refs).
+func resetPeakRSS() error {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+}
+
 // benchReport prints the results: one JSON object, or lines for a person.
 func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error {
 	if c.asJSON {
@@ -503,6 +547,7 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 		e.Config.HiddenSize, e.Config.NumHiddenLayers, c.batch, c.seq, c.rank)
 	fmt.Fprintf(benchOutput, "train: %.0f tokens/s, %.1f ms per forward_backward+optim_step (best; mean %.1f), %.1f GFLOP/s (matmul peak %.1f GFLOP/s, %.0f%%), %.0f MB of activations\n",
 		res["train_tokens_per_s"], res["step_ms"], res["step_ms_mean"], res["train_gflops"], res["peak_gflops"], 100*res["train_gflops"]/res["peak_gflops"], res["step_peak_mb"])
+	fmt.Fprintf(benchOutput, "load: %.1f s, peak resident %.0f MB\n", res["load_s"], res["load_rss_mb"])
 	fmt.Fprintf(benchOutput, "memory: peak resident %.0f MB; through training %.0f MB (Go heap live after it %.0f MB), planned %.0f MB (weights %.0f, adapter %.0f, largest pass %.0f)\n",
 		res["peak_rss_mb"], res["train_rss_mb"], res["heap_live_mb"], res["plan_train_mb"], res["plan_weights_mb"], res["plan_adapter_mb"], res["plan_step_mb"])
 	fmt.Fprintf(benchOutput, "weights: %.0f MB (%s); kernel path %s (CPU has %v); first-step loss %.6f\n", res["weights_mb"], c.precision,

@@ -121,3 +121,24 @@ func TestBenchEngineReportsAndForcesTheKernelPath(t *testing.T) {
 		}
 	}
 }
+
+// The training-only bench reports loading apart from training: its seconds and its peak
+// resident memory, which holds at least the weights it loaded; where the peak could be reset
+// (Linux), training's peak is measured from there and still holds the weights.
+func TestBenchEngineReportsLoadingApart(t *testing.T) {
+	res := benchJSON(t, engine.ArchQwen3, "--train-only")
+	num := func(k string) float64 {
+		v, ok := res[k].(float64)
+		if !ok {
+			t.Fatalf("%s = %v, want a number (%v)", k, res[k], res)
+		}
+		return v
+	}
+	weights := num("weights_mb")
+	if load := num("load_rss_mb"); !(load >= weights) || !(num("load_s") > 0) {
+		t.Fatalf("load_rss_mb %v for %v MB of weights, load_s %v", load, weights, res["load_s"])
+	}
+	if num("rss_reset") == 1 && !(num("train_rss_mb") >= weights) {
+		t.Fatalf("train_rss_mb %v after the reset, below the %v MB of weights", res["train_rss_mb"], weights)
+	}
+}

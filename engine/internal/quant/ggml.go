@@ -88,8 +88,14 @@ func QuantizeActQ8_K(dst []BlockQ8_K, x []float32) {
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
 
-// fma32 is a·b + c rounded once to float32, as VFMADD does (kernels.FMA32).
-func fma32(a, b, c float32) float32 { return kernels.FMA32(a, b, c) }
+// fma32 is a·b + c rounded once to float32, as VFMADD does: the instruction where the path has
+// it (fmaHW), else kernels.FMA32's exact emulation (the same float).
+func fma32(a, b, c float32) float32 {
+	if r, ok := fmaHW(a, b, c); ok {
+		return r
+	}
+	return kernels.FMA32(a, b, c)
+}
 
 // hsum8 is ggml's hsum_float_8: the high half added to the low, then lanes 0+2 and 1+3, then the
 // two.
@@ -102,7 +108,10 @@ func hsum8(v *[8]float32) float32 {
 // runs for several rows, sums in the same lanes and order) of nb blocks of weights w and
 // activations a: per block, lane m holds the integer sum of products 4m…4m+3, converted to
 // float32 and fused-multiply-added with d_w·d_a into lane m of the accumulator.
-func DotQ8_0(w, a []byte, nb int) float32 {
+func DotQ8_0(w, a []byte, nb int) float32 { return dotQ8_0(w, a, nb) }
+
+// dotQ8_0Scalar is DotQ8_0 in plain Go: the reference the SIMD kernels are checked against.
+func dotQ8_0Scalar(w, a []byte, nb int) float32 {
 	var acc [8]float32
 	for b := range nb {
 		wb := w[b*BlockBytesQ8_0 : (b+1)*BlockBytesQ8_0]
@@ -126,6 +135,23 @@ func DotQ8_0(w, a []byte, nb int) float32 {
 // m_2n·(bsums 4n + 4n+1) + m_2n+1·(bsums 4n+2 + 4n+3), fused-multiply-added with −d_a·dmin_w;
 // the result is hsum_float_8 of the first plus (lanes 0+2) + (1+3) of the second.
 func DotQ4_K(w []byte, a []BlockQ8_K) float32 {
+	if r, ok := dotQ4_KSIMD(w, a); ok {
+		return r
+	}
+	return dotQ4_KScalar(w, a)
+}
+
+// q4KScalesMins are a Q4_K super-block's eight 6-bit scales and mins (scaleMinK4).
+func q4KScalesMins(x []byte) (sc, mn [8]int32) {
+	for j := range 8 {
+		s, m := scaleMinK4(j, x[4:16])
+		sc[j], mn[j] = int32(s), int32(m)
+	}
+	return sc, mn
+}
+
+// dotQ4_KScalar is DotQ4_K in plain Go: the reference the SIMD kernel is checked against.
+func dotQ4_KScalar(w []byte, a []BlockQ8_K) float32 {
 	var acc [8]float32
 	var accM [4]float32
 	for b := range a {
@@ -133,23 +159,18 @@ func DotQ4_K(w []byte, a []BlockQ8_K) float32 {
 		x := w[b*BlockBytesQ4_K : (b+1)*BlockBytesQ4_K]
 		d := y.D * F16ToF32(uint16(x[0])|uint16(x[1])<<8)
 		dmin := -y.D * F16ToF32(uint16(x[2])|uint16(x[3])<<8)
-		var sc, mn [8]int32
-		for j := range 8 {
-			s, m := scaleMinK4(j, x[4:16])
-			sc[j], mn[j] = int32(s), int32(m)
-		}
+		sc, mn := q4KScalesMins(x)
 		for n := range 4 {
 			bs := y.Bsums[4*n:]
 			p := mn[2*n]*int32(bs[0]+bs[1]) + mn[2*n+1]*int32(bs[2]+bs[3])
 			accM[n] = fma32(dmin, float32(p), accM[n])
 		}
-		q := x[16:]
-		var lanes [8]int32
-		for j := range 4 { // 64 weights: 32 bytes, low nibbles then high
-			for i := range 32 {
-				lo := int32(q[32*j+i]&0xf) * int32(y.Qs[64*j+i])
-				hi := int32(q[32*j+i]>>4) * int32(y.Qs[64*j+32+i])
-				lanes[i/4] += sc[2*j]*lo + sc[2*j+1]*hi
+		var sl [4][8]int32
+		q4KScaledLanes(x[16:BlockBytesQ4_K], &y.Qs, &sc, &sl)
+		var lanes [8]int32 // integer sums: the same in any order
+		for j := range 4 {
+			for m := range 8 {
+				lanes[m] += sl[j][m]
 			}
 		}
 		for m := range 8 {
@@ -163,20 +184,40 @@ func DotQ4_K(w []byte, a []BlockQ8_K) float32 {
 // (64 weights: the repacked kernels' step): isum[p] = sc_2p·Σq4·q8 + sc_2p+1·Σq4·q8 and
 // imin[p] = m_2p·(bsums 4p + 4p+1) + m_2p+1·(bsums 4p+2 + 4p+3).
 func q4KSums(x []byte, y *BlockQ8_K) (isum, imin [4]int32) {
-	q := x[16:]
+	sc, mn := q4KScalesMins(x)
+	var sl [4][8]int32
+	q4KScaledLanes(x[16:BlockBytesQ4_K], &y.Qs, &sc, &sl)
 	for p := range 4 {
-		s0, m0 := scaleMinK4(2*p, x[4:16])
-		s1, m1 := scaleMinK4(2*p+1, x[4:16])
-		var lo, hi int32
-		for i := range 32 {
-			lo += int32(q[32*p+i]&0xf) * int32(y.Qs[64*p+i])
-			hi += int32(q[32*p+i]>>4) * int32(y.Qs[64*p+32+i])
+		for m := range 8 {
+			isum[p] += sl[p][m]
 		}
-		isum[p] = int32(s0)*lo + int32(s1)*hi
 		bs := y.Bsums[4*p:]
-		imin[p] = int32(m0)*int32(bs[0]+bs[1]) + int32(m1)*int32(bs[2]+bs[3])
+		imin[p] = mn[2*p]*int32(bs[0]+bs[1]) + mn[2*p+1]*int32(bs[2]+bs[3])
 	}
 	return isum, imin
+}
+
+// q4KScaledLanes is a Q4_K super-block's 128 bytes of nibbles q times the Q8_K activations qs,
+// scaled by the sub-blocks' scales sc, in eight lanes per pair of sub-blocks (the lanes of ggml's
+// AVX2 kernels): out[p][m] = sc[2p]·Σ (q[32p+i] & 15)·qs[64p+i] + sc[2p+1]·Σ (q[32p+i] >> 4)·
+// qs[64p+32+i] over i = 4m…4m+3. Integer sums: any order gives the same.
+func q4KScaledLanes(q []byte, qs *[256]int8, sc *[8]int32, out *[4][8]int32) {
+	if q4KScaledLanesSIMD(q, qs, sc, out) {
+		return
+	}
+	q4KScaledLanesScalar(q, qs, sc, out)
+}
+
+func q4KScaledLanesScalar(q []byte, qs *[256]int8, sc *[8]int32, out *[4][8]int32) {
+	_ = q[127]
+	*out = [4][8]int32{}
+	for p := range 4 {
+		for i := range 32 {
+			lo := int32(q[32*p+i]&0xf) * int32(qs[64*p+i])
+			hi := int32(q[32*p+i]>>4) * int32(qs[64*p+32+i])
+			out[p][i/4] += sc[2*p]*lo + sc[2*p+1]*hi
+		}
+	}
 }
 
 // DotQ4_KGemm is one output of ggml_gemm_q4_K_8x8_q8_K (AVX2), the kernel of a Q4_K weight that
@@ -223,24 +264,10 @@ func DotQ6_K(w []byte, a []BlockQ8_K) float32 {
 	for b := range a {
 		y := &a[b]
 		x := w[b*BlockBytesQ6_K : (b+1)*BlockBytesQ6_K]
-		ql, qh, scb := x[0:128], x[128:192], x[192:208]
+		scb := x[192:208]
 		d := y.D * F16ToF32(uint16(x[208])|uint16(x[209])<<8)
 		var lanes [8]int32
-		for half := range 2 {
-			ql, qh := ql[64*half:], qh[32*half:]
-			for l := range 32 {
-				q := [4]int32{
-					int32(ql[l]&0xf | (qh[l]&3)<<4),
-					int32(ql[l+32]&0xf | (qh[l]>>2&3)<<4),
-					int32(ql[l]>>4 | (qh[l]>>4&3)<<4),
-					int32(ql[l+32]>>4 | (qh[l]>>6&3)<<4),
-				}
-				for t, v := range q {
-					e := 128*half + 32*t + l
-					lanes[l/4] += int32(int8(scb[e/16])) * v * int32(y.Qs[e])
-				}
-			}
-		}
+		q6KLanes(x, &y.Qs, &lanes)
 		for m := range 8 {
 			sub := int32(y.Bsums[2*m])*int32(int8(scb[2*m])) + int32(y.Bsums[2*m+1])*int32(int8(scb[2*m+1]))
 			acc[m] = fma32(d, float32(lanes[m]-sub<<5), acc[m])
@@ -306,4 +333,34 @@ func ggmlRows[A any](y, x []float32, w []byte, R, K, N, wRowBytes, actPer int, q
 			}
 		}
 	})
+}
+
+// q6KLanes is a Q6_K super-block x's scaled integer sums with the Q8_K activations qs in eight
+// lanes: lane m = Σ sc·q6·q8 over the elements whose index mod 32 is in 4m…4m+3 (q6 the
+// unsigned 6-bit value, sc the int8 scale of its 16).
+func q6KLanes(x []byte, qs *[256]int8, lanes *[8]int32) {
+	if q6KLanesSIMD(x, qs, lanes) {
+		return
+	}
+	q6KLanesScalar(x, qs, lanes)
+}
+
+func q6KLanesScalar(x []byte, qs *[256]int8, lanes *[8]int32) {
+	ql, qh, scb := x[0:128], x[128:192], x[192:208]
+	*lanes = [8]int32{}
+	for half := range 2 {
+		ql, qh := ql[64*half:], qh[32*half:]
+		for l := range 32 {
+			q := [4]int32{
+				int32(ql[l]&0xf | (qh[l]&3)<<4),
+				int32(ql[l+32]&0xf | (qh[l]>>2&3)<<4),
+				int32(ql[l]>>4 | (qh[l]>>4&3)<<4),
+				int32(ql[l+32]>>4 | (qh[l]>>6&3)<<4),
+			}
+			for t, v := range q {
+				e := 128*half + 32*t + l
+				lanes[l/4] += int32(int8(scb[e/16])) * v * int32(qs[e])
+			}
+		}
+	}
 }

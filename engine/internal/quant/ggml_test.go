@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // actFixture is what ggml-cpu's AVX2 build (libggml-cpu-haswell.so of node-llama-cpp's prebuilt)
@@ -179,4 +181,182 @@ func exactFMA32(a, b, c float32) float32 {
 	x.Add(x, new(big.Float).SetPrec(256).SetFloat64(float64(c)))
 	f, _ := x.Float32()
 	return f
+}
+
+// The Q8_0 dot on the active kernel path (AVX2's integer instructions where the path has them)
+// is the plain-Go one bit for bit: weights over the whole int8 range (a GGUF may hold −128),
+// activations as QuantizeActQ8_0 makes them (±127), scales over f16's range, 1 to 130 blocks.
+func TestDotQ8_0KernelMatchesScalar(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	block := func(dst []byte, lo int) {
+		h := F32ToF16(float32(math.Exp(rng.NormFloat64() * 4)))
+		dst[0], dst[1] = byte(h), byte(h>>8)
+		for j := range BlockQ8_0 {
+			dst[2+j] = byte(int8(lo + rng.IntN(128-lo)))
+		}
+	}
+	for trial := range 300 {
+		nb := 1 + rng.IntN(130)
+		w, a := make([]byte, nb*BlockBytesQ8_0), make([]byte, nb*BlockBytesQ8_0)
+		for b := range nb {
+			block(w[b*BlockBytesQ8_0:], -128)
+			block(a[b*BlockBytesQ8_0:], -127)
+			if trial%10 == 0 { // blocks of one extreme value: the pair sums' largest
+				for j := range BlockQ8_0 {
+					w[b*BlockBytesQ8_0+2+j], a[b*BlockBytesQ8_0+2+j] = 0x80, 0x81
+				}
+			}
+		}
+		got, want := DotQ8_0(w, a, nb), dotQ8_0Scalar(w, a, nb)
+		if math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("trial %d, %d blocks: %g, plain Go %g", trial, nb, got, want)
+		}
+	}
+}
+
+// A Q4_K super-block's scaled lanes on the active path (AVX2's where it has them) equal the
+// plain-Go ones: nibbles of every byte value, activations over the whole int8 range, 6-bit scales.
+func TestQ4_KScaledLanesMatchScalar(t *testing.T) {
+	var sc [8]int32
+	if !q4KScaledLanesSIMD(make([]byte, 128), new([256]int8), &sc, new([4][8]int32)) {
+		t.Skip("no SIMD lanes on this path")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	q := make([]byte, 128)
+	var qs [256]int8
+	for trial := range 200 {
+		for i := range q {
+			q[i] = byte(rng.IntN(256))
+		}
+		for i := range qs {
+			qs[i] = int8(rng.IntN(256) - 128)
+			if trial%10 == 0 {
+				q[i/2], qs[i] = 0xff, -128 // the largest pair sums
+			}
+		}
+		for j := range sc {
+			sc[j] = int32(rng.IntN(64))
+			if trial%10 == 0 {
+				sc[j] = 63
+			}
+		}
+		var got, want [4][8]int32
+		q4KScaledLanesSIMD(q, &qs, &sc, &got)
+		q4KScaledLanesScalar(q, &qs, &sc, &want)
+		if got != want {
+			t.Fatalf("trial %d: %v, plain Go %v", trial, got, want)
+		}
+	}
+}
+
+// A Q6_K super-block's scaled lanes on the active path equal the plain-Go ones: random bytes for
+// the bits and scales (int8 scales of both signs), activations over the whole int8 range.
+func TestQ6_KLanesMatchScalar(t *testing.T) {
+	if !q6KLanesSIMD(make([]byte, BlockBytesQ6_K), new([256]int8), new([8]int32)) {
+		t.Skip("no SIMD lanes on this path")
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	x := make([]byte, BlockBytesQ6_K)
+	var qs [256]int8
+	for trial := range 200 {
+		for i := range x {
+			x[i] = byte(rng.IntN(256))
+		}
+		for i := range qs {
+			qs[i] = int8(rng.IntN(256) - 128)
+		}
+		if trial%10 == 0 { // every 6-bit value 63, scales −128, activations −128
+			for i := range 192 {
+				x[i] = 0xff
+			}
+			for i := 192; i < 208; i++ {
+				x[i] = 0x80
+			}
+			for i := range qs {
+				qs[i] = -128
+			}
+		}
+		var got, want [8]int32
+		q6KLanesSIMD(x, &qs, &got)
+		q6KLanesScalar(x, &qs, &want)
+		if got != want {
+			t.Fatalf("trial %d: %v, plain Go %v", trial, got, want)
+		}
+	}
+}
+
+// BenchmarkGGMLDots times one output of each llama.cpp-rounded product (a row of 4096 weights
+// against one activation row) on the active kernel path and on the plain-Go one, side by side:
+// go test ./engine/internal/quant -run X -bench GGMLDots.
+func BenchmarkGGMLDots(b *testing.B) {
+	const n = 4096
+	rng := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	a8 := make([]byte, n/BlockQ8_0*BlockBytesQ8_0)
+	QuantizeActQ8_0(a8, x)
+	ak := make([]BlockQ8_K, n/256)
+	QuantizeActQ8_K(ak, x)
+	w8, _ := QuantizeQ8_0(x, n)
+	w4, _ := QuantizeQ4_K(x, n)
+	w6, _ := QuantizeQ6_K(x, n)
+	dots := []struct {
+		name string
+		dot  func() float32
+	}{
+		{"q8_0", func() float32 { return DotQ8_0(w8, a8, n/BlockQ8_0) }},
+		{"q4_k", func() float32 { return DotQ4_K(w4, ak) }},
+		{"q4_k_gemm", func() float32 { return DotQ4_KGemm(w4, ak) }},
+		{"q6_k", func() float32 { return DotQ6_K(w6, ak) }},
+	}
+	for _, d := range dots {
+		for _, path := range []kernels.Path{kernels.Active(), kernels.Scalar} {
+			b.Run(d.name+"/"+path.String(), func(b *testing.B) {
+				undo, err := kernels.Use(path)
+				if err != nil {
+					b.Skip(err)
+				}
+				defer undo()
+				var s float32
+				for b.Loop() {
+					s += d.dot()
+				}
+				b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweights/s")
+			})
+		}
+	}
+}
+
+// The vector Q4_K dot and the instruction FMA are the plain-Go ones bit for bit: random weights
+// and activations (QuantizeQ4_K and QuantizeActQ8_K of random rows, 1 to 9 super-blocks, values
+// over many magnitudes so that the lanes' float sums round), and FMA32 on random triples.
+func TestQ4_KDotKernelMatchesScalar(t *testing.T) {
+	if _, ok := fmaHW(1, 1, 1); !ok {
+		t.Skip("no vector kernels on this path")
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	for trial := range 300 {
+		nb := 1 + rng.IntN(9)
+		x, act := make([]float32, nb*256), make([]float32, nb*256)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64() * math.Exp(rng.NormFloat64()*3))
+			act[i] = float32(rng.NormFloat64() * math.Exp(rng.NormFloat64()*3))
+		}
+		w, err := QuantizeQ4_K(x, len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := make([]BlockQ8_K, nb)
+		QuantizeActQ8_K(a, act)
+		got, _ := dotQ4_KSIMD(w, a)
+		if want := dotQ4_KScalar(w, a); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("trial %d, %d blocks: %g, plain Go %g", trial, nb, got, want)
+		}
+		p, q, r := float32(rng.NormFloat64()), float32(rng.NormFloat64()*1e3), float32(rng.NormFloat64()*1e-3)
+		if f, _ := fmaHW(p, q, r); math.Float32bits(f) != math.Float32bits(kernels.FMA32(p, q, r)) {
+			t.Fatalf("fma(%g, %g, %g): instruction %g, emulation %g", p, q, r, f, kernels.FMA32(p, q, r))
+		}
+	}
 }

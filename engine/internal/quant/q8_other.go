@@ -7,3 +7,13 @@ func q8Outputs(y, x []float32, w []byte, R, K, N, lo, hi int) {
 }
 
 func q8BlockPairs(dst *[BlockQ8_0 / 2]uint32, w []byte, at int) { q8BlockPairsScalar(dst, w, at) }
+
+func dotQ8_0(w, a []byte, nb int) float32 { return dotQ8_0Scalar(w, a, nb) }
+
+func q4KScaledLanesSIMD(q []byte, qs *[256]int8, sc *[8]int32, out *[4][8]int32) bool { return false }
+
+func q6KLanesSIMD(x []byte, qs *[256]int8, lanes *[8]int32) bool { return false }
+
+func fmaHW(a, b, c float32) (float32, bool) { return 0, false }
+
+func dotQ4_KSIMD(w []byte, a []BlockQ8_K) (float32, bool) { return 0, false }

@@ -156,7 +156,10 @@ func (t Tensor) Float32() ([]float32, error) {
 		return nil, fmt.Errorf("safetensors: cannot convert %s to float32", t.DType)
 	}
 	out := make([]float32, len(t.Data)/size)
-	return out, t.Float32Into(out)
+	if err := t.Float32Into(out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Float32Into writes the tensor's values widened or narrowed to float32 into dst, which must

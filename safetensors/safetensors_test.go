@@ -52,3 +52,35 @@ func TestParseRejectsCorruptFiles(t *testing.T) {
 		}
 	}
 }
+
+// Float32Into converts into the caller's buffer the values Float32 returns, and refuses a buffer
+// of another length or a dtype that is not a float, writing nothing.
+func TestFloat32IntoConvertsIntoTheBuffer(t *testing.T) {
+	bf := Tensor{DType: "BF16", Shape: []int{3}, Data: []byte{0x80, 0x3f, 0x20, 0xc0, 0x00, 0x00}}
+	dst := make([]float32, 3)
+	if err := bf.Float32Into(dst); err != nil || dst[0] != 1 || dst[1] != -2.5 || dst[2] != 0 {
+		t.Fatalf("bf16 into %v: %v", dst, err)
+	}
+	for name, c := range map[string]struct {
+		t   Tensor
+		dst []float32
+	}{
+		"short buffer": {bf, make([]float32, 2)},
+		"long buffer":  {bf, make([]float32, 4)},
+		"int32":        {Tensor{DType: "I32", Shape: []int{1}, Data: make([]byte, 4)}, make([]float32, 1)},
+		"unknown":      {Tensor{DType: "Q4", Shape: []int{1}, Data: make([]byte, 4)}, make([]float32, 1)},
+	} {
+		for i := range c.dst {
+			c.dst[i] = 7
+		}
+		if err := c.t.Float32Into(c.dst); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+		for _, v := range c.dst {
+			if v != 7 {
+				t.Errorf("%s: wrote %v", name, c.dst)
+				break
+			}
+		}
+	}
+}

@@ -141,4 +141,7 @@ func TestBenchEngineReportsLoadingApart(t *testing.T) {
 	if num("rss_reset") == 1 && !(num("train_rss_mb") >= weights) {
 		t.Fatalf("train_rss_mb %v after the reset, below the %v MB of weights", res["train_rss_mb"], weights)
 	}
+	if peak := num("peak_rss_mb"); peak != max(num("load_rss_mb"), num("train_rss_mb")) {
+		t.Fatalf("peak_rss_mb %v, want the process's: the larger of load_rss_mb %v and train_rss_mb %v", peak, res["load_rss_mb"], res["train_rss_mb"])
+	}
 }

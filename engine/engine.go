@@ -77,6 +77,7 @@ type Engine struct {
 	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
 	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: pairsChunkOutputs decides); tests set it
 	attnChunk      int   // query rows of a chunk of a forward-only pass's attention (0: attnChunkRows decides); tests set it
+	keepFFNActs    bool  // tests: the feed-forward block's backward keeps its buffers to the layer's end, as it once did
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
 }

@@ -242,3 +242,48 @@ func TestHeadTilesMatchOneProductAndHoldOneTile(t *testing.T) {
 		t.Fatalf("the estimate counts %d bytes more for the whole head's logits than for a tile's, want %d", estimates[0]-estimates[1], want)
 	}
 }
+
+// The feed-forward block's backward gives back its activations and temporaries before
+// attention's backward runs: the same loss, logprobs and gradients bit for bit as keeping them to
+// the layer's end, and a pass's peak lower by most of those [tokens, F] buffers (on an 8B shape
+// at 1024 tokens 0.39 GB of a recomputed layer), recomputing layers or keeping them. Fails on
+// the code that kept them (the peaks equal).
+func TestFeedForwardBackwardGivesBackItsBuffers(t *testing.T) {
+	ids := make([]int, 200)
+	for i := range ids {
+		ids[i] = (i*53)%400 + 3
+	}
+	data := []Datum{textDatum(ids), textDatum(ids[:150])}
+	for _, arch := range []Arch{ArchLlama, ArchQwen3} {
+		for _, recompute := range []bool{false, true} {
+			var grads [2][]float64
+			var peaks [2]int
+			var loss [2]float64
+			var lp [2][][]float64
+			var e *Engine
+			for k, keep := range []bool{true, false} {
+				e = loadTiny(t, arch, Options{})
+				e.recompute, e.keepFFNActs = &recompute, keep
+				a := adapterWithB(t, e, "r", LoraConfig{Rank: 2, Seed: 5, TrainAttn: true, TrainMLP: true}, func(i, j int) float64 { return 0.02 * math.Cos(float64(j+i)) })
+				r, err := e.ForwardBackward(context.Background(), "r", data, "cross_entropy", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				loss[k], peaks[k], lp[k] = r.Loss, e.PeakStepBytes(), r.Logprobs
+				for _, p := range a.params {
+					grads[k] = append(grads[k], p.float64s('g')...)
+				}
+			}
+			if loss[0] != loss[1] || !reflect.DeepEqual(lp[0], lp[1]) || !slices.Equal(grads[0], grads[1]) {
+				t.Fatalf("%s recompute=%v: giving the buffers back changed the results (loss %v and %v)", arch, recompute, loss[0], loss[1])
+			}
+			// The block's [N, F] float32 buffers: at least its four activations no longer beside
+			// attention's backward.
+			block := 4 * 4 * 2 * padLen(len(ids)) * e.Config.IntermediateSize
+			t.Logf("%s recompute=%v: peak %d bytes keeping the block's buffers, %d giving them back (%d)", arch, recompute, peaks[0], peaks[1], block)
+			if peaks[0]-peaks[1] < block*3/4 {
+				t.Fatalf("%s recompute=%v: peak %d keeping the block's buffers, %d giving them back: want %d less", arch, recompute, peaks[0], peaks[1], block*3/4)
+			}
+		}
+	}
+}

@@ -290,16 +290,22 @@ func (c *Config) stepElemsPerToken(T int) int {
 	q, kv := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	probs := c.NumAttentionHeads * T
 	layers := c.allLayersElemsPerToken()
-	backward := 5*D + 6*q + 4*kv + probs + 3*F
+	// A layer's backward runs in two phases (backward.go, layerBack): the feed-forward block's,
+	// holding d(act), d(gate), d(up) and d(x2), then attention's, after the block has given back
+	// those and its own activations (4F, counted in the layer's: ffn.go).
+	ffnPhase := 3*F + D
+	attnPhase := 6*D + 6*q + 4*kv + probs - 4*F
+	if c.recomputesProbs(T) {
+		attnPhase += probs // recomputed while the layer's backward runs
+	}
+	backward := max(ffnPhase, attnPhase)
 	if c.deltaNet != nil {
 		// A DeltaNet layer's backward temporaries: the gated norm's and the rule's gradients,
 		// the conv's input and output gradients, beside the MLP's.
 		d := c.dnDims()
 		backward = max(backward, 3*D+2*d.C+2*d.Kd+4*d.Vd+4*d.Hv+3*F)
 	}
-	if c.recomputesProbs(T) {
-		backward += probs // recomputed while the layer's backward runs
-	} else {
+	if !c.recomputesProbs(T) {
 		layers += c.attentionLayers() * probs
 	}
 	return layers + backward + 2*D

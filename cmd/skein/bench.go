@@ -61,38 +61,12 @@ func benchEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	loadStart := time.Now()
-	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Logger: log})
+	e, loaded, err := benchLoad(c, ggmlAct, log)
 	if err != nil {
 		return err
 	}
-	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
-		return err
-	}
-	loaded := map[string]float64{"load_s": time.Since(loadStart).Seconds()}
-	// Loading's peak apart from training's: quantizing at load holds the file's pages and
-	// conversion copies that training never does. The peak is then reset (Linux clear_refs 5),
-	// so train_rss_mb is what training holds; where it cannot be, train_rss_mb is the process's.
-	if hwm, err := peakRSS(); err == nil {
-		loaded["load_rss_mb"] = float64(hwm) / (1 << 20)
-		runtime.GC()
-		debug.FreeOSMemory()
-		loaded["rss_reset"] = 0
-		if resetPeakRSS() == nil {
-			loaded["rss_reset"] = 1
-		}
-	}
 	if c.trainOnly && os.Getenv("GOMEMLIMIT") == "" {
-		// The collector's goal is twice the live heap, and a model's weights are Go memory: left
-		// alone, garbage grows toward the weights' size again (the 1b preset in bf16: 4.4 GB
-		// resident against 3.7 planned; with a limit at the plan, 3.8). A soft limit at the plan
-		// (+5%) measures what training holds, not how lazily it is collected. At the plan itself
-		// an 8B shape over Q4_K held 130 MB less but stepped 1.5× slower: its free step buffers
-		// of other shapes put the live heap just over the plan, and the collector ran on and on.
-		plan := e.PlanTraining(c.batch, c.seq, engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true})
-		limit := plan.Total() + plan.Total()/20
-		debug.SetMemoryLimit(limit)
-		log.Info("bench: soft memory limit at the plan", "bytes", limit)
+		limitMemoryToPlan(e, c, log)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	data := benchData(e, rng, c.batch, c.seq)
@@ -521,6 +495,46 @@ func writeHeapProfile(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// limitMemoryToPlan sets a soft memory limit at the training plan for a training-only run.
+func limitMemoryToPlan(e *engine.Engine, c benchConfig, log *slog.Logger) {
+	// The collector's goal is twice the live heap, and a model's weights are Go memory: left
+	// alone, garbage grows toward the weights' size again (the 1b preset in bf16: 4.4 GB
+	// resident against 3.7 planned; with a limit at the plan, 3.8). A soft limit at the plan
+	// (+5%) measures what training holds, not how lazily it is collected. At the plan itself
+	// an 8B shape over Q4_K held 130 MB less but stepped 1.5× slower: its free step buffers
+	// of other shapes put the live heap just over the plan, and the collector ran on and on.
+	plan := e.PlanTraining(c.batch, c.seq, engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true})
+	limit := plan.Total() + plan.Total()/20
+	debug.SetMemoryLimit(limit)
+	log.Info("bench: soft memory limit at the plan", "bytes", limit)
+}
+
+// benchLoad loads the model and creates the bench's adapter, and reports loading apart from
+// training: its seconds and peak resident memory (quantizing at load holds the file's pages and
+// conversion copies that training never does). The peak is then reset (Linux clear_refs 5), so
+// train_rss_mb is what training holds; where it cannot be, train_rss_mb is the process's.
+func benchLoad(c benchConfig, ggmlAct bool, log *slog.Logger) (*engine.Engine, map[string]float64, error) {
+	loadStart := time.Now()
+	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := e.CreateAdapter("bench", engine.LoraConfig{Rank: c.rank, TrainAttn: true, TrainMLP: true}); err != nil {
+		return nil, nil, err
+	}
+	loaded := map[string]float64{"load_s": time.Since(loadStart).Seconds()}
+	if hwm, err := peakRSS(); err == nil {
+		loaded["load_rss_mb"] = float64(hwm) / (1 << 20)
+		runtime.GC()
+		debug.FreeOSMemory()
+		loaded["rss_reset"] = 0
+		if resetPeakRSS() == nil {
+			loaded["rss_reset"] = 1
+		}
+	}
+	return e, loaded, nil
 }
 
 // resetPeakRSS sets the process's peak resident memory back to what is resident now (Linux 4.0+:

@@ -150,6 +150,20 @@ func q4KScalesMins(x []byte) (sc, mn [8]int32) {
 	return sc, mn
 }
 
+// q4KBlockHead is what DotQ4_K's kernels take of one super-block x before its nibbles: d_a·d_w,
+// −d_a·dmin_w, the eight scales, and the mins term's four lanes m_2n·(bsums 4n + 4n+1) +
+// m_2n+1·(bsums 4n+2 + 4n+3) as float32.
+func q4KBlockHead(x []byte, y *BlockQ8_K) (d, dmin float32, sc [8]int32, pm [4]float32) {
+	d = y.D * F16ToF32(uint16(x[0])|uint16(x[1])<<8)
+	dmin = -y.D * F16ToF32(uint16(x[2])|uint16(x[3])<<8)
+	sc, mn := q4KScalesMins(x)
+	for n := range 4 {
+		bs := y.Bsums[4*n:]
+		pm[n] = float32(mn[2*n]*int32(bs[0]+bs[1]) + mn[2*n+1]*int32(bs[2]+bs[3]))
+	}
+	return d, dmin, sc, pm
+}
+
 // dotQ4_KScalar is DotQ4_K in plain Go: the reference the SIMD kernel is checked against.
 func dotQ4_KScalar(w []byte, a []BlockQ8_K) float32 {
 	var acc [8]float32
@@ -157,13 +171,9 @@ func dotQ4_KScalar(w []byte, a []BlockQ8_K) float32 {
 	for b := range a {
 		y := &a[b]
 		x := w[b*BlockBytesQ4_K : (b+1)*BlockBytesQ4_K]
-		d := y.D * F16ToF32(uint16(x[0])|uint16(x[1])<<8)
-		dmin := -y.D * F16ToF32(uint16(x[2])|uint16(x[3])<<8)
-		sc, mn := q4KScalesMins(x)
+		d, dmin, sc, pm := q4KBlockHead(x, y)
 		for n := range 4 {
-			bs := y.Bsums[4*n:]
-			p := mn[2*n]*int32(bs[0]+bs[1]) + mn[2*n+1]*int32(bs[2]+bs[3])
-			accM[n] = fma32(dmin, float32(p), accM[n])
+			accM[n] = fma32(dmin, pm[n], accM[n])
 		}
 		var sl [4][8]int32
 		q4KScaledLanes(x[16:BlockBytesQ4_K], &y.Qs, &sc, &sl)

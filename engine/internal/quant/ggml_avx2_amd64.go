@@ -120,14 +120,7 @@ func dotQ4_KSIMD(w []byte, a []BlockQ8_K) (float32, bool) {
 	for b := range a {
 		y := &a[b]
 		x := w[b*BlockBytesQ4_K : (b+1)*BlockBytesQ4_K]
-		d := y.D * F16ToF32(uint16(x[0])|uint16(x[1])<<8)
-		dmin := -y.D * F16ToF32(uint16(x[2])|uint16(x[3])<<8)
-		sc, mn := q4KScalesMins(x)
-		var pm [4]float32
-		for n := range 4 {
-			bs := y.Bsums[4*n:]
-			pm[n] = float32(mn[2*n]*int32(bs[0]+bs[1]) + mn[2*n+1]*int32(bs[2]+bs[3]))
-		}
+		d, dmin, sc, pm := q4KBlockHead(x, y)
 		accM = archsimd.LoadFloat32x4(&pm).MulAdd(archsimd.BroadcastFloat32x4(dmin), accM)
 		q := x[16:]
 		var lanes archsimd.Int32x8

@@ -1,7 +1,5 @@
 package quant
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
-
 // Format is one block format with what the engine does with it: quantize rows at load,
 // dequantize for the float32 GEMM, multiply few rows straight from the blocks, and widen into
 // the bf16 GEMM's pairs.
@@ -26,11 +24,11 @@ var (
 		Dequantize: DequantizeQ8_0, Product: Q8_0Product, Pairs: Q8_0Pairs, GGMLProduct: ggmlProductQ8_0}
 	Q4_K = &Format{Name: "q4_k", Block: BlockQ4_K, BlockBytes: BlockBytesQ4_K, Quantize: QuantizeQ4_K,
 		Dequantize: DequantizeQ4_K, Product: rowsProduct(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K),
-		Pairs: rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K), GGMLProduct: ggmlProductQ4_K}
+		Pairs: Q4_KPairs, GGMLProduct: ggmlProductQ4_K}
 	// Q6_K: Q4_K_M's head and its attn_v and ffn_down on some layers; Q4_K's paths.
 	Q6_K = &Format{Name: "q6_k", Block: BlockQ6_K, BlockBytes: BlockBytesQ6_K, Quantize: QuantizeQ6_K,
 		Dequantize: DequantizeQ6_K, Product: rowsProduct(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K),
-		Pairs: rowsPairs(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K), GGMLProduct: ggmlProductK(func(w []byte, a []BlockQ8_K, _ int) float32 { return DotQ6_K(w, a) }, BlockBytesQ6_K)}
+		Pairs: Q6_KPairs, GGMLProduct: ggmlProductK(func(w []byte, a []BlockQ8_K, _ int) float32 { return DotQ6_K(w, a) }, BlockBytesQ6_K)}
 )
 
 // rowsProduct is a Product for a format without a kernel of its own: each output's row of W is
@@ -56,33 +54,6 @@ func rowsProduct(deq func([]float32, []byte), block, blockBytes int) func(y, x [
 						s3 += xr[k+3] * buf[k+3]
 					}
 					y[r*N+o] = (s0 + s1) + (s2 + s3)
-				}
-			}
-		})
-	}
-}
-
-// rowsPairs is a Pairs for a format without one of its own: each row of W dequantized, then
-// written as a column of the pairs.
-func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
-	return func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
-		rowBytes := K / block * blockBytes
-		_, _ = dst[K/2*N-1], w[N*rowBytes-1]
-		// Outputs in tiles of pairsTile rows dequantized at once, so a pair row's writes of a tile
-		// are side by side.
-		parallel((N+pairsTile-1)/pairsTile, func(lo, hi int) {
-			buf := make([]float32, pairsTile*K)
-			for t := lo; t < hi; t++ {
-				o0, o1 := t*pairsTile, min((t+1)*pairsTile, N)
-				for o := o0; o < o1; o++ {
-					deq(buf[(o-o0)*K:(o-o0+1)*K], w[o*rowBytes:(o+1)*rowBytes])
-				}
-				for p := range K / 2 {
-					row := dst[p*N:]
-					for o := o0; o < o1; o++ {
-						r := buf[(o-o0)*K:]
-						row[o] = uint32(kernels.BF16Of(r[2*p])) | uint32(kernels.BF16Of(r[2*p+1]))<<16
-					}
 				}
 			}
 		})

@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"encoding/binary"
 	"math"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
@@ -142,11 +143,26 @@ func DotQ4_K(w []byte, a []BlockQ8_K) float32 {
 }
 
 // q4KScalesMins are a Q4_K super-block's eight 6-bit scales and mins (scaleMinK4).
-func q4KScalesMins(x []byte) (sc, mn [8]int32) {
+// They are written through pointers: arrays returned by value are copied through X registers
+// by legacy-SSE moves, which the vector kernel must not run (vexcheck).
+func q4KScalesMins(x []byte, sc, mn *[8]int32) {
 	for j := range 8 {
 		s, m := scaleMinK4(j, x[4:16])
 		sc[j], mn[j] = int32(s), int32(m)
 	}
+}
+
+// q4KScalesMinsPacked is q4KScalesMins as ggml's AVX2 kernel unpacks them, in 32-bit words:
+// byte j of sc (mn) is scale (min) j. Inlined, so the vector kernel calls nothing.
+func q4KScalesMinsPacked(x []byte) (sc, mn uint64) {
+	u01 := binary.LittleEndian.Uint64(x[4:12])
+	u2 := uint64(binary.LittleEndian.Uint32(x[12:16]))
+	u2 |= u2 << 28 // byte i of the top half: byte i >> 4
+	// Scales 0–3 and mins 0–3 are bytes 0–7 of u01; scales 4–7 and mins 4–7 take u2's low and
+	// high nibbles, and u01's top two bits as their bits 4–5.
+	hi := u2&0x0f0f0f0f_0f0f0f0f | (u01>>6&0x03030303_03030303)<<4
+	sc = u01&0x3f3f3f3f | hi<<32
+	mn = u01>>32&0x3f3f3f3f | hi>>32<<32
 	return sc, mn
 }
 
@@ -156,7 +172,8 @@ func q4KScalesMins(x []byte) (sc, mn [8]int32) {
 func q4KBlockHead(x []byte, y *BlockQ8_K) (d, dmin float32, sc [8]int32, pm [4]float32) {
 	d = y.D * F16ToF32(uint16(x[0])|uint16(x[1])<<8)
 	dmin = -y.D * F16ToF32(uint16(x[2])|uint16(x[3])<<8)
-	sc, mn := q4KScalesMins(x)
+	var mn [8]int32
+	q4KScalesMins(x, &sc, &mn)
 	for n := range 4 {
 		bs := y.Bsums[4*n:]
 		pm[n] = float32(mn[2*n]*int32(bs[0]+bs[1]) + mn[2*n+1]*int32(bs[2]+bs[3]))
@@ -194,7 +211,8 @@ func dotQ4_KScalar(w []byte, a []BlockQ8_K) float32 {
 // (64 weights: the repacked kernels' step): isum[p] = sc_2p·Σq4·q8 + sc_2p+1·Σq4·q8 and
 // imin[p] = m_2p·(bsums 4p + 4p+1) + m_2p+1·(bsums 4p+2 + 4p+3).
 func q4KSums(x []byte, y *BlockQ8_K) (isum, imin [4]int32) {
-	sc, mn := q4KScalesMins(x)
+	var sc, mn [8]int32
+	q4KScalesMins(x, &sc, &mn)
 	var sl [4][8]int32
 	q4KScaledLanes(x[16:BlockBytesQ4_K], &y.Qs, &sc, &sl)
 	for p := range 4 {

@@ -360,3 +360,34 @@ func TestQ4_KDotKernelMatchesScalar(t *testing.T) {
 		}
 	}
 }
+
+// The packed unpacking of a Q4_K super-block's scales and mins (the vector kernel's) gives
+// scaleMinK4's: random scale bytes, and every byte value in every position.
+func TestQ4_KScalesMinsPackedMatchesScaleMinK4(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	x := make([]byte, BlockBytesQ4_K)
+	check := func() {
+		t.Helper()
+		var sc, mn [8]int32
+		q4KScalesMins(x, &sc, &mn)
+		psc, pmn := q4KScalesMinsPacked(x)
+		for j := range 8 {
+			if got, gotM := int32(psc>>(8*j)&0xff), int32(pmn>>(8*j)&0xff); got != sc[j] || gotM != mn[j] {
+				t.Fatalf("scales % x: j %d packed (%d, %d), scaleMinK4 (%d, %d)", x[4:16], j, got, gotM, sc[j], mn[j])
+			}
+		}
+	}
+	for range 20000 {
+		for i := 4; i < 16; i++ {
+			x[i] = byte(rng.Uint32())
+		}
+		check()
+	}
+	for pos := 4; pos < 16; pos++ {
+		clear(x[4:16])
+		for v := range 256 {
+			x[pos] = byte(v)
+			check()
+		}
+	}
+}

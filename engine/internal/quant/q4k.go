@@ -3,6 +3,8 @@ package quant
 import (
 	"fmt"
 	"math"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // Q4_K: super-blocks of 256 weights along a row, each 144 bytes: f16 d, f16 dmin, 12 bytes
@@ -177,24 +179,57 @@ func QuantizeQ4_K(x []float32, n int) ([]byte, error) {
 	return out, nil
 }
 
-// DequantizeQ4_K writes the weights of Q4_K blocks into dst (256 per block).
+// DequantizeQ4_K writes the weights of Q4_K blocks into dst (256 per block): each weight
+// (d·sc)·q − dmin·m, every product rounded to float32 apart (the explicit conversion keeps Go
+// from fusing it: the vector kernel, q4KBlockFloats, rounds the same way).
 func DequantizeQ4_K(dst []float32, blocks []byte) {
 	for i := range len(dst) / BlockQ4_K {
 		y := blocks[i*BlockBytesQ4_K : (i+1)*BlockBytesQ4_K]
-		d := F16ToF32(uint16(y[0]) | uint16(y[1])<<8)
-		mn := F16ToF32(uint16(y[2]) | uint16(y[3])<<8)
-		sc, q := y[4:16], y[16:]
-		out := dst[i*BlockQ4_K:]
-		for j := 0; j < 8; j += 2 {
-			s1, m1 := scaleMinK4(j, sc)
-			s2, m2 := scaleMinK4(j+1, sc)
-			d1, mm1 := d*float32(s1), mn*float32(m1)
-			d2, mm2 := d*float32(s2), mn*float32(m2)
-			for l := range 32 {
-				out[32*j+l] = d1*float32(q[l]&0xf) - mm1
-				out[32*j+32+l] = d2*float32(q[l]>>4) - mm2
-			}
-			q = q[32:]
+		out := (*[BlockQ4_K]float32)(dst[i*BlockQ4_K:])
+		if !q4KBlockFloats(out, y) {
+			q4KBlockFloatsScalar(out, y)
 		}
+	}
+}
+
+// q4KBlockFloatsScalar is one super-block of DequantizeQ4_K in plain Go.
+func q4KBlockFloatsScalar(out *[BlockQ4_K]float32, y []byte) {
+	d := F16ToF32(uint16(y[0]) | uint16(y[1])<<8)
+	mn := F16ToF32(uint16(y[2]) | uint16(y[3])<<8)
+	sc, q := y[4:16], y[16:]
+	for j := 0; j < 8; j += 2 {
+		s1, m1 := scaleMinK4(j, sc)
+		s2, m2 := scaleMinK4(j+1, sc)
+		d1, mm1 := d*float32(s1), mn*float32(m1)
+		d2, mm2 := d*float32(s2), mn*float32(m2)
+		for l := range 32 {
+			out[32*j+l] = float32(d1*float32(q[l]&0xf)) - mm1
+			out[32*j+32+l] = float32(d2*float32(q[l]>>4)) - mm2
+		}
+		q = q[32:]
+	}
+}
+
+// Q4_KPairs writes the weight of Q4_K rows W [N, K] as the bf16 GEMM takes it (Q8_0Pairs's
+// layout: Wᵀ [K, N] rounded to bf16, pairs of rows), a super-block at a time.
+func Q4_KPairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
+	blockPairs(dst, w, K, N, BlockQ4_K, BlockBytesQ4_K, q4KPairsTile, func(d []uint32, stride int, w []byte, at int) {
+		if !q4KBlockPairs(d, stride, w[at:at+BlockBytesQ4_K]) {
+			q4KBlockPairsScalar(d, stride, w[at:at+BlockBytesQ4_K])
+		}
+	}, parallel)
+}
+
+// q4KPairsTile is the outputs Q4_KPairs widens side by side: a tile holds 16 KB of words.
+const q4KPairsTile = 32
+
+// q4KBlockPairsScalar is one super-block of Q4_KPairs in plain Go: the weights dequantized, each
+// rounded to bf16, element 2j in the low half of word j (at dst[j·stride]) and 2j+1 in the high
+// half.
+func q4KBlockPairsScalar(dst []uint32, stride int, y []byte) {
+	var f [BlockQ4_K]float32
+	q4KBlockFloatsScalar(&f, y)
+	for j := range BlockQ4_K / 2 {
+		dst[j*stride] = uint32(kernels.BF16Of(f[2*j])) | uint32(kernels.BF16Of(f[2*j+1]))<<16
 	}
 }

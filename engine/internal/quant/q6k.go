@@ -2,6 +2,7 @@ package quant
 
 import (
 	"fmt"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
 )
 
@@ -125,6 +126,22 @@ func quantizeBlockQ6_K(y []byte, xb []float32) {
 			qh[l] = q1>>4 | (q2>>4)<<2 | (q3>>4)<<4 | (q4>>4)<<6
 		}
 		ql, qh = ql[64:], qh[32:]
+	}
+}
+
+// Q6_KPairs writes the weight of Q6_K rows W [N, K] as the bf16 GEMM takes it (Q8_0Pairs's
+// layout), a super-block at a time in plain Go (no vector kernel yet), through blockPairs's tiles.
+func Q6_KPairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
+	blockPairs(dst, w, K, N, BlockQ6_K, BlockBytesQ6_K, q4KPairsTile, q6KBlockPairs, parallel)
+}
+
+// q6KBlockPairs writes the super-block at byte at of w as bf16 pairs, word j at dst[j·stride].
+func q6KBlockPairs(dst []uint32, stride int, w []byte, at int) {
+	var f [BlockQ6_K]float32
+	DequantizeQ6_K(f[:], w[at:at+BlockBytesQ6_K])
+	_ = dst[(BlockQ6_K/2-1)*stride]
+	for j := range BlockQ6_K / 2 {
+		dst[j*stride] = uint32(kernels.BF16Of(f[2*j])) | uint32(kernels.BF16Of(f[2*j+1]))<<16
 	}
 }
 

@@ -27,12 +27,15 @@ func q8Outputs(y, x []float32, w []byte, R, K, N, lo, hi int) {
 	}
 }
 
-// q8OutputsRows is q8Outputs for R ≤ maxSIMDRows rows.
+// q8OutputsRows is q8Outputs for R ≤ maxSIMDRows rows. No scalar float code runs between its
+// vector operations (vexcheck): the scale is broadcast from its bits, and each output's lanes
+// are summed in vectors (hsumRows) and stored through integer moves.
 func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 	nb := K / BlockQ8_0
 	all := unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(w))), cap(w))
+	yb := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(y))), len(y))
 	var acc [maxSIMDRows]archsimd.Float32x8
-	var lanes [8]float32
+	var sums [maxSIMDRows]uint32
 	for o := lo; o < hi; o++ {
 		for r := range R {
 			acc[r] = archsimd.Float32x8{}
@@ -40,7 +43,7 @@ func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 		base := o * nb * BlockBytesQ8_0
 		for b := range nb {
 			at := base + b*BlockBytesQ8_0
-			d := archsimd.BroadcastFloat32x8(F16ToF32(uint16(w[at]) | uint16(w[at+1])<<8))
+			d := archsimd.BroadcastUint32x8(f16Bits(uint16(w[at]) | uint16(w[at+1])<<8)).AsFloat32x8()
 			q := all[at+2:]
 			w0 := archsimd.LoadInt8x16Slice(q[0:16]).ExtendLo8ToInt32().ConvertToFloat32()
 			w1 := archsimd.LoadInt8x16Slice(q[8:24]).ExtendLo8ToInt32().ConvertToFloat32()
@@ -55,11 +58,21 @@ func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 				acc[r] = s.MulAdd(d, acc[r])
 			}
 		}
+		for r := 0; r < R; r += 4 {
+			hsumRows(acc[r], acc[r+1], acc[r+2], acc[r+3]).AsUint32x4().Store((*[4]uint32)(sums[r : r+4]))
+		}
 		for r := range R {
-			acc[r].Store(&lanes)
-			y[r*N+o] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+			yb[r*N+o] = sums[r]
 		}
 	}
+	archsimd.ClearAVXUpperBits()
+}
+
+// hsumRows returns the sums of the lanes of a0…a3, each ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)),
+// in vector registers (VHADDPS).
+func hsumRows(a0, a1, a2, a3 archsimd.Float32x8) archsimd.Float32x4 {
+	u := a0.AddPairsGrouped(a1).AddPairsGrouped(a2.AddPairsGrouped(a3))
+	return u.GetLo().Add(u.GetHi())
 }
 
 // q8BlockPairs is q8BlockPairsScalar with AVX2: the block's 32 int8 widened to four float32
@@ -69,24 +82,27 @@ func q8OutputsRows(y, x []float32, w []byte, R, K, N, lo, hi int) {
 // of their word, odd ones the high half. The widening into pairs, once per weight and product
 // of a training pass, was most of what training over Q8_0 spent beyond bf16 on the 1b shape.
 // w must have 16 readable bytes past its last block (QuantizeQ8_0 allocates them).
-func q8BlockPairs(dst *[BlockQ8_0 / 2]uint32, w []byte, at int) {
+func q8BlockPairs(dst []uint32, stride int, w []byte, at int) {
 	if !kernels.FewRowKernels() || cap(w) < at+BlockBytesQ8_0+16 {
-		q8BlockPairsScalar(dst, w, at)
+		q8BlockPairsScalar(dst, stride, w, at)
 		return
 	}
 	all := unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(w))), cap(w))
-	d := archsimd.BroadcastFloat32x8(F16ToF32(uint16(w[at]) | uint16(w[at+1])<<8))
+	d := archsimd.BroadcastUint32x8(f16Bits(uint16(w[at]) | uint16(w[at+1])<<8)).AsFloat32x8()
 	q := all[at+2:]
 	one := archsimd.BroadcastUint32x8(1)
 	half := archsimd.BroadcastUint32x8(0x7fff)
 	top := archsimd.BroadcastUint32x8(0xffff0000)
+	sixteen := archsimd.BroadcastUint32x8(16) // a shift by a vector: a count in a register is a legacy-SSE move
 	var r [BlockQ8_0]uint32
 	for i := range 4 {
 		v := archsimd.LoadInt8x16Slice(q[8*i : 8*i+16]).ExtendLo8ToInt32().ConvertToFloat32().Mul(d).AsUint32x8()
-		v = v.Add(half).Add(v.ShiftAllRight(16).And(one)).And(top)
+		v = v.Add(half).Add(v.ShiftRight(sixteen).And(one)).And(top)
 		v.Store((*[8]uint32)(r[8*i : 8*i+8]))
 	}
+	archsimd.ClearAVXUpperBits()
+	_ = dst[(BlockQ8_0/2-1)*stride]
 	for j := range BlockQ8_0 / 2 {
-		dst[j] = r[2*j]>>16 | r[2*j+1]
+		dst[j*stride] = r[2*j]>>16 | r[2*j+1]
 	}
 }

@@ -106,22 +106,32 @@ func F32ToF16(f float32) uint16 {
 }
 
 // F16ToF32 widens an IEEE half exactly.
-func F16ToF32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
+func F16ToF32(h uint16) float32 { return math.Float32frombits(f16Bits(h)) }
+
+// f16Bits is F16ToF32's float32 as its bits, in integer instructions only and inlined: the vector
+// kernels broadcast a block's scale from a general register (VMOVD), since any scalar float
+// instruction or call between their vector operations runs while the upper halves are dirty
+// (see vexcheck). Zero and the subnormals come from a table.
+func f16Bits(h uint16) uint32 {
+	m := uint32(h & 0x7fff)
 	switch {
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	case exp == 0:
-		if mant == 0 {
-			return math.Float32frombits(sign)
-		}
-		return float32(math.Copysign(float64(mant)*0x1p-24, float64(math.Float32frombits(sign|0x3f800000))))
-	default:
-		return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+	case m < 0x400:
+		return f16Subnormals[h>>15][m]
+	case m < 0x7c00: // exponent e in 1…30: e−15+127 in float32's field
+		return uint32(h&0x8000)<<16 | (m+(112<<10))<<13
+	default: // infinities and NaNs, the payload kept
+		return uint32(h&0x8000)<<16 | 0x7f800000 | (m&0x3ff)<<13
 	}
 }
+
+// f16Subnormals holds the float32 bits of ±m·2⁻²⁴ for m < 1024 (exact: float32 has the range).
+var f16Subnormals = func() (t [2][1024]uint32) {
+	for m := range 1024 {
+		t[0][m] = math.Float32bits(float32(m) * 0x1p-24)
+		t[1][m] = t[0][m] | 1<<31
+	}
+	return t
+}()
 
 // Q8_0Product sets y [R, N] = x [R, K] · Wᵀ for W [N, K] held as Q8_0 rows (K a multiple of 32):
 // for each output, per block, the block's 32 weights are widened once and dotted with every row,
@@ -178,26 +188,31 @@ func q8OutputsScalar(y, x []float32, w []byte, R, K, N, lo, hi int) {
 // 2⁻⁹ relative, below Q8_0's own step; it lets training over a Q8_0 base run at the bf16 GEMM's
 // speed, with float32 sums.
 func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
-	nb := K / BlockQ8_0
-	_, _ = dst[K/2*N-1], w[N*nb*BlockBytesQ8_0-1]
-	// Outputs in tiles of q8PairsTile: a pair row's words of a tile are side by side, so each
-	// block's writes are runs of a kilobyte along a row of dst, not one word a line N words
-	// apart (tiles of 16, one cache line a row, cost a page walk a line on a 1b shape's weights:
-	// four times the widening itself).
-	parallel((N+q8PairsTile-1)/q8PairsTile, func(lo, hi int) {
-		var tile [q8PairsTile][BlockQ8_0 / 2]uint32
+	blockPairs(dst, w, K, N, BlockQ8_0, BlockBytesQ8_0, q8PairsTile, q8BlockPairs, parallel)
+}
+
+// blockPairs writes rows W [N, K] held in blocks as the bf16 GEMM's pairs (dst of K/2·N words),
+// kernel writing the block/2 words of the block at byte at of w, word j at d[j·stride]. Outputs
+// go in tiles of tileOut: the kernels write a tile by columns, each pair row's words of the tile
+// side by side, and each block's rows are then copied into dst as runs (not one word a line N
+// words apart: Q8_0 in tiles of 16, one cache line a row, cost a page walk a line on a 1b
+// shape's weights, four times the widening itself; and not word by word out of a tile kept by
+// outputs, which cost Q4_K twice its kernel).
+func blockPairs(dst []uint32, w []byte, K, N, block, blockBytes, tileOut int, kernel func(d []uint32, stride int, w []byte, at int), parallel func(n int, fn func(lo, hi int))) {
+	nb := K / block
+	_, _ = dst[K/2*N-1], w[N*nb*blockBytes-1]
+	words := block / 2
+	parallel((N+tileOut-1)/tileOut, func(lo, hi int) {
+		tile := make([]uint32, tileOut*words)
 		for t := lo; t < hi; t++ {
-			o0, o1 := t*q8PairsTile, min((t+1)*q8PairsTile, N)
+			o0, o1 := t*tileOut, min((t+1)*tileOut, N)
 			for b := range nb {
 				for o := o0; o < o1; o++ {
-					q8BlockPairs(&tile[o-o0], w, (o*nb+b)*BlockBytesQ8_0)
+					kernel(tile[o-o0:], tileOut, w, (o*nb+b)*blockBytes)
 				}
-				p0 := b * BlockQ8_0 / 2
-				for j := range BlockQ8_0 / 2 {
-					row := dst[(p0+j)*N:]
-					for o := o0; o < o1; o++ {
-						row[o] = tile[o-o0][j]
-					}
+				p0 := b * words
+				for j := range words {
+					copy(dst[(p0+j)*N+o0:(p0+j)*N+o1], tile[j*tileOut:])
 				}
 			}
 		}
@@ -205,19 +220,15 @@ func Q8_0Pairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo
 }
 
 // q8BlockPairsScalar writes the block of w at byte at as 16 words of bf16 pairs: d·q rounded,
-// element 2j in the low half of word j, 2j+1 in the high half.
-func q8BlockPairsScalar(dst *[BlockQ8_0 / 2]uint32, w []byte, at int) {
+// element 2j in the low half of word j (at dst[j·stride]), 2j+1 in the high half.
+func q8BlockPairsScalar(dst []uint32, stride int, w []byte, at int) {
 	blk := w[at : at+BlockBytesQ8_0]
 	d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
 	for j := 0; j < BlockQ8_0; j += 2 {
-		dst[j/2] = uint32(kernels.BF16Of(d*float32(int8(blk[2+j])))) | uint32(kernels.BF16Of(d*float32(int8(blk[3+j]))))<<16
+		dst[j/2*stride] = uint32(kernels.BF16Of(d*float32(int8(blk[2+j])))) | uint32(kernels.BF16Of(d*float32(int8(blk[3+j]))))<<16
 	}
 }
 
-// pairsTile is the outputs one step of the widening into pairs writes side by side (rows
-// dequantized whole: a tile holds pairsTile rows of floats).
-const pairsTile = 16
-
-// q8PairsTile is pairsTile for Q8_0, widened a block at a time: a tile holds 4 KB of words
+// q8PairsTile is the outputs Q8_0Pairs widens side by side: a tile holds 4 KB of words
 // (measured on the 1b shape's FFN weight: 16 outputs 45 ms a widening, 64 and 256 36 ms).
 const q8PairsTile = 64

@@ -88,6 +88,29 @@ func TestQ8_0MatchesGGML(t *testing.T) {
 func TestHalfConversions(t *testing.T) {
 	for h := range 1 << 16 {
 		f := F16ToF32(uint16(h))
+		// Its value from the fields, independently of both conversions.
+		sign, exp, mant := 1.0, h>>10&0x1f, float64(h&0x3ff)
+		if h&0x8000 != 0 {
+			sign = -1
+		}
+		switch {
+		case exp == 0x1f && mant == 0:
+			if !math.IsInf(float64(f), int(sign)) {
+				t.Fatalf("half %#04x → %v, want an infinity", h, f)
+			}
+		case exp == 0x1f:
+			if want := uint32(h&0x8000)<<16 | 0x7f800000 | uint32(h&0x3ff)<<13; math.Float32bits(f) != want {
+				t.Fatalf("half %#04x → %#08x, want the NaN %#08x", h, math.Float32bits(f), want)
+			}
+		case exp == 0:
+			if want := sign * mant * 0x1p-24; float64(f) != want || math.Signbit(float64(f)) != (sign < 0) {
+				t.Fatalf("half %#04x → %v, want %v", h, f, want)
+			}
+		default:
+			if want := sign * (1 + mant/1024) * math.Ldexp(1, int(exp)-15); float64(f) != want {
+				t.Fatalf("half %#04x → %v, want %v", h, f, want)
+			}
+		}
 		if math.IsNaN(float64(f)) {
 			continue
 		}
@@ -224,6 +247,59 @@ func TestFormatsPairsAndProduct(t *testing.T) {
 // The vector widening of a Q8_0 block into bf16 pairs gives the scalar one's bits for any
 // block: random scales over the whole finite f16 range (subnormal ones included) and random
 // quants.
+// The Q4_K vector kernels (a super-block dequantized, and widened into bf16 pairs) give the
+// plain-Go floats and words bit for bit: random blocks (every scale and min byte, d and dmin
+// over the normal and subnormal halves, both signs), and blocks from the quantizer.
+func TestQ4_KBlockKernelsMatchScalar(t *testing.T) {
+	if !q4KBlockFloats(new([BlockQ4_K]float32), make([]byte, BlockBytesQ4_K)) {
+		t.Skip("no vector kernels on this path")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	x := make([]byte, BlockBytesQ4_K)
+	var got, want [BlockQ4_K]float32
+	var gotP, wantP [BlockQ4_K / 2]uint32
+	check := func(what string) {
+		t.Helper()
+		q4KBlockFloats(&got, x)
+		q4KBlockFloatsScalar(&want, x)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s, block % x: weight %d vector %v, scalar %v", what, x[:16], i, got[i], want[i])
+			}
+		}
+		q4KBlockPairs(gotP[:], 1, x)
+		q4KBlockPairsScalar(wantP[:], 1, x)
+		if gotP != wantP {
+			t.Fatalf("%s, block % x: pairs differ", what, x[:16])
+		}
+	}
+	for i := range 20000 {
+		for j := range x {
+			x[j] = byte(rng.Uint32())
+		}
+		if i%3 == 0 { // subnormal d or dmin
+			x[1] &= 0x83
+			x[3] &= 0x83
+		}
+		if h, m := uint16(x[0])|uint16(x[1])<<8, uint16(x[2])|uint16(x[3])<<8; h&0x7c00 == 0x7c00 || m&0x7c00 == 0x7c00 {
+			continue // inf or NaN: a quantizer never writes one
+		}
+		check("random")
+	}
+	w := make([]float32, 64*BlockQ4_K)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/BlockQ4_K%8)-6))
+	}
+	blocks, err := QuantizeQ4_K(w, BlockQ4_K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range 64 {
+		copy(x, blocks[b*BlockBytesQ4_K:])
+		check("quantized")
+	}
+}
+
 func TestQ8BlockPairsMatchesScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	w := make([]byte, BlockBytesQ8_0, BlockBytesQ8_0+16)
@@ -238,8 +314,8 @@ func TestQ8BlockPairsMatchesScalar(t *testing.T) {
 		if h := uint16(w[0]) | uint16(w[1])<<8; h&0x7c00 == 0x7c00 {
 			continue // inf or NaN: a quantizer never writes one
 		}
-		q8BlockPairs(&got, w, 0)
-		q8BlockPairsScalar(&want, w, 0)
+		q8BlockPairs(got[:], 1, w, 0)
+		q8BlockPairsScalar(want[:], 1, w, 0)
 		if got != want {
 			t.Fatalf("block % x: vector %x, scalar %x", w, got, want)
 		}
@@ -266,6 +342,44 @@ func BenchmarkQ8_0Pairs(b *testing.B) {
 	}
 }
 
+// BenchmarkQ4_KPairs times the widening of a 1b shape's FFN weight over Q4_K into bf16 pairs
+// (one core), by super-blocks on the active path and in plain Go, and as it was done before the
+// vector kernel (each row dequantized, then every weight rounded: rowsPairs).
+func BenchmarkQ4_KPairs(b *testing.B) {
+	K, N := 2048, 8192
+	x := make([]float32, K*N)
+	for i := range x {
+		x[i] = float32(math.Sin(float64(i))) * 0.02
+	}
+	blocks, err := QuantizeQ4_K(x, K)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst := make([]uint32, K/2*N)
+	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+	for _, v := range []struct {
+		name string
+		path kernels.Path
+		fn   func(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int)))
+	}{
+		{"blocks-" + kernels.Active().String(), kernels.Active(), Q4_KPairs},
+		{"blocks-scalar", kernels.Scalar, Q4_KPairs},
+		{"rows-scalar", kernels.Scalar, rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			undo, err := kernels.Use(v.path)
+			if err != nil {
+				b.Skip(err)
+			}
+			defer undo()
+			b.SetBytes(int64(K * N))
+			for b.Loop() {
+				v.fn(dst, blocks, K, N, serial)
+			}
+		})
+	}
+}
+
 // BenchmarkQ8BlockPairs times the block kernel alone, vector against scalar, over the same
 // weight as BenchmarkQ8_0Pairs (one core).
 func BenchmarkQ8BlockPairs(b *testing.B) {
@@ -281,7 +395,7 @@ func BenchmarkQ8BlockPairs(b *testing.B) {
 	nb := K * N / BlockQ8_0
 	for _, k := range []struct {
 		name string
-		fn   func(*[BlockQ8_0 / 2]uint32, []byte, int)
+		fn   func([]uint32, int, []byte, int)
 	}{{"vector", q8BlockPairs}, {"scalar", q8BlockPairsScalar}} {
 		b.Run(k.name, func(b *testing.B) {
 			var tile [BlockQ8_0 / 2]uint32
@@ -289,11 +403,37 @@ func BenchmarkQ8BlockPairs(b *testing.B) {
 			b.SetBytes(int64(K * N))
 			for b.Loop() {
 				for i := range nb {
-					k.fn(&tile, blocks, i*BlockBytesQ8_0)
+					k.fn(tile[:], 1, blocks, i*BlockBytesQ8_0)
 					sink += tile[0]
 				}
 			}
 			_ = sink
+		})
+	}
+}
+
+// rowsPairs is how Q4_K and Q6_K were widened into pairs before blockPairs (each row of W
+// dequantized, then written as a column of the pairs, tiles of 16 outputs): BenchmarkQ4_KPairs's
+// reference.
+func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
+	const pairsTile = 16
+	return func(dst []uint32, w []byte, K, N int, parallel func(int, func(int, int))) {
+		rowBytes := K / block * blockBytes
+		parallel((N+pairsTile-1)/pairsTile, func(lo, hi int) {
+			buf := make([]float32, pairsTile*K)
+			for t := lo; t < hi; t++ {
+				o0, o1 := t*pairsTile, min((t+1)*pairsTile, N)
+				for o := o0; o < o1; o++ {
+					deq(buf[(o-o0)*K:(o-o0+1)*K], w[o*rowBytes:(o+1)*rowBytes])
+				}
+				for p := range K / 2 {
+					row := dst[p*N:]
+					for o := o0; o < o1; o++ {
+						r := buf[(o-o0)*K:]
+						row[o] = uint32(kernels.BF16Of(r[2*p])) | uint32(kernels.BF16Of(r[2*p+1]))<<16
+					}
+				}
+			}
 		})
 	}
 }

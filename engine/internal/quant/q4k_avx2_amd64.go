@@ -1,0 +1,78 @@
+//go:build goexperiment.simd && amd64
+
+package quant
+
+import (
+	"simd/archsimd"
+	"unsafe"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
+
+// q4KBlockFloats is one super-block of DequantizeQ4_K with AVX2 (false: not run), the same
+// floats bit for bit: per sub-block d·sc and dmin·m as float32 products, then each weight
+// (d·sc)·q rounded and the min subtracted, two roundings as the scalar code's (no FMA). Eight
+// nibble bytes at a time are zero-extended to 32-bit lanes (VPMOVZXBD), the low nibble masked
+// and the high one shifted out; both sub-blocks of a 32-byte run come from the same bytes.
+func q4KBlockFloats(out *[BlockQ4_K]float32, x []byte) bool {
+	if !kernels.FewRowKernels() {
+		return false
+	}
+	_ = x[BlockBytesQ4_K-1]
+	d := f16x8(uint16(x[0]) | uint16(x[1])<<8)
+	dmin := f16x8(uint16(x[2]) | uint16(x[3])<<8)
+	sc, mn := q4KScalesMinsPacked(x)
+	low, four := archsimd.BroadcastUint32x8(0x0f), archsimd.BroadcastUint32x8(4)
+	q := x[16:]
+	for p := range 4 {
+		s1 := archsimd.BroadcastInt32x8(int32(sc >> (16 * p) & 0xff)).ConvertToFloat32()
+		s2 := archsimd.BroadcastInt32x8(int32(sc >> (16*p + 8) & 0xff)).ConvertToFloat32()
+		m1 := archsimd.BroadcastInt32x8(int32(mn >> (16 * p) & 0xff)).ConvertToFloat32()
+		m2 := archsimd.BroadcastInt32x8(int32(mn >> (16*p + 8) & 0xff)).ConvertToFloat32()
+		d1, mm1, d2, mm2 := d.Mul(s1), dmin.Mul(m1), d.Mul(s2), dmin.Mul(m2)
+		for h := range 2 {
+			v := archsimd.LoadUint8x16Slice(q[32*p+16*h : 32*p+16*h+16])
+			for c := range 2 {
+				// Bytes 0–7 or 8–15 of v, widened (no 128-bit value is copied: the compiler
+				// moves those with legacy-SSE instructions).
+				var u archsimd.Uint32x8
+				if c == 0 {
+					u = v.ExtendLo8ToUint32()
+				} else {
+					u = v.ConcatShiftBytesRight(8, v).ExtendLo8ToUint32()
+				}
+				i := 64*p + 16*h + 8*c
+				d1.Mul(u.And(low).AsInt32x8().ConvertToFloat32()).Sub(mm1).Store((*[8]float32)(out[i : i+8]))
+				d2.Mul(u.ShiftRight(four).AsInt32x8().ConvertToFloat32()).Sub(mm2).Store((*[8]float32)(out[i+32 : i+40]))
+			}
+		}
+	}
+	archsimd.ClearAVXUpperBits()
+	return true
+}
+
+// q4KBlockPairs is one super-block of the widening into bf16 pairs (q4KBlockPairsScalar) with
+// AVX2 (false: not run): q4KBlockFloats's floats rounded to bf16 in integer lanes as
+// q8BlockPairs rounds them, then element 2j in the low half of word j (at dst[j·stride]), 2j+1
+// in the high half.
+func q4KBlockPairs(dst []uint32, stride int, x []byte) bool {
+	_ = dst[(BlockQ4_K/2-1)*stride]
+	var f [BlockQ4_K]float32
+	if !q4KBlockFloats(&f, x) {
+		return false
+	}
+	r := (*[BlockQ4_K]uint32)(unsafe.Pointer(&f)) // rounded in place
+	one := archsimd.BroadcastUint32x8(1)
+	half := archsimd.BroadcastUint32x8(0x7fff)
+	top := archsimd.BroadcastUint32x8(0xffff0000)
+	sixteen := archsimd.BroadcastUint32x8(16)
+	for i := 0; i < BlockQ4_K; i += 8 {
+		v := archsimd.LoadUint32x8((*[8]uint32)(r[i : i+8]))
+		v.Add(half).Add(v.ShiftRight(sixteen).And(one)).And(top).Store((*[8]uint32)(r[i : i+8]))
+	}
+	archsimd.ClearAVXUpperBits()
+	for j := range BlockQ4_K / 2 {
+		dst[j*stride] = r[2*j]>>16 | r[2*j+1]
+	}
+	return true
+}

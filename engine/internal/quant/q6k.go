@@ -130,15 +130,19 @@ func quantizeBlockQ6_K(y []byte, xb []float32) {
 }
 
 // Q6_KPairs writes the weight of Q6_K rows W [N, K] as the bf16 GEMM takes it (Q8_0Pairs's
-// layout), a super-block at a time in plain Go (no vector kernel yet), through blockPairs's tiles.
+// layout), a super-block at a time, through blockPairs's tiles.
 func Q6_KPairs(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int))) {
-	blockPairs(dst, w, K, N, BlockQ6_K, BlockBytesQ6_K, q4KPairsTile, q6KBlockPairs, parallel)
+	blockPairs(dst, w, K, N, BlockQ6_K, BlockBytesQ6_K, q4KPairsTile, func(d []uint32, stride int, w []byte, at int) {
+		if !q6KBlockPairs(d, stride, w[at:at+BlockBytesQ6_K]) {
+			q6KBlockPairsScalar(d, stride, w[at:at+BlockBytesQ6_K])
+		}
+	}, parallel)
 }
 
-// q6KBlockPairs writes the super-block at byte at of w as bf16 pairs, word j at dst[j·stride].
-func q6KBlockPairs(dst []uint32, stride int, w []byte, at int) {
+// q6KBlockPairsScalar writes the super-block x as bf16 pairs in plain Go, word j at dst[j·stride].
+func q6KBlockPairsScalar(dst []uint32, stride int, x []byte) {
 	var f [BlockQ6_K]float32
-	DequantizeQ6_K(f[:], w[at:at+BlockBytesQ6_K])
+	q6KBlockFloatsScalar(&f, x)
 	_ = dst[(BlockQ6_K/2-1)*stride]
 	for j := range BlockQ6_K / 2 {
 		dst[j*stride] = uint32(kernels.BF16Of(f[2*j])) | uint32(kernels.BF16Of(f[2*j+1]))<<16
@@ -149,23 +153,31 @@ func q6KBlockPairs(dst []uint32, stride int, w []byte, at int) {
 // dequantize_row_q6_K: x = d·sc·(q − 32).
 func DequantizeQ6_K(dst []float32, blocks []byte) {
 	for blk := range len(dst) / BlockQ6_K {
-		o := blocks[blk*BlockBytesQ6_K:]
-		ql, qh, sc := o[0:128], o[128:192], o[192:208]
-		d := F16ToF32(uint16(o[208]) | uint16(o[209])<<8)
-		y := dst[blk*BlockQ6_K:]
-		for half := range 2 {
-			ql, qh, sc, y := ql[64*half:], qh[32*half:], sc[8*half:], y[128*half:]
-			for l := range 32 {
-				is := l / 16
-				q1 := int((ql[l]&0xf)|((qh[l]>>0)&3)<<4) - 32
-				q2 := int((ql[l+32]&0xf)|((qh[l]>>2)&3)<<4) - 32
-				q3 := int((ql[l]>>4)|((qh[l]>>4)&3)<<4) - 32
-				q4 := int((ql[l+32]>>4)|((qh[l]>>6)&3)<<4) - 32
-				y[l] = d * float32(int8(sc[is])) * float32(q1)
-				y[l+32] = d * float32(int8(sc[is+2])) * float32(q2)
-				y[l+64] = d * float32(int8(sc[is+4])) * float32(q3)
-				y[l+96] = d * float32(int8(sc[is+6])) * float32(q4)
-			}
+		out := (*[BlockQ6_K]float32)(dst[blk*BlockQ6_K:])
+		o := blocks[blk*BlockBytesQ6_K : (blk+1)*BlockBytesQ6_K]
+		if !q6KBlockFloats(out, o) {
+			q6KBlockFloatsScalar(out, o)
+		}
+	}
+}
+
+// q6KBlockFloatsScalar is one super-block of DequantizeQ6_K in plain Go; each weight is
+// (d·sc)·(q − 32), both products rounded (the explicit conversion keeps Go from fusing them).
+func q6KBlockFloatsScalar(y *[BlockQ6_K]float32, o []byte) {
+	ql, qh, sc := o[0:128], o[128:192], o[192:208]
+	d := F16ToF32(uint16(o[208]) | uint16(o[209])<<8)
+	for half := range 2 {
+		ql, qh, sc, y := ql[64*half:], qh[32*half:], sc[8*half:], y[128*half:]
+		for l := range 32 {
+			is := l / 16
+			q1 := int((ql[l]&0xf)|((qh[l]>>0)&3)<<4) - 32
+			q2 := int((ql[l+32]&0xf)|((qh[l]>>2)&3)<<4) - 32
+			q3 := int((ql[l]>>4)|((qh[l]>>4)&3)<<4) - 32
+			q4 := int((ql[l+32]>>4)|((qh[l]>>6)&3)<<4) - 32
+			y[l] = float32(d*float32(int8(sc[is]))) * float32(q1)
+			y[l+32] = float32(d*float32(int8(sc[is+2]))) * float32(q2)
+			y[l+64] = float32(d*float32(int8(sc[is+4]))) * float32(q3)
+			y[l+96] = float32(d*float32(int8(sc[is+6]))) * float32(q4)
 		}
 	}
 }

@@ -23,3 +23,7 @@ func dotQ4_KSIMD(w []byte, a []BlockQ8_K) (float32, bool) { return 0, false }
 func q4KBlockFloats(out *[BlockQ4_K]float32, x []byte) bool { return false }
 
 func q4KBlockPairs(dst []uint32, stride int, x []byte) bool { return false }
+
+func q6KBlockFloats(out *[BlockQ6_K]float32, x []byte) bool { return false }
+
+func q6KBlockPairs(dst []uint32, stride int, x []byte) bool { return false }

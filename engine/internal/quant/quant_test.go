@@ -300,6 +300,57 @@ func TestQ4_KBlockKernelsMatchScalar(t *testing.T) {
 	}
 }
 
+// The Q6_K vector kernels give the plain-Go floats and words bit for bit: random blocks (every
+// scale byte, d over the normal and subnormal halves, both signs), and blocks from the quantizer.
+func TestQ6_KBlockKernelsMatchScalar(t *testing.T) {
+	if !q6KBlockFloats(new([BlockQ6_K]float32), make([]byte, BlockBytesQ6_K)) {
+		t.Skip("no vector kernels on this path")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	x := make([]byte, BlockBytesQ6_K)
+	var got, want [BlockQ6_K]float32
+	var gotP, wantP [BlockQ6_K / 2]uint32
+	check := func(what string) {
+		t.Helper()
+		q6KBlockFloats(&got, x)
+		q6KBlockFloatsScalar(&want, x)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: weight %d vector %v, scalar %v", what, i, got[i], want[i])
+			}
+		}
+		q6KBlockPairs(gotP[:], 1, x)
+		q6KBlockPairsScalar(wantP[:], 1, x)
+		if gotP != wantP {
+			t.Fatalf("%s: pairs differ", what)
+		}
+	}
+	for i := range 20000 {
+		for j := range x {
+			x[j] = byte(rng.Uint32())
+		}
+		if i%3 == 0 { // a subnormal d
+			x[209] &= 0x83
+		}
+		if h := uint16(x[208]) | uint16(x[209])<<8; h&0x7c00 == 0x7c00 {
+			continue // inf or NaN: a quantizer never writes one
+		}
+		check("random")
+	}
+	w := make([]float32, 64*BlockQ6_K)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/BlockQ6_K%8)-6))
+	}
+	blocks, err := QuantizeQ6_K(w, BlockQ6_K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range 64 {
+		copy(x, blocks[b*BlockBytesQ6_K:])
+		check("quantized")
+	}
+}
+
 func TestQ8BlockPairsMatchesScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	w := make([]byte, BlockBytesQ8_0, BlockBytesQ8_0+16)
@@ -342,29 +393,37 @@ func BenchmarkQ8_0Pairs(b *testing.B) {
 	}
 }
 
-// BenchmarkQ4_KPairs times the widening of a 1b shape's FFN weight over Q4_K into bf16 pairs
-// (one core), by super-blocks on the active path and in plain Go, and as it was done before the
-// vector kernel (each row dequantized, then every weight rounded: rowsPairs).
+// BenchmarkQ4_KPairs times the widening of a 1b shape's FFN weight over Q4_K and Q6_K into bf16
+// pairs (one core), by super-blocks on the active path and in plain Go, and Q4_K as it was done
+// before the vector kernels (each row dequantized, then every weight rounded: rowsPairs).
 func BenchmarkQ4_KPairs(b *testing.B) {
 	K, N := 2048, 8192
 	x := make([]float32, K*N)
 	for i := range x {
 		x[i] = float32(math.Sin(float64(i))) * 0.02
 	}
-	blocks, err := QuantizeQ4_K(x, K)
+	q4, err := QuantizeQ4_K(x, K)
+	if err != nil {
+		b.Fatal(err)
+	}
+	q6, err := QuantizeQ6_K(x, K)
 	if err != nil {
 		b.Fatal(err)
 	}
 	dst := make([]uint32, K/2*N)
 	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
 	for _, v := range []struct {
-		name string
-		path kernels.Path
-		fn   func(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int)))
+		name   string
+		path   kernels.Path
+		blocks []byte
+		fn     func(dst []uint32, w []byte, K, N int, parallel func(n int, fn func(lo, hi int)))
 	}{
-		{"blocks-" + kernels.Active().String(), kernels.Active(), Q4_KPairs},
-		{"blocks-scalar", kernels.Scalar, Q4_KPairs},
-		{"rows-scalar", kernels.Scalar, rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)},
+		{"q4_k-blocks-" + kernels.Active().String(), kernels.Active(), q4, Q4_KPairs},
+		{"q4_k-blocks-scalar", kernels.Scalar, q4, Q4_KPairs},
+		{"q4_k-rows-scalar", kernels.Scalar, q4, rowsPairs(DequantizeQ4_K, BlockQ4_K, BlockBytesQ4_K)},
+		{"q6_k-blocks-" + kernels.Active().String(), kernels.Active(), q6, Q6_KPairs},
+		{"q6_k-blocks-scalar", kernels.Scalar, q6, Q6_KPairs},
+		{"q6_k-rows-scalar", kernels.Scalar, q6, rowsPairs(DequantizeQ6_K, BlockQ6_K, BlockBytesQ6_K)},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			undo, err := kernels.Use(v.path)
@@ -374,7 +433,7 @@ func BenchmarkQ4_KPairs(b *testing.B) {
 			defer undo()
 			b.SetBytes(int64(K * N))
 			for b.Loop() {
-				v.fn(dst, blocks, K, N, serial)
+				v.fn(dst, v.blocks, K, N, serial)
 			}
 		})
 	}

@@ -21,7 +21,7 @@ func TestBlockKernelsStayVEX(t *testing.T) {
 
 const quantPkg = "github.com/skein-ai/skein/engine/internal/quant"
 
-var blockKernels = []string{"q8OutputsRows", "q8BlockPairs", "dotQ8_0", "q4KScaledLanesSIMD", "q6KLanesSIMD", "dotQ4_KSIMD", "fmaHW", "q4KBlockFloats", "q4KBlockPairs"}
+var blockKernels = []string{"q8OutputsRows", "q8BlockPairs", "dotQ8_0", "q4KScaledLanesSIMD", "q6KLanesSIMD", "dotQ4_KSIMD", "fmaHW", "q4KBlockFloats", "q4KBlockPairs", "q6KBlockFloats", "q6KBlockPairs", "superBlockPairs"}
 
 // Every function of the package whose code uses a Y or Z register is checked, or only passes
 // vectors to and from a kernel it is inlined into.

@@ -154,3 +154,15 @@ func WidenBF16Cols(dst []float32, src []uint16, rows, cols, c0, c1 int) {
 		}
 	})
 }
+
+// F32ProductNT sets y[r·N + n] = x[r]·w[n] for n0 ≤ n < n1 (x [R, K], w rows of K), on the
+// calling goroutine, in F32Product's few-row kernels: for callers that split the work
+// themselves, such as the products over quantized weights, a tile of dequantized rows at a time
+// (y then starts at the tile's first output, w at its first row).
+func F32ProductNT(y, x, w []float32, R, K, N, n0, n1 int) {
+	if n1 <= n0 || R == 0 {
+		return
+	}
+	_, _, _ = y[(R-1)*N+n1-1], x[R*K-1], w[n1*K-1]
+	f32NT(y, x, w, R, K, N, n0, n1)
+}

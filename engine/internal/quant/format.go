@@ -1,5 +1,7 @@
 package quant
 
+import "github.com/skein-ai/skein/engine/internal/kernels"
+
 // Format is one block format with what the engine does with it: quantize rows at load,
 // dequantize for the float32 GEMM, multiply few rows straight from the blocks, and widen into
 // the bf16 GEMM's pairs.
@@ -31,8 +33,9 @@ var (
 		Pairs: Q6_KPairs, GGMLProduct: ggmlProductK(func(w []byte, a []BlockQ8_K, _ int) float32 { return DotQ6_K(w, a) }, BlockBytesQ6_K)}
 )
 
-// rowsProduct is a Product for a format without a kernel of its own: each output's row of W is
-// dequantized once into a buffer and dotted with every row of x.
+// rowsProduct is a Product for a format without a kernel of its own: the rows of W dequantized a
+// tile of rowsTile outputs at a time into a buffer, then multiplied into every row of x by the
+// float32 few-row kernels (kernels.F32ProductNT).
 func rowsProduct(deq func([]float32, []byte), block, blockBytes int) func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
 	return func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int))) {
 		if R == 0 || N == 0 {
@@ -40,22 +43,16 @@ func rowsProduct(deq func([]float32, []byte), block, blockBytes int) func(y, x [
 		}
 		rowBytes := K / block * blockBytes
 		_, _, _ = y[R*N-1], x[R*K-1], w[N*rowBytes-1]
-		parallel(N, func(lo, hi int) {
-			buf := make([]float32, K)
-			for o := lo; o < hi; o++ {
-				deq(buf, w[o*rowBytes:(o+1)*rowBytes])
-				for r := range R {
-					xr := x[r*K : (r+1)*K]
-					var s0, s1, s2, s3 float32
-					for k := 0; k < K; k += 4 {
-						s0 += xr[k] * buf[k]
-						s1 += xr[k+1] * buf[k+1]
-						s2 += xr[k+2] * buf[k+2]
-						s3 += xr[k+3] * buf[k+3]
-					}
-					y[r*N+o] = (s0 + s1) + (s2 + s3)
-				}
+		parallel((N+rowsTile-1)/rowsTile, func(lo, hi int) {
+			buf := make([]float32, rowsTile*K)
+			for t := lo; t < hi; t++ {
+				o0, o1 := t*rowsTile, min((t+1)*rowsTile, N)
+				deq(buf[:(o1-o0)*K], w[o0*rowBytes:o1*rowBytes])
+				kernels.F32ProductNT(y[o0:], x, buf, R, K, N, 0, o1-o0)
 			}
 		})
 	}
 }
+
+// rowsTile is the outputs rowsProduct dequantizes at once: the few-row kernels' unit of 8.
+const rowsTile = 8

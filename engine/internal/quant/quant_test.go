@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -494,5 +495,35 @@ func rowsPairs(deq func([]float32, []byte), block, blockBytes int) func(dst []ui
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkFewRowProducts times the few-row products (decode steps) over a 1b shape's FFN
+// weight in each format, one core: go test ./engine/internal/quant -run X -bench FewRowProducts.
+func BenchmarkFewRowProducts(b *testing.B) {
+	K, N := 2048, 8192
+	w := make([]float32, K*N)
+	for i := range w {
+		w[i] = float32(math.Sin(float64(i))) * 0.02
+	}
+	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+	for _, f := range []*Format{Q8_0, Q4_K, Q6_K} {
+		blocks, err := f.Quantize(w, K)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, R := range []int{1, 4} {
+			x := make([]float32, R*K)
+			for i := range x {
+				x[i] = float32(math.Cos(float64(i)))
+			}
+			y := make([]float32, R*N)
+			b.Run(fmt.Sprintf("%s/rows=%d", f.Name, R), func(b *testing.B) {
+				b.SetBytes(int64(K * N))
+				for b.Loop() {
+					f.Product(y, x, blocks, R, K, N, serial)
+				}
+			})
+		}
 	}
 }

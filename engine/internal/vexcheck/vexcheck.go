@@ -24,7 +24,7 @@ import (
 )
 
 // Check fails t for each legacy-SSE instruction that a path from a Y or Z register
-// reaches before a VZEROUPPER in the compiled code of the engine functions named, and for each
+// reaches before a VZEROUPPER in the compiled code of the functions of pkg named, and for each
 // call (bar a panic) and return reached that way: the callee or the caller may run scalar
 // float code next.
 func Check(t testing.TB, pkg string, funcs ...string) {

@@ -52,9 +52,9 @@ type ServerCapabilities struct {
 
 // CreateSessionRequest is the body of create_session.
 type CreateSessionRequest struct {
-	Tags         []string       `json:"tags"`
-	UserMetadata map[string]any `json:"user_metadata"`
-	ProjectID    *string        `json:"project_id"`
+	Tags         []string     `json:"tags"`
+	UserMetadata UserMetadata `json:"user_metadata"`
+	ProjectID    *string      `json:"project_id"`
 }
 
 // CreateSessionResponse answers create_session.

@@ -197,13 +197,18 @@ type LoraConfig struct {
 	TrainAttn    *bool  `json:"train_attn,omitempty"`
 }
 
+// UserMetadata is create_session's and create_model's user_metadata: by the protocol a free-form
+// JSON object (the SDK's dict[str, Any]), kept and returned as the client sent it (the gateway
+// bounds its keys and size).
+type UserMetadata map[string]any
+
 // CreateModelRequest is the body of create_model.
 type CreateModelRequest struct {
-	SessionID    string         `json:"session_id"`
-	ModelSeqID   int            `json:"model_seq_id"`
-	BaseModel    string         `json:"base_model"`
-	UserMetadata map[string]any `json:"user_metadata,omitempty"`
-	LoraConfig   *LoraConfig    `json:"lora_config,omitempty"`
+	SessionID    string       `json:"session_id"`
+	ModelSeqID   int          `json:"model_seq_id"`
+	BaseModel    string       `json:"base_model"`
+	UserMetadata UserMetadata `json:"user_metadata,omitempty"`
+	LoraConfig   *LoraConfig  `json:"lora_config,omitempty"`
 }
 
 // AdamParams as sent by optim_step.

@@ -140,7 +140,7 @@ func (t *chatTemplate) render(ctx context.Context, timeout time.Duration, msgs [
 	if len(msgs) > MaxChatMessages {
 		return "", badParam("messages", fmt.Sprintf("%d messages, at most %d", len(msgs), MaxChatMessages))
 	}
-	list := make([]any, len(msgs))
+	list := make([]jinja.Value, len(msgs))
 	size := 0
 	for i, m := range msgs {
 		role, ok := chatRoles[m.Role]
@@ -154,7 +154,10 @@ func (t *chatTemplate) render(ctx context.Context, timeout time.Duration, msgs [
 		if size += len(content); size > MaxChatBytes {
 			return "", badParam(fmt.Sprintf("messages[%d].content", i), fmt.Sprintf("the conversation is over %d bytes", MaxChatBytes))
 		}
-		list[i] = map[string]any{"role": role, "content": content}
+		msg := jinja.NewDict() // keys in FromGoValue's sorted order, as before
+		msg.AsDict().Set("content", jinja.NewString(content))
+		msg.AsDict().Set("role", jinja.NewString(role))
+		list[i] = msg
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -163,7 +166,7 @@ func (t *chatTemplate) render(ctx context.Context, timeout time.Duration, msgs [
 	case <-ctx.Done():
 		return "", renderStopped(ctx, timeout)
 	}
-	vals := map[string]jinja.Value{"messages": jinja.FromGoValue(list), "add_generation_prompt": jinja.NewBool(true),
+	vals := map[string]jinja.Value{"messages": jinja.NewList(list), "add_generation_prompt": jinja.NewBool(true),
 		"bos_token": jinja.NewString(t.bos), "eos_token": jinja.NewString(t.eos), "range": boundedRange(ctx)}
 	type result struct {
 		text string

@@ -167,7 +167,7 @@ type session struct {
 	created    time.Time
 	heartbeat  time.Time
 	tags       []string
-	metadata   map[string]any
+	metadata   api.UserMetadata
 	runs       []string
 	samplers   []string
 	project    string // "" until assigned; its runs follow it

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
@@ -18,11 +19,11 @@ import (
 // store, and New rebuilds the maps from it, so a restart loses nothing a client was told about.
 
 type sessionData struct {
-	Tags     []string       `json:"tags"`
-	Metadata map[string]any `json:"metadata"`
-	Runs     []string       `json:"runs"`
-	Samplers []string       `json:"samplers"`
-	Project  string         `json:"project,omitempty"`
+	Tags     []string         `json:"tags"`
+	Metadata api.UserMetadata `json:"metadata"`
+	Runs     []string         `json:"runs"`
+	Samplers []string         `json:"samplers"`
+	Project  string           `json:"project,omitempty"`
 }
 
 type runData struct {

@@ -245,113 +245,82 @@ func TestFormatsPairsAndProduct(t *testing.T) {
 	}
 }
 
+// The Q4_K and Q6_K vector kernels (a super-block dequantized, and widened into bf16 pairs) give
+// the plain-Go floats and words bit for bit: random blocks (every scale and min byte, d and dmin
+// over the normal and subnormal halves, both signs), and blocks from the quantizer.
+func TestKBlockKernelsMatchScalar(t *testing.T) {
+	for _, c := range []struct {
+		name                string
+		blockBytes          int
+		halves              []int // byte offsets of the f16 scales (d, dmin)
+		quantize            func([]float32, int) ([]byte, error)
+		floats, floatsPlain func(*[256]float32, []byte) bool
+		pairs, pairsPlain   func([]uint32, int, []byte)
+	}{
+		{"q4_k", BlockBytesQ4_K, []int{0, 2}, QuantizeQ4_K, q4KBlockFloats,
+			func(f *[256]float32, x []byte) bool { q4KBlockFloatsScalar(f, x); return true },
+			func(d []uint32, s int, x []byte) { q4KBlockPairs(d, s, x) }, q4KBlockPairsScalar},
+		{"q6_k", BlockBytesQ6_K, []int{208}, QuantizeQ6_K, q6KBlockFloats,
+			func(f *[256]float32, x []byte) bool { q6KBlockFloatsScalar(f, x); return true },
+			func(d []uint32, s int, x []byte) { q6KBlockPairs(d, s, x) }, q6KBlockPairsScalar},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if !c.floats(new([256]float32), make([]byte, c.blockBytes)) {
+				t.Skip("no vector kernels on this path")
+			}
+			rng := rand.New(rand.NewPCG(5, 6))
+			x := make([]byte, c.blockBytes)
+			var got, want [256]float32
+			var gotP, wantP [128]uint32
+			check := func(what string) {
+				t.Helper()
+				c.floats(&got, x)
+				c.floatsPlain(&want, x)
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s, block % x: weight %d vector %v, scalar %v", what, x[:16], i, got[i], want[i])
+					}
+				}
+				c.pairs(gotP[:], 1, x)
+				c.pairsPlain(wantP[:], 1, x)
+				if gotP != wantP {
+					t.Fatalf("%s, block % x: pairs differ", what, x[:16])
+				}
+			}
+		random:
+			for i := range 20000 {
+				for j := range x {
+					x[j] = byte(rng.Uint32())
+				}
+				for _, h := range c.halves {
+					if i%3 == 0 { // a subnormal scale
+						x[h+1] &= 0x83
+					}
+					if v := uint16(x[h]) | uint16(x[h+1])<<8; v&0x7c00 == 0x7c00 {
+						continue random // inf or NaN: a quantizer never writes one
+					}
+				}
+				check("random")
+			}
+			w := make([]float32, 64*256)
+			for i := range w {
+				w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/256%8)-6))
+			}
+			blocks, err := c.quantize(w, 256)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for b := range 64 {
+				copy(x, blocks[b*c.blockBytes:])
+				check("quantized")
+			}
+		})
+	}
+}
+
 // The vector widening of a Q8_0 block into bf16 pairs gives the scalar one's bits for any
 // block: random scales over the whole finite f16 range (subnormal ones included) and random
 // quants.
-// The Q4_K vector kernels (a super-block dequantized, and widened into bf16 pairs) give the
-// plain-Go floats and words bit for bit: random blocks (every scale and min byte, d and dmin
-// over the normal and subnormal halves, both signs), and blocks from the quantizer.
-func TestQ4_KBlockKernelsMatchScalar(t *testing.T) {
-	if !q4KBlockFloats(new([BlockQ4_K]float32), make([]byte, BlockBytesQ4_K)) {
-		t.Skip("no vector kernels on this path")
-	}
-	rng := rand.New(rand.NewPCG(5, 6))
-	x := make([]byte, BlockBytesQ4_K)
-	var got, want [BlockQ4_K]float32
-	var gotP, wantP [BlockQ4_K / 2]uint32
-	check := func(what string) {
-		t.Helper()
-		q4KBlockFloats(&got, x)
-		q4KBlockFloatsScalar(&want, x)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%s, block % x: weight %d vector %v, scalar %v", what, x[:16], i, got[i], want[i])
-			}
-		}
-		q4KBlockPairs(gotP[:], 1, x)
-		q4KBlockPairsScalar(wantP[:], 1, x)
-		if gotP != wantP {
-			t.Fatalf("%s, block % x: pairs differ", what, x[:16])
-		}
-	}
-	for i := range 20000 {
-		for j := range x {
-			x[j] = byte(rng.Uint32())
-		}
-		if i%3 == 0 { // subnormal d or dmin
-			x[1] &= 0x83
-			x[3] &= 0x83
-		}
-		if h, m := uint16(x[0])|uint16(x[1])<<8, uint16(x[2])|uint16(x[3])<<8; h&0x7c00 == 0x7c00 || m&0x7c00 == 0x7c00 {
-			continue // inf or NaN: a quantizer never writes one
-		}
-		check("random")
-	}
-	w := make([]float32, 64*BlockQ4_K)
-	for i := range w {
-		w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/BlockQ4_K%8)-6))
-	}
-	blocks, err := QuantizeQ4_K(w, BlockQ4_K)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for b := range 64 {
-		copy(x, blocks[b*BlockBytesQ4_K:])
-		check("quantized")
-	}
-}
-
-// The Q6_K vector kernels give the plain-Go floats and words bit for bit: random blocks (every
-// scale byte, d over the normal and subnormal halves, both signs), and blocks from the quantizer.
-func TestQ6_KBlockKernelsMatchScalar(t *testing.T) {
-	if !q6KBlockFloats(new([BlockQ6_K]float32), make([]byte, BlockBytesQ6_K)) {
-		t.Skip("no vector kernels on this path")
-	}
-	rng := rand.New(rand.NewPCG(7, 8))
-	x := make([]byte, BlockBytesQ6_K)
-	var got, want [BlockQ6_K]float32
-	var gotP, wantP [BlockQ6_K / 2]uint32
-	check := func(what string) {
-		t.Helper()
-		q6KBlockFloats(&got, x)
-		q6KBlockFloatsScalar(&want, x)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%s: weight %d vector %v, scalar %v", what, i, got[i], want[i])
-			}
-		}
-		q6KBlockPairs(gotP[:], 1, x)
-		q6KBlockPairsScalar(wantP[:], 1, x)
-		if gotP != wantP {
-			t.Fatalf("%s: pairs differ", what)
-		}
-	}
-	for i := range 20000 {
-		for j := range x {
-			x[j] = byte(rng.Uint32())
-		}
-		if i%3 == 0 { // a subnormal d
-			x[209] &= 0x83
-		}
-		if h := uint16(x[208]) | uint16(x[209])<<8; h&0x7c00 == 0x7c00 {
-			continue // inf or NaN: a quantizer never writes one
-		}
-		check("random")
-	}
-	w := make([]float32, 64*BlockQ6_K)
-	for i := range w {
-		w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/BlockQ6_K%8)-6))
-	}
-	blocks, err := QuantizeQ6_K(w, BlockQ6_K)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for b := range 64 {
-		copy(x, blocks[b*BlockBytesQ6_K:])
-		check("quantized")
-	}
-}
-
 func TestQ8BlockPairsMatchesScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	w := make([]byte, BlockBytesQ8_0, BlockBytesQ8_0+16)

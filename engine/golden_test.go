@@ -28,12 +28,19 @@ import (
 // why in its commit.
 var goldenUpdate = flag.Bool("golden-update", false, "rewrite testdata/golden/<kernel path>.txt from this run")
 
-// goldenHash hashes float32 bits, ints and strings in order.
-type goldenHash struct{ b []byte }
+// goldenHash hashes float32 bits (all bits, f64: the float64 engine's), ints and strings in order.
+type goldenHash struct {
+	b   []byte
+	f64 bool
+}
 
 func (g *goldenHash) f(vs ...float64) {
 	for _, v := range vs {
-		g.b = binary.LittleEndian.AppendUint32(g.b, math.Float32bits(float32(v)))
+		if g.f64 {
+			g.b = binary.LittleEndian.AppendUint64(g.b, math.Float64bits(v))
+		} else {
+			g.b = binary.LittleEndian.AppendUint32(g.b, math.Float32bits(float32(v)))
+		}
 	}
 }
 
@@ -136,7 +143,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 		a.params[i].setFloat64s('w', w)
 	}
 	hashResult := func(stage string, r *ForwardResult) {
-		var g goldenHash
+		g := goldenHash{f64: gc.opts.Float64}
 		for _, lp := range r.Logprobs {
 			g.f(lp...)
 		}
@@ -165,7 +172,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 		}
 		hashResult(fmt.Sprintf("forward_backward/%s/%d", loss.name, len(loss.data)), r)
 	}
-	var g goldenHash
+	g := goldenHash{f64: gc.opts.Float64}
 	for _, p := range a.params {
 		g.s(p.name)
 		g.f(p.float64s('g')...)
@@ -178,7 +185,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g = goldenHash{}
+	g = goldenHash{f64: gc.opts.Float64}
 	for _, q := range a.params {
 		g.f(q.float64s('w')...)
 		g.f(q.float64s('m')...)
@@ -216,7 +223,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 		reqs = append(reqs, vl)
 	}
 	hashSamples := func(stage string, res []*SampleResult) {
-		var g goldenHash
+		g := goldenHash{f64: gc.opts.Float64}
 		for _, sr := range res {
 			for _, sq := range sr.Sequences {
 				g.i(sq.Tokens...)

@@ -3,8 +3,8 @@ package engine
 import (
 	"math"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // The backward pass of the transformer's layer (transformer.go), reading what its forward
@@ -40,10 +40,10 @@ func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
 // final norm (h and invF its input and 1/rms), then every layer from the last, releasing each
 // layer's activations and merged weights once its backward pass is done. It reports false when
 // the pass was cancelled between layers.
-func (s *pass[E]) backward(h mat[E], invF []E, dhf mat[E], marks []tensor.Point) bool {
+func (s *pass[E]) backward(h, invF, dhf mat[E], marks []backend.Mark) bool {
 	c := s.c
 	dh := s.ar.Alloc(s.B*s.T, c.HiddenSize)
-	kernels.RMSNormBack(dhf.V, h.V, invF, s.m.norm, dh.V, false)
+	s.ar.RMSNormBack(dhf, h, invF.V, s.m.norm, dh, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
 		if s.cancelled() {
 			return false
@@ -85,7 +85,7 @@ func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
 	la := &s.train.acts[l]
 	dx2 := L.ffn().backward(s, dh, la)
 	dh2 := dh
-	kernels.RMSNormBack(dx2.V, la.h2.V, la.inv2.V, L.postNorm, dh2.V, true)
+	s.ar.RMSNormBack(dx2, la.h2, la.inv2.V, L.postNorm, dh2, true)
 	return dh2
 }
 
@@ -210,8 +210,8 @@ func (s *pass[E]) qkvBack(l int, dq, dk, dv, dh2 mat[E]) mat[E] {
 	if !needDX {
 		return mat[E]{}
 	}
-	kernels.AddScaled(dx1.V, dxk.V, 1)
-	kernels.AddScaled(dx1.V, dxv.V, 1)
-	kernels.RMSNormBack(dx1.V, la.h.V, la.inv1.V, L.inputNorm, dh2.V, true)
+	s.ar.Add(*dx1, *dxk)
+	s.ar.Add(*dx1, *dxv)
+	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, L.inputNorm, dh2, true)
 	return dh2
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // The sampler's passes (prefill and each decode step) are the transformer's layer
@@ -60,7 +59,7 @@ func (e *Engine) newDecodeStepRows(ctx context.Context, rowAdapters []*Adapter, 
 type kvDecoder[E float] struct {
 	e        *Engine
 	B        int
-	long     *arena[E] // cache and LoRA matrices: live for the whole loop
+	long     step[E] // cache and LoRA matrices: live for the whole loop
 	cache    *kvCache[E]
 	lora     []*loraMats[E] // one adapter for every row
 	scale    E
@@ -73,7 +72,7 @@ type kvDecoder[E float] struct {
 
 func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
-	d := &kvDecoder[E]{e: e, B: B, long: tensor.NewArena[E](e.base.mm)}
+	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e.base)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
 	d.cache.dn = make([]*deltaState[E], c.NumHiddenLayers)
@@ -108,8 +107,8 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 // row's tokens sit at 0…T-1, a decode step over the cache otherwise.
 func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
-	if d.long.Err != nil {
-		return nil, d.long.Err
+	if d.long.Err() != nil {
+		return nil, d.long.Err()
 	}
 	e := d.e
 	B, T := d.B, len(tok[0])
@@ -117,7 +116,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 	if err != nil {
 		return nil, err
 	}
-	ar := tensor.NewArena[E](e.base.mm)
+	ar := newStep[E](e.base)
 	defer ar.Free()
 	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, segs: d.segs, cos: d.cos, sin: d.sin, cache: d.cache}
 	if !fromStart {
@@ -132,8 +131,8 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 	d.useImages(s, fromStart)
 	m0 := ar.Mark()
 	h, _ := s.layers(s.embed(tok), m0)
-	if ar.Err != nil {
-		return nil, ar.Err
+	if ar.Err() != nil {
+		return nil, ar.Err()
 	}
 	var take rowSink
 	if len(sink) > 0 {
@@ -204,8 +203,8 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 			copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
 		}
 		logits, _ := s.unembed(hm)
-		if s.ar.Err != nil {
-			return nil, s.ar.Err
+		if s.ar.Err() != nil {
+			return nil, s.ar.Err()
 		}
 		kernels.ParallelRows(len(rows), func(r0, r1 int) {
 			var row []float64 // reused while the sink takes the rows
@@ -225,5 +224,5 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 		})
 		s.ar.Release(mark, s.ar.Mark())
 	}
-	return out, s.ar.Err
+	return out, s.ar.Err()
 }

@@ -87,11 +87,11 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	L := Ly.dn
 	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	s.rmsNorm(h.V, Ly.inputNorm, x1.V, inv1.V)
+	s.rmsNorm(h, Ly.inputNorm, x1, inv1)
 	st, cont, lens := s.kv.deltaState(l)
 	in := dnConvInput[E]{q: s.linear(x1, L.q), k: s.linear(x1, L.k), v: s.linear(x1, L.v), st: st, cont: cont, d: c.dnDims(), T: s.T}
 	z, av, bv := s.linear(x1, L.z), s.linear(x1, L.a), s.linear(x1, L.b)
-	if s.ar.Err != nil {
+	if s.ar.Err() != nil {
 		return h
 	}
 	a := s.dnConvAndGates(L, &in, av, bv)
@@ -102,7 +102,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	s.dnRecurrence(&a, in.d, st, cont, lens, la != nil)
 	y := s.dnGatedNorm(L, in.d, &a)
 	out := s.linear(y, L.out)
-	kernels.AddScaled(out.V, h.V, 1)
+	s.ar.Add(out, h)
 	if la != nil {
 		la.x1, la.inv1 = x1, inv1
 		la.dn = a
@@ -354,13 +354,13 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 		if dx1 == nil {
 			dx1 = dx
 		} else {
-			kernels.AddScaled(dx1.V, dx.V, 1)
+			s.ar.Add(*dx1, *dx)
 		}
 	}
 	if !needDX {
 		return mat[E]{}
 	}
-	kernels.RMSNormBack(dx1.V, la.h.V, la.inv1.V, Ly.inputNorm, dh2.V, true)
+	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, Ly.inputNorm, dh2, true)
 	return dh2
 }
 

@@ -1,9 +1,5 @@
 package engine
 
-import (
-	"github.com/skein-ai/skein/engine/internal/kernels"
-)
-
 // ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
 // output before adding the residual (pass.feedForward). The models served today have one kind,
 // the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation,
@@ -43,11 +39,7 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
 	act, sig := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	if gf, ok := any(gate.V).([]float32); ok && s.e.ggmlNorms() {
-		kernels.SiluGateGGML(gf, any(up.V).([]float32), any(sig.V).([]float32), any(act.V).([]float32), F)
-	} else {
-		kernels.SiluGate(gate.V, up.V, sig.V, act.V)
-	}
+	s.ar.SiluGate(gate, up, sig, act, s.e.ggmlNorms())
 	out := s.linear(act, f.down)
 	if la != nil {
 		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}
@@ -69,7 +61,7 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	da := s.linearBack(dy, f.down, true)
 	release(a.act) // down's input: its LoRA gradients are summed (loraGrads)
 	dg, du := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	kernels.SiluGateBack(da.V, a.gate.V, a.up.V, a.sig.V, dg.V, du.V)
+	s.ar.SiluGateBack(*da, a.gate, a.up, a.sig, dg, du)
 	for _, m := range []mat[E]{*da, a.gate, a.up, a.sig} {
 		release(m)
 	}
@@ -78,7 +70,7 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	release(dg)
 	dxUp := s.linearBack(du, f.up, true)
 	release(du)
-	kernels.AddScaled(dx.V, dxUp.V, 1)
+	s.ar.Add(*dx, *dxUp)
 	release(*dxUp)
 	return *dx
 }

@@ -29,7 +29,7 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 		rows := x.Dims[0]
 		if rows <= kernels.FewRowsBF16() || kernels.HaveBF16GEMM() {
 			y := s.ar.Alloc(rows, n)
-			if s.ar.Err == nil {
+			if s.ar.Err() == nil {
 				if rows <= kernels.FewRowsBF16() {
 					kernels.PairsProduct(any(y.V).([]float32), xf, lin.w2, rows, k, n, transposed)
 				} else {
@@ -43,21 +43,21 @@ func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] 
 		rows := x.Dims[0]
 		if lin.w16 != nil && rows <= kernels.FewRowsBF16() {
 			y := s.ar.Alloc(rows, n)
-			if s.ar.Err == nil { // a failed step computes nothing more, as the matmul path
+			if s.ar.Err() == nil { // a failed step computes nothing more, as the matmul path
 				kernels.BF16Product(any(y.V).([]float32), xf, lin.w16, rows, k, n, transB)
 			}
 			return y
 		}
 		if lin.w16 != nil && kernels.HaveBF16GEMM() {
 			y := s.ar.Alloc(rows, n)
-			if s.ar.Err == nil {
+			if s.ar.Err() == nil {
 				kernels.BF16MatMul(any(y.V).([]float32), xf, lin.w16, rows, k, n, transB)
 			}
 			return y
 		}
 		if wf, ok := any(lin.w.V).([]float32); ok && lin.w16 == nil && lin.w2 == nil && rows <= kernels.FewRowsF32() {
 			y := s.ar.Alloc(rows, n)
-			if s.ar.Err == nil {
+			if s.ar.Err() == nil {
 				kernels.F32Product(any(y.V).([]float32), xf, wf, rows, k, n, transB)
 			}
 			return y
@@ -114,14 +114,14 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 		// llama.cpp's way (Options.GGMLActivations): the rows rounded to 8-bit blocks, integer
 		// dots. Forward only: an input gradient stays over the dequantized weight.
 		y := s.ar.Alloc(rows, lin.out)
-		if s.ar.Err == nil {
+		if s.ar.Err() == nil {
 			lin.qf.GGMLProduct(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
 		}
 		return y
 	}
 	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= quantFewRows {
 		y := s.ar.Alloc(rows, lin.out)
-		if s.ar.Err == nil {
+		if s.ar.Err() == nil {
 			lin.qf.Product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
 		}
 		return y
@@ -137,7 +137,7 @@ func (s *pass[E]) quantProduct(x mat[E], lin *linear[E], transposed bool) mat[E]
 		}
 		w2 := s.widenedPairs(lin, 0, lin.out)
 		y := s.ar.Alloc(rows, n)
-		if s.ar.Err == nil {
+		if s.ar.Err() == nil {
 			kernels.PairsMatMul(any(y.V).([]float32), xf, w2, rows, k, n, transposed)
 		}
 		return y
@@ -209,7 +209,7 @@ func (s *pass[E]) quantChunkedProduct(x mat[E], xf []float32, lin *linear[E], nc
 		}
 		o0, o1 := c*nc, min(out, (c+1)*nc)
 		w2 := s.widenedPairs(lin, o0, o1)
-		if s.ar.Err != nil {
+		if s.ar.Err() != nil {
 			return y
 		}
 		m := s.ar.Mark()
@@ -239,7 +239,7 @@ func (s *pass[E]) quantChunkedProduct(x mat[E], xf []float32, lin *linear[E], nc
 // quantWeight dequantizes a quantized weight into a step buffer in its stored layout [out, in].
 func (s *pass[E]) quantWeight(lin *linear[E]) (mat[E], func()) {
 	w := s.ar.Alloc(lin.out, lin.in)
-	if s.ar.Err != nil {
+	if s.ar.Err() != nil {
 		return w, func() {}
 	}
 	if wf, ok := any(w.V).([]float32); ok {
@@ -294,11 +294,11 @@ func (s *pass[E]) widenedChunkProduct(x mat[E], lin *linear[E], nc int, transpos
 		y = s.ar.Alloc(rows, out)
 	}
 	yf := any(y.V).([]float32)
-	for o0 := 0; o0 < out && s.ar.Err == nil; o0 += nc {
+	for o0 := 0; o0 < out && s.ar.Err() == nil; o0 += nc {
 		o1 := min(out, o0+nc)
 		m := s.ar.Mark()
 		c := s.ar.Alloc(o1-o0, in)
-		if s.ar.Err != nil {
+		if s.ar.Err() != nil {
 			break
 		}
 		outMajor := widenOutputs(any(c.V).([]float32), lf, o0, o1)

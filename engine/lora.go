@@ -25,7 +25,7 @@ type loraTap[E float] struct{ x, xa mat[E] }
 // copies were 0.7 GB. Otherwise (the backend's matmuls take only its buffers; decode, whose
 // generations outlive an optim_step) they are copied into the arena, with scale·Bᵀ for the
 // few-row kernels. The scale is applied to the rank-r products instead (addedLoRA).
-func loraOf[E float](ar *arena[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
+func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
 	out := make([]*loraMats[E], len(m.linears))
 	if a == nil {
 		return out, 0
@@ -171,7 +171,7 @@ func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *lo
 // reaches the next product's activation rounding as the norms' would.
 func (s *pass[E]) ggmlLoRA(x, y mat[E], lin *linear[E], lm *loraMats[E], r0, r1 int) bool {
 	xf, ok := any(x.V).([]float32)
-	if !ok || !s.e.ggmlNorms() || s.ar.Err != nil {
+	if !ok || !s.e.ggmlNorms() || s.ar.Err() != nil {
 		return ok && s.e.ggmlNorms()
 	}
 	yf, a, b := any(y.V).([]float32), any(lm.a.V).([]float32), any(lm.b.V).([]float32)

@@ -133,7 +133,7 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 			s.mergedWeight(head, lm) // once, before the tiles, which all multiply by it
 		}
 	}
-	for r0 := 0; r0 < N && s.ar.Err == nil; r0 += rows {
+	for r0 := 0; r0 < N && s.ar.Err() == nil; r0 += rows {
 		r1 := min(N, r0+rows)
 		m := s.ar.Mark()
 		x := hf

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/internal/tensor"
@@ -15,10 +16,10 @@ import (
 // baseModel is what an engine's forks share: the base weights and the compiled matmuls with
 // their pool of step buffers.
 type baseModel struct {
-	mm      *tensor.Matmuls
-	weights any // *model[float32] or *model[float64], the engine's dtype
-	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
-	bytes   int // resident size of the weights
+	cpu     *cpu.Backend // the backend: compiled products and the pool of step buffers
+	weights any          // *model[float32] or *model[float64], the engine's dtype
+	vision  any          // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
+	bytes   int          // resident size of the weights
 	// pairs is the buffer passes widen quantized weights into for the bf16 GEMM (pass.qPairs),
 	// kept between passes (as big as the largest such weight: each pass would otherwise leave
 	// one behind for the collector, a gigabyte for an 8B shape's head).

@@ -11,7 +11,6 @@ import (
 
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // A quantized weight too large to widen at once (pairsChunkOutputs) is multiplied a chunk of its
@@ -117,7 +116,7 @@ func TestQuantizedEmbeddingIsBlocks(t *testing.T) {
 	}
 	deq := make([]float32, len(f))
 	quant.Q4_K.Dequantize(deq, want)
-	ar := tensor.NewArena[float32](e.base.mm)
+	ar := newStep[float32](e.base)
 	defer ar.Free()
 	s := newPass(e, ar, 1, 16, passParts[float32]{})
 	tokens := []int{7, 0, c.VocabSize - 1, 7}

@@ -86,7 +86,7 @@ func (s *pass[E]) segmentedLinear(x mat[E], lin *linear[E]) mat[E] {
 		}
 		n := g.r1 - g.r0
 		xs := s.ar.Alloc(n, lin.in)
-		if s.ar.Err != nil {
+		if s.ar.Err() != nil {
 			return y
 		}
 		copy(xs.V, x.V[g.r0*lin.in:g.r1*lin.in])
@@ -96,7 +96,7 @@ func (s *pass[E]) segmentedLinear(x mat[E], lin *linear[E]) mat[E] {
 		s.ar.ReleaseOne(xa)
 		s.ar.ReleaseOne(xs)
 	}
-	if len(few) > 0 && s.ar.Err == nil {
+	if len(few) > 0 && s.ar.Err() == nil {
 		xf, yf := any(x.V).([]float32), any(y.V).([]float32)
 		kernels.ParallelRows(len(few), func(lo, hi int) {
 			for _, g := range few[lo:hi] {

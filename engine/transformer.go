@@ -4,8 +4,8 @@ import (
 	"context"
 	"math"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // The one transformer. Training, forward-only passes (forward, compute_logprobs) and the
@@ -23,7 +23,7 @@ type pass[E float] struct {
 	e        *Engine
 	c        *Config
 	m        *model[E]
-	ar       *arena[E]
+	ar       step[E]
 	B, T     int
 	kv       kvStore[E]
 	cos, sin []E            // rotary tables [slots, hd/2]
@@ -51,7 +51,7 @@ func (s *pass[E]) cancelled() bool {
 	if err := stopped(s.ctx); err != nil {
 		s.ar.Fail(err)
 	}
-	return s.ar.Err != nil
+	return s.ar.Err() != nil
 }
 
 // trainState is what a training pass keeps for its backward pass.
@@ -105,7 +105,7 @@ type passParts[E float] struct {
 // newPass is how every pass is made, training, forward or sampling: B rows of T tokens computed
 // in arena ar from parts p. Keys and values are the pass's own (passKV, filling the sampler's
 // cache when there is one) unless p.pos places its tokens in the cache (cacheKV).
-func newPass[E float](e *Engine, ar *arena[E], B, T int, p passParts[E]) *pass[E] {
+func newPass[E float](e *Engine, ar step[E], B, T int, p passParts[E]) *pass[E] {
 	m := modelOf[E](e.base)
 	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, cos: p.cos, sin: p.sin,
 		lora: p.lora, scale: p.scale, segs: p.segs, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
@@ -154,7 +154,7 @@ func (s *pass[E]) embed(tok [][]int) mat[E] {
 // each layer's tensors as soon as the next has its input, so it holds one layer at a time; a
 // training pass keeps them and returns where each layer's allocations begin (and where the
 // last ends).
-func (s *pass[E]) layers(h mat[E], m0 tensor.Point) (mat[E], []tensor.Point) {
+func (s *pass[E]) layers(h mat[E], m0 backend.Mark) (mat[E], []backend.Mark) {
 	L := s.c.NumHiddenLayers
 	if s.train == nil {
 		for l := range L {
@@ -167,7 +167,7 @@ func (s *pass[E]) layers(h mat[E], m0 tensor.Point) (mat[E], []tensor.Point) {
 		}
 		return h, nil
 	}
-	marks := make([]tensor.Point, L+1)
+	marks := make([]backend.Mark, L+1)
 	for l := range L {
 		if s.beforeLayer(l) {
 			return h, nil
@@ -200,15 +200,15 @@ func (s *pass[E]) beforeLayer(l int) bool {
 
 // unembed is the final norm and the head: logits [rows, V] and 1/rms per row (the sampler's,
 // for the few rows it draws from; training and forward passes take the head in tiles, headRows).
-func (s *pass[E]) unembed(h mat[E]) (logits mat[E], inv []E) {
+func (s *pass[E]) unembed(h mat[E]) (logits, inv mat[E]) {
 	hf, inv := s.finalNorm(h)
 	return s.linear(hf, s.m.head), inv
 }
 
 // finalNorm is the norm before the head: h normalised, and 1/rms per row.
-func (s *pass[E]) finalNorm(h mat[E]) (hf mat[E], inv []E) {
-	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), make([]E, h.Dims[0])
-	s.rmsNorm(h.V, s.m.norm, hf.V, inv)
+func (s *pass[E]) finalNorm(h mat[E]) (hf, inv mat[E]) {
+	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), s.ar.Alloc(h.Dims[0])
+	s.rmsNorm(h, s.m.norm, hf, inv)
 	return hf, inv
 }
 
@@ -245,7 +245,7 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
 	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	s.rmsNorm(h.V, L.inputNorm, x1.V, inv1.V)
+	s.rmsNorm(h, L.inputNorm, x1, inv1)
 	yq := s.linear(x1, L.q)
 	var gate mat[E]
 	if c.family().gatedAttention {
@@ -274,7 +274,7 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 		}
 	}
 	h2 := s.linear(o, L.o)
-	kernels.AddScaled(h2.V, h.V, 1)
+	s.ar.Add(h2, h)
 	return h2
 }
 
@@ -401,7 +401,7 @@ const attnProbsBytes = 64 << 20
 // the pass keeps them (training). Chunks have more rows than kernels.FewRowsF32, so every row
 // goes through the GEMM as it does in one product.
 func (s *pass[E]) attnChunks(BK, GT, S int) int {
-	if _, ok := any(s.ar).(*arena[float32]); !ok || s.saving() || !kernels.HaveGEMM() {
+	if _, ok := any(s.ar).(step[float32]); !ok || s.saving() || !kernels.HaveGEMM() {
 		return 0
 	}
 	rows := attnProbsBytes / 4 / S
@@ -431,7 +431,7 @@ func (s *pass[E]) attendInChunks(qh, keysT, values mat[E], n int) mat[E] {
 			r0, r1 := GT*i/n, GT*(i+1)/n
 			m := s.ar.Mark()
 			p := s.ar.Alloc(r1-r0, S)
-			if s.ar.Err != nil {
+			if s.ar.Err() != nil {
 				break
 			}
 			pf := any(p.V).([]float32)
@@ -456,9 +456,9 @@ func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	s.rmsNorm(h2.V, L.postNorm, x2.V, inv2.V)
+	s.rmsNorm(h2, L.postNorm, x2, inv2)
 	out := L.ffn().forward(s, x2, la)
-	kernels.AddScaled(out.V, h2.V, 1)
+	s.ar.Add(out, h2)
 	if la != nil {
 		la.h2, la.x2, la.inv2 = h2, x2, inv2
 	}
@@ -477,7 +477,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 		y = s.baseProduct(x, lin, false)
 	}
 	if lin.bias != nil {
-		kernels.AddBias(y.V, lin.bias)
+		s.ar.AddBias(y, lin.bias)
 	}
 	return y
 }
@@ -533,14 +533,10 @@ func ropeRow[E float](x, y, c, sn []E) {
 	copy(y[2*half:], x[2*half:])
 }
 
-// rmsNorm is kernels.RMSNorm over rows of x with the model's eps, or under ggmlNorms
-// kernels.RMSNormGGML.
-func (s *pass[E]) rmsNorm(x, w, y, inv []E) {
-	if xf, ok := any(x).([]float32); ok && s.e.ggmlNorms() {
-		kernels.RMSNormGGML(xf, any(w).([]float32), s.c.RMSNormEps, any(y).([]float32), any(inv).([]float32))
-		return
-	}
-	kernels.RMSNorm(x, w, s.c.RMSNormEps, y, inv)
+// rmsNorm is RMSNorm over rows of x with the model's eps, rounded as ggml-cpu does under
+// ggmlNorms.
+func (s *pass[E]) rmsNorm(x mat[E], w []E, y, inv mat[E]) {
+	s.ar.RMSNorm(x, w, s.c.RMSNormEps, y, inv, s.e.ggmlNorms())
 }
 
 // rmsNormHead is rmsNormRow of one query or key head, or under ggmlNorms

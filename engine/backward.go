@@ -69,12 +69,14 @@ func (s *pass[E]) backward(h, invF, dhf mat[E], marks []backend.Mark) bool {
 // layerBack takes d loss/d(layer l's output) and returns d loss/d(its input), adding LoRA
 // gradients on the way. Layer 0's input gradient is not needed (embeddings are frozen): nil.
 func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
+	L, la := &s.m.layers[l], &s.train.acts[l]
 	dh2 := s.feedForwardBack(l, dh)
-	if s.m.layers[l].dn != nil {
-		return s.deltaNetBack(l, dh2)
+	dx1 := L.mix.backward(s, l, dh2, la, l > 0)
+	if dx1 == nil {
+		return mat[E]{}
 	}
-	dq, dk, dv := s.attentionBack(l, dh2)
-	return s.qkvBack(l, dq, dk, dv, dh2)
+	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, L.inputNorm, dh2, true)
+	return dh2
 }
 
 // feedForwardBack takes d loss/d(the feed-forward block's output) and returns d loss/d(its
@@ -83,19 +85,34 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
 	L := &s.m.layers[l]
 	la := &s.train.acts[l]
-	dx2 := L.ffn().backward(s, dh, la)
+	dx2 := L.ffn.backward(s, dh, la)
 	dh2 := dh
 	s.ar.RMSNormBack(dx2, la.h2, la.inv2.V, L.postNorm, dh2, true)
 	return dh2
 }
 
+// backward takes d loss/d(the mixer's output) and returns d loss/d(its input x1) (nil when
+// !needDX: layer 0, whose input gradient is not needed), adding the LoRA gradients of q, k, v and
+// o on the way.
+func (A *attentionLayer[E]) backward(s *pass[E], l int, dy mat[E], la *layerActs[E], needDX bool) *mat[E] {
+	dq, dk, dv := s.attentionBack(A, l, dy, la)
+	dx1 := s.linearBack(dq, A.q, needDX)
+	dxk := s.linearBack(dk, A.k, needDX)
+	dxv := s.linearBack(dv, A.v, needDX)
+	if !needDX {
+		return nil
+	}
+	s.ar.Add(*dx1, *dxk)
+	s.ar.Add(*dx1, *dxv)
+	return dx1
+}
+
 // attentionBack takes d loss/d(attention's output) and returns d loss/d(the q, k and v
 // projections), in token layout.
-func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
-	c, L := s.c, &s.m.layers[l]
-	la := &s.train.acts[l]
+func (s *pass[E]) attentionBack(A *attentionLayer[E], l int, dh2 mat[E], la *layerActs[E]) (dq, dk, dv mat[E]) {
+	c := s.c
 	T, BK := s.T, s.B*c.NumKeyValueHeads
-	do := s.linearBack(dh2, L.o, true)
+	do := s.linearBack(dh2, A.o, true)
 	var dgate mat[E]
 	if la.gate.V != nil {
 		// o_proj's input was o ⊙ σ(gate): do ⊙ σ(gate) to o, do ⊙ o ⊙ σ'(gate) to the gate rows.
@@ -118,7 +135,7 @@ func (s *pass[E]) attentionBack(l int, dh2 mat[E]) (dq, dk, dv mat[E]) {
 	kernels.SoftmaxBack(probs.V, dP.V, T, scale)
 	dQ := s.ar.MatMul(dP, la.kh, BK, false)   // [BK, G·T, hd]
 	dKT := s.ar.MatMul(la.qhT, dP, BK, false) // [BK, hd, T]
-	dq, dk, dv = s.headsBack(l, dQ, dKT, dVT)
+	dq, dk, dv = s.headsBack(A, l, dQ, dKT, dVT)
 	if dgate.V != nil {
 		dq = s.joinGate(dq, dgate)
 	}
@@ -152,8 +169,8 @@ func (s *pass[E]) tokensToHeads(do *mat[E]) (dO, dOT mat[E]) {
 
 // headsBack takes the gradients of layer l's queries, keys and values in the attention layout
 // back to token layout through RoPE and the head norms.
-func (s *pass[E]) headsBack(l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
-	c, L := s.c, &s.m.layers[l]
+func (s *pass[E]) headsBack(L *attentionLayer[E], l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
+	c := s.c
 	la := &s.train.acts[l]
 	B, T := s.B, s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
@@ -197,21 +214,4 @@ func (s *pass[E]) headsBack(l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
 	return dq, dk, dv
 }
 
-// qkvBack takes the q, k and v projections' gradients through them and the input norm, adding
-// d loss/d(the layer's input) to dh2 (d loss/d(its residual after attention)), which it
-// returns; nil for layer 0, whose input gradient is not needed.
-func (s *pass[E]) qkvBack(l int, dq, dk, dv, dh2 mat[E]) mat[E] {
-	L := &s.m.layers[l]
-	la := &s.train.acts[l]
-	needDX := l > 0
-	dx1 := s.linearBack(dq, L.q, needDX)
-	dxk := s.linearBack(dk, L.k, needDX)
-	dxv := s.linearBack(dv, L.v, needDX)
-	if !needDX {
-		return mat[E]{}
-	}
-	s.ar.Add(*dx1, *dxk)
-	s.ar.Add(*dx1, *dxv)
-	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, L.inputNorm, dh2, true)
-	return dh2
-}
+

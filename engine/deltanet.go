@@ -76,23 +76,19 @@ func softplus(x float64) float64 {
 	return math.Log1p(math.Exp(x))
 }
 
-// deltaNet is h + out_proj(DeltaNet(norm(h))) of layer l, saving its activations into la (nil:
-// a forward-only pass). The state starts at zero unless the pass continues the sampler's
+// forward is out_proj(DeltaNet(x1)) of layer l for its normed input x1, saving its activations
+// into la (nil: a forward-only pass). The state starts at zero unless the pass continues the sampler's
 // (a decode step), and a prefill leaves each row's state, taken after its own last token, in
 // the sampler's cache. The stages: projections, the conv with its norms and gates
 // (dnConvAndGates), the conv history kept for the sampler (keepHistory), the rule over every
 // token (dnRecurrence), the gated norm (dnGatedNorm), out_proj.
-func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
-	c, Ly := s.c, &s.m.layers[l]
-	L := Ly.dn
-	N, D := s.B*s.T, c.HiddenSize
-	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	s.rmsNorm(h, Ly.inputNorm, x1, inv1)
+func (L *deltaNetLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[E]) mat[E] {
+	c := s.c
 	st, cont, lens := s.kv.deltaState(l)
 	in := dnConvInput[E]{q: s.linear(x1, L.q), k: s.linear(x1, L.k), v: s.linear(x1, L.v), st: st, cont: cont, d: c.dnDims(), T: s.T}
 	z, av, bv := s.linear(x1, L.z), s.linear(x1, L.a), s.linear(x1, L.b)
 	if s.ar.Err() != nil {
-		return h
+		return x1 // the pass has failed: any [N, D] tensor
 	}
 	a := s.dnConvAndGates(L, &in, av, bv)
 	if st != nil {
@@ -102,9 +98,7 @@ func (s *pass[E]) deltaNet(l int, h mat[E], la *layerActs[E]) mat[E] {
 	s.dnRecurrence(&a, in.d, st, cont, lens, la != nil)
 	y := s.dnGatedNorm(L, in.d, &a)
 	out := s.linear(y, L.out)
-	s.ar.Add(out, h)
 	if la != nil {
-		la.x1, la.inv1 = x1, inv1
 		la.dn = a
 	}
 	return out
@@ -325,15 +319,13 @@ func onesOf[E float](n int) []E {
 	return v
 }
 
-// deltaNetBack takes d loss/d(the mixer's residual output) dh2 and returns d loss/d(the layer's
-// input), added into dh2 (nil for layer 0, whose input gradient is not needed), adding the LoRA
+// backward takes d loss/d(the mixer's output) dh2 and returns d loss/d(its input x1) (nil when
+// !needDX: layer 0, whose input gradient is not needed), adding the LoRA
 // gradients of q, k, v, z and out_proj on the way. The forward's stages in reverse: out_proj,
 // the gated norm (dnGatedNormBack), the rule (dnRecurrenceBack: the states recomputed a chunk at
 // a time from the forward's checkpoints and walked backwards, reference §3), the norms and gates
 // (dnGatesBack), the conv (dnConvBack), the projections.
-func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
-	Ly := &s.m.layers[l]
-	L, la := Ly.dn, &s.train.acts[l]
+func (L *deltaNetLayer[E]) backward(s *pass[E], l int, dh2 mat[E], la *layerActs[E], needDX bool) *mat[E] {
 	a := &la.dn
 	d := s.c.dnDims()
 	dy := s.linearBack(dh2, L.out, true)
@@ -341,7 +333,6 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 	g := s.dnRecurrenceBack(d, a, dO)
 	dpre, da, db := s.dnGatesBack(d, a, g)
 	dmq, dmk, dmv := s.dnConvBack(L, d, dpre)
-	needDX := l > 0
 	var dx1 *mat[E]
 	for _, p := range []struct {
 		dy  mat[E]
@@ -357,11 +348,7 @@ func (s *pass[E]) deltaNetBack(l int, dh2 mat[E]) mat[E] {
 			s.ar.Add(*dx1, *dx)
 		}
 	}
-	if !needDX {
-		return mat[E]{}
-	}
-	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, Ly.inputNorm, dh2, true)
-	return dh2
+	return dx1
 }
 
 // dnGatedNormBack takes d loss/dy of y = w ⊙ (o·inv) ⊙ silu(z) to d loss/do and d loss/dz.

@@ -2,8 +2,8 @@ package engine
 
 // ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
 // output before adding the residual (pass.feedForward). The models served today have one kind,
-// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation,
-// returned by decoderLayer.ffn for the layers that have one.
+// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation, set
+// as decoderLayer.ffn for the layers that have one.
 type ffn[E float] interface {
 	// forward returns the block's output [N, D] for x [N, D], keeping in la what backward
 	// reads (la nil: a forward-only pass).
@@ -11,6 +11,8 @@ type ffn[E float] interface {
 	// backward takes d loss/d(the block's output) and returns d loss/d x, adding the LoRA
 	// gradients of the block's modules on the way.
 	backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E]
+	// linears are the block's modules (those a LoRA can adapt).
+	linears() []*linear[E]
 }
 
 // denseFFN is the SwiGLU MLP of Llama and Qwen: down(silu(gate(x)) · up(x)).
@@ -23,16 +25,14 @@ var (
 	_ ffn[float64] = denseFFN[float64]{}
 )
 
+func (f denseFFN[E]) linears() []*linear[E] { return []*linear[E]{f.gate, f.up, f.down} }
+
 // denseActs are what denseFFN's backward reads.
 type denseActs[E float] struct {
 	gate, up, act mat[E]
 	sig           mat[E] // σ(gate)
 }
 
-// ffn is layer L's feed-forward block.
-func (L *decoderLayer[E]) ffn() ffn[E] {
-	return denseFFN[E]{gate: L.gate, up: L.up, down: L.down}
-}
 
 func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize

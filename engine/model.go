@@ -69,14 +69,21 @@ type model[E float] struct {
 	byPath  map[string]*linear[E] // by HF module path, the names LoRA modules use
 }
 
-// decoderLayer is one transformer block's weights.
+// decoderLayer is one transformer block's weights: a token mixer and a feed-forward block, each
+// behind its norm (pass.layer).
 type decoderLayer[E float] struct {
-	inputNorm, postNorm        []E
-	qNorm, kNorm               []E // per-head RMSNorm before RoPE (families with headNorm), else nil
-	q, k, v, o, gate, up, down *linear[E]
-	// dn is a Gated DeltaNet layer's mixer (deltanet.go), in place of attention (q, k, v, o nil).
-	dn *deltaNetLayer[E]
+	inputNorm, postNorm []E
+	mix                 mixer[E] // *attentionLayer (softmax attention) or *deltaNetLayer (Gated DeltaNet)
+	ffn                 ffn[E]   // denseFFN (SwiGLU)
 }
+
+// attentionLayer is a softmax attention mixer's weights (transformer.go, backward.go).
+type attentionLayer[E float] struct {
+	q, k, v, o   *linear[E]
+	qNorm, kNorm []E // per-head RMSNorm before RoPE (families with headNorm), else nil
+}
+
+func (A *attentionLayer[E]) linears() []*linear[E] { return []*linear[E]{A.q, A.k, A.v, A.o} }
 
 // linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
 type linear[E float] struct {
@@ -93,10 +100,7 @@ type linear[E float] struct {
 }
 
 func (L *decoderLayer[E]) linears() []*linear[E] {
-	if L.dn != nil {
-		return append(L.dn.linears(), L.gate, L.up, L.down)
-	}
-	return []*linear[E]{L.q, L.k, L.v, L.o, L.gate, L.up, L.down}
+	return append(L.mix.linears(), L.ffn.linears()...)
 }
 
 // loadModel places every weight once in memory, one weight at a time (the host tensors alias
@@ -283,26 +287,21 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 	}
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
+		L := decoderLayer[E]{inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V}
 		if c.isDeltaNet(l) {
 			a := p + "linear_attn."
-			m.layers = append(m.layers, decoderLayer[E]{
-				inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
-				dn: &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
-					z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
-					conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V},
-				gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj"),
-			})
-			continue
+			L.mix = &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
+				z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
+				conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V}
+		} else {
+			A := &attentionLayer[E]{q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"),
+				v: lin(p + "self_attn.v_proj"), o: lin(p + "self_attn.o_proj")}
+			if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
+				A.qNorm, A.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
+			}
+			L.mix = A
 		}
-		L := decoderLayer[E]{
-			inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
-			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
-			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
-			down: lin(p + "mlp.down_proj"),
-		}
-		if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
-			L.qNorm, L.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
-		}
+		L.ffn = denseFFN[E]{gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj")}
 		m.layers = append(m.layers, L)
 	}
 	m.head = lin("lm_head")

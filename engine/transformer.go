@@ -212,8 +212,9 @@ func (s *pass[E]) finalNorm(h mat[E]) (hf, inv mat[E]) {
 	return hf, inv
 }
 
-// layer runs decoder layer l on h [B·T, D]: attention, then the feed-forward block, each added
-// to its input. A forward-only pass gives back attention's tensors before the block runs, and every merged
+// layer runs decoder layer l on h [B·T, D]: its token mixer (attention or DeltaNet) on the
+// input's norm, added to the input; then the feed-forward block on that sum's norm, added to it.
+// A forward-only pass gives back the mixer's tensors before the block runs, and every merged
 // weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	start := s.ar.Mark()
@@ -222,13 +223,15 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}
-	var h2 mat[E]
-	if s.m.layers[l].dn != nil {
-		h2 = s.deltaNet(l, h, la)
-	} else {
-		h2 = s.attention(l, h, la)
+	L := &s.m.layers[l]
+	x1, inv1 := s.ar.Alloc(s.B*s.T, s.c.HiddenSize), s.ar.Alloc(s.B*s.T)
+	s.rmsNorm(h, L.inputNorm, x1, inv1)
+	h2 := L.mix.forward(s, l, x1, la)
+	s.ar.Add(h2, h)
+	if la != nil {
+		la.x1, la.inv1 = x1, inv1
 	}
-	if la == nil { // attention's tensors are spent
+	if la == nil { // the mixer's tensors are spent
 		s.dropMerged()
 		s.ar.ReleaseExcept(start, h2)
 	}
@@ -239,22 +242,20 @@ func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
 	return out
 }
 
-// attention is h + o(attention(norm(h))) of layer l, saving its activations into la (nil: a
-// forward-only pass).
-func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
-	c, L := s.c, &s.m.layers[l]
-	N, D := s.B*s.T, c.HiddenSize
-	x1, inv1 := s.ar.Alloc(N, D), s.ar.Alloc(N)
-	s.rmsNorm(h, L.inputNorm, x1, inv1)
-	yq := s.linear(x1, L.q)
+// forward is o_proj(attention(x1)) of layer l for its normed input x1, saving its activations
+// into la (nil: a forward-only pass).
+func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[E]) mat[E] {
+	c := s.c
+	N := s.B * s.T
+	yq := s.linear(x1, A.q)
 	var gate mat[E]
 	if c.family().gatedAttention {
 		yq, gate = s.splitGate(yq)
 	}
-	yk := s.linear(x1, L.k)
-	yv := s.linear(x1, L.v)
+	yk := s.linear(x1, A.k)
+	yv := s.linear(x1, A.v)
 	keysT, values := s.kv.begin(l)
-	qh, qhT, qInv, kInv := s.headsIn(l, yq, yk, yv, la != nil)
+	qh, qhT, qInv, kInv := s.headsIn(A, l, yq, yk, yv, la != nil)
 	probs, ot := s.attend(qh, keysT, values)
 	o := ot
 	if gate.V != nil {
@@ -265,7 +266,7 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 	}
 	if la != nil {
 		la.gate = gate
-		la.x1, la.inv1, la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = x1, inv1, yq, yk, qInv, kInv, qh, qhT, probs, ot
+		la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = yq, yk, qInv, kInv, qh, qhT, probs, ot
 		if s.e.recomputeProbs(s.T) {
 			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
 			// backward pass computes them again (one more matmul) instead of holding them.
@@ -273,9 +274,7 @@ func (s *pass[E]) attention(l int, h mat[E], la *layerActs[E]) mat[E] {
 			la.p = mat[E]{}
 		}
 	}
-	h2 := s.linear(o, L.o)
-	s.ar.Add(h2, h)
-	return h2
+	return s.linear(o, A.o)
 }
 
 // splitGate splits a gated attention's q_proj output [N, H·2·hd], each head's queries followed
@@ -311,8 +310,8 @@ func (s *pass[E]) joinGate(dq, dgate mat[E]) mat[E] {
 // head norms and RoPE on the way, and its keys and values to the store. For a training pass it
 // also returns Qᵀ [B·KVH, hd, G·T] and the head norms' 1/rms per token and head, which only
 // serve the backward pass.
-func (s *pass[E]) headsIn(l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[E], qInv, kInv []E) {
-	c, L := s.c, &s.m.layers[l]
+func (s *pass[E]) headsIn(L *attentionLayer[E], l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[E], qInv, kInv []E) {
+	c := s.c
 	T, N := s.T, s.B*s.T
 	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
 	G, BK := H/KVH, s.B*KVH
@@ -457,7 +456,7 @@ func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	N, D := s.B*s.T, c.HiddenSize
 	x2, inv2 := s.ar.Alloc(N, D), s.ar.Alloc(N)
 	s.rmsNorm(h2, L.postNorm, x2, inv2)
-	out := L.ffn().forward(s, x2, la)
+	out := L.ffn.forward(s, x2, la)
 	s.ar.Add(out, h2)
 	if la != nil {
 		la.h2, la.x2, la.inv2 = h2, x2, inv2

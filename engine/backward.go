@@ -1,27 +1,12 @@
 package engine
 
 import (
-	"math"
-
 	"github.com/skein-ai/skein/engine/internal/backend"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // The backward pass of the transformer's layer (transformer.go), reading what its forward
 // saved (layerActs, loraTap). Written out by hand: the same formulas the finite-difference
 // tests check on every architecture.
-
-// ropeBack is rope's transpose: rotation by −θ.
-func (s *pass[E]) ropeBack(dy, dx []E, b, t int) {
-	c, sn := s.ropeAt(b, t, t)
-	half := len(c) // partial rotary: the dims past 2·half passed through
-	for i := range half {
-		d1, d2 := dy[i], dy[i+half]
-		dx[i] = d1*c[i] + d2*sn[i]
-		dx[i+half] = d2*c[i] - d1*sn[i]
-	}
-	copy(dx[2*half:], dy[2*half:])
-}
 
 // rmsNormRowBack writes rmsNormRow's input gradient into dx.
 func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
@@ -111,107 +96,20 @@ func (A *attentionLayer[E]) backward(s *pass[E], l int, dy mat[E], la *layerActs
 // projections), in token layout.
 func (s *pass[E]) attentionBack(A *attentionLayer[E], l int, dh2 mat[E], la *layerActs[E]) (dq, dk, dv mat[E]) {
 	c := s.c
-	T, BK := s.T, s.B*c.NumKeyValueHeads
 	do := s.linearBack(dh2, A.o, true)
 	var dgate mat[E]
-	if la.gate.V != nil {
+	if la.gate.Dims != nil {
 		// o_proj's input was o ⊙ σ(gate): do ⊙ σ(gate) to o, do ⊙ o ⊙ σ'(gate) to the gate rows.
 		dgate = s.ar.Alloc(la.gate.Dims...)
-		for i, g := range la.gate.V {
-			sg := E(sigmoid(float64(g)))
-			dgate.V[i] = do.V[i] * la.o.V[i] * sg * (1 - sg)
-			do.V[i] *= sg
-		}
+		s.ar.GateBack(*do, la.o, la.gate, dgate)
 	}
-	dO, dOT := s.tokensToHeads(do)
-	scale := E(1 / math.Sqrt(float64(c.HeadDim)))
-	probs := la.p
-	if probs.Buf == nil {
-		probs = s.ar.MatMul(la.qh, la.khT, BK, false)
-		kernels.SoftmaxCausal(probs.V, T, scale)
-	}
-	dP := s.ar.MatMul(dO, la.vhT, BK, false)  // [BK, G·T, T]
-	dVT := s.ar.MatMul(dOT, probs, BK, false) // [BK, hd, T]
-	kernels.SoftmaxBack(probs.V, dP.V, T, scale)
-	dQ := s.ar.MatMul(dP, la.kh, BK, false)   // [BK, G·T, hd]
-	dKT := s.ar.MatMul(la.qhT, dP, BK, false) // [BK, hd, T]
-	dq, dk, dv = s.headsBack(A, l, dQ, dKT, dVT)
-	if dgate.V != nil {
-		dq = s.joinGate(dq, dgate)
+	g := s.heads()
+	dQ, dKT, dVT := s.ar.AttendBack(&backend.AttentionGrads[E]{Heads: g, QH: la.qh, QHT: la.qhT, Keys: la.kh,
+		KeysT: la.khT, ValuesT: la.vhT, Probs: la.p}, *do)
+	dq, dk, dv = s.ar.HeadsBack(&backend.HeadsBack[E]{Heads: g, DQ: dQ, DKT: dKT, DVT: dVT, Q: la.yq, K: la.yk,
+		QNorm: A.qNorm, KNorm: A.kNorm, QInv: la.qInv, KInv: la.kInv, Rot: s.rotation()})
+	if dgate.Dims != nil {
+		dq = s.ar.JoinGate(dq, dgate, c.NumAttentionHeads, c.HeadDim)
 	}
 	return dq, dk, dv
 }
-
-// tokensToHeads copies d loss/d(attention output) from token layout [B·T, H·hd] into the
-// attention layout dO [B·KVH, G·T, hd] and its transpose dOT [B·KVH, hd, G·T].
-func (s *pass[E]) tokensToHeads(do *mat[E]) (dO, dOT mat[E]) {
-	c, B, T := s.c, s.B, s.T
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, N, BK := H/KVH, B*T, B*KVH
-	dO, dOT = s.ar.Alloc(BK, G*T, hd), s.ar.Alloc(BK, hd, G*T)
-	kernels.ParallelRows(N, func(r0, r1 int) {
-		for n := r0; n < r1; n++ {
-			b, t := n/T, n%T
-			for h := range H {
-				kv, g := h/G, h%G
-				row := (b*KVH+kv)*G*T + g*T + t
-				src := do.V[(n*H+h)*hd : (n*H+h+1)*hd]
-				copy(dO.V[row*hd:(row+1)*hd], src)
-				base := (b*KVH + kv) * hd * G * T
-				for d, v := range src {
-					dOT.V[base+d*G*T+g*T+t] = v
-				}
-			}
-		}
-	})
-	return dO, dOT
-}
-
-// headsBack takes the gradients of layer l's queries, keys and values in the attention layout
-// back to token layout through RoPE and the head norms.
-func (s *pass[E]) headsBack(L *attentionLayer[E], l int, dQ, dKT, dVT mat[E]) (dq, dk, dv mat[E]) {
-	c := s.c
-	la := &s.train.acts[l]
-	B, T := s.B, s.T
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, N := H/KVH, B*T
-	dq, dk, dv = s.ar.Alloc(N, H*hd), s.ar.Alloc(N, KVH*hd), s.ar.Alloc(N, KVH*hd)
-	qNorm, kNorm := L.qNorm, L.kNorm
-	kernels.ParallelRows(N, func(r0, r1 int) {
-		buf, col := make([]E, hd), make([]E, hd)
-		for n := r0; n < r1; n++ {
-			b, t := n/T, n%T
-			for h := range H {
-				kv, g := h/G, h%G
-				row := (b*KVH+kv)*G*T + g*T + t
-				dst := dq.V[(n*H+h)*hd : (n*H+h+1)*hd]
-				if qNorm == nil {
-					s.ropeBack(dQ.V[row*hd:(row+1)*hd], dst, b, t)
-					continue
-				}
-				s.ropeBack(dQ.V[row*hd:(row+1)*hd], buf, b, t)
-				rmsNormRowBack(buf, la.yq.V[(n*H+h)*hd:(n*H+h+1)*hd], qNorm, la.qInv[n*H+h], dst)
-			}
-			for kv := range KVH {
-				base := (b*KVH + kv) * hd * T
-				for d := range hd {
-					col[d] = dKT.V[base+d*T+t]
-				}
-				dst := dk.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
-				if kNorm == nil {
-					s.ropeBack(col, dst, b, t)
-				} else {
-					s.ropeBack(col, buf, b, t)
-					rmsNormRowBack(buf, la.yk.V[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd], kNorm, la.kInv[n*KVH+kv], dst)
-				}
-				dvr := dv.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
-				for d := range hd {
-					dvr[d] = dVT.V[base+d*T+t]
-				}
-			}
-		}
-	})
-	return dq, dk, dv
-}
-
-

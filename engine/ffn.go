@@ -33,7 +33,6 @@ type denseActs[E float] struct {
 	sig           mat[E] // σ(gate)
 }
 
-
 func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize
 	gate := s.linear(x, f.gate)

@@ -41,6 +41,9 @@ type pass[E float] struct {
 	rope *ropeOverride[E]
 	vis  *visualInputs
 	ctx  context.Context // nil: never cancelled; checked between layers
+	// Made once a pass for every layer's attention (rotation, slots).
+	rot  backend.Rotation[E]
+	slot []int
 }
 
 // cancelled is called between layers: it gives a turn to others' short work (WithTurns), then
@@ -75,7 +78,7 @@ func (s *pass[E]) saving() bool { return s.train != nil && s.train.saving }
 type layerActs[E float] struct {
 	h, x1, inv1      mat[E]       // layer input, its norm, 1/rms per token
 	yq, yk           mat[E]       // q, k projections before the head norms
-	qInv, kInv       []E          // 1/rms per token and head (head norms)
+	qInv, kInv       mat[E]       // 1/rms per token and head (head norms)
 	qh, qhT          mat[E]       // queries [B·KVH, G·T, hd] and transposed [B·KVH, hd, G·T]
 	kh, khT, vh, vhT mat[E]       // keys and values [B·KVH, T, hd] and transposed [B·KVH, hd, T]
 	p                mat[E]       // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
@@ -250,23 +253,32 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 	yq := s.linear(x1, A.q)
 	var gate mat[E]
 	if c.family().gatedAttention {
-		yq, gate = s.splitGate(yq)
+		yq, gate = s.ar.SplitGate(yq, c.NumAttentionHeads, c.HeadDim)
 	}
 	yk := s.linear(x1, A.k)
 	yv := s.linear(x1, A.v)
-	keysT, values := s.kv.begin(l)
-	qh, qhT, qInv, kInv := s.headsIn(A, l, yq, yk, yv, la != nil)
-	probs, ot := s.attend(qh, keysT, values)
-	o := ot
-	if gate.V != nil {
-		o = s.ar.Alloc(N, c.NumAttentionHeads*c.HeadDim)
-		for i, g := range gate.V {
-			o.V[i] = ot.V[i] * E(sigmoid(float64(g)))
+	hi := &backend.HeadsIn[E]{Heads: s.heads(), Q: yq, K: yk, V: yv, QNorm: A.qNorm, KNorm: A.kNorm,
+		Eps: c.RMSNormEps, GGML: s.e.ggmlNorms(), Rot: s.rotation(), Slot: s.slots()}
+	s.kv.begin(l, hi) // where keys and values go, and where attention reads them
+	H, KVH, hd, T := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim, s.T
+	G, BK := H/KVH, s.B*KVH
+	hi.QH = s.ar.Alloc(BK, G*T, hd)
+	if la != nil { // Qᵀ and the head norms' 1/rms serve only the backward pass
+		hi.QHT = s.ar.Alloc(BK, hd, G*T)
+		if A.qNorm != nil {
+			hi.QInv, hi.KInv = s.ar.Alloc(N*H), s.ar.Alloc(N*KVH)
 		}
+	}
+	s.ar.HeadsIn(hi)
+	probs, ot := s.ar.Attend(&backend.Attention[E]{Heads: hi.Heads, QH: hi.QH, KeysT: hi.KeysT, Values: hi.Values,
+		Slot: hi.Slot, KeepProbs: la != nil, ChunkRows: s.e.attnChunk})
+	o := ot
+	if gate.Dims != nil {
+		o = s.ar.Gate(ot, gate)
 	}
 	if la != nil {
 		la.gate = gate
-		la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = yq, yk, qInv, kInv, qh, qhT, probs, ot
+		la.yq, la.yk, la.qInv, la.kInv, la.qh, la.qhT, la.p, la.o = yq, yk, hi.QInv, hi.KInv, hi.QH, hi.QHT, probs, ot
 		if s.e.recomputeProbs(s.T) {
 			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
 			// backward pass computes them again (one more matmul) instead of holding them.
@@ -275,178 +287,6 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 		}
 	}
 	return s.linear(o, A.o)
-}
-
-// splitGate splits a gated attention's q_proj output [N, H·2·hd], each head's queries followed
-// by its gate rows, into the queries [N, H·hd] and the gates [N, H·hd].
-func (s *pass[E]) splitGate(yq mat[E]) (q, gate mat[E]) {
-	N, H, hd := yq.Dims[0], s.c.NumAttentionHeads, s.c.HeadDim
-	q, gate = s.ar.Alloc(N, H*hd), s.ar.Alloc(N, H*hd)
-	for n := range N {
-		for h := range H {
-			src := yq.V[(n*H+h)*2*hd:]
-			copy(q.V[(n*H+h)*hd:(n*H+h+1)*hd], src[:hd])
-			copy(gate.V[(n*H+h)*hd:(n*H+h+1)*hd], src[hd:2*hd])
-		}
-	}
-	return q, gate
-}
-
-// joinGate is splitGate's inverse, for gradients: [N, H·hd] twice into [N, H·2·hd].
-func (s *pass[E]) joinGate(dq, dgate mat[E]) mat[E] {
-	N, H, hd := dq.Dims[0], s.c.NumAttentionHeads, s.c.HeadDim
-	out := s.ar.Alloc(N, 2*H*hd)
-	for n := range N {
-		for h := range H {
-			dst := out.V[(n*H+h)*2*hd:]
-			copy(dst[:hd], dq.V[(n*H+h)*hd:(n*H+h+1)*hd])
-			copy(dst[hd:2*hd], dgate.V[(n*H+h)*hd:(n*H+h+1)*hd])
-		}
-	}
-	return out
-}
-
-// headsIn puts layer l's query heads into the attention layout qh [B·KVH, G·T, hd], through the
-// head norms and RoPE on the way, and its keys and values to the store. For a training pass it
-// also returns Qᵀ [B·KVH, hd, G·T] and the head norms' 1/rms per token and head, which only
-// serve the backward pass.
-func (s *pass[E]) headsIn(L *attentionLayer[E], l int, yq, yk, yv mat[E], training bool) (qh, qhT mat[E], qInv, kInv []E) {
-	c := s.c
-	T, N := s.T, s.B*s.T
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK := H/KVH, s.B*KVH
-	qh = s.ar.Alloc(BK, G*T, hd)
-	if training {
-		qhT = s.ar.Alloc(BK, hd, G*T)
-		if L.qNorm != nil {
-			qInv, kInv = make([]E, N*H), make([]E, N*KVH)
-		}
-	}
-	kernels.ParallelRows(N, func(r0, r1 int) {
-		buf, kr := make([]E, hd), make([]E, hd)
-		var scratch E
-		for n := r0; n < r1; n++ {
-			b, t := n/T, n%T
-			ps := s.kv.slot(b, t)
-			cs, sn := s.ropeAt(b, t, ps)
-			for hh := range H {
-				kv, g := hh/G, hh%G
-				src := yq.V[(n*H+hh)*hd : (n*H+hh+1)*hd]
-				if L.qNorm != nil {
-					inv := &scratch
-					if qInv != nil {
-						inv = &qInv[n*H+hh]
-					}
-					s.rmsNormHead(src, L.qNorm, buf, inv)
-					src = buf
-				}
-				row := (b*KVH+kv)*G*T + g*T + t
-				dst := qh.V[row*hd : (row+1)*hd]
-				ropeRow(src, dst, cs, sn)
-				if training {
-					base := (b*KVH + kv) * hd * G * T
-					for d, v := range dst {
-						qhT.V[base+d*G*T+g*T+t] = v
-					}
-				}
-			}
-			for kv := range KVH {
-				src := yk.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
-				if L.kNorm != nil {
-					inv := &scratch
-					if kInv != nil {
-						inv = &kInv[n*KVH+kv]
-					}
-					s.rmsNormHead(src, L.kNorm, buf, inv)
-					src = buf
-				}
-				ropeRow(src, kr, cs, sn)
-				s.kv.put(l, b, t, kv, kr, yv.V[(n*KVH+kv)*hd:(n*KVH+kv+1)*hd])
-			}
-		}
-	})
-	return qh, qhT, qInv, kInv
-}
-
-// attend is softmax(q·kᵀ/√hd)·v over the slots each row sees: the probabilities [B·KVH, G·T, S]
-// and the output in token layout [B·T, H·hd].
-func (s *pass[E]) attend(qh, keysT, values mat[E]) (probs, ot mat[E]) {
-	c, B, T := s.c, s.B, s.T
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK, S := H/KVH, B*KVH, values.Dims[1]
-	scale := E(1 / math.Sqrt(float64(hd)))
-	if n := s.attnChunks(BK, G*T, S); n > 0 {
-		return mat[E]{}, s.attendInChunks(qh, keysT, values, n)
-	}
-	probs = s.ar.MatMul(qh, keysT, BK, false) // [BK, G·T, S]
-	kernels.ParallelRows(BK*G*T, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			b, t := r/(KVH*G*T), r%T
-			kernels.SoftmaxRow(probs.V[r*S:(r+1)*S], s.kv.slot(b, t), scale) // a row sees slots 0…its own
-		}
-	})
-	o := s.ar.MatMul(probs, values, BK, false) // [BK, G·T, hd]
-	ot = s.ar.Alloc(B*T, H*hd)
-	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
-	return probs, ot
-}
-
-// attnProbsBytes bounds the attention probabilities a forward-only pass holds at once.
-const attnProbsBytes = 64 << 20
-
-// attnChunks is how many chunks of query rows each kv head's attention runs in when a
-// forward-only float32 pass's probabilities [BK, G·T, S] would pass attnProbsBytes (a long
-// prompt's prefill: 27 GB a layer for 40,960 tokens of an 8B shape), 0 when they fit or when
-// the pass keeps them (training). Chunks have more rows than kernels.FewRowsF32, so every row
-// goes through the GEMM as it does in one product.
-func (s *pass[E]) attnChunks(BK, GT, S int) int {
-	if _, ok := any(s.ar).(step[float32]); !ok || s.saving() || !kernels.HaveGEMM() {
-		return 0
-	}
-	rows := attnProbsBytes / 4 / S
-	if s.e.attnChunk > 0 {
-		rows = s.e.attnChunk
-	} else if BK*GT <= rows {
-		return 0
-	}
-	n := (GT + rows - 1) / rows
-	return max(1, min(n, GT/(kernels.FewRowsF32()+1)))
-}
-
-// attendInChunks is attend for a forward-only pass, one kv head at a time and its G·T query rows
-// in n chunks of nearly equal size: each chunk's probabilities [rows, S] are computed, masked
-// and multiplied by the values, then given back. Each row is the same products as in one pass.
-func (s *pass[E]) attendInChunks(qh, keysT, values mat[E], n int) mat[E] {
-	c, B, T := s.c, s.B, s.T
-	H, KVH, hd := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim
-	G, BK, S := H/KVH, B*KVH, values.Dims[1]
-	GT := G * T
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	o := s.ar.Alloc(BK, GT, hd)
-	of, qf := any(o.V).([]float32), any(qh.V).([]float32)
-	kf, vf := any(keysT.V).([]float32), any(values.V).([]float32)
-	for bk := range BK {
-		for i := range n {
-			r0, r1 := GT*i/n, GT*(i+1)/n
-			m := s.ar.Mark()
-			p := s.ar.Alloc(r1-r0, S)
-			if s.ar.Err() != nil {
-				break
-			}
-			pf := any(p.V).([]float32)
-			kernels.MatMul(pf, qf[(bk*GT+r0)*hd:(bk*GT+r1)*hd], kf[bk*hd*S:(bk+1)*hd*S], 1, r1-r0, hd, S, false)
-			kernels.ParallelRows(r1-r0, func(a0, a1 int) {
-				for a := a0; a < a1; a++ {
-					kernels.SoftmaxRow(pf[a*S:(a+1)*S], s.kv.slot(bk/KVH, (r0+a)%T), scale) // a row sees slots 0…its own
-				}
-			})
-			kernels.MatMul(of[(bk*GT+r0)*hd:(bk*GT+r1)*hd], pf, vf[bk*S*hd:(bk+1)*S*hd], 1, r1-r0, S, hd, false)
-			s.ar.Release(m, s.ar.Mark())
-		}
-	}
-	ot := s.ar.Alloc(B*T, H*hd)
-	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
-	return ot
 }
 
 // feedForward is h2 + ffn(norm(h2)) of layer l, saving its activations into la (nil: a
@@ -493,20 +333,6 @@ func (s *pass[E]) dropMerged() {
 	}
 }
 
-// headsToTokens copies o [B·KVH, G·T, hd] into token layout [B·T, H·hd].
-func headsToTokens[E float](o, dst []E, B, T, KVH, G, hd int) {
-	H := KVH * G
-	kernels.ParallelRows(B*T, func(r0, r1 int) {
-		for n := r0; n < r1; n++ {
-			b, t := n/T, n%T
-			for h := range H {
-				row := (b*KVH+h/G)*G*T + (h%G)*T + t
-				copy(dst[(n*H+h)*hd:(n*H+h+1)*hd], o[row*hd:(row+1)*hd])
-			}
-		}
-	})
-}
-
 // ropeTable returns cos and sin [n, hd/2] of positions 0…n-1.
 func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
 	half := len(invFreq)
@@ -538,33 +364,10 @@ func (s *pass[E]) rmsNorm(x mat[E], w []E, y, inv mat[E]) {
 	s.ar.RMSNorm(x, w, s.c.RMSNormEps, y, inv, s.e.ggmlNorms())
 }
 
-// rmsNormHead is rmsNormRow of one query or key head, or under ggmlNorms
-// kernels.RMSNormRowGGML.
-func (s *pass[E]) rmsNormHead(x, w, y []E, inv *E) {
-	if xf, ok := any(x).([]float32); ok && s.e.ggmlNorms() {
-		*inv = E(kernels.RMSNormRowGGML(xf, any(w).([]float32), s.c.RMSNormEps, any(y).([]float32)))
-		return
-	}
-	rmsNormRow(x, w, s.c.RMSNormEps, y, inv)
-}
-
 // ggmlNorms: Options.GGMLActivations over a quantized base also rounds the RMSNorms as ggml-cpu
 // does. An ulp of difference in a norm's output can move one of llama.cpp's activation roundings
 // by a step, which moved the tiny Q4_K models' logits by up to 0.1; over float32 and bf16 bases
 // the option changes nothing.
 func (e *Engine) ggmlNorms() bool {
 	return e.opts.GGMLActivations && quantFormat(e.opts.Precision) != nil
-}
-
-// rmsNormRow normalises one row (a query or key head), storing 1/rms in inv.
-func rmsNormRow[E float](x, w []E, eps float64, y []E, inv *E) {
-	var ss float64
-	for _, v := range x {
-		ss += float64(v) * float64(v)
-	}
-	iv := E(1 / math.Sqrt(ss/float64(len(x))+eps))
-	*inv = iv
-	for i, v := range x {
-		y[i] = v * iv * w[i]
-	}
 }

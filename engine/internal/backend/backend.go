@@ -69,4 +69,101 @@ type Ops[E Float] interface {
 	SiluGate(gate, up, sig, out Tensor[E], ggml bool)
 	// SiluGateBack writes dgate and dup for d(out) da.
 	SiluGateBack(da, gate, up, sig, dgate, dup Tensor[E])
+
+	// Attention.
+	// HeadsIn runs the head norms and the rotation into the attention layout (HeadsIn's doc).
+	HeadsIn(a *HeadsIn[E])
+	// Attend returns softmax(q·kᵀ/√HD)·v over the slots each token sees, in token layout
+	// [B·T, H·HD], and the probabilities when a.KeepProbs (else an empty tensor).
+	Attend(a *Attention[E]) (probs, out Tensor[E])
+	// AttendBack takes d loss/d(attention's output) dOut in token layout and returns the
+	// gradients of the queries [B·KVH, G·T, HD], keys transposed [B·KVH, HD, T] and values
+	// transposed [B·KVH, HD, T].
+	AttendBack(a *AttentionGrads[E], dOut Tensor[E]) (dQ, dKT, dVT Tensor[E])
+	// HeadsBack is HeadsIn's backward: dq [N, H·HD], dk and dv [N, KVH·HD].
+	HeadsBack(a *HeadsBack[E]) (dq, dk, dv Tensor[E])
+	// SplitGate splits a gated attention's q_proj output [N, H·2·HD] (each head's queries, then
+	// as many gate rows) into queries and gates [N, H·HD]; JoinGate is its inverse.
+	SplitGate(yq Tensor[E], H, HD int) (q, gate Tensor[E])
+	JoinGate(dq, dgate Tensor[E], H, HD int) Tensor[E]
+	// Gate returns o ⊙ σ(gate); GateBack writes d loss/d gate = do ⊙ o ⊙ σ'(gate) into dgate
+	// and scales do by σ(gate) in place.
+	Gate(o, gate Tensor[E]) Tensor[E]
+	GateBack(do, o, gate, dgate Tensor[E])
+}
+
+// Heads is attention's geometry: B rows of T tokens, H query heads sharing KVH key and value
+// heads (G = H/KVH queries a group), HD dims a head. Queries live in the attention layout
+// [B·KVH, G·T, HD] (a group's queries, head after head, each T rows), keys transposed
+// [B·KVH, HD, S] and values [B·KVH, S, HD] over S slots.
+type Heads struct{ B, T, H, KVH, HD int }
+
+// Rotation is RoPE (or mRoPE) for every token of a pass: token n (row n/T, position n%T)
+// rotates by row Angle[n] of the tables Cos and Sin [rows, Half] (Half = the rotary dims / 2;
+// the dims past 2·Half pass through).
+type Rotation[E Float] struct {
+	Cos, Sin []E
+	Half     int
+	Angle    []int
+}
+
+// At is the cosines and sines of token n.
+func (r *Rotation[E]) At(n int) (cos, sin []E) {
+	a := r.Angle[n]
+	return r.Cos[a*r.Half : (a+1)*r.Half], r.Sin[a*r.Half : (a+1)*r.Half]
+}
+
+// HeadsIn is one attention layer's queries, keys and values going into the attention layout:
+// each head normed (QNorm, KNorm; nil: none) and rotated, queries into QH (and QHT, its
+// transpose, for a training pass's backward), keys and values to their slots: Slot[n] for
+// token n in KeysT, Values and the sampler's cache (CacheKeysT, CacheValues), its position in
+// Keys and ValuesT (a training pass's copies for its backward). An empty destination (Buf and
+// dims nil) is not written.
+type HeadsIn[E Float] struct {
+	Heads
+	Q, K, V      Tensor[E] // token layout [N, H·HD], [N, KVH·HD], [N, KVH·HD]
+	QNorm, KNorm []E
+	Eps          float64
+	GGML         bool // the head norms rounded as ggml-cpu does (float32)
+	Rot          Rotation[E]
+	Slot         []int
+	// Outputs.
+	QH, QHT                 Tensor[E]
+	QInv, KInv              Tensor[E] // the head norms' 1/rms [N·H], [N·KVH] (training)
+	KeysT, Values           Tensor[E]
+	Keys, ValuesT           Tensor[E]
+	CacheKeysT, CacheValues Tensor[E]
+}
+
+// Attention is causal GQA attention over the slots each token sees: token n's queries attend
+// to slots 0…Slot[n] of KeysT and Values.
+type Attention[E Float] struct {
+	Heads
+	QH, KeysT, Values Tensor[E]
+	Slot              []int
+	// KeepProbs: the probabilities [B·KVH, G·T, S] are returned (a training pass's backward
+	// reads them); otherwise a backend may compute them in chunks and keep none.
+	KeepProbs bool
+	// ChunkRows forces chunks of that many query rows (tests; 0: the backend decides).
+	ChunkRows int
+}
+
+// AttentionGrads is what attention's backward reads from the forward (a training pass: Slot[n]
+// is n's position, S = T).
+type AttentionGrads[E Float] struct {
+	Heads
+	QH, QHT, Keys, KeysT, ValuesT Tensor[E]
+	Probs                         Tensor[E] // Buf nil: computed again from QH and KeysT
+}
+
+// HeadsBack is HeadsIn's backward for a training pass: the gradients of the attention layout's
+// queries dQ [B·KVH, G·T, HD], keys dKT [B·KVH, HD, T] and values dVT [B·KVH, HD, T] back to
+// token layout through the rotation and the head norms (their inputs Q, K and 1/rms QInv, KInv).
+type HeadsBack[E Float] struct {
+	Heads
+	DQ, DKT, DVT Tensor[E]
+	Q, K         Tensor[E]
+	QNorm, KNorm []E
+	QInv, KInv   Tensor[E]
+	Rot          Rotation[E]
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
@@ -75,13 +76,13 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e.base)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
-	d.cache.dn = make([]*deltaState[E], c.NumHiddenLayers)
+	d.cache.dn = make([]*backend.DeltaState[E], c.NumHiddenLayers)
 	for l := range c.NumHiddenLayers {
 		if c.isDeltaNet(l) {
 			// A fixed-size state per row in place of keys and values (deltanet.go); every row's
 			// prefill writes it before a decode step reads it.
 			dd := c.dnDims()
-			d.cache.dn[l] = &deltaState[E]{conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
+			d.cache.dn[l] = &backend.DeltaState[E]{Conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
 			d.cache.keysT, d.cache.values = append(d.cache.keysT, mat[E]{}), append(d.cache.values, mat[E]{})
 			continue
 		}

@@ -14,7 +14,7 @@ type kvStore[E float] interface {
 	// deltaState is DeltaNet layer l's sampler state (nil: none, a training or forward pass);
 	// cont: the pass continues it (a decode step), else it starts from zero and leaves each row's
 	// state after that row's own last token, lens[b] (nil: T).
-	deltaState(l int) (st *deltaState[E], cont bool, lens []int)
+	deltaState(l int) (st *backend.DeltaState[E], cont bool, lens []int)
 }
 
 // passKV keeps keys and values of the pass's own tokens at positions 0…T-1: training,
@@ -42,7 +42,7 @@ func (p *passKV[E]) begin(l int, h *backend.HeadsIn[E]) {
 
 func (p *passKV[E]) slot(_, t int) int { return t }
 
-func (p *passKV[E]) deltaState(l int) (*deltaState[E], bool, []int) {
+func (p *passKV[E]) deltaState(l int) (*backend.DeltaState[E], bool, []int) {
 	if p.cache == nil {
 		return nil, false, nil
 	}
@@ -58,7 +58,7 @@ type kvCache[E float] struct {
 	KVH, hd, S    int
 	// A hybrid model's DeltaNet layers keep a fixed-size state per row instead (nil elsewhere),
 	// and a prefill leaves it after each row's own prompt: lens (nil: the whole step).
-	dn   []*deltaState[E]
+	dn   []*backend.DeltaState[E]
 	lens []int
 }
 
@@ -74,4 +74,6 @@ func (c *cacheKV[E]) begin(l int, h *backend.HeadsIn[E]) {
 
 func (c *cacheKV[E]) slot(b, t int) int { return c.pos[b][t] }
 
-func (c *cacheKV[E]) deltaState(l int) (*deltaState[E], bool, []int) { return c.cache.dn[l], true, nil }
+func (c *cacheKV[E]) deltaState(l int) (*backend.DeltaState[E], bool, []int) {
+	return c.cache.dn[l], true, nil
+}

@@ -86,7 +86,7 @@ type layerActs[E float] struct {
 	h2, x2, inv2     mat[E]       // residual after attention, its norm, 1/rms
 	dense            denseActs[E] // the feed-forward block's (denseFFN)
 	gate             mat[E]       // gated attention: the gate rows of q_proj [N, H·hd] (o above is before σ(gate))
-	dn               deltaActs[E] // a DeltaNet layer's mixer (deltanet.go)
+	dn               any          // a DeltaNet layer's core, as the backend kept it (DeltaNet)
 }
 
 // passParts are what differ between the passes the engine runs, all made by newPass.

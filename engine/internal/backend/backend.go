@@ -90,6 +90,13 @@ type Ops[E Float] interface {
 	// and scales do by σ(gate) in place.
 	Gate(o, gate Tensor[E]) Tensor[E]
 	GateBack(do, o, gate, dgate Tensor[E])
+
+	// Gated DeltaNet.
+	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
+	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).
+	DeltaNet(a *DeltaNet[E], keep bool) (y Tensor[E], kept any)
+	// DeltaNetBack takes d loss/dy back to the projections' outputs q, k, v, z, a and b.
+	DeltaNetBack(a *DeltaNet[E], kept any, dy Tensor[E]) (dq, dk, dv, dz, da, db Tensor[E])
 }
 
 // Heads is attention's geometry: B rows of T tokens, H query heads sharing KVH key and value
@@ -166,4 +173,37 @@ type HeadsBack[E Float] struct {
 	QNorm, KNorm []E
 	QInv, KInv   Tensor[E]
 	Rot          Rotation[E]
+}
+
+// DeltaDims are a Gated DeltaNet layer's sizes: Hk key heads of DK dims, Hv value heads of DV
+// dims (Hv a multiple of Hk), conv kernel K.
+type DeltaDims struct{ Hk, Hv, DK, DV, K int }
+
+// DeltaChunk is how many tokens a training pass runs between the recurrent states it keeps: the
+// backward pass recomputes one chunk's states from its first and walks them backwards.
+const DeltaChunk = 64
+
+// DeltaState is a sampler's per-row state of one DeltaNet layer: each conv channel's last K-1
+// inputs, oldest first, Conv [B, C, K-1] (C = 2·Hk·DK + Hv·DV), and the recurrent state
+// S [B, Hv, DK, DV].
+type DeltaState[E Float] struct {
+	Conv, S Tensor[E]
+}
+
+// DeltaNet is a Gated DeltaNet layer's core between its projections and out_proj, over B rows
+// of T tokens: a causal depthwise conv (taps Conv [C, K], channels q‖k‖v) with SiLU; q and k
+// L2-normalised (q also by 1/√DK); β = σ(b), g = −exp(ALog)·softplus(a + DtBias); per value
+// head the state S [DK, DV]: S ← e^g·S; u = β·(v − Sᵀk); S ← S + k·uᵀ; o = Sᵀq; then the gated
+// RMSNorm per head, Norm ⊙ o/rms(o) ⊙ silu(z). The state starts at zero, or continues State
+// (Cont: a decode step); with a State and not Cont (a prefill), each row's state after its own
+// last token Lens[b] (nil: T) is left in State.
+type DeltaNet[E Float] struct {
+	B, T int
+	DeltaDims
+	Q, K, V, Z, A, Beta      Tensor[E] // [N, Hk·DK] twice, [N, Hv·DV] twice, [N, Hv] twice
+	Conv, DtBias, ALog, Norm []E
+	Eps                      float64
+	State                    *DeltaState[E]
+	Cont                     bool
+	Lens                     []int
 }

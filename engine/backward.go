@@ -8,19 +8,6 @@ import (
 // saved (layerActs, loraTap). Written out by hand: the same formulas the finite-difference
 // tests check on every architecture.
 
-// rmsNormRowBack writes rmsNormRow's input gradient into dx.
-func rmsNormRowBack[E float](dy, x, w []E, inv E, dx []E) {
-	var dot float64
-	for i := range x {
-		dot += float64(dy[i]) * float64(w[i]) * float64(x[i])
-	}
-	iv := float64(inv)
-	c := E(iv * iv * iv * dot / float64(len(x)))
-	for i := range x {
-		dx[i] = inv*dy[i]*w[i] - x[i]*c
-	}
-}
-
 // backward runs the pass backward from d loss/d(the head's input) (dhf, headRows's): through the
 // final norm (h and invF its input and 1/rms), then every layer from the last, releasing each
 // layer's activations and merged weights once its backward pass is done. It reports false when

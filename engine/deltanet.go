@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"math"
-
 	"github.com/skein-ai/skein/engine/internal/backend"
 )
 
@@ -45,16 +43,6 @@ func (c *Config) dnDims() dnDims {
 	d.Kd, d.Vd = d.Hk*d.dk, d.Hv*d.dv
 	d.C, d.r = 2*d.Kd+d.Vd, d.Hv/max(d.Hk, 1)
 	return d
-}
-
-func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
-
-// softplus as torch's F.softplus (beta 1, threshold 20: the input itself above 20).
-func softplus(x float64) float64 {
-	if x > 20 {
-		return x
-	}
-	return math.Log1p(math.Exp(x))
 }
 
 // forward is out_proj(DeltaNet(x1)) of layer l for its normed input x1, saving its activations

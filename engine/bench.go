@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 )
 
@@ -20,7 +21,7 @@ func MatmulGFLOPS(n, reps int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	ar := cpu.NewStep[float32](cb)
+	ar := cpu.NewStep[float32](cb, backend.StepOptions{})
 	defer ar.Free()
 	a, b := ar.Alloc(n, n), ar.Alloc(n, n)
 	for i := range a.V {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
@@ -45,7 +46,7 @@ func BenchmarkBF16Product(b *testing.B) {
 		if sh.transB {
 			wDims = []int{sh.N, sh.K}
 		}
-		long := cpu.NewStep[float32](mm)
+		long := cpu.NewStep[float32](mm, backend.StepOptions{})
 		w32 := long.From(wf, wDims...)
 		for _, R := range []int{1, 8, 64} {
 			xv := make([]float64, R*sh.K)
@@ -58,7 +59,7 @@ func BenchmarkBF16Product(b *testing.B) {
 				b.Run(fmt.Sprintf("%s_%dx%dx%d/%s", sh.name, R, sh.K, sh.N, name), func(b *testing.B) {
 					b.SetBytes(int64(2 * len(w16))) // the bf16 weight: MB/s compare across variants
 					for b.Loop() {
-						ar := cpu.NewStep[float32](mm)
+						ar := cpu.NewStep[float32](mm, backend.StepOptions{})
 						f(ar)
 						if ar.Err() != nil {
 							b.Fatal(ar.Err())

@@ -73,7 +73,7 @@ type kvDecoder[E float] struct {
 
 func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
-	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e.base)}
+	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
 	d.cache.dn = make([]*backend.DeltaState[E], c.NumHiddenLayers)
@@ -117,7 +117,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 	if err != nil {
 		return nil, err
 	}
-	ar := newStep[E](e.base)
+	ar := newStep[E](e)
 	defer ar.Free()
 	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, segs: d.segs, cos: d.cos, sin: d.sin, cache: d.cache}
 	if !fromStart {
@@ -128,7 +128,6 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 		d.cache.lens = prefillLens(B, T, want)
 	}
 	s := newPass(e, ar, B, T, parts)
-	defer func() { e.base.putPairs(s.qPairs) }()
 	d.useImages(s, fromStart)
 	m0 := ar.Mark()
 	h, _ := s.layers(s.embed(tok), m0)

@@ -77,7 +77,7 @@ type Engine struct {
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
 	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
 	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
-	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: pairsChunkOutputs decides); tests set it
+	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: the backend decides); tests set it
 	attnChunk      int   // query rows of a chunk of a forward-only pass's attention (0: attnChunkRows decides); tests set it
 	keepFFNActs    bool  // tests: the feed-forward block's backward keeps its buffers to the layer's end, as it once did
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
@@ -130,7 +130,9 @@ type (
 )
 
 // newStep starts a step on the engine's backend.
-func newStep[E float](b *baseModel) step[E] { return cpu.NewStep[E](b.cpu) }
+func newStep[E float](e *Engine) step[E] {
+	return cpu.NewStep[E](e.base.cpu, backend.StepOptions{GGML: e.opts.GGMLActivations, PairsChunk: e.pairsChunk})
+}
 
 // The --activations names: how the forward products of quantized base weights treat their input
 // rows (Options.GGMLActivations).

@@ -51,7 +51,7 @@ func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMa
 			lm.bTs = ar.Alloc(r, mod.Out)
 			transpose(lm.b.V, lm.bTs.V, mod.Out, r, scale)
 		}
-		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges
+		if !lin.w.OutIn() && !lin.alwaysAdds() { // Aᵀ only merges
 			lm.aT = ar.Alloc(mod.In, r)
 			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
 		}
@@ -93,19 +93,17 @@ func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
 	return addedLoRA[E]{}
 }
 
-// alwaysAdds reports whether the module adds its LoRA whatever the rows: kept in bf16 on a path
-// with a bf16 GEMM, or quantized (the base product reads the blocks; a merged weight would be
-// float32).
-func (lin *linear[E]) alwaysAdds() bool {
-	return (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() || lin.qw != nil
-}
+// alwaysAdds reports whether the module adds its LoRA whatever the rows: its products read the
+// weight as kept (bf16 on a path with a bf16 GEMM, quantized blocks), where a merged weight
+// would be float32 (Weight.AddsLoRA).
+func (lin *linear[E]) alwaysAdds() bool { return lin.w.AddsLoRA() }
 
 // mergedLoRA multiplies by W + scale·(B·A)ᵀ: one big matmul instead of three (the rank-r
 // matmuls are slow in the backend: little work per output element).
 type mergedLoRA[E float] struct{}
 
 func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
+	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.w.OutIn())
 	if s.saving() { // only the LoRA gradients need x·Aᵀ
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
 	}
@@ -113,7 +111,7 @@ func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[
 }
 
 func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.outIn)
+	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.w.OutIn())
 }
 
 // mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
@@ -123,14 +121,12 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 		return f
 	}
 	var m mat[E]
-	if lin.outIn {
+	if lin.w.OutIn() {
 		m = s.ar.MatMul(lm.b, lm.a, 0, false) // B·A [out, in]
 	} else {
 		m = s.ar.MatMul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
-	w, done := s.weight(lin)
-	kernels.ScaleAdd(m.V, w.V, s.scale)
-	done()
+	s.ar.Merge(m, lin.w, s.scale)
 	s.merged[lin.id] = m
 	return m
 }

@@ -14,13 +14,12 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
 	B, T := hi-lo, padLen(longest(p.tokens[lo:hi]))
-	ar := newStep[E](e.base)
+	ar := newStep[E](e)
 	defer ar.Free()
 	lora, scale := loraOf(ar, a, modelOf[E](e.base), true) // the adapter's matrices, read where it keeps them
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads,
 		recompute: grads != nil && e.recomputesLayers(B, T, a)})
-	defer func() { e.base.putPairs(s.qPairs) }()
 	useImages(s, e, p.imageRows(lo, hi))
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not

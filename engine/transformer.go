@@ -5,7 +5,6 @@ import (
 	"math"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // The one transformer. Training, forward-only passes (forward, compute_logprobs) and the
@@ -31,9 +30,6 @@ type pass[E float] struct {
 	scale    E              // LoRA alpha/rank
 	segs     []loraSeg[E]   // rows of several adapters (segments.go); nil: lora applies to every row
 	rowBatch []int          // the batch row of each row of the head's product, while segs need it
-	qPairs   []uint32       // a quantized weight widened for the bf16 GEMM (linear.go), reused by its products
-	qPairsOf *linear[E]     // the weight qPairs holds (nil: none)
-	qPairsAt [2]int         // and which of its outputs (pairsChunkOutputs)
 	merged   []mat[E]       // by linear id: W + scale·(B·A)ᵀ while kept (buf nil: none)
 	train    *trainState[E] // nil for forward-only passes
 	// Vision-language passes (vlpass.go, mrope.go): rotary angles other than by slot, and image
@@ -131,24 +127,7 @@ func newPass[E float](e *Engine, ar step[E], B, T int, p passParts[E]) *pass[E] 
 
 // embed looks up tokens [B][≤T]; positions past a row's end are zero.
 func (s *pass[E]) embed(tok [][]int) mat[E] {
-	D := s.c.HiddenSize
-	h := s.ar.Zeros(s.B*s.T, D)
-	var buf []float32
-	if s.m.embedQ != nil {
-		buf = make([]float32, D)
-	}
-	for b, row := range tok {
-		for t, id := range row {
-			n := b*s.T + t
-			if s.m.embedQ != nil {
-				embedRowQ(h.V[n*D:(n+1)*D], s.m, id, buf)
-			} else if s.m.embed16 != nil {
-				kernels.WidenBF16(h.V[n*D:(n+1)*D], s.m.embed16[id*D:(id+1)*D])
-			} else {
-				copy(h.V[n*D:(n+1)*D], s.m.embed.V[id*D:(id+1)*D])
-			}
-		}
-	}
+	h := s.ar.Embed(s.m.embed, tok, s.T)
 	s.placeImages(h)
 	return h
 }

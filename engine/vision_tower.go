@@ -175,9 +175,9 @@ type imageFeatures struct {
 }
 
 // forward runs the tower over one image: patches [t·h·w, C·T·P·P] of grid (t, h, w).
-func (vt *visionTower[E]) forward(b *baseModel, patches []float64, grid [3]int) (_ imageFeatures, err error) {
+func (vt *visionTower[E]) forward(e *Engine, patches []float64, grid [3]int) (_ imageFeatures, err error) {
 	defer recoverCompute(&err)
-	ar := newStep[E](b)
+	ar := newStep[E](e)
 	defer ar.Free()
 	v := &vt.cfg
 	gt, gh, gw := grid[0], grid[1], grid[2]

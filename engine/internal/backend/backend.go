@@ -28,6 +28,35 @@ type Tensor[E Float] = tensor.Mat[E]
 // Mark is a point in a step's allocations: everything allocated after it can be given back.
 type Mark = tensor.Point
 
+// Weight is a frozen base weight, kept the way its backend multiplies it (values, bf16 bits,
+// quantized blocks), shared by every step and adapter.
+type Weight interface {
+	// Shape is the product's: x [rows, in] · W gives [rows, out].
+	Shape() (in, out int)
+	// OutIn: stored [out, in] (an embedding, and a tied head), the layout a LoRA merged into it
+	// takes (Merge) and its products transpose.
+	OutIn() bool
+	// AddsLoRA: its products read it as kept (bf16 units, blocks), so a LoRA on it is always
+	// added to the product, never merged into a float32 copy.
+	AddsLoRA() bool
+	// Bytes is its resident size.
+	Bytes() int
+}
+
+// StepOptions are an engine's settings every step of it runs with.
+type StepOptions struct {
+	// GGML: products over quantized weights round their rows as llama.cpp's CPU backend does
+	// (Options.GGMLActivations).
+	GGML bool
+	// PairsChunk forces products over quantized weights to widen that many outputs at a time
+	// (tests; 0: the backend decides).
+	PairsChunk int
+}
+
+// MaxFewRows is the most rows a product reads a quantized weight's blocks for directly (a decode
+// step of a whole batch); more go through a GEMM over the blocks widened.
+const MaxFewRows = 64
+
 // Step is one pass's memory and ops. Every tensor a step hands out lives until the step is freed
 // or the range holding it is released. After the first failure (an allocation refused, a
 // cancelled pass) every call is a no-op and Err reports it.
@@ -44,6 +73,14 @@ type Step[E Float] interface {
 	Fail(err error)
 	Err() error
 	Free() // the end of the step: every tensor goes back
+
+	// Products over frozen weights: x·W, or x·Wᵀ when transposed (an input gradient).
+	Product(x Tensor[E], w Weight, transposed bool) Tensor[E]
+	// Merge sets m ← W + scale·m, m in W's stored layout (a LoRA merged into the weight).
+	Merge(m Tensor[E], w Weight, scale E)
+	// Embed looks tokens up in an embedding (a Weight of in = the hidden size, out = the
+	// vocabulary): row b·T+t is token tokens[b][t]'s; rows past a sequence's end are zero.
+	Embed(w Weight, tokens [][]int, T int) Tensor[E]
 
 	// Products: x·y, or x·yᵀ when transB; batch > 0: both have a leading batch axis.
 	MatMul(x, y Tensor[E], batch int, transB bool) Tensor[E]

@@ -13,7 +13,8 @@ import (
 // Backend is the CPU: compiled products (GoMLX's, for paths without a GEMM and for float64) and
 // the pool of step buffers, shared by an engine's forks.
 type Backend struct {
-	MM *tensor.Matmuls
+	MM    *tensor.Matmuls
+	pairs pairs
 }
 
 // New keeps at most maxFree bytes of free step buffers between steps.
@@ -26,13 +27,27 @@ func New(maxFree int) (*Backend, error) {
 }
 
 // NewStep starts a step of element type E.
-func NewStep[E backend.Float](b *Backend) backend.Step[E] {
-	return &step[E]{Arena: tensor.NewArena[E](b.MM)}
+func NewStep[E backend.Float](b *Backend, opts backend.StepOptions) backend.Step[E] {
+	return &step[E]{Arena: tensor.NewArena[E](b.MM), b: b, opts: opts}
 }
 
-// step is a CPU step: the arena hands out and takes back memory, the methods below are the ops.
+// step is a CPU step: the arena hands out and takes back memory, the methods are the ops.
 type step[E backend.Float] struct {
 	*tensor.Arena[E]
+	b    *Backend
+	opts backend.StepOptions
+	// A quantized weight widened for the bf16 GEMM (product.go), reused by its products: the
+	// head's tiles multiply by the same weight one after another, forward and back.
+	qPairs   []uint32
+	qPairsOf *weight[E] // the weight qPairs holds (nil: none)
+	qPairsAt [2]int     // and which of its outputs (pairsChunkOutputs)
+}
+
+// Free gives back the step's buffers and its pairs.
+func (s *step[E]) Free() {
+	s.b.putPairs(s.qPairs)
+	s.qPairs, s.qPairsOf = nil, nil
+	s.Arena.Free()
 }
 
 var (

@@ -128,6 +128,24 @@ type Ops[E Float] interface {
 	Gate(o, gate Tensor[E]) Tensor[E]
 	GateBack(do, o, gate, dgate Tensor[E])
 
+	// LoRA.
+	// Upload is a new tensor holding v (an adapter's numbers for one pass).
+	Upload(v []E, dims ...int) Tensor[E]
+	// InPlace is v read where it is, when this step's products can (else false: Upload it).
+	InPlace(v []E, dims ...int) (Tensor[E], bool)
+	// Transpose returns scale·srcᵀ [cols, rows] for src [rows, cols]; Scale returns scale·src.
+	Transpose(src Tensor[E], scale E) Tensor[E]
+	Scale(src Tensor[E], scale E) Tensor[E]
+	// AddGrad adds d to an adapter's gradient g, or dᵀ when transposed.
+	AddGrad(g []E, d Tensor[E], transposed bool)
+	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
+	Rows(x Tensor[E], r0, r1 int) Tensor[E]
+	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in
+	// one product (S-LoRA's and Punica's batching). ggml: as llama.cpp adds it (float32).
+	AddLoRARuns(x, y Tensor[E], runs []LoRARun[E], ggml bool)
+	// AddLoRAGGML adds one run's term as llama.cpp does (float32).
+	AddLoRAGGML(x, y Tensor[E], run LoRARun[E])
+
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
 	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).
@@ -243,4 +261,12 @@ type DeltaNet[E Float] struct {
 	State                    *DeltaState[E]
 	Cont                     bool
 	Lens                     []int
+}
+
+// LoRARun is one adapter's LoRA on rows [R0, R1) of a product: y += (x·Aᵀ)·BTs with BTs =
+// Scale·Bᵀ [r, out] (A [r, in], B [out, r]).
+type LoRARun[E Float] struct {
+	R0, R1    int
+	A, B, BTs Tensor[E]
+	Scale     E
 }

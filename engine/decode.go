@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/par"
 )
 
 // The sampler's passes (prefill and each decode step) are the transformer's layer
@@ -178,7 +178,7 @@ func (d *kvDecoder[E]) checkPositions(pos [][]int, T int) (fromStart bool, err e
 // unembedding, in tiles of the head's rows (headTileRows: at most 64 MB of logits), each given
 // back before the next.
 func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink) ([][]float64, error) {
-	T, D, V := s.T, s.c.HiddenSize, s.c.VocabSize
+	T, V := s.T, s.c.VocabSize
 	N := s.B * T
 	var picked []int
 	for n := range N {
@@ -198,21 +198,19 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 			}
 		}
 		mark := s.ar.Mark()
-		hm := s.ar.Alloc(len(rows), D)
-		for i, n := range rows {
-			copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
-		}
+		hm := s.ar.GatherRows(h, rows)
 		logits, _ := s.unembed(hm)
 		if s.ar.Err() != nil {
 			return nil, s.ar.Err()
 		}
-		kernels.ParallelRows(len(rows), func(r0, r1 int) {
+		host := s.ar.Download(logits)
+		par.Rows(len(rows), func(r0, r1 int) {
 			var row []float64 // reused while the sink takes the rows
 			for i := r0; i < r1; i++ {
 				if row == nil {
 					row = make([]float64, V)
 				}
-				for j, v := range logits.V[i*V : (i+1)*V] {
+				for j, v := range host[i*V : (i+1)*V] {
 					row[j] = float64(v)
 				}
 				n := rows[i]

@@ -146,6 +146,20 @@ type Ops[E Float] interface {
 	// AddLoRAGGML adds one run's term as llama.cpp does (float32).
 	AddLoRAGGML(x, y Tensor[E], run LoRARun[E])
 
+	// Losses and rows.
+	// TargetLogprobs returns each row's log softmax at its target and Σ exp(logit − max),
+	// leaving in logits what LogitsGrad reads.
+	TargetLogprobs(logits Tensor[E], target []int) (lp, sumExp []float64)
+	// LogitsGrad turns logits, as TargetLogprobs left them, into d loss/d logits =
+	// dlp·(onehot(target) − softmax), in place.
+	LogitsGrad(logits Tensor[E], dlp, sumExp []float64, target []int)
+	// SetRows copies src into dst's rows from r0; GatherRows is x's rows rows[i], in order.
+	SetRows(dst, src Tensor[E], r0 int)
+	GatherRows(x Tensor[E], rows []int) Tensor[E]
+	// Download is t's numbers on the host, valid until t is given back: the one way numbers
+	// leave a step (the rows a sampler draws from).
+	Download(t Tensor[E]) []E
+
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
 	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).

@@ -3,6 +3,7 @@ package worker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -264,5 +265,53 @@ func TestAnnounceNeverSendsTheTokenToAFakeGateway(t *testing.T) {
 				t.Fatalf("%s: the worker sent its %s to a gateway that proved nothing", name, q.path)
 			}
 		}
+	}
+}
+
+// Dropping a client ends its calls in flight at once (an effectful one as lost: it may have run)
+// and sends no later call: a frozen worker holds no op once the gateway has given it up.
+func TestDropEndsCallsInFlight(t *testing.T) {
+	ws := NewServer(&fakeEngine{}, "tok", t.TempDir())
+	var after atomic.Int64
+	var dropped atomic.Bool
+	release := make(chan struct{})
+	frozen := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dropped.Load() {
+			after.Add(1)
+		}
+		if strings.HasSuffix(r.URL.Path, "/forward_backward") {
+			<-release // took the call and froze
+			return
+		}
+		ws.ServeHTTP(w, r)
+	}))
+	defer frozen.Close()
+	defer close(release)
+	c := NewClient(frozen.URL, "tok", (&fakeEngine{}).Info())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.ForwardBackward(context.Background(), "a", []engine.Datum{{Tokens: []int{1}}}, "cross_entropy", nil)
+		errc <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the call is in the worker's hands
+	dropped.Store(true)
+	start := time.Now()
+	c.Drop()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrLost) || c.Effects() != 1 {
+			t.Fatalf("the call in flight ended with %v, effects %d; want lost and counted", err, c.Effects())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call in flight did not end when the client was dropped")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the call ended %s after the drop", d)
+	}
+	if _, err := c.OptimStep(context.Background(), "a", engine.AdamParams{}); !errors.Is(err, ErrUnreachable) || c.Effects() != 1 {
+		t.Fatalf("a call after the drop: %v, effects %d; want unreachable, not counted", err, c.Effects())
+	}
+	if after.Load() != 0 {
+		t.Fatalf("%d requests reached the worker after the drop", after.Load())
 	}
 }

@@ -15,7 +15,7 @@ import (
 func (s *pass[E]) backward(h, invF, dhf mat[E], marks []backend.Mark) bool {
 	c := s.c
 	dh := s.ar.Alloc(s.B*s.T, c.HiddenSize)
-	s.ar.RMSNormBack(dhf, h, invF.V, s.m.norm, dh, false)
+	s.ar.RMSNormBack(dhf, h, invF, s.m.norm, dh, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
 		if s.cancelled() {
 			return false
@@ -47,7 +47,7 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	if dx1 == nil {
 		return mat[E]{}
 	}
-	s.ar.RMSNormBack(*dx1, la.h, la.inv1.V, L.inputNorm, dh2, true)
+	s.ar.RMSNormBack(*dx1, la.h, la.inv1, L.inputNorm, dh2, true)
 	return dh2
 }
 
@@ -59,7 +59,7 @@ func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
 	la := &s.train.acts[l]
 	dx2 := L.ffn.backward(s, dh, la)
 	dh2 := dh
-	s.ar.RMSNormBack(dx2, la.h2, la.inv2.V, L.postNorm, dh2, true)
+	s.ar.RMSNormBack(dx2, la.h2, la.inv2, L.postNorm, dh2, true)
 	return dh2
 }
 

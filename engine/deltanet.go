@@ -23,9 +23,9 @@ const deltaChunk = backend.DeltaChunk
 // deltaNetLayer is a Gated DeltaNet layer's weights.
 type deltaNetLayer[E float] struct {
 	q, k, v, z, a, b, out *linear[E]
-	conv                  []E // [C, K] depthwise taps, channels in in_proj_qkv's row order
-	dtBias, aLog          []E // [Hv]
-	norm                  []E // [dv] the gated RMSNorm's weight (plain, not zero-centred)
+	conv                  mat[E] // [C, K] depthwise taps, channels in in_proj_qkv's row order
+	dtBias, aLog          mat[E] // [Hv]
+	norm                  mat[E] // [dv] the gated RMSNorm's weight (plain, not zero-centred)
 }
 
 func (d *deltaNetLayer[E]) linears() []*linear[E] {

@@ -10,7 +10,6 @@ import (
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -31,7 +30,7 @@ func modelOf[E float](b *baseModel) *model[E] { return b.weights.(*model[E]) }
 type model[E float] struct {
 	embed   backend.Weight // [V, D] rows looked up (Step.Embed); a tied head multiplies by it
 	layers  []decoderLayer[E]
-	norm    []E // final RMSNorm
+	norm    mat[E] // final RMSNorm
 	head    *linear[E]
 	linears []*linear[E]          // every linear module, by id
 	byPath  map[string]*linear[E] // by HF module path, the names LoRA modules use
@@ -40,7 +39,7 @@ type model[E float] struct {
 // decoderLayer is one transformer block's weights: a token mixer and a feed-forward block, each
 // behind its norm (pass.layer).
 type decoderLayer[E float] struct {
-	inputNorm, postNorm []E
+	inputNorm, postNorm mat[E]
 	mix                 mixer[E] // *attentionLayer (softmax attention) or *deltaNetLayer (Gated DeltaNet)
 	ffn                 ffn[E]   // denseFFN (SwiGLU)
 }
@@ -48,7 +47,7 @@ type decoderLayer[E float] struct {
 // attentionLayer is a softmax attention mixer's weights (transformer.go, backward.go).
 type attentionLayer[E float] struct {
 	q, k, v, o   *linear[E]
-	qNorm, kNorm []E // per-head RMSNorm before RoPE (families with headNorm), else nil
+	qNorm, kNorm mat[E] // per-head RMSNorm before RoPE (families with headNorm), else empty
 }
 
 func (A *attentionLayer[E]) linears() []*linear[E] { return []*linear[E]{A.q, A.k, A.v, A.o} }
@@ -58,7 +57,7 @@ type linear[E float] struct {
 	id      int            // index into model.linears and a pass's per-module slices
 	path    string         // HF module path, e.g. "model.layers.3.self_attn.q_proj"
 	w       backend.Weight // as the backend keeps it; a tied head's is the embedding
-	bias    []E            // nil when the module has none
+	bias    mat[E]         // empty when the module has none
 	in, out int
 }
 
@@ -142,12 +141,9 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 				v[i]++
 			}
 		}
-		t, size, err := tensor.NewWeight[E](shape...)
+		t, size, err := cpu.NewValues[E](v, shape...)
 		if err != nil {
 			return nil, 0, fmt.Errorf("engine: placing weight %s: %w", name, err)
-		}
-		for i, x := range v {
-			t.V[i] = E(x)
 		}
 		w[name] = t
 		bytes += size
@@ -237,7 +233,7 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 		}
 		return wt
 	}
-	m := &model[E]{embed: weight(embedding), norm: w[c.lm()+"norm.weight"].V, byPath: map[string]*linear[E]{}}
+	m := &model[E]{embed: weight(embedding), norm: w[c.lm()+"norm.weight"], byPath: map[string]*linear[E]{}}
 	lin := func(path string) *linear[E] {
 		l := &linear[E]{id: len(m.linears), path: path}
 		if path == "lm_head" && c.TieWordEmbeddings {
@@ -247,7 +243,7 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 		}
 		l.in, l.out = l.w.Shape()
 		if b, ok := w[path+".bias"]; ok {
-			l.bias = b.V
+			l.bias = b
 		}
 		m.linears = append(m.linears, l)
 		m.byPath[path] = l
@@ -255,17 +251,17 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 	}
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
-		L := decoderLayer[E]{inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V}
+		L := decoderLayer[E]{inputNorm: w[p+"input_layernorm.weight"], postNorm: w[p+"post_attention_layernorm.weight"]}
 		if c.isDeltaNet(l) {
 			a := p + "linear_attn."
 			L.mix = &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
 				z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
-				conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V}
+				conv: w[a+"conv1d.weight"], dtBias: w[a+"dt_bias"], aLog: w[a+"A_log"], norm: w[a+"norm.weight"]}
 		} else {
 			A := &attentionLayer[E]{q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"),
 				v: lin(p + "self_attn.v_proj"), o: lin(p + "self_attn.o_proj")}
 			if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
-				A.qNorm, A.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
+				A.qNorm, A.kNorm = n, w[p+"self_attn.k_norm.weight"]
 			}
 			L.mix = A
 		}

@@ -244,7 +244,7 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 	hi.QH = s.ar.Alloc(BK, G*T, hd)
 	if la != nil { // Qᵀ and the head norms' 1/rms serve only the backward pass
 		hi.QHT = s.ar.Alloc(BK, hd, G*T)
-		if A.qNorm != nil {
+		if A.qNorm.Dims != nil {
 			hi.QInv, hi.KInv = s.ar.Alloc(N*H), s.ar.Alloc(N*KVH)
 		}
 	}
@@ -294,7 +294,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 	} else {
 		y = s.baseProduct(x, lin, false)
 	}
-	if lin.bias != nil {
+	if lin.bias.Dims != nil {
 		s.ar.AddBias(y, lin.bias)
 	}
 	return y
@@ -339,7 +339,7 @@ func ropeRow[E float](x, y, c, sn []E) {
 
 // rmsNorm is RMSNorm over rows of x with the model's eps, rounded as ggml-cpu does under
 // ggmlNorms.
-func (s *pass[E]) rmsNorm(x mat[E], w []E, y, inv mat[E]) {
+func (s *pass[E]) rmsNorm(x, w, y, inv mat[E]) {
 	s.ar.RMSNorm(x, w, s.c.RMSNormEps, y, inv, s.e.ggmlNorms())
 }
 

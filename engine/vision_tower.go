@@ -5,7 +5,7 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -20,7 +20,8 @@ import (
 // block. A block of merge² patches becomes one LM token.
 
 // visionTower holds the tower's weights: linears as backend buffers in the engine's dtype,
-// transposed to [in, out] as the LM's are; norms, biases and the position table in Go memory.
+// transposed to [in, out] as the LM's are, norms and biases, as backend tensors; the position
+// table in Go memory (interpolated per image on the host).
 type visionTower[E float] struct {
 	cfg       VisionConfig
 	lmHidden  int
@@ -34,18 +35,18 @@ type visionTower[E float] struct {
 
 type vlinear[E float] struct {
 	w mat[E] // [in, out]
-	b []E    // [out]
+	b mat[E] // [out]
 }
 
 type visionBlock[E float] struct {
-	norm1w, norm1b, norm2w, norm2b []E
+	norm1w, norm1b, norm2w, norm2b mat[E]
 	qkv, proj, fc1, fc2            vlinear[E]
 }
 
 // visionMerger is the 2×2 patch merger: LayerNorm per patch (the main merger) or over the
 // merged row (DeepStack's, postShuffle), then fc1, GELU, fc2 into the LM's hidden size.
 type visionMerger[E float] struct {
-	normW, normB []E
+	normW, normB mat[E]
 	fc1, fc2     vlinear[E]
 	postShuffle  bool
 }
@@ -66,14 +67,14 @@ func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*v
 		delete(host, name)
 		return x
 	}
-	vec := func(name string) []E {
+	vec := func(name string) mat[E] {
 		x := get(name)
-		out := make([]E, len(x))
-		for i, f := range x {
-			out[i] = E(f)
+		t, size, e := cpu.NewValues[E](x, len(x))
+		if e != nil && err == nil {
+			err = fmt.Errorf("engine: placing weight %s: %w", name, e)
 		}
-		bytes += len(out) * int(unsafe.Sizeof(E(0)))
-		return out
+		bytes += size
+		return t
 	}
 	lin := func(p string) vlinear[E] {
 		s := c.expectedShape(p + ".weight")
@@ -83,16 +84,16 @@ func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*v
 		if err != nil {
 			return l
 		}
-		t, size, e := tensor.NewWeight[E](in, out)
+		f := make([]float64, len(x)) // [in, out]
+		for o := range out {
+			for i := range in {
+				f[i*out+o] = x[o*in+i]
+			}
+		}
+		t, size, e := cpu.NewValues[E](f, in, out)
 		if e != nil {
 			err = fmt.Errorf("engine: placing weight %s: %w", p, e)
 			return l
-		}
-		f := t.V
-		for o := range out {
-			for i := range in {
-				f[i*out+o] = E(x[o*in+i])
-			}
 		}
 		bytes += size
 		l.w = t
@@ -100,7 +101,10 @@ func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*v
 	}
 	vt := &visionTower[E]{cfg: *v, lmHidden: c.HiddenSize}
 	vt.patch = lin("model.visual.patch_embed.proj")
-	vt.pos = vec("model.visual.pos_embed.weight")
+	for _, x := range get("model.visual.pos_embed.weight") { // interpolated on the host per image (positions)
+		vt.pos = append(vt.pos, E(x))
+	}
+	bytes += len(vt.pos) * int(unsafe.Sizeof(E(0)))
 	vt.side = int(math.Sqrt(float64(v.NumPositionEmbeddings)))
 	for i := range v.Depth {
 		p := fmt.Sprintf("model.visual.blocks.%d.", i)
@@ -129,43 +133,6 @@ func (l *vlinear[E]) apply(ar step[E], x mat[E]) mat[E] {
 	return y
 }
 
-func layerNorm[E float](ar step[E], x mat[E], w, b []E, eps float64) mat[E] {
-	dim := len(w)
-	y := ar.Alloc(x.Dims...)
-	kernels.ParallelRows(len(x.V)/dim, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			xr, yr := x.V[r*dim:(r+1)*dim], y.V[r*dim:(r+1)*dim]
-			var mean, vr float64
-			for _, v := range xr {
-				mean += float64(v)
-			}
-			mean /= float64(dim)
-			for _, v := range xr {
-				vr += (float64(v) - mean) * (float64(v) - mean)
-			}
-			inv := 1 / math.Sqrt(vr/float64(dim)+eps)
-			for i, v := range xr {
-				yr[i] = E((float64(v)-mean)*inv)*w[i] + b[i]
-			}
-		}
-	})
-	return y
-}
-
-func geluTanh(x float64) float64 {
-	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
-}
-
-func geluErf(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
-
-func applyGELU[E float](x []E, f func(float64) float64) {
-	kernels.ParallelRows(len(x)/256+1, func(lo, hi int) {
-		for i := lo * 256; i < min(hi*256, len(x)); i++ {
-			x[i] = E(f(float64(x[i])))
-		}
-	})
-}
-
 // imageFeatures is one image's tower output: the merged embeddings [tokens, D] and DeepStack's
 // features, one [tokens, D] per entry of deepstack_visual_indexes.
 type imageFeatures struct {
@@ -191,7 +158,7 @@ func (vt *visionTower[E]) forward(e *Engine, patches []float64, grid [3]int) (_ 
 		bh, bw := blk/(gw/m), blk%(gw/m)
 		rowCol[i] = [2]int{bh*m + in/m, bw*m + in%m}
 	}
-	vt.addPositions(h.V, rowCol, gh, gw)
+	ar.Add(h, ar.From(vt.positions(rowCol, gh, gw), n, D))
 
 	// 2D rotary: the first half of each head's angles turn with the row, the second with the
 	// column (HF's rot_pos_emb, then cat(emb, emb) and rotate_half).
@@ -212,14 +179,10 @@ func (vt *visionTower[E]) forward(e *Engine, patches []float64, grid [3]int) (_ 
 	for bi := range vt.blocks {
 		b := &vt.blocks[bi]
 		mk := ar.Mark()
-		att := vt.attention(ar, b, layerNorm(ar, h, b.norm1w, b.norm1b, 1e-6), gt, cos, sin)
+		att := b.proj.apply(ar, ar.FrameAttention(b.qkv.apply(ar, ar.LayerNorm(h, b.norm1w, b.norm1b, 1e-6)), gt, v.NumHeads, cos, sin))
 		ar.Add(h, att)
-		u := b.fc1.apply(ar, layerNorm(ar, h, b.norm2w, b.norm2b, 1e-6))
-		if v.HiddenAct == "gelu" {
-			applyGELU(u.V, geluErf)
-		} else {
-			applyGELU(u.V, geluTanh)
-		}
+		u := b.fc1.apply(ar, ar.LayerNorm(h, b.norm2w, b.norm2b, 1e-6))
+		ar.GELU(u, v.HiddenAct != "gelu")
 		ar.Add(h, b.fc2.apply(ar, u))
 		for j, l := range v.DeepstackVisualIndexes {
 			if l == bi {
@@ -232,9 +195,10 @@ func (vt *visionTower[E]) forward(e *Engine, patches []float64, grid [3]int) (_ 
 	return out, ar.Err()
 }
 
-// addPositions adds the learned position table, bilinearly interpolated to the gh×gw grid
-// (HF's fast_pos_embed_interpolate: linspace over the table, floor/ceil neighbours).
-func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
+// positions is the learned position table, bilinearly interpolated to the gh×gw grid at each
+// patch's row and column (HF's fast_pos_embed_interpolate: linspace over the table,
+// floor/ceil neighbours): [n, D], added to the patches' embeddings.
+func (vt *visionTower[E]) positions(rowCol [][2]int, gh, gw int) []float64 {
 	D, S := vt.cfg.HiddenSize, vt.side
 	coord := func(i, n int) (lo, hi int, d float64) {
 		x := 0.0
@@ -244,6 +208,7 @@ func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
 		lo = int(x)
 		return lo, min(lo+1, S-1), x - float64(lo)
 	}
+	out := make([]float64, len(rowCol)*D)
 	for i, rc := range rowCol {
 		r0, r1, dr := coord(rc[0], gh)
 		c0, c1, dc := coord(rc[1], gw)
@@ -251,71 +216,27 @@ func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
 			idx int
 			w   float64
 		}{{r0*S + c0, (1 - dr) * (1 - dc)}, {r0*S + c1, (1 - dr) * dc}, {r1*S + c0, dr * (1 - dc)}, {r1*S + c1, dr * dc}}
-		hr := h[i*D : (i+1)*D]
-		for k := range hr {
+		for k := range D {
 			var s float64
 			for _, c := range corners {
 				s += c.w * float64(vt.pos[c.idx*D+k])
 			}
-			hr[k] += E(s)
+			out[i*D+k] = float64(E(s))
 		}
 	}
-}
-
-// attention is full (non-causal) attention within each frame of the image: heads batched
-// through the backend's matmuls.
-func (vt *visionTower[E]) attention(ar step[E], b *visionBlock[E], x mat[E], frames int, cos, sin []E) mat[E] {
-	D, H := vt.cfg.HiddenSize, vt.cfg.NumHeads
-	n := x.Dims[0]
-	hd, per := D/H, n/frames
-	qkv := b.qkv.apply(ar, x)
-	BH := frames * H
-	q, k, v := ar.Alloc(BH, per, hd), ar.Alloc(BH, per, hd), ar.Alloc(BH, per, hd)
-	kernels.ParallelRows(n, func(r0, r1 int) {
-		for i := r0; i < r1; i++ {
-			f, t := i/per, i%per
-			cs, sn := cos[i*hd/2:(i+1)*hd/2], sin[i*hd/2:(i+1)*hd/2]
-			for hh := range H {
-				dst := ((f*H+hh)*per + t) * hd
-				src := qkv.V[i*3*D+hh*hd:]
-				ropeRow(src[:hd], q.V[dst:dst+hd], cs, sn)
-				ropeRow(src[D:D+hd], k.V[dst:dst+hd], cs, sn)
-				copy(v.V[dst:dst+hd], src[2*D:2*D+hd])
-			}
-		}
-	})
-	p := ar.MatMul(q, k, BH, true) // [BH, per, per]
-	scale := E(1 / math.Sqrt(float64(hd)))
-	kernels.ParallelRows(BH*per, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			kernels.SoftmaxRow(p.V[r*per:(r+1)*per], per-1, scale)
-		}
-	})
-	o := ar.MatMul(p, v, BH, false) // [BH, per, hd]
-	ot := ar.Alloc(n, D)
-	kernels.ParallelRows(n, func(r0, r1 int) {
-		for i := r0; i < r1; i++ {
-			f, t := i/per, i%per
-			for hh := range H {
-				src := ((f*H+hh)*per + t) * hd
-				copy(ot.V[i*D+hh*hd:i*D+(hh+1)*hd], o.V[src:src+hd])
-			}
-		}
-	})
-	return b.proj.apply(ar, ot)
+	return out
 }
 
 // merge turns n patches [n, D] into n/unit LM tokens [n/unit, lmHidden], widened to float64.
 func (mg *visionMerger[E]) merge(ar step[E], h mat[E], unit int) []float64 {
 	n, D := h.Dims[0], h.Dims[1]
-	x := layerNorm(ar, h, mg.normW, mg.normB, 1e-6) // per patch, or over the merged row
-	merged := ar.Alloc(n/unit, D*unit)              // the same values, as the matmul's shape
-	copy(merged.V, x.V)
+	x := ar.LayerNorm(h, mg.normW, mg.normB, 1e-6) // per patch, or over the merged row
+	merged := ar.Reshape(x, n/unit, D*unit)        // the same values, as the matmul's shape
 	u := mg.fc1.apply(ar, merged)
-	applyGELU(u.V, geluErf)
-	y := mg.fc2.apply(ar, u)
-	out := make([]float64, len(y.V))
-	for i, v := range y.V {
+	ar.GELU(u, false)
+	host := ar.Download(mg.fc2.apply(ar, u))
+	out := make([]float64, len(host))
+	for i, v := range host {
 		out[i] = float64(v)
 	}
 	return out

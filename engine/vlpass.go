@@ -272,13 +272,7 @@ func (s *pass[E]) placeImages(h mat[E]) {
 	if s.vis == nil {
 		return
 	}
-	D := s.c.HiddenSize
-	for i, n := range s.vis.at {
-		dst := h.V[n*D : (n+1)*D]
-		for k, x := range s.vis.embeds[i] {
-			dst[k] = E(x)
-		}
-	}
+	s.ar.PutRows(h, s.vis.at, s.vis.embeds, false)
 }
 
 // addDeepstack adds DeepStack's features to layer l's output at the image tokens.
@@ -286,13 +280,7 @@ func (s *pass[E]) addDeepstack(l int, h mat[E]) {
 	if s.vis == nil || l >= len(s.vis.deepstack) {
 		return
 	}
-	D := s.c.HiddenSize
-	for i, n := range s.vis.at {
-		dst := h.V[n*D : (n+1)*D]
-		for k, x := range s.vis.deepstack[l][i] {
-			dst[k] += E(x)
-		}
-	}
+	s.ar.PutRows(h, s.vis.at, s.vis.deepstack[l], true)
 }
 
 // imageRows are datums [lo,hi) as a pass's rows (nil: no datum has images).

@@ -96,12 +96,12 @@ type Ops[E Float] interface {
 	// Add is dst += src.
 	Add(dst, src Tensor[E])
 	// AddBias adds bias to every row of y.
-	AddBias(y Tensor[E], bias []E)
+	AddBias(y Tensor[E], bias Tensor[E])
 	// RMSNorm writes y = x/rms(x)·w for each row and inv = 1/rms (eps inside the root);
 	// ggml rounds as ggml-cpu does (float32 only).
-	RMSNorm(x Tensor[E], w []E, eps float64, y, inv Tensor[E], ggml bool)
+	RMSNorm(x, w Tensor[E], eps float64, y, inv Tensor[E], ggml bool)
 	// RMSNormBack writes (accumulate: adds) dx for dy through RMSNorm of x with 1/rms inv.
-	RMSNormBack(dy, x Tensor[E], inv []E, w []E, dx Tensor[E], accumulate bool)
+	RMSNormBack(dy, x, inv, w, dx Tensor[E], accumulate bool)
 	// SiluGate writes sig = σ(gate) and out = silu(gate)·up; ggml as ggml-cpu rounds (float32).
 	SiluGate(gate, up, sig, out Tensor[E], ggml bool)
 	// SiluGateBack writes dgate and dup for d(out) da.
@@ -160,6 +160,19 @@ type Ops[E Float] interface {
 	// leave a step (the rows a sampler draws from).
 	Download(t Tensor[E]) []E
 
+	// Vision towers.
+	// LayerNorm returns (x − mean)/√(var + eps)·w + b per row; GELU applies the erf GELU (tanh:
+	// its tanh approximation) in place.
+	LayerNorm(x, w, b Tensor[E], eps float64) Tensor[E]
+	GELU(x Tensor[E], tanh bool)
+	// FrameAttention is full attention within each of frames frames over qkv [n, 3·D] (rows
+	// q‖k‖v, H heads, q and k rotated by row i of cos and sin [n, HD/2]): the heads in rows [n, D].
+	FrameAttention(qkv Tensor[E], frames, H int, cos, sin []E) Tensor[E]
+	// Reshape is a copy of x with other dimensions; PutRows sets (add: adds to) row rows[i] of h
+	// to host values vals[i].
+	Reshape(x Tensor[E], dims ...int) Tensor[E]
+	PutRows(h Tensor[E], rows []int, vals [][]float64, add bool)
+
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
 	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).
@@ -198,7 +211,7 @@ func (r *Rotation[E]) At(n int) (cos, sin []E) {
 type HeadsIn[E Float] struct {
 	Heads
 	Q, K, V      Tensor[E] // token layout [N, H·HD], [N, KVH·HD], [N, KVH·HD]
-	QNorm, KNorm []E
+	QNorm, KNorm Tensor[E] // empty: no head norms
 	Eps          float64
 	GGML         bool // the head norms rounded as ggml-cpu does (float32)
 	Rot          Rotation[E]
@@ -239,7 +252,7 @@ type HeadsBack[E Float] struct {
 	Heads
 	DQ, DKT, DVT Tensor[E]
 	Q, K         Tensor[E]
-	QNorm, KNorm []E
+	QNorm, KNorm Tensor[E]
 	QInv, KInv   Tensor[E]
 	Rot          Rotation[E]
 }
@@ -270,7 +283,7 @@ type DeltaNet[E Float] struct {
 	B, T int
 	DeltaDims
 	Q, K, V, Z, A, Beta      Tensor[E] // [N, Hk·DK] twice, [N, Hv·DV] twice, [N, Hv] twice
-	Conv, DtBias, ALog, Norm []E
+	Conv, DtBias, ALog, Norm Tensor[E]
 	Eps                      float64
 	State                    *DeltaState[E]
 	Cont                     bool

@@ -154,7 +154,7 @@ func (s *step[E]) HeadsBack(a *backend.HeadsBack[E]) (dq, dk, dv backend.Tensor[
 	H, KVH, hd := a.H, a.KVH, a.HD
 	G, N := H/KVH, B*T
 	dq, dk, dv = s.Alloc(N, H*hd), s.Alloc(N, KVH*hd), s.Alloc(N, KVH*hd)
-	qNorm, kNorm := a.QNorm, a.KNorm
+	qNorm, kNorm := a.QNorm.V, a.KNorm.V
 	kernels.ParallelRows(N, func(r0, r1 int) {
 		buf, col := make([]E, hd), make([]E, hd)
 		for n := r0; n < r1; n++ {

@@ -24,12 +24,12 @@ func (s *step[E]) HeadsIn(a *backend.HeadsIn[E]) {
 			for hh := range H {
 				kv, g := hh/G, hh%G
 				src := a.Q.V[(n*H+hh)*hd : (n*H+hh+1)*hd]
-				if a.QNorm != nil {
+				if a.QNorm.V != nil {
 					inv := &scratch
 					if a.QInv.V != nil {
 						inv = &a.QInv.V[n*H+hh]
 					}
-					normHead(src, a.QNorm, a.Eps, a.GGML, buf, inv)
+					normHead(src, a.QNorm.V, a.Eps, a.GGML, buf, inv)
 					src = buf
 				}
 				row := (b*KVH+kv)*G*T + g*T + t
@@ -45,12 +45,12 @@ func (s *step[E]) HeadsIn(a *backend.HeadsIn[E]) {
 			slot := a.Slot[n]
 			for kv := range KVH {
 				src := a.K.V[(n*KVH+kv)*hd : (n*KVH+kv+1)*hd]
-				if a.KNorm != nil {
+				if a.KNorm.V != nil {
 					inv := &scratch
 					if a.KInv.V != nil {
 						inv = &a.KInv.V[n*KVH+kv]
 					}
-					normHead(src, a.KNorm, a.Eps, a.GGML, buf, inv)
+					normHead(src, a.KNorm.V, a.Eps, a.GGML, buf, inv)
 					src = buf
 				}
 				ropeRow(src, kr, cs, sn)

@@ -59,20 +59,20 @@ var (
 func (s *step[E]) Add(dst, src backend.Tensor[E]) { kernels.AddScaled(dst.V, src.V, 1) }
 
 // AddBias adds bias to every row of y.
-func (s *step[E]) AddBias(y backend.Tensor[E], bias []E) { kernels.AddBias(y.V, bias) }
+func (s *step[E]) AddBias(y, bias backend.Tensor[E]) { kernels.AddBias(y.V, bias.V) }
 
 // RMSNorm: for each row r, inv[r] = 1/√(mean(x[r]²)+eps), y[r] = x[r]·inv[r]·w.
-func (s *step[E]) RMSNorm(x backend.Tensor[E], w []E, eps float64, y, inv backend.Tensor[E], ggml bool) {
+func (s *step[E]) RMSNorm(x, w backend.Tensor[E], eps float64, y, inv backend.Tensor[E], ggml bool) {
 	if xf, ok := any(x.V).([]float32); ok && ggml {
-		kernels.RMSNormGGML(xf, any(w).([]float32), eps, any(y.V).([]float32), any(inv.V).([]float32))
+		kernels.RMSNormGGML(xf, any(w.V).([]float32), eps, any(y.V).([]float32), any(inv.V).([]float32))
 		return
 	}
-	kernels.RMSNorm(x.V, w, eps, y.V, inv.V)
+	kernels.RMSNorm(x.V, w.V, eps, y.V, inv.V)
 }
 
 // RMSNormBack: dx = inv·dy·w − x·inv³·mean(dy·w·x), added to dx when accumulate.
-func (s *step[E]) RMSNormBack(dy, x backend.Tensor[E], inv []E, w []E, dx backend.Tensor[E], accumulate bool) {
-	kernels.RMSNormBack(dy.V, x.V, inv, w, dx.V, accumulate)
+func (s *step[E]) RMSNormBack(dy, x, inv, w, dx backend.Tensor[E], accumulate bool) {
+	kernels.RMSNormBack(dy.V, x.V, inv.V, w.V, dx.V, accumulate)
 }
 
 // SiluGate: sig = σ(gate), out = gate·sig·up.

@@ -154,7 +154,7 @@ func (s *step[E]) dnConvAndGates(L *backend.DeltaNet[E], in *dnConvInput[E]) del
 			b, t := n/T, n%T
 			for ch := range d.C {
 				var acc float64
-				w := L.Conv[ch*d.K : (ch+1)*d.K]
+				w := L.Conv.V[ch*d.K : (ch+1)*d.K]
 				for j := range d.K {
 					acc += float64(w[j]) * float64(in.at(b, t-K1+j, ch))
 				}
@@ -194,8 +194,8 @@ func (s *step[E]) dnConvAndGates(L *backend.DeltaNet[E], in *dnConvInput[E]) del
 // dnGates writes token n's log-decay g, dg/da and β for every value head.
 func dnGates[E backend.Float](L *backend.DeltaNet[E], d dnDims, n int, av, bv backend.Tensor[E], a *deltaActs[E]) {
 	for hv := range d.Hv {
-		x := float64(av.V[n*d.Hv+hv]) + float64(L.DtBias[hv])
-		A := math.Exp(float64(L.ALog[hv]))
+		x := float64(av.V[n*d.Hv+hv]) + float64(L.DtBias.V[hv])
+		A := math.Exp(float64(L.ALog.V[hv]))
 		a.g[n*d.Hv+hv] = E(-A * softplus(x))
 		dsp := 1.0 // softplus' = σ, 1 where torch's softplus returns its input
 		if x <= 20 {
@@ -267,7 +267,7 @@ func (s *step[E]) dnGatedNorm(L *backend.DeltaNet[E], d dnDims, a *deltaActs[E])
 			a.oInv[r] = iv
 			for j, x := range seg {
 				zz := float64(a.z.V[r*d.dv+j])
-				y.V[r*d.dv+j] = L.Norm[j] * (x * iv) * E(zz*sigmoid(zz))
+				y.V[r*d.dv+j] = L.Norm.V[j] * (x * iv) * E(zz*sigmoid(zz))
 			}
 		}
 	})
@@ -317,9 +317,9 @@ func (s *step[E]) dnGatedNormBack(L *backend.DeltaNet[E], d dnDims, a *deltaActs
 				sg := sigmoid(zz)
 				gy := dy.V[r*d.dv+j]
 				dn[j] = gy * E(zz*sg)
-				dz.V[r*d.dv+j] = gy * L.Norm[j] * a.o.V[r*d.dv+j] * iv * E(sg*(1+zz*(1-sg)))
+				dz.V[r*d.dv+j] = gy * L.Norm.V[j] * a.o.V[r*d.dv+j] * iv * E(sg*(1+zz*(1-sg)))
 			}
-			rmsNormRowBack(dn, a.o.V[r*d.dv:(r+1)*d.dv], L.Norm, iv, dO.V[r*d.dv:(r+1)*d.dv])
+			rmsNormRowBack(dn, a.o.V[r*d.dv:(r+1)*d.dv], L.Norm.V, iv, dO.V[r*d.dv:(r+1)*d.dv])
 		}
 	})
 	return dO, dz
@@ -487,7 +487,7 @@ func (s *step[E]) dnConvBack(L *backend.DeltaNet[E], d dnDims, dpre backend.Tens
 				var acc float64
 				for j := range d.K {
 					if tt := t + K1 - j; tt < T {
-						acc += float64(L.Conv[ch*d.K+j]) * float64(dpre.V[(b*T+tt)*d.C+ch])
+						acc += float64(L.Conv.V[ch*d.K+j]) * float64(dpre.V[(b*T+tt)*d.C+ch])
 					}
 				}
 				switch {

@@ -7,6 +7,7 @@ import (
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
+	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // weight is a frozen base weight as the CPU keeps it: values of the engine's element type, bf16
@@ -206,4 +207,17 @@ func (b *Backend) PairsWords() int {
 	b.pairs.mu.Lock()
 	defer b.pairs.mu.Unlock()
 	return cap(b.pairs.buf)
+}
+
+// NewValues is a weight tensor (norms, biases, small tables; the values of a float32 or float64
+// linear weight) holding v rounded to E, and its size in bytes.
+func NewValues[E backend.Float](v []float64, dims ...int) (backend.Tensor[E], int, error) {
+	t, size, err := tensor.NewWeight[E](dims...)
+	if err != nil {
+		return t, 0, err
+	}
+	for i, x := range v {
+		t.V[i] = E(x)
+	}
+	return t, size, nil
 }

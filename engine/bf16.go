@@ -3,7 +3,7 @@ package engine
 import (
 	"fmt"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -62,7 +62,7 @@ func bf16Weight(t safetensors.Tensor) ([]uint16, error) {
 	}
 	out := make([]uint16, len(f))
 	for i, v := range f {
-		out[i] = kernels.BF16Of(v)
+		out[i] = num.BF16Of(v)
 	}
 	return out, nil
 }

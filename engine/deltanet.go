@@ -55,7 +55,7 @@ func (L *deltaNetLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[E
 	st, cont, lens := s.kv.deltaState(l)
 	dn := L.core(s)
 	dn.State, dn.Cont, dn.Lens = st, cont, lens
-	dn.Q, dn.K, dn.V = s.linear(x1, L.q), s.linear(x1, L.k), s.linear(x1, L.v)
+	dn.Q, dn.K, dn.Value = s.linear(x1, L.q), s.linear(x1, L.k), s.linear(x1, L.v)
 	dn.Z, dn.A, dn.Beta = s.linear(x1, L.z), s.linear(x1, L.a), s.linear(x1, L.b)
 	if s.ar.Err() != nil {
 		return x1 // the pass has failed: any [N, D] tensor

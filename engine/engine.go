@@ -17,9 +17,7 @@ import (
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -117,10 +115,10 @@ func (e *Engine) TrainingAdapterIDs(ctx context.Context) []string {
 }
 
 // CompileStats counts compilations: one one-node matmul per distinct shape.
-type CompileStats = tensor.CompileStats
+type CompileStats = cpu.CompileStats
 
 // float is the element type of a pass: float32 in production, float64 for gradient checks.
-type float = kernels.Float
+type float = backend.Float
 
 // mat is a tensor of a step or a weight; a step hands a pass's tensors out, takes them back and
 // runs the ops on them (internal/backend).

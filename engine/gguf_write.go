@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/skein-ai/skein/engine/gguf"
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/internal/quant"
 )
 
@@ -168,7 +168,7 @@ func encodeGGUF(v []float32, shape []int, t gguf.GGMLType) ([]byte, error) {
 	case gguf.BF16:
 		b := make([]byte, 2*len(v))
 		for i, x := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], kernels.BF16Of(x))
+			binary.LittleEndian.PutUint16(b[2*i:], num.BF16Of(x))
 		}
 		return b, nil
 	case gguf.Q8_0:

@@ -24,7 +24,7 @@ type loraTap[E float] struct{ x, xa mat[E] }
 // orders them), so nothing changes them during the pass, and for an 8B shape at rank 32 the
 // copies were 0.7 GB. Otherwise (the backend's matmuls take only its buffers; decode, whose
 // generations outlive an optim_step) they are copied into the arena, with scale·Bᵀ for the
-// few-row kernels. The scale is applied to the rank-r products instead (addedLoRA).
+// few-row products. The scale is applied to the rank-r products instead (addedLoRA).
 func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
 	out := make([]*loraMats[E], len(m.linears))
 	if a == nil {
@@ -154,7 +154,7 @@ func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *lo
 }
 
 // ggmlLoRA adds rows r0…r1 of module lin's LoRA term to y as llama.cpp does (under ggmlNorms:
-// kernels.LoRARowsGGML, float32 passes) and reports whether it did. An ulp of difference here
+// Step.AddLoRAGGML, float32 passes) and reports whether it did. An ulp of difference here
 // reaches the next product's activation rounding as the norms' would.
 func (s *pass[E]) ggmlLoRA(x, y mat[E], lin *linear[E], lm *loraMats[E], r0, r1 int) bool {
 	if !s.e.ggmlNorms() { // a quantized base: float32 passes only

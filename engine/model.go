@@ -8,7 +8,7 @@ import (
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -121,7 +121,7 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 				return nil, 0, fmt.Errorf("engine: weight %s: %w", name, err)
 			}
 			if isLinearWeight(name) {
-				v, shape = kernels.TransposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
+				v, shape = num.TransposeBF16(v, shape[0], shape[1]), []int{shape[1], shape[0]}
 			}
 			w[name], w16[name] = mat[E]{Dims: shape}, v
 			bytes += 2 * len(v)

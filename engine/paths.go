@@ -1,44 +1,25 @@
 package engine
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import "github.com/skein-ai/skein/engine/internal/backend/cpu"
 
-// The kernel paths, as the binary sees them: which instruction set the kernels run on, which this
-// CPU has, and the switch behind SKEIN_GEMM. The choice itself lives in internal/kernels.
+// The CPU backend's kernel paths, as the binary sees them (cpu/paths.go): which instruction set
+// the kernels run on, which this CPU has, and the switch behind SKEIN_GEMM.
 
 // GEMMName names the float32 GEMM in use (the bench reports it beside the peak it measures).
-func GEMMName() string { return kernels.GEMMName() }
+func GEMMName() string { return cpu.GEMMName() }
 
 // KernelPath names the path the kernels run on (scalar, avx2, avx512, avx512bf16, amx).
-func KernelPath() string { return kernels.Active().String() }
+func KernelPath() string { return cpu.KernelPath() }
 
-// DefaultKernelPath names the path "auto" chooses on this CPU (before the start-up check): the
-// fastest it has but AMX, which runs only where SKEIN_GEMM asks for it (kernels.Best).
-func DefaultKernelPath() string { return kernels.Best().String() }
+// DefaultKernelPath names the path "auto" chooses on this CPU: the fastest it has but AMX,
+// which runs only where SKEIN_GEMM asks for it.
+func DefaultKernelPath() string { return cpu.DefaultKernelPath() }
 
 // KernelPaths names the paths this CPU has, slowest first.
-func KernelPaths() []string {
-	var out []string
-	for _, p := range kernels.SupportedPaths() {
-		out = append(out, p.String())
-	}
-	return out
-}
+func KernelPaths() []string { return cpu.KernelPaths() }
 
-// UseKernelPath runs every kernel on the named path from now on ("auto" or "": the best this
-// CPU has), once the path's kernels pass their start-up check against their references; a path
-// that fails it is passed over for the next slower one that passes, and each failure is
-// returned in faults. A path the CPU lacks, or an unknown name, is an error and changes nothing.
-// Call it at start, before any engine runs: switching while kernels run is not safe.
-func UseKernelPath(name string) (faults []error, err error) {
-	p := kernels.Best()
-	if name != "" && name != "auto" {
-		if p, err = kernels.ParsePath(name); err != nil {
-			return nil, err
-		}
-	}
-	_, faults, err = kernels.Choose(p)
-	return faults, err
-}
+// UseKernelPath runs every kernel on the named path from now on (cpu.UseKernelPath).
+func UseKernelPath(name string) (faults []error, err error) { return cpu.UseKernelPath(name) }
 
-// KernelFaults returns the faults the start-up check found when the package chose its path.
-func KernelFaults() []error { return kernels.StartFaults() }
+// KernelFaults returns the faults the start-up check found when the kernels chose their path.
+func KernelFaults() []error { return cpu.KernelFaults() }

@@ -1,8 +1,8 @@
 package engine
 
 import (
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // The memory plan of a pass: how many tokens one pass may hold (chunks, chunkTokens), from an
@@ -141,12 +141,12 @@ func (e *Engine) stepFixedElems(a *Adapter) int {
 		fixed += head
 	}
 	fixed += c.VocabSize * e.opts.MaxRank
-	if (e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil) && !kernels.HaveBF16GEMM() {
+	if (e.opts.Precision == PrecisionBF16 || quantFormat(e.opts.Precision) != nil) && !e.caps().BF16GEMM {
 		// Widened into a float32 step buffer for the float32 GEMM (on a bf16 path the bf16 GEMM
 		// reads bf16 weights as they are, and quantized ones widened outside the arena: Plan).
 		// At most one chunk of widenChunkBytes through the float32 GEMM (widenedChunkProduct).
 		widest := max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
-		if !e.opts.Float64 && kernels.HaveGEMM() {
+		if !e.opts.Float64 && e.caps().F32GEMM {
 			widest = min(widest, cpu.WidenChunkBytes/4)
 		}
 		fixed += widest
@@ -188,7 +188,7 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 	per := max(1, min(B, e.chunkTokens(T, a)/T))
 	p.Recompute = e.recomputesLayers(per, T, a)
 	p.Step = size * int64(e.stepElems(per, T, p.Recompute, a))
-	if quantFormat(e.opts.Precision) != nil && kernels.HaveBF16GEMM() && !e.opts.Float64 {
+	if quantFormat(e.opts.Precision) != nil && e.caps().BF16GEMM && !e.opts.Float64 {
 		words := 0 // the largest chunk of pairs a product widens
 		for _, l := range modelOf[float32](e.base).linears {
 			words = max(words, cpu.PairsChunkWords(l.w, e.pairsChunk))
@@ -210,7 +210,7 @@ func (e *Engine) loraPassElems(a *Adapter) int {
 	if e.mergesLoRA() {
 		copiesA = 1
 	}
-	if e.opts.Float64 || !kernels.HaveGEMM() {
+	if e.opts.Float64 || !e.caps().F32GEMM {
 		copiesA, copiesB = copiesA+1, 2
 	}
 	n := 0
@@ -232,7 +232,7 @@ func (e *Engine) headMerges() bool {
 // (loraWay): not over bf16 weights on a path with the bf16 GEMM, nor over quantized ones, which
 // always add it (for an 8B shape in bf16 that is 0.9 GB the plan need not hold back).
 func (e *Engine) mergesLoRA() bool {
-	return quantFormat(e.opts.Precision) == nil && !(e.opts.Precision == PrecisionBF16 && kernels.HaveBF16GEMM())
+	return quantFormat(e.opts.Precision) == nil && !(e.opts.Precision == PrecisionBF16 && e.caps().BF16GEMM)
 }
 
 // layerWeightElems is the size of the largest decoder layer's linear weights.
@@ -372,3 +372,6 @@ func (c *Config) maxLayerElemsPerToken() int {
 func (c *Config) recomputesProbs(T int) bool {
 	return c.NumAttentionHeads*T > c.layerElemsPerToken()
 }
+
+// caps is what the engine's backend can do (the plan's choices depend on it).
+func (e *Engine) caps() backend.Caps { return e.base.cpu.Caps() }

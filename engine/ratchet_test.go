@@ -18,17 +18,17 @@ var seamCeilings = []struct {
 	ceiling int
 }{
 	// Reads and writes of a tensor's memory.
-	{"tensor memory (.V)", `\.V\b`, 4},
+	{"tensor memory (.V)", `\.V\b`, 0},
 	// Calls into the CPU kernels.
-	{"CPU kernel calls (kernels.)", `\bkernels\.`, 22},
+	{"CPU kernel calls (kernels.)", `\bkernels\.`, 0},
 	// Element-type assertions that pick a float32 kernel from generic code.
 	{"float32 assertions", `\.\(\[\]float32\)`, 0},
 	// Questions about the CPU a kernel runs on.
-	{"CPU checks", `\bkernels\.(Have\w*|FewRow\w*|Active|Supported\w*|Best)\(`, 9},
+	{"CPU checks", `\bkernels\.(Have\w*|FewRow\w*|Active|Supported\w*|Best)\(`, 0},
 	// Per-element loops fanned out over the cores from the model code.
 	{"ParallelRows fan-outs", `\bParallelRows\b`, 0},
 	// Imports of the CPU's own packages.
-	{"CPU package imports", `"github.com/skein-ai/skein/engine/internal/(kernels|quant|cpu)"`, 14},
+	{"CPU package imports", `"github.com/skein-ai/skein/engine/internal/(kernels|quant|cpu|tensor)"`, 7},
 }
 
 func TestSeamRatchet(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -260,7 +260,7 @@ func writeTinyWeights(path string, c *Config, bf16 bool, seed uint64, progress *
 			if bf16 {
 				b = buf[:2*len(part)]
 				for j, x := range part {
-					h := kernels.BF16Of(x)
+					h := num.BF16Of(x)
 					b[2*j], b[2*j+1] = byte(h), byte(h>>8)
 				}
 			} else {

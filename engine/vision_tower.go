@@ -6,7 +6,6 @@ import (
 	"unsafe"
 
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -78,7 +77,10 @@ func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*v
 	}
 	lin := func(p string) vlinear[E] {
 		s := c.expectedShape(p + ".weight")
-		out, in := s[0], tensor.Prod(s[1:])
+		out, in := s[0], s[1]
+		for _, d := range s[2:] {
+			in *= d
+		}
 		x := get(p + ".weight")
 		l := vlinear[E]{b: vec(p + ".bias")}
 		if err != nil {

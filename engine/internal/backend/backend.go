@@ -43,6 +43,16 @@ type Weight interface {
 	Bytes() int
 }
 
+// Caps are what a backend's products can do, for the engine's memory plan.
+type Caps struct {
+	// BF16GEMM: products over bf16 and quantized weights read them as kept (a bf16 unit),
+	// rather than widening them into a float32 copy for the product.
+	BF16GEMM bool
+	// F32GEMM: float32 products run on the backend's own GEMM, which multiplies a large weight
+	// widened in chunks and reads an adapter's numbers in place.
+	F32GEMM bool
+}
+
 // StepOptions are an engine's settings every step of it runs with.
 type StepOptions struct {
 	// GGML: products over quantized weights round their rows as llama.cpp's CPU backend does
@@ -282,7 +292,7 @@ type DeltaState[E Float] struct {
 type DeltaNet[E Float] struct {
 	B, T int
 	DeltaDims
-	Q, K, V, Z, A, Beta      Tensor[E] // [N, Hk·DK] twice, [N, Hv·DV] twice, [N, Hv] twice
+	Q, K, Value, Z, A, Beta  Tensor[E] // [N, Hk·DK] twice, [N, Hv·DV] twice, [N, Hv] twice
 	Conv, DtBias, ALog, Norm Tensor[E]
 	Eps                      float64
 	State                    *DeltaState[E]

@@ -1,6 +1,10 @@
 package kernels
 
-import "math"
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/num"
+)
 
 // Products of a few rows (decode steps, the sampler's unembedding, short training sequences)
 // are bound by reading the weight: widening a bf16 weight into a float32 copy first would read
@@ -95,28 +99,14 @@ func dotBF16Scalar(x []float32, w []uint16) float32 {
 	return acc
 }
 
-func BF16To32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+// BF16To32 widens bfloat16 bits (num.BF16To32).
+func BF16To32(b uint16) float32 { return num.BF16To32(b) }
 
-// BF16Of rounds f to bfloat16 (to nearest, ties to even; NaN stays NaN).
-func BF16Of(f float32) uint16 {
-	b := math.Float32bits(f)
-	if f != f {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7fff + (b>>16)&1
-	return uint16(b >> 16)
-}
+// BF16Of rounds f to bfloat16, ties to even (num.BF16Of).
+func BF16Of(f float32) uint16 { return num.BF16Of(f) }
 
-// TransposeBF16 transposes a [rows, cols] matrix of bf16 bits.
-func TransposeBF16(v []uint16, rows, cols int) []uint16 {
-	out := make([]uint16, len(v))
-	for i := range rows {
-		for j := range cols {
-			out[j*rows+i] = v[i*cols+j]
-		}
-	}
-	return out
-}
+// TransposeBF16 transposes a [rows, cols] matrix of bf16 bits (num.TransposeBF16).
+func TransposeBF16(v []uint16, rows, cols int) []uint16 { return num.TransposeBF16(v, rows, cols) }
 
 // WidenBF16 writes dst[i] = src[i] as a float, split across the cores for big weights.
 func WidenBF16[E Float](dst []E, src []uint16) {

@@ -88,3 +88,7 @@ func (s *step[E]) SiluGate(gate, up, sig, out backend.Tensor[E], ggml bool) {
 func (s *step[E]) SiluGateBack(da, gate, up, sig, dgate, dup backend.Tensor[E]) {
 	kernels.SiluGateBack(da.V, gate.V, up.V, sig.V, dgate.V, dup.V)
 }
+
+// CompileStats counts compilations of GoMLX one-node products (the float64 engine's and the
+// scalar path's), one per distinct shape.
+type CompileStats = tensor.CompileStats

@@ -60,7 +60,7 @@ func softplus(x float64) float64 {
 // sampler (keepHistory), the rule over every token (dnRecurrence), the gated norm (dnGatedNorm).
 func (s *step[E]) DeltaNet(a *backend.DeltaNet[E], keep bool) (backend.Tensor[E], any) {
 	d := dimsOf(a.DeltaDims)
-	in := dnConvInput[E]{q: a.Q, k: a.K, v: a.V, st: a.State, cont: a.Cont, d: d, T: a.T}
+	in := dnConvInput[E]{q: a.Q, k: a.K, v: a.Value, st: a.State, cont: a.Cont, d: d, T: a.T}
 	acts := s.dnConvAndGates(a, &in)
 	if a.State != nil {
 		in.keepHistory(a.B, a.Lens)

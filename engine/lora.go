@@ -108,7 +108,7 @@ func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *lor
 // mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
 // built once per layer and pass (or kept for the backward pass, see trainState.keepMerged).
 func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
-	if f := s.merged[lin.id]; f.Buf != nil {
+	if f := s.merged[lin.id]; f.Dims != nil {
 		return f
 	}
 	var m mat[E]

@@ -18,7 +18,7 @@ var seamCeilings = []struct {
 	ceiling int
 }{
 	// Reads and writes of a tensor's memory.
-	{"tensor memory (.V)", `\.V\b`, 0},
+	{"tensor memory (.V, .Buf)", `\.(V|Buf)\b`, 0},
 	// Calls into the CPU kernels.
 	{"CPU kernel calls (kernels.)", `\bkernels\.`, 0},
 	// Element-type assertions that pick a float32 kernel from generic code.

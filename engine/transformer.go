@@ -305,7 +305,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 // merged weights are small next to the step budget keep them instead (Engine.keepsMerged).
 func (s *pass[E]) dropMerged() {
 	for id, f := range s.merged {
-		if f.Buf != nil {
+		if f.Dims != nil {
 			s.ar.ReleaseOne(f)
 			s.merged[id] = mat[E]{}
 		}

@@ -15,18 +15,24 @@
 // backend implements Step[float32] only and refuses float64 engines.
 package backend
 
-import (
-	"github.com/skein-ai/skein/engine/internal/tensor"
-)
-
 // Float is a step's element type.
 type Float interface{ float32 | float64 }
 
-// Tensor is one tensor of a step, or a weight.
-type Tensor[E Float] = tensor.Mat[E]
+// Tensor is one tensor of a step, or a weight's values: its dimensions, and its memory as the
+// backend that made it keeps it. Model code reads Dims only (the engine's seam ratchet holds it
+// to that); V and Buf are that backend's business.
+type Tensor[E Float] struct {
+	Dims []int
+	// V is the memory, where the backend keeps it in Go memory (the CPU's).
+	V []E
+	// Buf is the backend's handle to it (the CPU's: a GoMLX buffer, which its float64 and
+	// scalar-path products take; a device backend's: its device memory).
+	Buf any
+}
 
-// Mark is a point in a step's allocations: everything allocated after it can be given back.
-type Mark = tensor.Point
+// Mark is a point in a step's allocations (two counters the backend keeps): everything
+// allocated after it can be given back.
+type Mark [2]int
 
 // Weight is a frozen base weight, kept the way its backend multiplies it (values, bf16 bits,
 // quantized blocks), shared by every step and adapter.

@@ -16,6 +16,7 @@ import (
 	"github.com/gomlx/compute/gobackend"
 	"github.com/gomlx/compute/shapes"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
@@ -26,12 +27,9 @@ import (
 // preset. Here each matmul is a one-node executable compiled once per shape, and every tensor is a
 // backend "shared buffer", so Go code and matmuls read and write the same memory without copies.
 
-// Mat is a tensor in a backend shared buffer: Buf goes to matmuls, V is the same memory in Go.
-type Mat[T kernels.Float] struct {
-	Buf  compute.Buffer
-	V    []T
-	Dims []int
-}
+// Mat is a tensor in a backend shared buffer: Buf (a compute.Buffer) goes to matmuls, V is the
+// same memory in Go.
+type Mat[T kernels.Float] = backend.Tensor[T]
 
 // mmKey names one compiled matmul: [batch,] m×k times k×n, or times (n×k)ᵀ when transB. These
 // are the two layouts the Go backend multiplies without transposing an operand first.
@@ -338,8 +336,8 @@ func bufBytes(b compute.Buffer) int {
 	return int(sh.Memory())
 }
 
-// Point is a point in an arena's allocations.
-type Point struct{ owned, shared int }
+// Point is a point in an arena's allocations: how many matmul outputs, and how many buffers.
+type Point = backend.Mark
 
 func (a *Arena[T]) Mark() Point { return Point{len(a.owned), len(a.shared)} }
 
@@ -349,12 +347,13 @@ func (a *Arena[T]) Release(from, to Point) { a.releaseRange(from, to, nil) }
 
 // ReleaseExcept gives back everything allocated since from except keep.
 func (a *Arena[T]) ReleaseExcept(from Point, keep Mat[T]) {
-	a.releaseRange(from, a.Mark(), keep.Buf)
+	kb, _ := keep.Buf.(compute.Buffer)
+	a.releaseRange(from, a.Mark(), kb)
 }
 
 func (a *Arena[T]) releaseRange(from, to Point, keep compute.Buffer) {
 	var shared []sharedBuf
-	for i := from.shared; i < to.shared; i++ {
+	for i := from[1]; i < to[1]; i++ {
 		if a.shared[i].buf != nil && (keep == nil || a.shared[i].buf != keep) {
 			a.live -= bufBytes(a.shared[i].buf)
 			shared = append(shared, a.shared[i])
@@ -362,7 +361,7 @@ func (a *Arena[T]) releaseRange(from, to Point, keep compute.Buffer) {
 		}
 	}
 	var outputs []compute.Buffer
-	for i := from.owned; i < to.owned; i++ {
+	for i := from[0]; i < to[0]; i++ {
 		if a.owned[i] != nil && (keep == nil || a.owned[i] != keep) {
 			a.live -= bufBytes(a.owned[i])
 			outputs = append(outputs, a.owned[i])
@@ -387,9 +386,9 @@ func (a *Arena[T]) ReleaseOne(m Mat[T]) {
 	}
 	for i := len(a.owned) - 1; i >= 0; i-- {
 		if a.owned[i] != nil && a.owned[i] == m.Buf {
-			a.live -= bufBytes(m.Buf)
+			a.live -= bufBytes(a.owned[i])
+			a.MM.giveBack(nil, []compute.Buffer{a.owned[i]}, false)
 			a.owned[i] = nil
-			a.MM.giveBack(nil, []compute.Buffer{m.Buf}, false)
 			return
 		}
 	}
@@ -442,7 +441,9 @@ func (a *Arena[T]) MatMul(x, y Mat[T], batch int, transB bool) Mat[T] {
 		a.Fail(err)
 		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
-	outs, err := x2.Execute([]compute.Buffer{x.Buf, y.Buf}, nil, 0)
+	xb, _ := x.Buf.(compute.Buffer)
+	yb, _ := y.Buf.(compute.Buffer)
+	outs, err := x2.Execute([]compute.Buffer{xb, yb}, nil, 0)
 	if err != nil {
 		a.Fail(fmt.Errorf("engine: matmul %v·%v: %w", x.Dims, y.Dims, err))
 		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}

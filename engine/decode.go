@@ -2,6 +2,9 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/par"
@@ -223,4 +226,306 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 		s.ar.Release(mark, s.ar.Mark())
 	}
 	return out, s.ar.Err()
+}
+
+// sampleRow is one sequence being generated.
+type sampleRow struct {
+	req      int // index of its request
+	prompt   []int
+	params   SampleParams
+	rng      *rand.Rand
+	seq      SampledSequence
+	done     bool
+	stopTok  map[int]bool
+	err      error // the draw failed (non-finite logits): the row's request fails
+	sample   int   // index among its request's samples, for OnToken
+	onToken  func(sample, token int, logprob float64) bool
+	reported int // tokens handed to onToken so far
+}
+
+// decode runs one batched prefill + decode loop over the rows of some requests, request i
+// sampling adapters[i] (nil: the base model).
+func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+	rows, maxPrompt, maxLen := e.sampleRows(reqs)
+	B := len(rows) // no padding rows: a new row count costs only a few matmul compiles
+	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
+	images, err := e.sampleImageRows(reqs, rows)
+	if err != nil {
+		return nil, err
+	}
+	rowAdapters := make([]*Adapter, B)
+	for b, r := range rows {
+		rowAdapters[b] = adapters[r.req]
+	}
+	step, done := e.newDecodeStepRows(ctx, rowAdapters, B, S, images)
+	defer done()
+
+	first := firstRows(rows)
+	prompts := e.newPromptLogprobs(reqs, first)
+	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, prompts.take)
+	if err != nil {
+		return nil, err
+	}
+	results := prompts.finish(rows)
+	stopFailed(rows)
+
+	// next[b] holds the logits that predict row b's next token.
+	next := make([][]float64, B)
+	for b := range B {
+		next[b] = logits[b*T+len(rows[b].prompt)-1]
+	}
+	if err := e.decodeSteps(ctx, step, rows, next); err != nil {
+		return nil, err
+	}
+	return gatherSequences(results, rows), nil
+}
+
+// sampleRows makes the rows of a decode loop, NumSamples of each request in order, each with
+// its stop tokens (the request's and the model's end-of-sequence ids) and its random stream; with
+// the longest prompt and the longest prompt plus its MaxTokens.
+func (e *Engine) sampleRows(reqs []SampleRequest) (rows []*sampleRow, maxPrompt, maxLen int) {
+	eos := e.Config.EOSTokens()
+	for ri, r := range reqs {
+		stop := map[int]bool{}
+		for _, t := range r.Params.StopTokens {
+			stop[t] = true
+		}
+		for _, t := range eos {
+			stop[t] = true
+		}
+		for i := range r.NumSamples {
+			seed := rand.Uint64()
+			if r.Params.Seed != nil {
+				seed = uint64(*r.Params.Seed)
+			}
+			rows = append(rows, &sampleRow{req: ri, prompt: r.Prompt, params: r.Params,
+				rng: rand.New(rand.NewPCG(seed, uint64(i))), stopTok: stop, sample: i, onToken: r.OnToken})
+		}
+		maxPrompt = max(maxPrompt, len(r.Prompt))
+		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
+	}
+	return rows, maxPrompt, maxLen
+}
+
+// firstRows maps each request to its first row.
+func firstRows(rows []*sampleRow) map[int]int {
+	first := map[int]int{}
+	for b := len(rows) - 1; b >= 0; b-- {
+		first[rows[b].req] = b
+	}
+	return first
+}
+
+// prefill runs each row's prompt at positions 0…P-1, padded to a common bucket T, and returns
+// the logits it asked for, indexed b·T+t: where each row's prompt ends, and at every prompt
+// position of the first row of a request that asked for prompt logprobs. Padding writes garbage
+// into cache slots at or after the row's prompt end; decode overwrites each slot before any
+// query may attend to it.
+func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt int, sink rowSink) ([][]float64, int, error) {
+	B, T := len(rows), bucket(maxPrompt, 16)
+	tok := make([][]int, B)
+	pos := make([][]int, B)
+	for b := range B {
+		tok[b] = make([]int, T)
+		pos[b] = make([]int, T)
+		copy(tok[b], rows[b].prompt)
+		for t := range T {
+			pos[b][t] = t
+		}
+	}
+	logits, err := step(tok, pos, func(b, t int) bool {
+		r := rows[b]
+		if t == len(r.prompt)-1 {
+			return true
+		}
+		req := reqs[r.req]
+		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
+	}, sink)
+	return logits, T, err
+}
+
+// promptLogprobs starts each request's result and fills in its prompt logprobs where it asked
+// for them, from its first row's prefill logits as the head computes them (take, a rowSink): the
+// row at position t predicts the prompt's token t+1. Non-finite logits fail that row (finish).
+type promptLogprobs struct {
+	e       *Engine
+	reqs    []SampleRequest
+	results []*SampleResult
+	asking  map[int]int // a first row asking for prompt logprobs → its request
+	bad     [][]error   // per request asking, per prompt position: its logits were not finite
+}
+
+func (e *Engine) newPromptLogprobs(reqs []SampleRequest, first map[int]int) *promptLogprobs {
+	p := &promptLogprobs{e: e, reqs: reqs, results: make([]*SampleResult, len(reqs)), asking: map[int]int{}, bad: make([][]error, len(reqs))}
+	for ri, r := range reqs {
+		res := &SampleResult{}
+		p.results[ri] = res
+		if !r.PromptLogprobs && r.TopKPromptLogprobs == 0 {
+			continue
+		}
+		P := len(r.Prompt)
+		p.asking[first[ri]] = ri
+		p.bad[ri] = make([]error, P)
+		res.PromptLogprobs = make([]float64, P)
+		res.PromptLogprobs[0] = math.NaN()
+		if r.TopKPromptLogprobs > 0 {
+			res.TopKPrompt = make([][]TokenLogprob, P)
+		}
+	}
+	return p
+}
+
+// take is the prefill's rowSink: a prompt position's row of a request asking for its logprobs
+// becomes that logprob and top-k; every other row (each prompt's last, which samples) is left
+// to the prefill's result.
+func (p *promptLogprobs) take(b, t int, row []float64) bool {
+	ri, ok := p.asking[b]
+	if !ok || t >= len(p.reqs[ri].Prompt)-1 {
+		return false
+	}
+	r, res, pos := p.reqs[ri], p.results[ri], t+1
+	if err := finiteLogits(row); err != nil {
+		p.bad[ri][pos] = err
+		return true
+	}
+	res.PromptLogprobs[pos] = p.e.logprobOf(row, r.Prompt[pos]) // as a training pass computes it
+	if r.TopKPromptLogprobs > 0 {
+		res.TopKPrompt[pos] = topK(logSoftmax(row), r.TopKPromptLogprobs)
+	}
+	return true
+}
+
+// finish fails the first row of each request whose prompt logits were not finite somewhere,
+// naming the first such position, and clears what came after it; it returns the results.
+func (p *promptLogprobs) finish(rows []*sampleRow) []*SampleResult {
+	for b, ri := range p.asking {
+		for pos, err := range p.bad[ri] {
+			if err == nil {
+				continue
+			}
+			rows[b].err = fmt.Errorf("prompt logprobs at position %d: %w", pos, err)
+			res := p.results[ri]
+			clear(res.PromptLogprobs[pos:])
+			if res.TopKPrompt != nil {
+				clear(res.TopKPrompt[pos:])
+			}
+			break
+		}
+	}
+	return p.results
+}
+
+// decodeSteps draws every running row's next token from next, hands it to OnToken and feeds it
+// back for the following logits, until every row is done (or ctx ends, between steps).
+func (e *Engine) decodeSteps(ctx context.Context, step stepFunc, rows []*sampleRow, next [][]float64) error {
+	for {
+		feed, fpos := e.drawTokens(rows, next)
+		reportTokens(rows)
+		stopFailed(rows)
+		active := false
+		for _, r := range rows {
+			active = active || !r.done
+		}
+		if !active {
+			return nil
+		}
+		if err := stopped(ctx); err != nil {
+			return err
+		}
+		logits, err := step(feed, fpos, func(b, _ int) bool { return !rows[b].done })
+		if err != nil {
+			return err
+		}
+		for b := range rows {
+			next[b] = logits[b]
+		}
+	}
+}
+
+// drawTokens draws the next token of every running row, and returns the step that feeds them:
+// each row's token and its position (0 and 0 for a row that is done). Rows draw in parallel:
+// each has its own random stream and state, so the outcome does not depend on scheduling.
+func (e *Engine) drawTokens(rows []*sampleRow, next [][]float64) (feed, fpos [][]int) {
+	B := len(rows)
+	feed = make([][]int, B)
+	fpos = make([][]int, B)
+	par.Rows(B, func(b0, b1 int) {
+		for b := b0; b < b1; b++ {
+			feed[b], fpos[b] = []int{0}, []int{0}
+			if rows[b].done {
+				continue
+			}
+			if t, ok := e.drawToken(rows[b], next[b]); ok {
+				feed[b][0] = t
+				fpos[b][0] = len(rows[b].prompt) + len(rows[b].seq.Tokens) - 1
+			}
+		}
+	})
+	return feed, fpos
+}
+
+// drawToken draws row r's next token from the logits that predict it and appends it to the
+// row's sequence, ending the row on a stop token or string or at MaxTokens. A failed draw
+// (non-finite logits) ends the row with its error and reports false.
+func (e *Engine) drawToken(r *sampleRow, logits []float64) (int, bool) {
+	t, lp, err := sampleToken(logits, r.params, r.rng)
+	if err != nil {
+		r.err = fmt.Errorf("sampling token %d: %w", len(r.seq.Tokens), err)
+		r.done = true
+		return 0, false
+	}
+	r.seq.Tokens = append(r.seq.Tokens, t)
+	r.seq.Logprobs = append(r.seq.Logprobs, lp)
+	switch {
+	case r.stopTok[t] || e.hitsStopString(r.seq.Tokens, r.params.StopStrings):
+		r.seq.StopReason, r.done = "stop", true
+	case len(r.seq.Tokens) == r.params.MaxTokens:
+		r.seq.StopReason, r.done = "length", true
+	}
+	return t, true
+}
+
+// gatherSequences adds each row's sequence to its request's result, in row order; a request
+// one of whose rows failed is answered by the error of its first failed row alone.
+func gatherSequences(results []*SampleResult, rows []*sampleRow) []*SampleResult {
+	for _, r := range rows {
+		results[r.req].Sequences = append(results[r.req].Sequences, r.seq)
+	}
+	for _, r := range rows {
+		if r.err != nil && results[r.req].Err == nil {
+			results[r.req] = &SampleResult{Err: r.err}
+		}
+	}
+	return results
+}
+
+// reportTokens hands each row's newly drawn token to its request's OnToken, one row after the
+// other (the callback need not be safe for concurrent use); a false answer ends the row.
+func reportTokens(rows []*sampleRow) {
+	for _, r := range rows {
+		n := len(r.seq.Tokens)
+		if r.onToken == nil || r.err != nil || n == r.reported {
+			continue
+		}
+		r.reported = n
+		if !r.onToken(r.sample, r.seq.Tokens[n-1], r.seq.Logprobs[n-1]) && !r.done {
+			r.seq.StopReason, r.done = "stop", true
+		}
+	}
+}
+
+// stopFailed ends every row of a request one of whose rows failed: the request's answer is its
+// error, so decoding the others would be wasted.
+func stopFailed(rows []*sampleRow) {
+	failed := map[int]error{}
+	for _, r := range rows {
+		if r.err != nil {
+			failed[r.req] = r.err
+		}
+	}
+	for _, r := range rows {
+		if _, ok := failed[r.req]; ok {
+			r.done = true
+		}
+	}
 }

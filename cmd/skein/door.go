@@ -44,10 +44,34 @@ func minRateBodies(h http.Handler, rate int, grace, readTimeout time.Duration) h
 			if readTimeout > 0 {
 				restore = time.Now().Add(readTimeout)
 			}
-			r.Body = &minRateBody{body: r.Body, rc: http.NewResponseController(w), rate: rate, grace: grace, restore: restore}
+			b := &minRateBody{body: r.Body, rc: http.NewResponseController(w), rate: rate, grace: grace, restore: restore, length: r.ContentLength}
+			r.Body = b
+			// After the handler, before the server sends its (buffered) answer: what is left of
+			// the body is read under the rate, and the server gets its own body back, so that it
+			// decides from the body's state (unread past 256 KiB, closed early, cut) whether the
+			// connection can be kept; behind this wrapper it would discard 256 KiB of any body,
+			// under the connection's old deadline, and keep a connection whose body was closed early.
+			defer func() { b.drain(); r.Body = b.body }()
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// maxPostHandlerDrain is what Go's server itself discards of a body the handler left unread
+// (net/http's maxPostHandlerReadBytes); past it the server closes the connection instead.
+const maxPostHandlerDrain = 256 << 10
+
+// drain reads what the handler left of the body, up to what the server would discard, through
+// the rate's deadline. Without it Go's server discards the rest itself on the connection's read
+// deadline alone (the whole --http-read-timeout), so a handler that refuses a request without
+// reading its body (a foreign Host's 421, a 401) let a trickled body hold its connection.
+func (b *minRateBody) drain() {
+	if b.done || (b.length >= 0 && b.length-b.n > maxPostHandlerDrain) {
+		return // read to the end, not a connection whose deadline we can set, or the server will close it
+	}
+	if _, err := io.CopyN(io.Discard, b, maxPostHandlerDrain); err != nil && err != io.EOF {
+		return // cut (below the rate) or broken: the server closes the connection
+	}
 }
 
 type minRateBody struct {
@@ -56,11 +80,13 @@ type minRateBody struct {
 	rate    int
 	grace   time.Duration
 	restore time.Time // the deadline to leave behind once the body is read
+	length  int64     // Content-Length, -1 if unknown
 
 	start    time.Time // first Read
 	n        int64     // bytes read so far
 	done     bool      // the deadline is restored (or cannot be set): reads pass straight through
 	deadline time.Time // the rate's deadline, kept to tell its timeout from others
+	cut      bool      // the body fell below the rate: its deadline stays passed, so the connection goes
 }
 
 func (b *minRateBody) Read(p []byte) (int, error) {
@@ -85,6 +111,7 @@ func (b *minRateBody) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.finish()
 	case err != nil && !time.Now().Before(b.deadline) && (b.restore.IsZero() || b.deadline.Before(b.restore)):
+		b.cut = true
 		return n, fmt.Errorf("request body arrived slower than %d bytes/s (%d bytes in %s): %w", b.rate, b.n, time.Since(b.start).Round(time.Millisecond), err)
 	}
 	return n, err
@@ -92,13 +119,14 @@ func (b *minRateBody) Read(p []byte) (int, error) {
 
 // finish puts back the request's own read deadline once the body is read or dropped.
 func (b *minRateBody) finish() {
-	if !b.done {
+	if !b.done && !b.cut {
 		b.done = true
 		_ = b.rc.SetReadDeadline(b.restore)
 	}
 }
 
 func (b *minRateBody) Close() error {
+	b.drain() // net/http's Close discards up to 256 KiB of the rest: under the rate, not without it
 	b.finish()
 	return b.body.Close()
 }

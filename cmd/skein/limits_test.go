@@ -266,3 +266,39 @@ func TestWorkerServerCutsBodiesBelowTheMinimumRate(t *testing.T) {
 		t.Fatalf("a slow call: %d %q", resp.StatusCode, b)
 	}
 }
+
+// A body the handler never reads (a refusal: a foreign Host's 421, a 401) is still held to
+// --min-body-rate: Go's server discards up to 256 KiB of an unread body after the handler, on
+// the connection's read deadline alone, so a trickle under a refused Host kept its connection
+// for the whole --http-read-timeout (issue 40, item 10). It is cut like any other body.
+func TestHTTPServerCutsTrickledBodiesOfRefusedRequests(t *testing.T) {
+	refuse := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/close" {
+			r.Body.Close() // a handler that closes the body unread: the server discards the rest
+		}
+		http.Error(w, "misdirected: foreign Host", http.StatusMisdirectedRequest)
+	})
+	addr := serveHandlerWithLimits(t, refuse, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
+	for _, tc := range []struct{ path, length string }{{"/", "100000"}, {"/close", "100000"}, {"/", "10000000"}} {
+		path := tc.path
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: "+tc.length+"\r\n\r\n")
+		go func() {
+			for range 500 {
+				if _, err := c.Write([]byte{'x'}); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		start := time.Now()
+		readUntilClosed(t, c)
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("%s: the trickle held its connection %s", path, d)
+		}
+	}
+}

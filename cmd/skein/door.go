@@ -8,6 +8,9 @@ package main
 // buffers, for the whole ReadTimeout) and caps on how many connections are held at once.
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -137,14 +140,31 @@ func (b *minRateBody) Close() error {
 type connCaps struct {
 	net.Listener
 	max, perIP int
+	probe      http.Handler // answers probePaths over the caps (nil: none)
 
-	mu    sync.Mutex
-	total int
-	byIP  map[string]int
+	mu      sync.Mutex
+	total   int
+	byIP    map[string]int
+	probing int // connections over the caps being read for a probe
 }
 
-func limitConns(ln net.Listener, max, perIP int) net.Listener {
-	return &connCaps{Listener: ln, max: max, perIP: perIP, byIP: map[string]int{}}
+// Probes over the caps: the Helm chart's liveness, readiness and startup probes GET
+// /api/v1/healthz, and a pod whose probes fail is restarted, so a flood that fills --max-conns
+// must not fail them. A connection over a cap is read for its request line (at most
+// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots; a probe path is
+// answered by the server's own handler, once, and the connection closed; anything else, or a
+// connection over the cap while every slot is busy, gets the 503 at once as before.
+var probePaths = map[string]bool{"/api/v1/healthz": true}
+
+const (
+	reservedProbeSlots = 8
+	probeReadTimeout   = time.Second
+	probeHeadBytes     = 8 << 10
+	probeAnswerBytes   = 64 << 10
+)
+
+func limitConns(ln net.Listener, max, perIP int, probe http.Handler) net.Listener {
+	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}}
 }
 
 func (l *connCaps) Accept() (net.Conn, error) {
@@ -165,12 +185,77 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			l.total++
 			l.byIP[ip]++
 		}
-		l.mu.Unlock()
-		if refused == "" {
-			return &cappedConn{Conn: c, l: l, ip: ip}, nil
+		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots
+		if probe {
+			l.probing++
 		}
-		go refuseConn(c, refused) // never let one refused client hold up Accept
+		l.mu.Unlock()
+		switch {
+		case refused == "":
+			return &cappedConn{Conn: c, l: l, ip: ip}, nil
+		case probe:
+			go func() {
+				defer func() { l.mu.Lock(); l.probing--; l.mu.Unlock() }()
+				answerProbeOrRefuse(c, l.probe, refused)
+			}()
+		default:
+			go refuseConn(c, refused) // never let one refused client hold up Accept
+		}
 	}
+}
+
+// answerProbeOrRefuse reads one request head from a connection over a cap; a GET or HEAD of a
+// probe path is answered by h and the connection closed, anything else gets the 503.
+func answerProbeOrRefuse(c net.Conn, h http.Handler, why string) {
+	_ = c.SetReadDeadline(time.Now().Add(probeReadTimeout))
+	req, err := http.ReadRequest(bufio.NewReaderSize(io.LimitReader(c, probeHeadBytes), 4096))
+	if err != nil || (req.Method != http.MethodGet && req.Method != http.MethodHead) || !probePaths[req.URL.Path] ||
+		req.ContentLength != 0 {
+		refuseConn(c, why)
+		return
+	}
+	defer c.Close()
+	req.RemoteAddr = c.RemoteAddr().String()
+	ctx, cancel := context.WithTimeout(req.Context(), probeReadTimeout)
+	defer cancel()
+	pw := &probeWriter{header: http.Header{}, status: http.StatusOK}
+	h.ServeHTTP(pw, req.WithContext(ctx))
+	body := pw.body.Bytes()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", pw.status, http.StatusText(pw.status))
+	pw.header.Del("Content-Length")
+	pw.header.Del("Connection")
+	_ = pw.header.Write(&b)
+	fmt.Fprintf(&b, "Content-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+	if req.Method == http.MethodGet {
+		b.Write(body)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(b.Bytes())
+}
+
+// probeWriter holds a probe's answer (at most probeAnswerBytes of body) until the handler is done.
+type probeWriter struct {
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func (p *probeWriter) Header() http.Header { return p.header }
+
+func (p *probeWriter) WriteHeader(code int) {
+	if !p.wroteHeader {
+		p.status, p.wroteHeader = code, true
+	}
+}
+
+func (p *probeWriter) Write(b []byte) (int, error) {
+	p.WriteHeader(http.StatusOK)
+	if p.body.Len()+len(b) > probeAnswerBytes {
+		return 0, fmt.Errorf("probe answer over %d bytes", probeAnswerBytes)
+	}
+	return p.body.Write(b)
 }
 
 // refuseConn answers a connection over a cap with a 503 and closes it.
@@ -214,7 +299,8 @@ func (c *cappedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// listener wraps ln with the connection caps of these flags.
-func (l *limitFlags) listener(ln net.Listener) net.Listener {
-	return limitConns(ln, *l.maxConns, *l.maxConnsPerIP)
+// listener wraps ln with the connection caps of these flags; h (the server's handler) answers
+// probes over the caps.
+func (l *limitFlags) listener(ln net.Listener, h http.Handler) net.Listener {
+	return limitConns(ln, *l.maxConns, *l.maxConnsPerIP, h)
 }

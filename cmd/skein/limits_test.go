@@ -39,7 +39,7 @@ func serveHandlerWithLimits(t *testing.T, h http.Handler, args ...string) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = hs.Serve(limits.listener(ln)) }()
+	go func() { _ = hs.Serve(limits.listener(ln, hs.Handler)) }()
 	t.Cleanup(func() { hs.Close() })
 	return ln.Addr().String()
 }
@@ -300,5 +300,45 @@ func TestHTTPServerCutsTrickledBodiesOfRefusedRequests(t *testing.T) {
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("%s: the trickle held its connection %s", path, d)
 		}
+	}
+}
+
+// The liveness/readiness probe (GET /api/v1/healthz, what the Helm chart probes) is answered
+// even while the connection caps are full: a flood that fills --max-conns must not make the
+// kubelet restart the pod (issue 40, item 12). Any other request over the cap is still a 503.
+func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
+	addr := serveWithLimits(t, "--max-conns", "2", "--max-conns-per-ip", "0")
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a connection within the cap: %v %v", resp, err)
+		}
+	}
+	for _, m := range []string{"GET", "HEAD"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, m+" /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\nUser-Agent: kube-probe/1.31\r\n\r\n")
+		if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("%s healthz with the cap full: %q; want 200", m, got)
+		} else if m == "GET" && !strings.HasSuffix(got, "ok") {
+			t.Fatalf("healthz with the cap full: %q; want the handler's answer", got)
+		}
+		c.Close()
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /api/v1/asample HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := readUntilClosed(t, c); !strings.Contains(got, "503") {
+		t.Fatalf("another request with the cap full: %q; want 503", got)
 	}
 }

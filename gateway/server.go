@@ -132,6 +132,7 @@ type Server struct {
 	queued   *queueBudget // queued requests' bytes, per tenant and in total (runqueue.go)
 	log      *slog.Logger
 	archives archiveBuilds // archive builds on object storage (objects.go)
+	exports  ggufSlots     // GGUF exports converting and downloading (gguf_export.go)
 	modelsMu sync.RWMutex
 	models   map[string][]*replica.Replica // base model name -> its replicas
 	workers  map[string]*workerState       // registered worker processes, by replica id

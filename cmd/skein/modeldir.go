@@ -7,12 +7,16 @@ import (
 	"strings"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // hfCachePrefix starts the name of a Hugging Face hub cache entry: huggingface_hub keeps the
 // model Org/Name in models--Org--Name/, with refs/main holding the commit hash of the snapshot
 // in snapshots/<hash>/ that "main" means.
 const hfCachePrefix = "models--"
+
+// maxRefBytes bounds a cache entry's refs/main (a commit hash: 40 hex digits and a newline).
+const maxRefBytes = 4 << 10
 
 // resolveModel is the model directory --model names and the name it is served by unless --name
 // says otherwise: a cache entry models--Org--Name is its refs/main snapshot, named Org/Name; a
@@ -21,7 +25,7 @@ const hfCachePrefix = "models--"
 func resolveModel(dir string) (string, string, error) {
 	dir = filepath.Clean(dir)
 	if repo, ok := strings.CutPrefix(filepath.Base(dir), hfCachePrefix); ok && repo != "" {
-		b, err := os.ReadFile(filepath.Join(dir, "refs", "main"))
+		b, err := filebound.Read(filepath.Join(dir, "refs", "main"), maxRefBytes)
 		if err != nil {
 			return "", "", fmt.Errorf("--model %s is a Hugging Face cache entry without a readable refs/main (%w): pass one of its snapshots/<hash> directories", dir, err)
 		}

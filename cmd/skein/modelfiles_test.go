@@ -105,3 +105,76 @@ func TestModelFilesOfTheCLIAreRegularAndBounded(t *testing.T) {
 		}
 	}
 }
+
+// Links inside a Hugging Face cache entry or an Ollama models directory must stay inside it:
+// a snapshot's files link to ../../blobs/ (followed), a link to anywhere else is an error
+// naming it; an Ollama blob that links out of the models directory is an error too (issue 40,
+// item 14).
+func TestModelCachesKeepTheirLinksInside(t *testing.T) {
+	outside := t.TempDir()
+	entry, snapshot := hfCache(t, "Org/Linked")
+	blobs := filepath.Join(entry, "blobs")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// As huggingface_hub lays it out: the file in blobs/, a relative link in the snapshot.
+	if err := os.Rename(filepath.Join(snapshot, "config.json"), filepath.Join(blobs, "cfg")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("..", "..", "blobs", "cfg"), filepath.Join(snapshot, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	for _, given := range []string{entry, snapshot} {
+		if dir, _, err := resolveModel(given); err != nil || dir != snapshot {
+			t.Fatalf("%s with its files linked into blobs/: %s %v", given, dir, err)
+		}
+	}
+	if err := os.Rename(filepath.Join(snapshot, "tokenizer.json"), filepath.Join(outside, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "tokenizer.json"), filepath.Join(snapshot, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	for _, given := range []string{entry, snapshot} {
+		if _, _, err := resolveModel(given); err == nil || !strings.Contains(err.Error(), "tokenizer.json") || !strings.Contains(err.Error(), "outside") {
+			t.Errorf("%s with tokenizer.json linked out of the cache entry: %v; want an error naming it", given, err)
+		}
+	}
+
+	models := filepath.Join(t.TempDir(), "models")
+	digest := strings.Repeat("cd", 32)
+	manifest := filepath.Join(models, "manifests", "registry.ollama.ai", "library", "m", "latest")
+	if err := os.MkdirAll(filepath.Dir(manifest), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(models, "blobs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:` + digest + `"}]}`
+	if err := os.WriteFile(manifest, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blob := filepath.Join(models, "blobs", "sha256-"+digest)
+	if err := os.WriteFile(filepath.Join(outside, "x.gguf"), []byte("GGUF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "x.gguf"), blob); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := resolveModel(manifest); err == nil || !strings.Contains(err.Error(), "sha256-"+digest) || !strings.Contains(err.Error(), "outside") {
+		t.Errorf("an Ollama blob linked out of the models directory: %v; want an error naming it", err)
+	}
+	// A blob inside (a link within the models directory included) is fine.
+	if err := os.Remove(blob); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(models, "blobs", "real"), []byte("GGUF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("real", blob); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := resolveModel(manifest); err != nil || got != blob {
+		t.Errorf("an Ollama blob linked inside the models directory: %s %v", got, err)
+	}
+}

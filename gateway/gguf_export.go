@@ -132,7 +132,10 @@ func (s *Server) downloadGGUF(w http.ResponseWriter, r *http.Request, m *ckptMet
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() {
+		f.Close()
+		_ = os.Remove(f.Name()) // where an open file could not be unlinked (Windows)
+	}()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".gguf"))
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))

@@ -538,7 +538,9 @@ func (s *Server) readBody(r *http.Request) ([]byte, error) {
 func (s *Server) readBodyWithin(r *http.Request, limit int64) ([]byte, error) {
 	limit = min(limit, s.opts.MaxBodyBytes)
 	tooLarge := func() error {
-		discardBody(r.Body)
+		if r.ContentLength <= limit+MaxDiscardBytes { // past that the connection is closed anyway
+			discardBody(r.Body)
+		}
 		return errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", limit)
 	}
 	if r.ContentLength > limit {

@@ -281,7 +281,16 @@ func TestHTTPServerCutsTrickledBodiesOfRefusedRequests(t *testing.T) {
 		http.Error(w, "misdirected: foreign Host", http.StatusMisdirectedRequest)
 	})
 	addr := serveHandlerWithLimits(t, refuse, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
-	for _, tc := range []struct{ path, length string }{{"/", "100000"}, {"/close", "100000"}, {"/", "10000000"}} {
+	// And the gateway itself in open mode, which answers a foreign Host 421 (the reported case).
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	gwAddr := serveHandlerWithLimits(t, gw, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
+	for _, tc := range []struct{ addr, path, length string }{{addr, "/", "100000"}, {addr, "/close", "100000"}, {addr, "/", "10000000"},
+		{gwAddr, "/api/v1/create_session", "100000"}} {
+		addr := tc.addr
 		path := tc.path
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -298,9 +307,12 @@ func TestHTTPServerCutsTrickledBodiesOfRefusedRequests(t *testing.T) {
 			}
 		}()
 		start := time.Now()
-		readUntilClosed(t, c)
+		got := readUntilClosed(t, c)
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("%s: the trickle held its connection %s", path, d)
+		}
+		if addr == gwAddr && !strings.Contains(got, "421") {
+			t.Fatalf("the gateway under a foreign Host: %q; want its 421", got)
 		}
 	}
 }

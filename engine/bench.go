@@ -9,18 +9,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/skein-ai/skein/engine/internal/tensor"
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 )
 
 // MatmulGFLOPS measures an n×n×n float32 matmul on the engine's backend, through the same
 // one-node executables the training pass uses (best of reps runs): the peak that training
 // throughput is compared with.
 func MatmulGFLOPS(n, reps int) (float64, error) {
-	mm, err := tensor.NewMatmuls(0)
+	cb, err := cpu.New(0)
 	if err != nil {
 		return 0, err
 	}
-	ar := tensor.NewArena[float32](mm)
+	ar := cpu.NewStep[float32](cb, backend.StepOptions{})
 	defer ar.Free()
 	a, b := ar.Alloc(n, n), ar.Alloc(n, n)
 	for i := range a.V {
@@ -32,8 +33,8 @@ func MatmulGFLOPS(n, reps int) (float64, error) {
 	for range reps {
 		start := time.Now()
 		out := ar.MatMul(a, b, 0, false)
-		if ar.Err != nil {
-			return 0, ar.Err
+		if ar.Err() != nil {
+			return 0, ar.Err()
 		}
 		best = min(best, time.Since(start))
 		ar.ReleaseOne(out)

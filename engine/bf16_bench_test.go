@@ -5,8 +5,9 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // BenchmarkBF16Product compares, shape by shape, the three ways a product meets its weight: a
@@ -17,7 +18,7 @@ import (
 //
 //	GOEXPERIMENT=simd go test ./engine -run '^$' -bench 'BF16Product/up_1x' -benchtime 300ms
 func BenchmarkBF16Product(b *testing.B) {
-	mm, err := tensor.NewMatmuls(1 << 30)
+	mm, err := cpu.New(1 << 30)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func BenchmarkBF16Product(b *testing.B) {
 		if sh.transB {
 			wDims = []int{sh.N, sh.K}
 		}
-		long := tensor.NewArena[float32](mm)
+		long := cpu.NewStep[float32](mm, backend.StepOptions{})
 		w32 := long.From(wf, wDims...)
 		for _, R := range []int{1, 8, 64} {
 			xv := make([]float64, R*sh.K)
@@ -54,27 +55,27 @@ func BenchmarkBF16Product(b *testing.B) {
 			}
 			x := long.From(xv, R, sh.K)
 			y := make([]float32, R*sh.N)
-			run := func(name string, f func(ar *arena[float32])) {
+			run := func(name string, f func(ar step[float32])) {
 				b.Run(fmt.Sprintf("%s_%dx%dx%d/%s", sh.name, R, sh.K, sh.N, name), func(b *testing.B) {
 					b.SetBytes(int64(2 * len(w16))) // the bf16 weight: MB/s compare across variants
 					for b.Loop() {
-						ar := tensor.NewArena[float32](mm)
+						ar := cpu.NewStep[float32](mm, backend.StepOptions{})
 						f(ar)
-						if ar.Err != nil {
-							b.Fatal(ar.Err)
+						if ar.Err() != nil {
+							b.Fatal(ar.Err())
 						}
 						ar.Free()
 					}
 				})
 			}
-			run("f32", func(ar *arena[float32]) { ar.MatMul(x, w32, 0, sh.transB) })
-			run("widen", func(ar *arena[float32]) {
+			run("f32", func(ar step[float32]) { ar.MatMul(x, w32, 0, sh.transB) })
+			run("widen", func(ar step[float32]) {
 				w := ar.Alloc(wDims...)
 				kernels.WidenBF16(w.V, w16)
 				ar.MatMul(x, w, 0, sh.transB)
 				ar.ReleaseOne(w)
 			})
-			run("direct", func(*arena[float32]) { kernels.BF16Product(y, x.V, w16, R, sh.K, sh.N, sh.transB) })
+			run("direct", func(step[float32]) { kernels.BF16Product(y, x.V, w16, R, sh.K, sh.N, sh.transB) })
 		}
 		long.Free()
 	}

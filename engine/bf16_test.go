@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/safetensors"
 )
@@ -236,7 +237,7 @@ func TestBF16PairsLayoutGivesTheRowsResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := modelOf[float32](paired.base); m.layers[0].q.w2 == nil || m.layers[0].q.w16 != nil {
+	if m := modelOf[float32](paired.base); cpu.Inspect(m.byPath["model.layers.0.self_attn.q_proj"].w).Pairs == nil || cpu.Inspect(m.byPath["model.layers.0.self_attn.q_proj"].w).BF16Rows != nil {
 		t.Fatal("the engine loaded on the bf16 path did not keep its weights as pairs")
 	}
 	if wb := float64(paired.WeightBytes()); wb > 1.15*float64(fileSize) {

@@ -3,8 +3,8 @@ package engine
 import (
 	"context"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/par"
 )
 
 // The sampler's passes (prefill and each decode step) are the transformer's layer
@@ -60,7 +60,7 @@ func (e *Engine) newDecodeStepRows(ctx context.Context, rowAdapters []*Adapter, 
 type kvDecoder[E float] struct {
 	e        *Engine
 	B        int
-	long     *arena[E] // cache and LoRA matrices: live for the whole loop
+	long     step[E] // cache and LoRA matrices: live for the whole loop
 	cache    *kvCache[E]
 	lora     []*loraMats[E] // one adapter for every row
 	scale    E
@@ -73,16 +73,16 @@ type kvDecoder[E float] struct {
 
 func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
 	c := e.Config
-	d := &kvDecoder[E]{e: e, B: B, long: tensor.NewArena[E](e.base.mm)}
+	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e)}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
-	d.cache.dn = make([]*deltaState[E], c.NumHiddenLayers)
+	d.cache.dn = make([]*backend.DeltaState[E], c.NumHiddenLayers)
 	for l := range c.NumHiddenLayers {
 		if c.isDeltaNet(l) {
 			// A fixed-size state per row in place of keys and values (deltanet.go); every row's
 			// prefill writes it before a decode step reads it.
 			dd := c.dnDims()
-			d.cache.dn[l] = &deltaState[E]{conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
+			d.cache.dn[l] = &backend.DeltaState[E]{Conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
 			d.cache.keysT, d.cache.values = append(d.cache.keysT, mat[E]{}), append(d.cache.values, mat[E]{})
 			continue
 		}
@@ -108,8 +108,8 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 // row's tokens sit at 0…T-1, a decode step over the cache otherwise.
 func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
-	if d.long.Err != nil {
-		return nil, d.long.Err
+	if d.long.Err() != nil {
+		return nil, d.long.Err()
 	}
 	e := d.e
 	B, T := d.B, len(tok[0])
@@ -117,7 +117,7 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 	if err != nil {
 		return nil, err
 	}
-	ar := tensor.NewArena[E](e.base.mm)
+	ar := newStep[E](e)
 	defer ar.Free()
 	parts := passParts[E]{ctx: d.ctx, lora: d.lora, scale: d.scale, segs: d.segs, cos: d.cos, sin: d.sin, cache: d.cache}
 	if !fromStart {
@@ -128,12 +128,11 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 		d.cache.lens = prefillLens(B, T, want)
 	}
 	s := newPass(e, ar, B, T, parts)
-	defer func() { e.base.putPairs(s.qPairs) }()
 	d.useImages(s, fromStart)
 	m0 := ar.Mark()
 	h, _ := s.layers(s.embed(tok), m0)
-	if ar.Err != nil {
-		return nil, ar.Err
+	if ar.Err() != nil {
+		return nil, ar.Err()
 	}
 	var take rowSink
 	if len(sink) > 0 {
@@ -179,7 +178,7 @@ func (d *kvDecoder[E]) checkPositions(pos [][]int, T int) (fromStart bool, err e
 // unembedding, in tiles of the head's rows (headTileRows: at most 64 MB of logits), each given
 // back before the next.
 func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink) ([][]float64, error) {
-	T, D, V := s.T, s.c.HiddenSize, s.c.VocabSize
+	T, V := s.T, s.c.VocabSize
 	N := s.B * T
 	var picked []int
 	for n := range N {
@@ -199,21 +198,19 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 			}
 		}
 		mark := s.ar.Mark()
-		hm := s.ar.Alloc(len(rows), D)
-		for i, n := range rows {
-			copy(hm.V[i*D:(i+1)*D], h.V[n*D:(n+1)*D])
-		}
+		hm := s.ar.GatherRows(h, rows)
 		logits, _ := s.unembed(hm)
-		if s.ar.Err != nil {
-			return nil, s.ar.Err
+		if s.ar.Err() != nil {
+			return nil, s.ar.Err()
 		}
-		kernels.ParallelRows(len(rows), func(r0, r1 int) {
+		host := s.ar.Download(logits)
+		par.Rows(len(rows), func(r0, r1 int) {
 			var row []float64 // reused while the sink takes the rows
 			for i := r0; i < r1; i++ {
 				if row == nil {
 					row = make([]float64, V)
 				}
-				for j, v := range logits.V[i*V : (i+1)*V] {
+				for j, v := range host[i*V : (i+1)*V] {
 					row[j] = float64(v)
 				}
 				n := rows[i]
@@ -225,5 +222,5 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 		})
 		s.ar.Release(mark, s.ar.Mark())
 	}
-	return out, s.ar.Err
+	return out, s.ar.Err()
 }

@@ -49,27 +49,3 @@ func embeddingFormat(opts Options, c *Config) *quant.Format {
 	}
 	return qf
 }
-
-// quantizedEmbedding gives model m its embedding's blocks (nil: not quantized), and a tied head
-// the same blocks: [V, D] rows along D is the [out, in] layout every quantized weight has.
-func quantizedEmbedding[E float](m *model[E], c *Config, blocks []byte, qf *quant.Format) {
-	if blocks == nil {
-		return
-	}
-	m.embedQ, m.embedQF = blocks, qf
-	if c.TieWordEmbeddings {
-		h := m.head
-		h.qw, h.qf, h.outIn = blocks, qf, false
-		h.w = mat[E]{Dims: []int{c.HiddenSize, c.VocabSize}}
-	}
-}
-
-// embedRowQ dequantizes token id's row of a quantized embedding into dst (D values).
-func embedRowQ[E float](dst []E, m *model[E], id int, buf []float32) {
-	D := len(dst)
-	rowBytes := D / m.embedQF.Block * m.embedQF.BlockBytes
-	m.embedQF.Dequantize(buf[:D], m.embedQ[id*rowBytes:(id+1)*rowBytes])
-	for i, v := range buf[:D] {
-		dst[i] = E(v)
-	}
-}

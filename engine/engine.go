@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/internal/tensor"
@@ -75,7 +77,7 @@ type Engine struct {
 	keepMerged     *bool // nil: keepsMerged decides by size; tests force either way
 	recompute      *bool // nil: recomputesLayers decides by size; tests force either way
 	headTile       int   // rows of a tile of the head (0: headTileRows decides); tests set it
-	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: pairsChunkOutputs decides); tests set it
+	pairsChunk     int   // outputs of a chunk of a quantized weight's pairs (0: the backend decides); tests set it
 	attnChunk      int   // query rows of a chunk of a forward-only pass's attention (0: attnChunkRows decides); tests set it
 	keepFFNActs    bool  // tests: the feed-forward block's backward keeps its buffers to the layer's end, as it once did
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
@@ -120,11 +122,17 @@ type CompileStats = tensor.CompileStats
 // float is the element type of a pass: float32 in production, float64 for gradient checks.
 type float = kernels.Float
 
-// mat is a tensor in a backend shared buffer; arena hands a step's tensors out and takes them back.
+// mat is a tensor of a step or a weight; a step hands a pass's tensors out, takes them back and
+// runs the ops on them (internal/backend).
 type (
-	mat[E float]   = tensor.Mat[E]
-	arena[E float] = tensor.Arena[E]
+	mat[E float]  = backend.Tensor[E]
+	step[E float] = backend.Step[E]
 )
+
+// newStep starts a step on the engine's backend.
+func newStep[E float](e *Engine) step[E] {
+	return cpu.NewStep[E](e.base.cpu, backend.StepOptions{GGML: e.opts.GGMLActivations, PairsChunk: e.pairsChunk})
+}
 
 // The --activations names: how the forward products of quantized base weights treat their input
 // rows (Options.GGMLActivations).
@@ -205,7 +213,7 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if quantFormat(opts.Precision) != nil && opts.Float64 {
 		return nil, fmt.Errorf("engine: %s weights run in float32 passes, not float64", opts.Precision)
 	}
-	mm, err := tensor.NewMatmuls(opts.MaxStepBytes)
+	cpuBackend, err := cpu.New(opts.MaxStepBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +221,7 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 		adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
 		recomputeProbs: cfg.recomputesProbs}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
-	e.base = &baseModel{mm: mm}
+	e.base = &baseModel{cpu: cpuBackend}
 	if e.opts.Float64 {
 		e.base.weights, e.base.bytes, err = loadModel[float64](opts, cfg, host)
 	} else {
@@ -239,13 +247,13 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
-func (e *Engine) PeakStepBytes() int { return e.base.mm.Peak() }
+func (e *Engine) PeakStepBytes() int { return e.base.cpu.MM.Peak() }
 
 // WeightBytes is the memory the base weights take (shared by forks).
 func (e *Engine) WeightBytes() int { return e.base.bytes }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
-func (e *Engine) CompileStats() CompileStats { return e.base.mm.Stats() }
+func (e *Engine) CompileStats() CompileStats { return e.base.cpu.MM.Stats() }
 
 // Errors for callers to map to user faults.
 var (

@@ -1,13 +1,9 @@
 package engine
 
-import (
-	"github.com/skein-ai/skein/engine/internal/kernels"
-)
-
 // ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
 // output before adding the residual (pass.feedForward). The models served today have one kind,
-// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation,
-// returned by decoderLayer.ffn for the layers that have one.
+// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation, set
+// as decoderLayer.ffn for the layers that have one.
 type ffn[E float] interface {
 	// forward returns the block's output [N, D] for x [N, D], keeping in la what backward
 	// reads (la nil: a forward-only pass).
@@ -15,6 +11,8 @@ type ffn[E float] interface {
 	// backward takes d loss/d(the block's output) and returns d loss/d x, adding the LoRA
 	// gradients of the block's modules on the way.
 	backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E]
+	// linears are the block's modules (those a LoRA can adapt).
+	linears() []*linear[E]
 }
 
 // denseFFN is the SwiGLU MLP of Llama and Qwen: down(silu(gate(x)) · up(x)).
@@ -27,15 +25,12 @@ var (
 	_ ffn[float64] = denseFFN[float64]{}
 )
 
+func (f denseFFN[E]) linears() []*linear[E] { return []*linear[E]{f.gate, f.up, f.down} }
+
 // denseActs are what denseFFN's backward reads.
 type denseActs[E float] struct {
 	gate, up, act mat[E]
 	sig           mat[E] // σ(gate)
-}
-
-// ffn is layer L's feed-forward block.
-func (L *decoderLayer[E]) ffn() ffn[E] {
-	return denseFFN[E]{gate: L.gate, up: L.up, down: L.down}
 }
 
 func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
@@ -43,11 +38,7 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
 	act, sig := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	if gf, ok := any(gate.V).([]float32); ok && s.e.ggmlNorms() {
-		kernels.SiluGateGGML(gf, any(up.V).([]float32), any(sig.V).([]float32), any(act.V).([]float32), F)
-	} else {
-		kernels.SiluGate(gate.V, up.V, sig.V, act.V)
-	}
+	s.ar.SiluGate(gate, up, sig, act, s.e.ggmlNorms())
 	out := s.linear(act, f.down)
 	if la != nil {
 		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}
@@ -69,7 +60,7 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	da := s.linearBack(dy, f.down, true)
 	release(a.act) // down's input: its LoRA gradients are summed (loraGrads)
 	dg, du := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	kernels.SiluGateBack(da.V, a.gate.V, a.up.V, a.sig.V, dg.V, du.V)
+	s.ar.SiluGateBack(*da, a.gate, a.up, a.sig, dg, du)
 	for _, m := range []mat[E]{*da, a.gate, a.up, a.sig} {
 		release(m)
 	}
@@ -78,7 +69,7 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	release(dg)
 	dxUp := s.linearBack(du, f.up, true)
 	release(du)
-	kernels.AddScaled(dx.V, dxUp.V, 1)
+	s.ar.Add(*dx, *dxUp)
 	release(*dxUp)
 	return *dx
 }

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 func BenchmarkGEMM(b *testing.B) {
-	mm, err := tensor.NewMatmuls(0)
+	mm, err := cpu.New(0)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -24,7 +25,7 @@ func BenchmarkGEMM(b *testing.B) {
 	}{{1024, 1024, 1024, false}, {2048, 512, 1408, false}, {2048, 1408, 512, false}, {2048, 512, 512, true}, {2048, 512, 8192, true}} {
 		name := fmt.Sprintf("%dx%dx%d-t%v", sh.M, sh.K, sh.N, sh.transB)
 		flops := 2 * float64(sh.M*sh.K*sh.N)
-		ar := tensor.NewArena[float32](mm)
+		ar := cpu.NewStep[float32](mm, backend.StepOptions{})
 		x, w := ar.Alloc(sh.M, sh.K), ar.Alloc(sh.K, sh.N)
 		if sh.transB {
 			w = ar.Alloc(sh.N, sh.K)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/skein-ai/skein/engine/gguf"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -118,10 +119,11 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 			}
 			ms, mg := modelOf[float32](st.base), modelOf[float32](gg.base)
 			for i, l := range ms.linears {
-				if l.qw == nil {
+				lw, gw := cpu.Inspect(l.w), cpu.Inspect(mg.linears[i].w)
+				if lw.Blocks == nil {
 					continue
 				}
-				if mg.linears[i].qf != l.qf || !slices.Equal(mg.linears[i].qw, l.qw) {
+				if gw.Format != lw.Format || !slices.Equal(gw.Blocks, lw.Blocks) {
 					t.Fatalf("%s: the GGUF's blocks are not the ones quantized at load", l.path)
 				}
 				if c.typ == GGUFQ4_K_M {
@@ -129,17 +131,18 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 					if l.path == "lm_head" || l.path == "model.layers.1.self_attn.v_proj" || l.path == "model.layers.1.mlp.down_proj" {
 						want = quant.Q6_K
 					}
-					if l.qf != want {
-						t.Fatalf("%s: %s, want %s", l.path, l.qf.Name, want.Name)
+					if lw.Format != want {
+						t.Fatalf("%s: %s, want %s", l.path, lw.Format.Name, want.Name)
 					}
 				}
 			}
 			// The embedding too (token_embd written in the file's type, loaded as its blocks).
-			if ms.embedQ == nil || mg.embedQF != ms.embedQF || !slices.Equal(mg.embedQ, ms.embedQ) {
+			se, ge := cpu.Inspect(ms.embed), cpu.Inspect(mg.embed)
+			if se.Blocks == nil || ge.Format != se.Format || !slices.Equal(ge.Blocks, se.Blocks) {
 				t.Fatal("the GGUF's token_embd blocks are not the embedding's blocks quantized at load")
 			}
-			if c.typ == GGUFQ4_K_M && ms.embedQF != quant.Q4_K { // an untied model: token_embd is Q4_K_M's default type
-				t.Fatalf("embedding in %s, want Q4_K", ms.embedQF.Name)
+			if c.typ == GGUFQ4_K_M && se.Format != quant.Q4_K { // an untied model: token_embd is Q4_K_M's default type
+				t.Fatalf("embedding in %s, want Q4_K", se.Format.Name)
 			}
 			tol := 0.0
 			if c.arch == ArchLlama {

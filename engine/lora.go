@@ -3,7 +3,7 @@ package engine
 import (
 	"fmt"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/backend"
 )
 
 // loraMats are one module's A and B for a pass, with the transposes its products need, and the
@@ -25,14 +25,13 @@ type loraTap[E float] struct{ x, xa mat[E] }
 // copies were 0.7 GB. Otherwise (the backend's matmuls take only its buffers; decode, whose
 // generations outlive an optim_step) they are copied into the arena, with scale·Bᵀ for the
 // few-row kernels. The scale is applied to the rank-r products instead (addedLoRA).
-func loraOf[E float](ar *arena[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
+func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
 	out := make([]*loraMats[E], len(m.linears))
 	if a == nil {
 		return out, 0
 	}
 	r := a.Config.Rank
 	scale := E(a.Config.Alpha / float64(r))
-	alias = alias && aliasesLoRA[E]()
 	for i, mod := range a.mods {
 		lin := m.byPath[mod.Path]
 		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
@@ -41,31 +40,23 @@ func loraOf[E float](ar *arena[E], a *Adapter, m *model[E], alias bool) ([]*lora
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
 		lm := &loraMats[E]{ai: 2 * i, bi: 2*i + 1}
+		var inPlace bool
 		if alias {
-			lm.a = mat[E]{V: numbersOf[E](pa).w, Dims: pa.shape}
-			lm.b = mat[E]{V: numbersOf[E](pb).w, Dims: pb.shape}
-		} else {
-			lm.a, lm.b = ar.Alloc(pa.shape...), ar.Alloc(pb.shape...)
-			copy(lm.a.V, numbersOf[E](pa).w)
-			copy(lm.b.V, numbersOf[E](pb).w)
-			lm.bTs = ar.Alloc(r, mod.Out)
-			transpose(lm.b.V, lm.bTs.V, mod.Out, r, scale)
+			var okB bool
+			lm.a, inPlace = ar.InPlace(numbersOf[E](pa).w, pa.shape...)
+			lm.b, okB = ar.InPlace(numbersOf[E](pb).w, pb.shape...)
+			inPlace = inPlace && okB
 		}
-		if !lin.outIn && !lin.alwaysAdds() { // Aᵀ only merges
-			lm.aT = ar.Alloc(mod.In, r)
-			transpose(lm.a.V, lm.aT.V, r, mod.In, 1)
+		if !inPlace {
+			lm.a, lm.b = ar.Upload(numbersOf[E](pa).w, pa.shape...), ar.Upload(numbersOf[E](pb).w, pb.shape...)
+			lm.bTs = ar.Transpose(lm.b, scale)
+		}
+		if !lin.w.OutIn() && !lin.alwaysAdds() { // Aᵀ only merges
+			lm.aT = ar.Transpose(lm.a, 1)
 		}
 		out[lin.id] = lm
 	}
 	return out, scale
-}
-
-// aliasesLoRA reports whether a pass's matmuls read plain Go slices (float32 through the
-// kernels' GEMM), so that A and B need not be copied into backend buffers.
-func aliasesLoRA[E float]() bool {
-	var zero E
-	_, f32 := any(zero).(float32)
-	return f32 && kernels.HaveGEMM()
 }
 
 // loraApply is how a linear module applies its LoRA, forward and for the input gradient.
@@ -93,19 +84,17 @@ func (s *pass[E]) loraWay(lin *linear[E], rows int) loraApply[E] {
 	return addedLoRA[E]{}
 }
 
-// alwaysAdds reports whether the module adds its LoRA whatever the rows: kept in bf16 on a path
-// with a bf16 GEMM, or quantized (the base product reads the blocks; a merged weight would be
-// float32).
-func (lin *linear[E]) alwaysAdds() bool {
-	return (lin.w16 != nil || lin.w2 != nil) && kernels.HaveBF16GEMM() || lin.qw != nil
-}
+// alwaysAdds reports whether the module adds its LoRA whatever the rows: its products read the
+// weight as kept (bf16 on a path with a bf16 GEMM, quantized blocks), where a merged weight
+// would be float32 (Weight.AddsLoRA).
+func (lin *linear[E]) alwaysAdds() bool { return lin.w.AddsLoRA() }
 
 // mergedLoRA multiplies by W + scale·(B·A)ᵀ: one big matmul instead of three (the rank-r
 // matmuls are slow in the backend: little work per output element).
 type mergedLoRA[E float] struct{}
 
 func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.outIn)
+	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.w.OutIn())
 	if s.saving() { // only the LoRA gradients need x·Aᵀ
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
 	}
@@ -113,7 +102,7 @@ func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[
 }
 
 func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.outIn)
+	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.w.OutIn())
 }
 
 // mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
@@ -123,14 +112,12 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 		return f
 	}
 	var m mat[E]
-	if lin.outIn {
+	if lin.w.OutIn() {
 		m = s.ar.MatMul(lm.b, lm.a, 0, false) // B·A [out, in]
 	} else {
 		m = s.ar.MatMul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
-	w, done := s.weight(lin)
-	kernels.ScaleAdd(m.V, w.V, s.scale)
-	done()
+	s.ar.Merge(m, lin.w, s.scale)
 	s.merged[lin.id] = m
 	return m
 }
@@ -149,7 +136,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 		return y
 	}
 	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
-	xas := scaled(s, xa)
+	xas := s.ar.Scale(xa, s.scale)
 	s.ar.MatMulAdd(y, xas, lm.b, true) // (scale·x·Aᵀ)·Bᵀ: the scale on [N, r], not on B
 	s.ar.ReleaseOne(xas)
 	if s.saving() {
@@ -160,7 +147,7 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	dyBs := scaled(s, dyB)
+	dyBs := s.ar.Scale(dyB, s.scale)
 	s.ar.MatMulAdd(dx, dyBs, lm.a, false) // (scale·dy·B)·A [N, in]
 	s.ar.ReleaseOne(dyBs)
 	return dx
@@ -170,22 +157,11 @@ func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *lo
 // kernels.LoRARowsGGML, float32 passes) and reports whether it did. An ulp of difference here
 // reaches the next product's activation rounding as the norms' would.
 func (s *pass[E]) ggmlLoRA(x, y mat[E], lin *linear[E], lm *loraMats[E], r0, r1 int) bool {
-	xf, ok := any(x.V).([]float32)
-	if !ok || !s.e.ggmlNorms() || s.ar.Err != nil {
-		return ok && s.e.ggmlNorms()
+	if !s.e.ggmlNorms() { // a quantized base: float32 passes only
+		return false
 	}
-	yf, a, b := any(y.V).([]float32), any(lm.a.V).([]float32), any(lm.b.V).([]float32)
-	kernels.LoRARowsGGML(yf[r0*lin.out:r1*lin.out], xf[r0*lin.in:r1*lin.in], a, b, r1-r0, lin.in, lm.a.Dims[0], lin.out, float32(s.scale))
+	s.ar.AddLoRAGGML(x, y, backend.LoRARun[E]{R0: r0, R1: r1, A: lm.a, B: lm.b, Scale: s.scale})
 	return true
-}
-
-// scaled is a copy of a rank-r product [N, r] times the adapter's scale.
-func scaled[E float](s *pass[E], m mat[E]) mat[E] {
-	out := s.ar.Alloc(m.Dims...)
-	for i, v := range m.V[:len(out.V)] {
-		out.V[i] = s.scale * v
-	}
-	return out
 }
 
 // linearBack adds the module's LoRA gradients for output gradient dy and returns d loss/dx
@@ -213,33 +189,12 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 // plain layout.
 func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	tap := s.train.taps[lin.id]
-	r := lm.b.Dims[1]
 	dyB := s.ar.MatMul(dy, lm.b, 0, false) // [N, r]
-	dyBT := s.ar.Alloc(r, dyB.Dims[0])
-	transpose(dyB.V, dyBT.V, dyB.Dims[0], r, s.scale)
+	dyBT := s.ar.Transpose(dyB, s.scale)
 	dA := s.ar.MatMul(dyBT, tap.x, 0, false) // [r, in]
-	gA := s.train.grads[lm.ai]
-	for i, v := range dA.V {
-		gA[i] += v
-	}
-	xaT := s.ar.Alloc(r, tap.xa.Dims[0])
-	transpose(tap.xa.V, xaT.V, tap.xa.Dims[0], r, s.scale)
+	s.ar.AddGrad(s.train.grads[lm.ai], dA, false)
+	xaT := s.ar.Transpose(tap.xa, s.scale)
 	dBt := s.ar.MatMul(xaT, dy, 0, false) // [r, out]
-	out := dy.Dims[1]
-	gB := s.train.grads[lm.bi]
-	for j := range r {
-		for o := range out {
-			gB[o*r+j] += dBt.V[j*out+o]
-		}
-	}
+	s.ar.AddGrad(s.train.grads[lm.bi], dBt, true)
 	return dyB
-}
-
-// transpose writes dst [cols, rows] = scale·srcᵀ for src [rows, cols].
-func transpose[E float](src, dst []E, rows, cols int, scale E) {
-	for i := range rows {
-		for j := range cols {
-			dst[j*rows+i] = scale * src[i*cols+j]
-		}
-	}
 }

@@ -3,12 +3,12 @@ package engine
 import (
 	"math"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 )
 
 // Every loss in one place: the loss functions a batch may name, with their inputs and
 // parameters (lossDefs, checked by prepareFor); one token's loss and its derivative in the
-// token's logprob (tokenLossGrad); and that logprob itself (tokenLogprob), which training,
+// token's logprob (tokenLossGrad); and that logprob itself (the backend's TargetLogprobs), which training,
 // forward passes and the sampler's prompt logprobs all compute alike.
 
 // Loss functions.
@@ -67,21 +67,6 @@ func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad
 	return 0, 0
 }
 
-// tokenLogprobs is tokenLogprob of every row of logits [N, V]: log p(target) = logit[target] −
-// logsumexp per row, with Σ exp(logit − max). Each row is overwritten by exp(logit − max) on the
-// way, which is all the backward pass needs of it.
-func tokenLogprobs[E float](logits mat[E], V int, target []int) (lp, sumExp []float64) {
-	N := len(target)
-	lp = make([]float64, N)
-	sumExp = make([]float64, N)
-	kernels.ParallelRows(N, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			lp[r], sumExp[r] = tokenLogprob(logits.V[r*V:(r+1)*V], target[r])
-		}
-	})
-	return lp, sumExp
-}
-
 // tokenLosses is each token's loss and its derivative in lp, for datums [lo,hi) of p laid out in
 // rows of T: their logprobs and losses go into res, and their summed loss is returned.
 func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *ForwardResult) (dlp []float64, total float64) {
@@ -121,7 +106,7 @@ func rowLossGrad(loss string, p *prepared, lo, hi, T int) func(r int, lp float64
 // vocabulary 64 MB, not 0.6 GB per thousand tokens. A row's logprob does not depend on the
 // tile it is in; a pass of one tile is the whole product, as before tiles.
 func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) float64) (lp []float64, dhf mat[E]) {
-	N, D, V := hf.Dims[0], s.c.HiddenSize, s.c.VocabSize
+	N, D := hf.Dims[0], s.c.HiddenSize
 	head := s.m.head
 	lp = make([]float64, N)
 	if dlp != nil {
@@ -133,72 +118,42 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 			s.mergedWeight(head, lm) // once, before the tiles, which all multiply by it
 		}
 	}
-	for r0 := 0; r0 < N && s.ar.Err == nil; r0 += rows {
+	for r0 := 0; r0 < N && s.ar.Err() == nil; r0 += rows {
 		r1 := min(N, r0+rows)
 		m := s.ar.Mark()
 		x := hf
 		if r1-r0 < N {
-			x = s.ar.Alloc(r1-r0, D)
-			copy(x.V, hf.V[r0*D:r1*D])
+			x = s.ar.Rows(hf, r0, r1)
 		}
 		logits := s.linear(x, head)
-		tlp, sumExp := tokenLogprobs(logits, V, target[r0:r1])
+		tlp, sumExp := s.ar.TargetLogprobs(logits, target[r0:r1])
 		copy(lp[r0:r1], tlp)
 		if dlp != nil {
 			g := make([]float64, r1-r0)
 			for i := range g {
 				g[i] = dlp(r0+i, tlp[i])
 			}
-			logitsGrad(logits, V, g, sumExp, target[r0:r1])
+			s.ar.LogitsGrad(logits, g, sumExp, target[r0:r1])
 			d := s.linearBack(logits, head, true)
-			copy(dhf.V[r0*D:r1*D], d.V)
+			s.ar.SetRows(dhf, *d, r0)
 		}
 		s.ar.Release(m, s.ar.Mark())
 	}
 	return lp, dhf
 }
 
-// logitsGrad turns logits, each row exp(logit − max) as tokenLogprobs left it, into d loss/d
-// logits = dlp·(onehot(target) − softmax), in place.
-func logitsGrad[E float](logits mat[E], V int, dlp, sumExp []float64, target []int) {
-	kernels.ParallelRows(len(target), func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			row := logits.V[r*V : (r+1)*V]
-			g := dlp[r]
-			if g == 0 {
-				clear(row)
-				continue
-			}
-			k := E(-g / sumExp[r])
-			for i := range row {
-				row[i] *= k
-			}
-			row[target[r]] += E(g)
-		}
-	})
-}
-
-// tokenLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
-// exp(row − max), all a backward pass needs of it. Training, forward passes and prompt
-// logprobs all take their logprobs from here.
-func tokenLogprob[E float](row []E, target int) (lp, sumExp float64) {
-	m := kernels.RowMax(row)
-	picked := row[target]
-	se := kernels.ExpShift(row, 1, m)
-	return float64(picked-m) - math.Log(se), se
-}
-
-// logprobOf is tokenLogprob of a logits row the sampler returned (widened from the engine's
+// logprobOf is the logprob of a logits row the sampler returned (cpu.RowLogprob, as a forward
+// pass's TargetLogprobs computes it) (widened from the engine's
 // dtype, so narrowing it back is exact).
 func (e *Engine) logprobOf(logits []float64, target int) float64 {
 	if e.opts.Float64 {
-		lp, _ := tokenLogprob(append([]float64(nil), logits...), target)
+		lp, _ := cpu.RowLogprob(append([]float64(nil), logits...), target)
 		return lp
 	}
 	row := make([]float32, len(logits))
 	for i, v := range logits {
 		row[i] = float32(v)
 	}
-	lp, _ := tokenLogprob(row, target)
+	lp, _ := cpu.RowLogprob(row, target)
 	return lp
 }

@@ -6,49 +6,21 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/internal/tensor"
 	"github.com/skein-ai/skein/safetensors"
 )
 
-// baseModel is what an engine's forks share: the base weights and the compiled matmuls with
-// their pool of step buffers.
+// baseModel is what an engine's forks share: the base weights and the backend (compiled
+// products, the pool of step buffers).
 type baseModel struct {
-	mm      *tensor.Matmuls
+	cpu     *cpu.Backend
 	weights any // *model[float32] or *model[float64], the engine's dtype
 	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
-	// pairs is the buffer passes widen quantized weights into for the bf16 GEMM (pass.qPairs),
-	// kept between passes (as big as the largest such weight: each pass would otherwise leave
-	// one behind for the collector, a gigabyte for an 8B shape's head).
-	pairsMu sync.Mutex
-	pairs   []uint32
-}
-
-// takePairs is the pairs buffer with room for n words (nil while another pass holds it: then a
-// new one, which putPairs keeps if it is the bigger).
-func (b *baseModel) takePairs(n int) []uint32 {
-	b.pairsMu.Lock()
-	p := b.pairs
-	b.pairs = nil
-	b.pairsMu.Unlock()
-	if cap(p) < n {
-		p = make([]uint32, n)
-	}
-	return p[:n]
-}
-
-// putPairs gives a pass's pairs buffer back.
-func (b *baseModel) putPairs(p []uint32) {
-	if p == nil {
-		return
-	}
-	b.pairsMu.Lock()
-	if cap(p) > cap(b.pairs) {
-		b.pairs = p
-	}
-	b.pairsMu.Unlock()
 }
 
 // modelOf is the base model's weights in the pass's element type.
@@ -57,10 +29,7 @@ func modelOf[E float](b *baseModel) *model[E] { return b.weights.(*model[E]) }
 // model is a base model's weights, resolved at load into typed per-layer structs: passes index
 // them, nothing looks a weight up by name while computing.
 type model[E float] struct {
-	embed   mat[E]   // [V, D]; only its dims when kept in bf16
-	embed16 []uint16 // the embedding's bf16 bits (nil unless the engine keeps weights in bf16)
-	embedQ  []byte   // or its blocks, rows of D (a quantized base: embedQF's format)
-	embedQF *quant.Format
+	embed   backend.Weight // [V, D] rows looked up (Step.Embed); a tied head multiplies by it
 	layers  []decoderLayer[E]
 	norm    []E // final RMSNorm
 	head    *linear[E]
@@ -68,34 +37,33 @@ type model[E float] struct {
 	byPath  map[string]*linear[E] // by HF module path, the names LoRA modules use
 }
 
-// decoderLayer is one transformer block's weights.
+// decoderLayer is one transformer block's weights: a token mixer and a feed-forward block, each
+// behind its norm (pass.layer).
 type decoderLayer[E float] struct {
-	inputNorm, postNorm        []E
-	qNorm, kNorm               []E // per-head RMSNorm before RoPE (families with headNorm), else nil
-	q, k, v, o, gate, up, down *linear[E]
-	// dn is a Gated DeltaNet layer's mixer (deltanet.go), in place of attention (q, k, v, o nil).
-	dn *deltaNetLayer[E]
+	inputNorm, postNorm []E
+	mix                 mixer[E] // *attentionLayer (softmax attention) or *deltaNetLayer (Gated DeltaNet)
+	ffn                 ffn[E]   // denseFFN (SwiGLU)
 }
+
+// attentionLayer is a softmax attention mixer's weights (transformer.go, backward.go).
+type attentionLayer[E float] struct {
+	q, k, v, o   *linear[E]
+	qNorm, kNorm []E // per-head RMSNorm before RoPE (families with headNorm), else nil
+}
+
+func (A *attentionLayer[E]) linears() []*linear[E] { return []*linear[E]{A.q, A.k, A.v, A.o} }
 
 // linear is one projection module: y = x·W (+ bias), with a LoRA on it if the adapter has one.
 type linear[E float] struct {
-	id      int           // index into model.linears and a pass's per-module slices
-	path    string        // HF module path, e.g. "model.layers.3.self_attn.q_proj"
-	w       mat[E]        // [in, out]; [out, in] when outIn. Only its dims when kept in bf16
-	w16     []uint16      // the weight's bf16 bits in w's layout (nil unless kept in bf16 as rows)
-	qw      []byte        // or blocks of the weight as the file has it, [out, in] (blocks along in)
-	qf      *quant.Format // qw's format
-	w2      []uint32      // or the bits as pairs of rows of [in, out] (kernels.PackPairs), on a bf16 path
-	outIn   bool          // a tied head: the embedding [V, D], multiplied transposed
-	bias    []E           // nil when the module has none
+	id      int            // index into model.linears and a pass's per-module slices
+	path    string         // HF module path, e.g. "model.layers.3.self_attn.q_proj"
+	w       backend.Weight // as the backend keeps it; a tied head's is the embedding
+	bias    []E            // nil when the module has none
 	in, out int
 }
 
 func (L *decoderLayer[E]) linears() []*linear[E] {
-	if L.dn != nil {
-		return append(L.dn.linears(), L.gate, L.up, L.down)
-	}
-	return []*linear[E]{L.q, L.k, L.v, L.o, L.gate, L.up, L.down}
+	return append(L.mix.linears(), L.ffn.linears()...)
 }
 
 // loadModel places every weight once in memory, one weight at a time (the host tensors alias
@@ -185,14 +153,7 @@ func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Ten
 		bytes += size
 		dropHost(host, name)
 	}
-	m := resolveModel(c, w, w16)
-	for _, l := range m.linears {
-		if b, ok := qw[l.path+".weight"]; ok {
-			l.qw, l.qf = b, qfs[l.path+".weight"]
-		}
-	}
-	quantizedEmbedding(m, c, qw[c.lm()+"embed_tokens.weight"], qfs[c.lm()+"embed_tokens.weight"])
-	return m, bytes, nil
+	return resolveModel(c, w, w16, qw, qfs), bytes, nil
 }
 
 // quantizeHost quantizes a 2-D host tensor's rows into qf's blocks on every core, a few rows
@@ -252,27 +213,39 @@ var hostGarbage struct {
 }
 
 // resolveModel sorts named weights (all of c.weightNames(), checked by loadWeights; those kept
-// in bf16 also in w16) into the model's structs.
-func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16) *model[E] {
-	m := &model[E]{embed: w[c.lm()+"embed_tokens.weight"], embed16: w16[c.lm()+"embed_tokens.weight"],
-		norm: w[c.lm()+"norm.weight"].V, byPath: map[string]*linear[E]{}}
+// in bf16 also in w16, quantized ones in qw with their formats in qfs) into the model's structs,
+// each weight handed to the backend to keep as it multiplies it.
+func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint16, qw map[string][]byte, qfs map[string]*quant.Format) *model[E] {
+	embedding := c.lm() + "embed_tokens.weight"
+	weight := func(name string) backend.Weight {
+		h := cpu.Host[E]{F: w[name], BF16: w16[name], OutIn: name == embedding}
+		if b, ok := qw[name]; ok {
+			// Blocks are rows of in, [out, in] (an embedding's [V, D] too: a tied head
+			// multiplies by the same blocks).
+			h.Blocks, h.Format, h.OutIn = b, qfs[name], false
+			if name == embedding {
+				h.F.Dims = []int{h.F.Dims[1], h.F.Dims[0]}
+			}
+		}
+		wt := cpu.NewWeight(h)
+		if h.BF16 != nil && cpu.Inspect(wt).Pairs != nil {
+			// Packed once for the bf16 unit, replacing the rows: the same bytes. The rows are
+			// let go of at once (the map held them all until the load ended: the weights twice,
+			// 4.2 GB for the 1b preset's 2.1).
+			delete(w16, name)
+			noteGarbage(2 * len(h.BF16))
+		}
+		return wt
+	}
+	m := &model[E]{embed: weight(embedding), norm: w[c.lm()+"norm.weight"].V, byPath: map[string]*linear[E]{}}
 	lin := func(path string) *linear[E] {
 		l := &linear[E]{id: len(m.linears), path: path}
 		if path == "lm_head" && c.TieWordEmbeddings {
-			l.w, l.w16, l.outIn = m.embed, m.embed16, true
-			l.in, l.out = c.HiddenSize, c.VocabSize
+			l.w = m.embed
 		} else {
-			l.w, l.w16 = w[path+".weight"], w16[path+".weight"]
-			l.in, l.out = l.w.Dims[0], l.w.Dims[1]
-			if l.w16 != nil && kernels.HaveBF16GEMM() {
-				// Packed once for the bf16 unit, replacing the rows: the same bytes. The rows are
-				// let go of at once (the map held them all until the load ended: the weights
-				// twice, 4.2 GB for the 1b preset's 2.1).
-				l.w2, l.w16 = kernels.PackPairs(l.w16, l.in, l.out), nil
-				delete(w16, path+".weight")
-				noteGarbage(2 * len(l.w2) * 2)
-			}
+			l.w = weight(path + ".weight")
 		}
+		l.in, l.out = l.w.Shape()
 		if b, ok := w[path+".bias"]; ok {
 			l.bias = b.V
 		}
@@ -282,26 +255,21 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 	}
 	for l := range c.NumHiddenLayers {
 		p := c.layerPrefix(l)
+		L := decoderLayer[E]{inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V}
 		if c.isDeltaNet(l) {
 			a := p + "linear_attn."
-			m.layers = append(m.layers, decoderLayer[E]{
-				inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
-				dn: &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
-					z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
-					conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V},
-				gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj"),
-			})
-			continue
+			L.mix = &deltaNetLayer[E]{q: lin(a + "in_proj_q"), k: lin(a + "in_proj_k"), v: lin(a + "in_proj_v"),
+				z: lin(a + "in_proj_z"), a: lin(a + "in_proj_a"), b: lin(a + "in_proj_b"), out: lin(a + "out_proj"),
+				conv: w[a+"conv1d.weight"].V, dtBias: w[a+"dt_bias"].V, aLog: w[a+"A_log"].V, norm: w[a+"norm.weight"].V}
+		} else {
+			A := &attentionLayer[E]{q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"),
+				v: lin(p + "self_attn.v_proj"), o: lin(p + "self_attn.o_proj")}
+			if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
+				A.qNorm, A.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
+			}
+			L.mix = A
 		}
-		L := decoderLayer[E]{
-			inputNorm: w[p+"input_layernorm.weight"].V, postNorm: w[p+"post_attention_layernorm.weight"].V,
-			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
-			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
-			down: lin(p + "mlp.down_proj"),
-		}
-		if n, ok := w[p+"self_attn.q_norm.weight"]; ok {
-			L.qNorm, L.kNorm = n.V, w[p+"self_attn.k_norm.weight"].V
-		}
+		L.ffn = denseFFN[E]{gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj")}
 		m.layers = append(m.layers, L)
 	}
 	m.head = lin("lm_head")

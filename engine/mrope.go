@@ -1,6 +1,10 @@
 package engine
 
-import "math"
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/backend"
+)
 
 // Multimodal RoPE (Qwen3-VL). Every token has three position ids (t, h, w). A text token's
 // three are equal, its position in the sequence counting each image as only as long as its
@@ -66,20 +70,50 @@ type ropeOverride[E float] struct {
 	shift    []int // per row
 }
 
-// ropeAt is the cosines and sines that rotate token t of row b, whose slot is ps.
-func (s *pass[E]) ropeAt(b, t, ps int) (cs, sn []E) {
-	half := s.c.rotaryDim() / 2
-	if r := s.rope; r != nil {
-		if r.cos != nil {
-			n := b*s.T + t
-			return r.cos[n*half : (n+1)*half], r.sin[n*half : (n+1)*half]
-		}
-		// A row that is done is still stepped, fed at slot 0; with a negative delta (an image
-		// takes fewer positions than tokens) that dummy slot would fall before the table. Its
-		// output is never read, so any in-range angle serves.
-		ps = max(ps+r.shift[b], 0)
+// rotation is the pass's RoPE: each token's row of the rotary tables, by its slot, or the pass's
+// own per-token tables (mRoPE over images). Made once a pass, for every layer.
+func (s *pass[E]) rotation() backend.Rotation[E] {
+	if s.rot.Angle != nil {
+		return s.rot
 	}
-	return s.cos[ps*half : (ps+1)*half], s.sin[ps*half : (ps+1)*half]
+	N := s.B * s.T
+	r := backend.Rotation[E]{Cos: s.cos, Sin: s.sin, Half: s.c.rotaryDim() / 2, Angle: make([]int, N)}
+	if o := s.rope; o != nil && o.cos != nil {
+		r.Cos, r.Sin = o.cos, o.sin
+		for n := range N {
+			r.Angle[n] = n
+		}
+	} else {
+		for n, ps := range s.slots() {
+			if o != nil {
+				// A row that is done is still stepped, fed at slot 0; with a negative delta (an
+				// image takes fewer positions than tokens) that dummy slot would fall before the
+				// table. Its output is never read, so any in-range angle serves.
+				ps = max(ps+o.shift[n/s.T], 0)
+			}
+			r.Angle[n] = ps
+		}
+	}
+	s.rot = r
+	return r
+}
+
+// slots is each token's slot in the keys and values it attends over (its position in the
+// sequence): the last it sees, and where its own key and value go. Made once a pass.
+func (s *pass[E]) slots() []int {
+	if s.slot == nil {
+		s.slot = make([]int, s.B*s.T)
+		for n := range s.slot {
+			s.slot[n] = s.kv.slot(n/s.T, n%s.T)
+		}
+	}
+	return s.slot
+}
+
+// heads is the pass's attention geometry.
+func (s *pass[E]) heads() backend.Heads {
+	c := s.c
+	return backend.Heads{B: s.B, T: s.T, H: c.NumAttentionHeads, KVH: c.NumKeyValueHeads, HD: c.HeadDim}
 }
 
 // mropeTables is the per-token rotation of positions pos [B·T] (t, h, w).

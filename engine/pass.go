@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
-
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses
@@ -16,21 +14,20 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.
 	B, T := hi-lo, padLen(longest(p.tokens[lo:hi]))
-	ar := tensor.NewArena[E](e.base.mm)
+	ar := newStep[E](e)
 	defer ar.Free()
 	lora, scale := loraOf(ar, a, modelOf[E](e.base), true) // the adapter's matrices, read where it keeps them
 	cos, sin := ropeTable[E](e.invFreq, T)
 	s := newPass(e, ar, B, T, passParts[E]{ctx: ctx, lora: lora, scale: scale, cos: cos, sin: sin, grads: grads,
 		recompute: grads != nil && e.recomputesLayers(B, T, a)})
-	defer func() { e.base.putPairs(s.qPairs) }()
 	useImages(s, e, p.imageRows(lo, hi))
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not
 	// everything it ever allocated; a forward-only pass holds one layer at a time.
 	m0 := s.ar.Mark()
 	h, marks := s.layers(s.embed(p.tokens[lo:hi]), m0)
-	if s.ar.Err != nil { // cancelled, or a failed allocation: the rest would compute nothing
-		return 0, s.ar.Err
+	if s.ar.Err() != nil { // cancelled, or a failed allocation: the rest would compute nothing
+		return 0, s.ar.Err()
 	}
 	hf, invF := s.finalNorm(h)
 	target := passTargets(p.targets[lo:hi], T)
@@ -40,13 +37,13 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	}
 	lp, dhf := s.headRows(hf, target, dlp)
 	_, total = tokenLosses(loss, p, lo, hi, T, lp, res)
-	if grads == nil || s.ar.Err != nil {
-		return total, s.ar.Err
+	if grads == nil || s.ar.Err() != nil {
+		return total, s.ar.Err()
 	}
 	if !s.backward(h, invF, dhf, marks) {
-		return 0, s.ar.Err
+		return 0, s.ar.Err()
 	}
-	return total, s.ar.Err
+	return total, s.ar.Err()
 }
 
 // longest is the length of the longest sequence.

@@ -1,6 +1,9 @@
 package engine
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import (
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
+	"github.com/skein-ai/skein/engine/internal/kernels"
+)
 
 // The memory plan of a pass: how many tokens one pass may hold (chunks, chunkTokens), from an
 // estimate of what a training pass keeps (stepFixedElems, stepElemsPerToken), and the two
@@ -144,7 +147,7 @@ func (e *Engine) stepFixedElems(a *Adapter) int {
 		// At most one chunk of widenChunkBytes through the float32 GEMM (widenedChunkProduct).
 		widest := max(head, c.HiddenSize*max(c.NumAttentionHeads*c.HeadDim, c.IntermediateSize))
 		if !e.opts.Float64 && kernels.HaveGEMM() {
-			widest = min(widest, widenChunkBytes/4)
+			widest = min(widest, cpu.WidenChunkBytes/4)
 		}
 		fixed += widest
 	}
@@ -186,11 +189,9 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 	p.Recompute = e.recomputesLayers(per, T, a)
 	p.Step = size * int64(e.stepElems(per, T, p.Recompute, a))
 	if quantFormat(e.opts.Precision) != nil && kernels.HaveBF16GEMM() && !e.opts.Float64 {
-		words := 0 // the largest chunk of pairs a product widens (pairsChunkOutputs)
+		words := 0 // the largest chunk of pairs a product widens
 		for _, l := range modelOf[float32](e.base).linears {
-			if l.qw != nil {
-				words = max(words, l.in/2*e.pairsChunkOutputs(l.in, l.out))
-			}
+			words = max(words, cpu.PairsChunkWords(l.w, e.pairsChunk))
 		}
 		p.Widened = 4 * int64(words)
 	}

@@ -9,9 +9,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 	"github.com/skein-ai/skein/engine/internal/quant"
-	"github.com/skein-ai/skein/engine/internal/tensor"
 )
 
 // A quantized weight too large to widen at once (pairsChunkOutputs) is multiplied a chunk of its
@@ -55,7 +55,7 @@ func TestQuantizedChunksMatchWholeWeight(t *testing.T) {
 			grads[k] = append(grads[k], p.float64s('g')...)
 		}
 		lp[k], loss[k] = res.Logprobs, res.Loss
-		pairs[k] = cap(e.base.pairs)
+		pairs[k] = e.base.cpu.PairsWords()
 		widened[k] = e.PlanTraining(2, 96, cfg).Widened
 	}
 	D, F, V := 256, 512, 4096
@@ -109,15 +109,16 @@ func TestQuantizedEmbeddingIsBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.embedQF != quant.Q4_K || !bytes.Equal(m.embedQ, want) || m.embed16 != nil {
+	emb, head := cpu.Inspect(m.embed), cpu.Inspect(m.head.w)
+	if emb.Format != quant.Q4_K || !bytes.Equal(emb.Blocks, want) || emb.BF16Rows != nil {
 		t.Fatal("the embedding is not the Q4_K blocks of the file's rows")
 	}
-	if !c.TieWordEmbeddings || &m.head.qw[0] != &m.embedQ[0] || m.head.qf != quant.Q4_K || m.head.in != c.HiddenSize || m.head.out != c.VocabSize {
+	if !c.TieWordEmbeddings || &head.Blocks[0] != &emb.Blocks[0] || head.Format != quant.Q4_K || m.head.in != c.HiddenSize || m.head.out != c.VocabSize {
 		t.Fatal("the tied head does not multiply by the embedding's blocks")
 	}
 	deq := make([]float32, len(f))
 	quant.Q4_K.Dequantize(deq, want)
-	ar := tensor.NewArena[float32](e.base.mm)
+	ar := newStep[float32](e)
 	defer ar.Free()
 	s := newPass(e, ar, 1, 16, passParts[float32]{})
 	tokens := []int{7, 0, c.VocabSize - 1, 7}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
@@ -287,8 +288,8 @@ func TestQwen3VLBF16(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m := modelOf[float32](e.base); (m.embed16 != nil) != (prec == PrecisionBF16) {
-			t.Fatalf("%s: embedding kept in bf16: %v", prec, m.embed16 != nil)
+		if emb := cpu.Inspect(modelOf[float32](e.base).embed); (emb.BF16Rows != nil) != (prec == PrecisionBF16) {
+			t.Fatalf("%s: embedding kept in bf16: %v", prec, emb.BF16Rows != nil)
 		}
 		r, err := e.Forward(context.Background(), "", []Datum{vlDatum(e.Config, ref.Tokens, referenceImages(e.Config, ref.Grids))}, "cross_entropy", nil)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/par"
 )
 
 // SampleParams are Tinker's SamplingParams.
@@ -460,7 +460,7 @@ func (e *Engine) drawTokens(rows []*sampleRow, next [][]float64) (feed, fpos [][
 	B := len(rows)
 	feed = make([][]int, B)
 	fpos = make([][]int, B)
-	kernels.ParallelRows(B, func(b0, b1 int) {
+	par.Rows(B, func(b0, b1 int) {
 		for b := b0; b < b1; b++ {
 			feed[b], fpos[b] = []int{0}, []int{0}
 			if rows[b].done {

@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import "github.com/skein-ai/skein/engine/internal/backend"
 
 // Rows of several adapters in one pass (S-LoRA's and Punica's batching): the sampler batches the
 // rows of every adapter waiting on a replica into one decode step, so the base model's weights
@@ -69,40 +69,18 @@ func (s *pass[E]) rowRuns(rows int) []rowRun {
 }
 
 // segmentedLinear is x·W for every row at once, then each run's LoRA term added to its rows:
-// y[r0:r1] += (x[r0:r1]·Aᵀ)·(scale·Bᵀ), as addedLoRA does for one adapter. Runs of few rows (a
-// decode step has one row per sample) go through the few-row kernels, runs side by side on the
-// cores; longer runs (a prefill) through the GEMM.
+// y[r0:r1] += (x[r0:r1]·Aᵀ)·(scale·Bᵀ), as addedLoRA does for one adapter (the backend's
+// AddLoRARuns: few-row kernels for a decode step's runs, the GEMM for a prefill's).
 func (s *pass[E]) segmentedLinear(x mat[E], lin *linear[E]) mat[E] {
 	y := s.baseProduct(x, lin, false)
-	var few []rowRun
+	var runs []backend.LoRARun[E]
 	for _, g := range s.rowRuns(x.Dims[0]) {
-		lm := s.segLoRA(g, lin)
-		if lm == nil || s.ggmlLoRA(x, y, lin, lm, g.r0, g.r1) {
-			continue
+		if lm := s.segLoRA(g, lin); lm != nil {
+			runs = append(runs, backend.LoRARun[E]{R0: g.r0, R1: g.r1, A: lm.a, B: lm.b, BTs: lm.bTs, Scale: s.scale})
 		}
-		if s.fewRows(x, g) {
-			few = append(few, g)
-			continue
-		}
-		n := g.r1 - g.r0
-		xs := s.ar.Alloc(n, lin.in)
-		if s.ar.Err != nil {
-			return y
-		}
-		copy(xs.V, x.V[g.r0*lin.in:g.r1*lin.in])
-		xa := s.ar.MatMul(xs, lm.a, 0, true) // [n, r]
-		ys := mat[E]{V: y.V[g.r0*lin.out : g.r1*lin.out], Dims: []int{n, lin.out}}
-		s.ar.MatMulAdd(ys, xa, lm.bTs, false)
-		s.ar.ReleaseOne(xa)
-		s.ar.ReleaseOne(xs)
 	}
-	if len(few) > 0 && s.ar.Err == nil {
-		xf, yf := any(x.V).([]float32), any(y.V).([]float32)
-		kernels.ParallelRows(len(few), func(lo, hi int) {
-			for _, g := range few[lo:hi] {
-				fewRowLoRA(xf, yf, lin, s.segLoRA(g, lin), g)
-			}
-		})
+	if len(runs) > 0 {
+		s.ar.AddLoRARuns(x, y, runs, s.e.ggmlNorms())
 	}
 	return y
 }
@@ -113,19 +91,4 @@ func (s *pass[E]) segLoRA(g rowRun, lin *linear[E]) *loraMats[E] {
 		return nil
 	}
 	return s.segs[g.seg].lora[lin.id]
-}
-
-// fewRows reports whether a run's LoRA term goes through the few-row kernels: float32 rows, no
-// more than the few-row products take. The GEMM driver's packing and calls would cost more than
-// these rank-r products themselves.
-func (s *pass[E]) fewRows(x mat[E], g rowRun) bool {
-	_, ok := any(x.V).([]float32)
-	return ok && kernels.FewRowKernels() && g.r1-g.r0 <= kernels.FewRowsF32()
-}
-
-// fewRowLoRA adds a run's LoRA term row by row (kernels.LoRARows).
-func fewRowLoRA[E float](x, y []float32, lin *linear[E], lm *loraMats[E], g rowRun) {
-	in, out := lin.in, lin.out
-	a, bTs := any(lm.a.V).([]float32), any(lm.bTs.V).([]float32)
-	kernels.LoRARows(y[g.r0*out:g.r1*out], x[g.r0*in:g.r1*in], a, bTs, g.r1-g.r0, in, lm.a.Dims[0], out)
 }

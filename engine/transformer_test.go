@@ -57,8 +57,8 @@ func TestLoraWayDependsOnRows(t *testing.T) {
 		rows   int
 		merged bool
 	}{
-		{m.layers[0].q, 16, false}, {m.layers[0].up, 16, false}, {m.head, 16, false},
-		{m.layers[0].q, 64, true}, {m.layers[0].up, 64, true}, {m.head, 64, true},
+		{m.byPath["model.layers.0.self_attn.q_proj"], 16, false}, {m.byPath["model.layers.0.mlp.up_proj"], 16, false}, {m.head, 16, false},
+		{m.byPath["model.layers.0.self_attn.q_proj"], 64, true}, {m.byPath["model.layers.0.mlp.up_proj"], 64, true}, {m.head, 64, true},
 	} {
 		_, merged := s.loraWay(c.lin, c.rows).(mergedLoRA[float32])
 		if merged != c.merged {

@@ -123,13 +123,13 @@ func loadVisionTower[E float](c *Config, host map[string]safetensors.Tensor) (*v
 }
 
 // apply is x [n, in] · W + b.
-func (l *vlinear[E]) apply(ar *arena[E], x mat[E]) mat[E] {
+func (l *vlinear[E]) apply(ar step[E], x mat[E]) mat[E] {
 	y := ar.MatMul(x, l.w, 0, false)
-	kernels.AddBias(y.V, l.b)
+	ar.AddBias(y, l.b)
 	return y
 }
 
-func layerNorm[E float](ar *arena[E], x mat[E], w, b []E, eps float64) mat[E] {
+func layerNorm[E float](ar step[E], x mat[E], w, b []E, eps float64) mat[E] {
 	dim := len(w)
 	y := ar.Alloc(x.Dims...)
 	kernels.ParallelRows(len(x.V)/dim, func(r0, r1 int) {
@@ -175,9 +175,9 @@ type imageFeatures struct {
 }
 
 // forward runs the tower over one image: patches [t·h·w, C·T·P·P] of grid (t, h, w).
-func (vt *visionTower[E]) forward(mm *tensor.Matmuls, patches []float64, grid [3]int) (_ imageFeatures, err error) {
+func (vt *visionTower[E]) forward(e *Engine, patches []float64, grid [3]int) (_ imageFeatures, err error) {
 	defer recoverCompute(&err)
-	ar := tensor.NewArena[E](mm)
+	ar := newStep[E](e)
 	defer ar.Free()
 	v := &vt.cfg
 	gt, gh, gw := grid[0], grid[1], grid[2]
@@ -213,14 +213,14 @@ func (vt *visionTower[E]) forward(mm *tensor.Matmuls, patches []float64, grid [3
 		b := &vt.blocks[bi]
 		mk := ar.Mark()
 		att := vt.attention(ar, b, layerNorm(ar, h, b.norm1w, b.norm1b, 1e-6), gt, cos, sin)
-		kernels.AddScaled(h.V, att.V, 1)
+		ar.Add(h, att)
 		u := b.fc1.apply(ar, layerNorm(ar, h, b.norm2w, b.norm2b, 1e-6))
 		if v.HiddenAct == "gelu" {
 			applyGELU(u.V, geluErf)
 		} else {
 			applyGELU(u.V, geluTanh)
 		}
-		kernels.AddScaled(h.V, b.fc2.apply(ar, u).V, 1)
+		ar.Add(h, b.fc2.apply(ar, u))
 		for j, l := range v.DeepstackVisualIndexes {
 			if l == bi {
 				deep = append(deep, vt.deepstack[j].merge(ar, h, m*m))
@@ -229,7 +229,7 @@ func (vt *visionTower[E]) forward(mm *tensor.Matmuls, patches []float64, grid [3
 		ar.ReleaseExcept(mk, h)
 	}
 	out := imageFeatures{embeds: vt.merger.merge(ar, h, m*m), deepstack: deep, tokens: n / (m * m)}
-	return out, ar.Err
+	return out, ar.Err()
 }
 
 // addPositions adds the learned position table, bilinearly interpolated to the gh×gw grid
@@ -264,7 +264,7 @@ func (vt *visionTower[E]) addPositions(h []E, rowCol [][2]int, gh, gw int) {
 
 // attention is full (non-causal) attention within each frame of the image: heads batched
 // through the backend's matmuls.
-func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], frames int, cos, sin []E) mat[E] {
+func (vt *visionTower[E]) attention(ar step[E], b *visionBlock[E], x mat[E], frames int, cos, sin []E) mat[E] {
 	D, H := vt.cfg.HiddenSize, vt.cfg.NumHeads
 	n := x.Dims[0]
 	hd, per := D/H, n/frames
@@ -306,7 +306,7 @@ func (vt *visionTower[E]) attention(ar *arena[E], b *visionBlock[E], x mat[E], f
 }
 
 // merge turns n patches [n, D] into n/unit LM tokens [n/unit, lmHidden], widened to float64.
-func (mg *visionMerger[E]) merge(ar *arena[E], h mat[E], unit int) []float64 {
+func (mg *visionMerger[E]) merge(ar step[E], h mat[E], unit int) []float64 {
 	n, D := h.Dims[0], h.Dims[1]
 	x := layerNorm(ar, h, mg.normW, mg.normB, 1e-6) // per patch, or over the merged row
 	merged := ar.Alloc(n/unit, D*unit)              // the same values, as the matmul's shape

@@ -178,10 +178,10 @@ func (e *Engine) encodeImages(seqs []*Images) ([][]imageFeatures, error) {
 			switch vt := e.base.vision.(type) {
 			case *visionTower[float32]:
 				dim := vt.cfg.patchDim()
-				f, err = vt.forward(e.base.mm, im.PixelValues[off*dim:(off+np)*dim], g)
+				f, err = vt.forward(e, im.PixelValues[off*dim:(off+np)*dim], g)
 			case *visionTower[float64]:
 				dim := vt.cfg.patchDim()
-				f, err = vt.forward(e.base.mm, im.PixelValues[off*dim:(off+np)*dim], g)
+				f, err = vt.forward(e, im.PixelValues[off*dim:(off+np)*dim], g)
 			default:
 				return nil, fmt.Errorf("engine: images given to a model without a vision tower")
 			}

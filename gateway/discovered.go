@@ -112,7 +112,7 @@ func (s *Server) follow(ctx context.Context, ep discovery.Endpoint, fl *follower
 
 // joinDiscovered describes the worker and joins it; nil when it cannot be (yet).
 func (s *Server) joinDiscovered(ctx context.Context, ep discovery.Endpoint) (*workerState, *worker.Client) {
-	cl := worker.NewClient(ep.URL, s.opts.WorkerToken, engine.ModelInfo{})
+	cl := s.newWorkerClient(ep.URL, engine.ModelInfo{})
 	dctx, cancel := context.WithTimeout(ctx, s.opts.WorkerTimeout)
 	defer cancel()
 	reg, err := cl.Describe(dctx, ep.ID) // the id is made below, from the base model it serves
@@ -121,7 +121,7 @@ func (s *Server) joinDiscovered(ctx context.Context, ep discovery.Endpoint) (*wo
 		return nil, nil
 	}
 	reg.ID = worker.ID(reg.BaseModel, ep.ID)
-	mine := &workerState{secret: randomHex(16), lastSeen: time.Now(), addr: workerAddr(ep.URL), discovered: true}
+	mine := &workerState{secret: randomHex(16), lastSeen: time.Now(), addr: workerAddr(ep.URL), discovered: true, instance: reg.Instance}
 	s.workersMu.Lock()
 	s.modelsMu.Lock()
 	old := s.workers[reg.ID]
@@ -130,6 +130,9 @@ func (s *Server) joinDiscovered(ctx context.Context, ep discovery.Endpoint) (*wo
 		if id != reg.ID && ws.addr == mine.addr && s.workerLive(ws) {
 			taken = true // registered by itself under another id: that registration stands
 		}
+		if id != reg.ID && ws.instance == mine.instance && s.workerLive(ws) {
+			taken = true // the same worker at another address (dual stack): one worker, one replica
+		}
 	}
 	if !taken {
 		s.workers[reg.ID] = mine
@@ -137,6 +140,7 @@ func (s *Server) joinDiscovered(ctx context.Context, ep discovery.Endpoint) (*wo
 	s.modelsMu.Unlock()
 	if old != nil && !taken {
 		s.removeReplica(reg.ID)
+		old.dropClient()
 		go old.rep.Close()
 	}
 	s.workersMu.Unlock()

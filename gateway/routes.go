@@ -67,6 +67,7 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"billing/usage/events", true, s.getBillingUsage)
 	s.handle("GET "+v1+"skein/replicas", true, s.adminOnly(s.listReplicas))
 	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)
+	s.handle("POST "+v1+"skein/workers/hello", false, s.workerHello)
 	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
 	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
 	// Remote key management, for admin keys in keys mode.

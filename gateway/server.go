@@ -32,6 +32,7 @@ import (
 	"github.com/skein-ai/skein/router/pipeline"
 	"github.com/skein-ai/skein/storage"
 	"github.com/skein-ai/skein/store"
+	"github.com/skein-ai/skein/worker"
 )
 
 // Options configure a Server.
@@ -158,8 +159,12 @@ type Server struct {
 	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
 
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
-	workersMu  sync.Mutex
-	visionCfgs sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
+	workersMu sync.Mutex
+	// gatewayID names this gateway in its handshakes with workers; workerSessions are the
+	// handshakes of workers that register (worker/auth.go).
+	gatewayID      string
+	workerSessions *worker.Sessions
+	visionCfgs     sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
 	// decodeSlots holds one token per image being decoded, server-wide (Options.ImageDecoders).
 	decodeSlots chan struct{}
 }
@@ -232,6 +237,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, decodeSlots: make(chan struct{}, opts.ImageDecoders), models: map[string][]*replica.Replica{}, workers: map[string]*workerState{},
+		gatewayID: "gw-" + randomHex(8), workerSessions: worker.NewSessions(maxWorkerSessions),
 		st: st, ownsSt: owns, storage: opts.Storage,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),

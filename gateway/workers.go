@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/worker"
 )
@@ -24,6 +27,32 @@ type workerState struct {
 	reported worker.Heartbeat // the worker's own last report, shown by the admin API
 	// discovered: found by Options.Discovery and checked by the gateway; it sends no heartbeats.
 	discovered bool
+	// instance is the worker process's id, from the gateway's handshake with it: one instance
+	// is one replica, whatever the addresses it is found at.
+	instance string
+	// cl is the worker's client (set with rep): dropping the worker drops it, ending its calls.
+	cl *worker.Client
+}
+
+// maxWorkerSessions bounds the proven sessions of registering workers the gateway keeps (one
+// per worker, more while they shake hands again); past it the least recently used is forgotten.
+const maxWorkerSessions = 8192
+
+// workerHandshakeTimeout bounds the gateway's handshake with a registering worker.
+const workerHandshakeTimeout = 10 * time.Second
+
+// newWorkerClient is a client of the worker at url, shaking hands as this gateway.
+func (s *Server) newWorkerClient(url string, info engine.ModelInfo) *worker.Client {
+	cl := worker.NewClient(url, s.opts.WorkerToken, info)
+	cl.GatewayID = s.gatewayID
+	return cl
+}
+
+// dropClient ends a dead worker's calls in flight (a frozen worker must not hold its ops).
+func (ws *workerState) dropClient() {
+	if ws.cl != nil {
+		ws.cl.Drop()
+	}
 }
 
 // workerTimeout: a worker that misses three one-second heartbeats is dead.
@@ -43,6 +72,51 @@ func checkWorkerOptions(opts *Options) error {
 	return nil
 }
 
+// workerHello answers a registering worker's handshake: a nonce and this gateway's proof that it
+// holds the token, so the worker signs its registration and heartbeats without sending the token.
+func (s *Server) workerHello(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	if !s.opts.AcceptWorkers || s.opts.WorkerToken == "" {
+		return nil, errf(http.StatusForbidden, "this server accepts no workers (start it with --accept-workers, or run skein gateway)")
+	}
+	var h worker.Hello
+	if err := s.decodeJSON(r, &h); err != nil {
+		return nil, err
+	}
+	ans, err := worker.AnswerGatewayHello(s.workerSessions, s.opts.WorkerToken, s.gatewayID, h)
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	return ans, nil
+}
+
+// workerRequest authenticates a worker's registration or heartbeat and decodes its body into v:
+// signed under a session of a worker's handshake (what skein's workers send; the instance is
+// the session's), or, from a caller that holds it, with the token itself in TokenHeader
+// (instance empty).
+func (s *Server) workerRequest(r *http.Request, v any) (instance string, err error) {
+	if r.Header.Get(worker.SessionHeader) == "" {
+		if err := s.checkWorkerToken(r); err != nil {
+			return "", err
+		}
+		return "", s.decodeJSON(r, v)
+	}
+	if !s.opts.AcceptWorkers || s.opts.WorkerToken == "" {
+		return "", s.checkWorkerToken(r)
+	}
+	instance, bodyHash, err := s.workerSessions.Check(r)
+	if err != nil {
+		return "", errf(http.StatusUnauthorized, "%v", err)
+	}
+	b, err := s.readBody(r)
+	if err != nil {
+		return "", err
+	}
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != bodyHash {
+		return "", errf(http.StatusUnauthorized, "%v: the body is not the one signed", worker.ErrBadSession)
+	}
+	return instance, decodeJSONBytes(b, v)
+}
+
 func (s *Server) checkWorkerToken(r *http.Request) error {
 	if !s.opts.AcceptWorkers || s.opts.WorkerToken == "" {
 		return errf(http.StatusForbidden, "this server accepts no workers (start it with --accept-workers, or run skein gateway)")
@@ -57,15 +131,16 @@ func (s *Server) checkWorkerToken(r *http.Request) error {
 // worker of the same id (it answers 409 until that one misses its heartbeats); the answer holds
 // the secret that the worker's heartbeats must carry.
 func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	if err := s.checkWorkerToken(r); err != nil {
-		return nil, err
-	}
 	var reg worker.Registration
-	if err := s.decodeJSON(r, &reg); err != nil {
+	instance, err := s.workerRequest(r, &reg)
+	if err != nil {
 		return nil, err
 	}
 	if err := reg.Validate(); err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
+	}
+	if instance != "" && reg.Instance != instance {
+		return nil, errf(http.StatusBadRequest, "the registration's instance %q is not the one of its handshake", reg.Instance)
 	}
 	// Reserve the id first, so that concurrent registrations of one id cannot both succeed.
 	mine := &workerState{secret: randomHex(16), lastSeen: time.Now(), addr: workerAddr(reg.URL)}
@@ -96,14 +171,60 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request, _ string
 	}
 	if old != nil && !live {
 		s.removeReplica(reg.ID) // stopped heartbeating: forget it and its placements
+		old.dropClient()
 		go old.rep.Close()
 	}
 	s.workersMu.Unlock()
 	if live {
 		return nil, errf(http.StatusConflict, "worker %q is registered and alive; a worker of that id may register once it has missed its heartbeats", reg.ID)
 	}
-	s.joinWorker(worker.NewClient(reg.URL, s.opts.WorkerToken, reg.Info), reg, mine)
+	// The worker at reg.URL proves it holds the token (and, for a signed registration, that it
+	// is the instance that registered) before anything is sent there.
+	cl := s.newWorkerClient(reg.URL, reg.Info)
+	if reg.Instance != "" {
+		cl.ExpectInstance(reg.Instance)
+	}
+	hctx, cancel := context.WithTimeout(context.Background(), workerHandshakeTimeout)
+	err = cl.Hello(hctx)
+	cancel()
+	if err != nil {
+		s.unreserve(reg.ID, mine)
+		return nil, errf(http.StatusBadRequest, "the worker at %s did not complete the handshake (it must prove it holds the cluster token): %v", reg.URL, err)
+	}
+	reg.Instance = cl.Instance()
+	// One worker process is one replica: the same instance registered under another id (another
+	// address of it) and alive keeps that registration.
+	s.workersMu.Lock()
+	s.modelsMu.Lock()
+	dup := ""
+	for id, ws := range s.workers {
+		if id != reg.ID && ws.instance == reg.Instance && s.workerLive(ws) {
+			dup = id
+		}
+	}
+	if dup == "" {
+		mine.instance = reg.Instance
+	} else if s.workers[reg.ID] == mine {
+		delete(s.workers, reg.ID)
+	}
+	s.modelsMu.Unlock()
+	s.workersMu.Unlock()
+	if dup != "" {
+		return nil, errf(http.StatusConflict, "this worker (instance %s) is registered as %q, which is alive; one worker is one replica", reg.Instance, dup)
+	}
+	s.joinWorker(cl, reg, mine)
 	return worker.RegisterReply{ID: reg.ID, Secret: mine.secret}, nil
+}
+
+// unreserve forgets a registration that did not join, if it is still mine.
+func (s *Server) unreserve(id string, mine *workerState) {
+	s.workersMu.Lock()
+	s.modelsMu.Lock()
+	if s.workers[id] == mine {
+		delete(s.workers, id)
+	}
+	s.modelsMu.Unlock()
+	s.workersMu.Unlock()
 }
 
 // joinWorker makes a reserved worker (mine, in s.workers) a replica the router routes to. A
@@ -123,7 +244,7 @@ func (s *Server) joinWorker(cl *worker.Client, reg worker.Registration, mine *wo
 	rep := replica.New(reg.ID, reg.BaseModel, cl, reg.MaxLoras)
 	s.workersMu.Lock()
 	s.modelsMu.Lock()
-	mine.rep, mine.lastSeen = rep, time.Now()
+	mine.rep, mine.cl, mine.lastSeen = rep, cl, time.Now()
 	s.modelsMu.Unlock()
 	s.addReplica(rep)
 	s.workersMu.Unlock()
@@ -215,11 +336,8 @@ func (s *Server) hasReplicaLocked(id string) bool {
 // registration's secret) can keep a registration alive; an unknown id answers 404 so that the
 // worker registers again.
 func (s *Server) workerHeartbeat(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	if err := s.checkWorkerToken(r); err != nil {
-		return nil, err
-	}
 	var hb worker.Heartbeat
-	if err := s.decodeJSON(r, &hb); err != nil {
+	if _, err := s.workerRequest(r, &hb); err != nil {
 		return nil, err
 	}
 	if err := hb.Validate(); err != nil {
@@ -259,6 +377,7 @@ func (s *Server) reapWorkers(now time.Time) {
 	for _, ws := range dead {
 		s.log.Warn("worker missed its heartbeats: removed", "id", ws.rep.ID())
 		s.removeReplica(ws.rep.ID())
+		ws.dropClient() // its calls in flight end now, as may-have-run: nothing waits on a frozen worker
 	}
 	s.workersMu.Unlock()
 	for _, ws := range dead {
@@ -281,6 +400,7 @@ func (s *Server) dropWorker(rep *replica.Replica, cause error) {
 	if mine {
 		s.log.Warn("worker failed a call: removed", "id", rep.ID(), "err", cause)
 		s.removeReplica(rep.ID())
+		ws.dropClient()
 	}
 	s.workersMu.Unlock()
 	if mine {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,10 +26,26 @@ type Client struct {
 	// (paths under it) are sent as storage keys relative to it, which the worker resolves in
 	// its own storage (its data directory, or object storage), not as the gateway's paths.
 	Root string
-	info engine.ModelInfo
-	http *http.Client
+	// GatewayID names the gateway in its handshakes (bound into the worker's proof and the
+	// session key); NewClient sets one per process.
+	GatewayID string
+	info      engine.ModelInfo
+	http      *http.Client
 
 	effects atomic.Int64 // calls that reached the worker and may have changed training state
+
+	// The session with the worker (see auth.go): nil until a handshake succeeded; instance is
+	// the worker's instance id, fixed by the first handshake (or ExpectInstance): a later
+	// handshake answered by another instance (the worker restarted, or something else listens
+	// there now) fails.
+	hsMu     sync.Mutex // one handshake at a time
+	mu       sync.Mutex
+	sess     *signer
+	instance string
+
+	// dropped ends every call in flight and refuses new ones (Drop).
+	dropped context.Context
+	drop    context.CancelFunc
 }
 
 // effectful calls change an adapter's training state on the worker: one that reached the worker
@@ -49,8 +66,117 @@ var ErrUnreachable = errors.New("worker unreachable")
 var ErrLost = errors.New("worker lost during the call")
 
 // NewClient talks to a worker whose model is described by info (from its registration).
+// The token never leaves the process: calls are signed under a session the worker proved (see auth.go).
 func NewClient(url, token string, info engine.ModelInfo) *Client {
-	return &Client{URL: strings.TrimRight(url, "/"), Token: token, info: info, http: &http.Client{Timeout: 30 * time.Minute}}
+	dropped, drop := context.WithCancel(context.Background())
+	return &Client{URL: strings.TrimRight(url, "/"), Token: token, GatewayID: processGatewayID, info: info,
+		http: &http.Client{Timeout: 30 * time.Minute}, dropped: dropped, drop: drop}
+}
+
+// processGatewayID names this process's gateway side in handshakes when the gateway sets none.
+var processGatewayID = "gw-" + NewNonce()[:16]
+
+// ExpectInstance makes the client accept only the worker instance id (from an authenticated
+// registration): a handshake answered by another instance fails.
+func (c *Client) ExpectInstance(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.instance = id
+}
+
+// Instance is the worker's instance id, once a handshake has succeeded (or as expected).
+func (c *Client) Instance() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.instance
+}
+
+// Drop ends the client: its calls in flight end at once (an effectful one as lost, so it may
+// have run: ErrLost) and later calls fail without being sent (ErrUnreachable). The gateway
+// drops the client of a worker it declared dead, so that no op waits on a frozen worker.
+func (c *Client) Drop() { c.drop() }
+
+// Hello shakes hands with the worker unless a session is open: it fails unless the worker
+// proves it holds the token (ErrUnproven, wrapped in ErrUnreachable).
+func (c *Client) Hello(ctx context.Context) error {
+	_, err := c.session(ctx)
+	return err
+}
+
+// session is the open session, or a new one from a handshake.
+func (c *Client) session(ctx context.Context) (*signer, error) {
+	c.mu.Lock()
+	s := c.sess
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	c.hsMu.Lock()
+	defer c.hsMu.Unlock()
+	c.mu.Lock()
+	s = c.sess
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	return c.handshake(ctx)
+}
+
+// forget closes a session the worker refused (it restarted, or evicted it), unless a newer one
+// replaced it already.
+func (c *Client) forget(s *signer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == s {
+		c.sess = nil
+	}
+}
+
+// withDrop is ctx that also ends when the client is dropped.
+func (c *Client) withDrop(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.dropped, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// handshake sends a hello (a fresh nonce and the gateway's id, nothing derived from the token)
+// and checks the worker's proof; nothing else is sent to a worker before it.
+func (c *Client) handshake(ctx context.Context) (*signer, error) {
+	mine := Hello{Nonce: NewNonce(), ID: c.GatewayID}
+	b, _ := json.Marshal(mine)
+	rctx, done := c.withDrop(ctx)
+	defer done()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, c.URL+"/worker/v1/hello", bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: worker %s hello: %w", engine.ErrCancelled, c.URL, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, c.URL, err)
+	}
+	defer resp.Body.Close()
+	var r HelloReply
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%w: %s answered the handshake with status %d: %w", ErrUnreachable, c.URL, resp.StatusCode, ErrUnproven)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxHelloBytes)).Decode(&r); err != nil || !r.valid() {
+		return nil, fmt.Errorf("%w: %s: malformed handshake answer: %w", ErrUnreachable, c.URL, ErrUnproven)
+	}
+	s, err := checkProof(c.Token, labelWorkerProof, labelCallKey, r, mine.Nonce, r.Nonce, c.GatewayID, r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, c.URL, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.instance != "" && c.instance != r.ID {
+		return nil, fmt.Errorf("%w: %s is now worker instance %s, not %s (it restarted, or another worker took the address)", ErrUnreachable, c.URL, r.ID, c.instance)
+	}
+	c.instance, c.sess = r.ID, s
+	return s, nil
 }
 
 // answerLimit bounds the answer the gateway reads for a call of reqBytes: results grow with the
@@ -61,51 +187,85 @@ func answerLimit(reqBytes int) int64 { return 64<<20 + 256*int64(reqBytes) }
 // an error wrapping engine.ErrCancelled and ctx.Err() (the worker is not lost; an effectful
 // call still counts as one that may have run).
 func (c *Client) do(ctx context.Context, method string, q callRequest) (callResponse, error) {
-	var r callResponse
 	b, err := json.Marshal(q)
 	if err != nil {
+		return callResponse{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		if c.dropped.Err() != nil {
+			return callResponse{}, fmt.Errorf("%w: %s: the worker was dropped", ErrUnreachable, c.URL)
+		}
+		sess, err := c.session(ctx)
+		if err != nil {
+			return callResponse{}, err
+		}
+		r, refused, err := c.send(ctx, method, sess, b)
+		if refused && attempt == 0 {
+			// The worker refused the session before reading the call (it restarted, or forgot
+			// the session): shake hands again and send it once more.
+			c.forget(sess)
+			continue
+		}
 		return r, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/worker/v1/"+method, bytes.NewReader(b))
+}
+
+// send sends one signed call; refused reports that the worker refused its authentication (401:
+// nothing ran).
+func (c *Client) send(ctx context.Context, method string, sess *signer, b []byte) (r callResponse, refused bool, err error) {
+	rctx, done := c.withDrop(ctx)
+	defer done()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, c.URL+"/worker/v1/"+method, bytes.NewReader(b))
 	if err != nil {
-		return r, err
+		return r, false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if c.Token != "" {
-		req.Header.Set(TokenHeader, c.Token)
-	}
+	sess.sign(req.Header, req.Method, req.URL.Path, b)
 	resp, err := c.http.Do(req)
 	if err != nil && ctx.Err() != nil {
 		if effectful[method] {
 			c.effects.Add(1)
 		}
-		return r, fmt.Errorf("%w: worker %s %s: %w", engine.ErrCancelled, c.URL, method, ctx.Err())
+		return r, false, fmt.Errorf("%w: worker %s %s: %w", engine.ErrCancelled, c.URL, method, ctx.Err())
+	}
+	if err != nil && c.dropped.Err() != nil {
+		if effectful[method] {
+			c.effects.Add(1)
+		}
+		return r, false, fmt.Errorf("%w: %s %s: the worker was dropped during the call", ErrLost, c.URL, method)
 	}
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
-			return r, fmt.Errorf("%w: %s: %v", ErrUnreachable, c.URL, err)
+			return r, false, fmt.Errorf("%w: %s: %v", ErrUnreachable, c.URL, err)
 		}
 		if effectful[method] {
 			c.effects.Add(1)
 		}
-		return r, fmt.Errorf("%w: %s %s: %v", ErrLost, c.URL, method, err)
+		return r, false, fmt.Errorf("%w: %s %s: %v", ErrLost, c.URL, method, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return r, true, fmt.Errorf("%w: %s refused the call's authentication", ErrUnreachable, c.URL)
 	}
 	if effectful[method] {
 		c.effects.Add(1)
 	}
-	defer resp.Body.Close()
 	r, err = decodeAnswer(resp.Body, answerLimit(len(b)))
 	if err != nil {
-		return r, fmt.Errorf("worker %s (%d): %w", c.URL, resp.StatusCode, err)
+		if c.dropped.Err() != nil && ctx.Err() == nil {
+			return r, false, fmt.Errorf("%w: %s %s: the worker was dropped during the call", ErrLost, c.URL, method)
+		}
+		return r, false, fmt.Errorf("worker %s (%d): %w", c.URL, resp.StatusCode, err)
 	}
 	if r.Error != "" {
-		return r, decodeErr(r)
+		return r, false, decodeErr(r)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return r, badAnswer("status %d without an error", resp.StatusCode)
+		return r, false, badAnswer("status %d without an error", resp.StatusCode)
 	}
-	return r, nil
+	return r, false, nil
 }
 
 // decodeAnswer reads one answer of at most limit bytes.
@@ -278,7 +438,7 @@ func (c *Client) Describe(ctx context.Context, id string) (Registration, error) 
 	if r.Describe == nil {
 		return Registration{}, badAnswer("describe without a description")
 	}
-	reg := Registration{ID: id, URL: c.URL, BaseModel: r.Describe.BaseModel, MaxLoras: r.Describe.MaxLoras, Info: r.Describe.Info}
+	reg := Registration{ID: id, URL: c.URL, Instance: c.Instance(), BaseModel: r.Describe.BaseModel, MaxLoras: r.Describe.MaxLoras, Info: r.Describe.Info}
 	if err := reg.Validate(); err != nil {
 		return Registration{}, fmt.Errorf("worker %s: %w: %v", c.URL, ErrBadAnswer, err)
 	}

@@ -77,10 +77,12 @@ func FuzzCall(f *testing.F) {
 	dataDir := f.TempDir()
 	fe := &fakeEngine{}
 	srv := NewServer(fe, "tok", dataDir)
+	sess := &signer{sid: NewNonce(), key: []byte("fuzz session key")}
+	srv.sessions.add(sess.sid, sess.key, "fuzz-gateway")
 	f.Fuzz(func(t *testing.T, method string, body []byte) {
 		req := httptest.NewRequest(http.MethodPost, "/worker/v1/x", bytes.NewReader(body))
 		req.URL.Path = "/worker/v1/" + method
-		req.Header.Set(TokenHeader, "tok")
+		sess.sign(req.Header, req.Method, req.URL.Path, body) // a session the gateway proved
 		rec := httptest.NewRecorder()
 		srv.ServeHTTP(rec, req)
 		var r callResponse

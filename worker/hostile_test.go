@@ -137,8 +137,15 @@ func TestLoadAndSaveStayInsideTheDataDir(t *testing.T) {
 }
 
 // answering serves one canned body for every call.
+// The handshake is a real worker's (token "tok"): the client talks to a worker that proved the
+// token, which then answers hostile things.
 func answering(body string) *httptest.Server {
+	real := NewServer(&fakeEngine{}, "tok", os.TempDir())
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/hello") {
+			real.ServeHTTP(w, r)
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, body)
 	}))
@@ -227,7 +234,12 @@ func TestEffectsCountDeliveredCalls(t *testing.T) {
 		t.Fatalf("call to a closed worker: %v, effects %d", err, c.Effects())
 	}
 	// A worker that takes the call and dies before answering: lost, and counted.
+	real := NewServer(&fakeEngine{}, "tok", t.TempDir())
 	dies := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/hello") {
+			real.ServeHTTP(w, r) // a worker that proved the token
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		conn, _, _ := w.(http.Hijacker).Hijack()
 		conn.Close()

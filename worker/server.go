@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +36,10 @@ type Server struct {
 	// in its Registration.
 	baseModel string
 	maxLoras  int
+	// instance is this process's random id: its handshakes name it, so a gateway that finds one
+	// worker at two addresses joins it once. sessions are the gateways' handshakes (auth.go).
+	instance string
+	sessions *Sessions
 	// dirty: adapters that may hold gradients accumulated since their last optim_step, load or
 	// create (under mu). A gateway that restarted adopts only clean adapters: gradients of a
 	// forward_backward it never recorded must not ride along into a step.
@@ -56,11 +59,21 @@ func (s *Server) Status(maxLoras int) Heartbeat {
 	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load()), Draining: s.draining.Load()}
 }
 
-// NewServer wraps an engine. token must come with every call (with no token no call is served);
+// NewServer wraps an engine. Every call must be signed under a session whose handshake proved
+// the token (with no token no call is served);
 // the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
 func NewServer(e engine.Compute, token, dataDir string) *Server {
-	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{}}
+	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{},
+		instance: NewNonce()[:32], sessions: NewSessions(maxGatewaySessions)}
 }
+
+// maxGatewaySessions bounds the proven sessions a worker keeps (gateways, and their handshakes
+// again after a restart); past it the least recently used is forgotten (its gateway shakes
+// hands again).
+const maxGatewaySessions = 64
+
+// Instance is the worker's random instance id (sent in its registration).
+func (s *Server) Instance() string { return s.instance }
 
 // UseStorage makes the worker load and save adapters in st (object storage) rather than in its
 // data directory: a call's key names the objects, copied through scratch, so the worker needs no
@@ -106,8 +119,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(v)
 	}
-	if s.token == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(s.token)) != 1 {
-		write(http.StatusUnauthorized, callResponse{Error: "bad worker token"})
+	if s.token == "" {
+		write(http.StatusUnauthorized, callResponse{Error: "this worker has no cluster token"})
 		return
 	}
 	const prefix = "/worker/v1/"
@@ -115,7 +128,36 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(http.StatusNotFound, callResponse{Error: "no such worker call"})
 		return
 	}
-	req, err := decodeCall(http.MaxBytesReader(w, r.Body, maxCallBytes))
+	if r.URL.Path == prefix+"hello" {
+		var h Hello
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxHelloBytes)).Decode(&h); err != nil {
+			write(http.StatusBadRequest, callResponse{Error: "malformed hello"})
+			return
+		}
+		ans, err := answerWorkerHello(s.sessions, s.token, s.instance, h)
+		if err != nil {
+			write(http.StatusBadRequest, callResponse{Error: err.Error()})
+			return
+		}
+		write(http.StatusOK, ans)
+		return
+	}
+	// Authenticated before the body is read: a stranger's call costs its headers only.
+	_, bodyHash, err := s.sessions.Check(r)
+	if err != nil {
+		write(http.StatusUnauthorized, callResponse{Error: err.Error()})
+		return
+	}
+	body := NewVerifiedBody(http.MaxBytesReader(w, r.Body, maxCallBytes), bodyHash)
+	req, err := decodeCall(body)
+	if verr := body.Verify(); verr != nil {
+		status := http.StatusBadRequest // too large, or cut
+		if errors.Is(verr, ErrBadSession) {
+			status = http.StatusUnauthorized
+		}
+		write(status, callResponse{Error: verr.Error()})
+		return
+	}
 	if err != nil {
 		write(http.StatusBadRequest, callResponse{Error: err.Error()})
 		return

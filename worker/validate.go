@@ -36,6 +36,9 @@ func (reg Registration) Validate() error {
 	if reg.ID == "" || len(reg.ID) > maxIDLen || reg.BaseModel == "" || len(reg.BaseModel) > maxIDLen {
 		return errors.New("registration needs an id and a base_model of at most 1024 bytes")
 	}
+	if reg.Instance != "" && !validPeerID(reg.Instance) {
+		return errors.New("registration instance must be 1 to 128 printable bytes")
+	}
 	u, err := url.Parse(reg.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(reg.URL) > maxIDLen {
 		return fmt.Errorf("registration url %q is not an http(s) URL", reg.URL)

@@ -12,13 +12,18 @@ import (
 	"github.com/skein-ai/skein/engine"
 )
 
-// Header carrying the shared worker (cluster) token.
+// TokenHeader may carry the cluster token itself from a caller that holds it to a gateway's
+// worker endpoints (register, heartbeat). skein never sends it: workers and gateways prove the
+// token by handshakes and sign their requests (auth.go).
 const TokenHeader = "X-Skein-Worker-Token"
 
 // Registration is what a worker tells the gateway about itself.
 type Registration struct {
-	ID        string           `json:"id"`
-	URL       string           `json:"url"`
+	ID  string `json:"id"`
+	URL string `json:"url"`
+	// Instance is the worker process's random id (from its handshake): two addresses of one
+	// instance are one worker. Empty in a registration sent with the raw token.
+	Instance  string           `json:"instance,omitempty"`
 	BaseModel string           `json:"base_model"`
 	MaxLoras  int              `json:"max_loras"`
 	Info      engine.ModelInfo `json:"info"`

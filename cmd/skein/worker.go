@@ -121,7 +121,7 @@ func runWorker(args []string) error {
 	ws.SetIdentity(*name, *maxLoras)
 	hs := workerHTTPServer(ws, defaultMinBodyRate, defaultMinBodyRateGrace)
 	go func() { _ = hs.Serve(ln) }()
-	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
+	reg := worker.Registration{ID: worker.ID(*name, ln.Addr().String()), URL: url, Instance: ws.Instance(), BaseModel: *name, MaxLoras: *maxLoras, Info: e.Info()}
 	// The registration loop outlives the signal by the drain: its heartbeats then say draining.
 	announce, endAnnounce := context.WithCancel(context.Background())
 	defer endAnnounce()

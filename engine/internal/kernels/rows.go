@@ -2,43 +2,18 @@ package kernels
 
 import (
 	"math"
-	"runtime"
-	"sync"
+
+	"github.com/skein-ai/skein/engine/internal/par"
 )
 
 // Element-wise kernels of the training and sampling passes. Each is one pass over its rows, split
 // across the cores. Reductions accumulate in float64 (the 16-lane ones in float32 lanes whose
 // sums are added in float64), so float32 passes stay close to float64 ones (tested to 1e-3).
 
-// ParallelRows runs fn over [0,n) split into one range per core. A panic in any range is raised
-// again in the caller's goroutine, where the pass's recover turns it into an error.
-func ParallelRows(n int, fn func(lo, hi int)) {
-	k := min(runtime.GOMAXPROCS(0), n)
-	if k <= 1 {
-		fn(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	var once sync.Once
-	var panicked any
-	for i := range k {
-		lo, hi := n*i/k, n*(i+1)/k
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() {
-				if r := recover(); r != nil {
-					once.Do(func() { panicked = r })
-				}
-			}()
-			fn(lo, hi)
-		}()
-	}
-	wg.Wait()
-	if panicked != nil {
-		panic(panicked)
-	}
-}
+// ParallelRows runs fn over [0,n) split into one range per core (par.Rows). A panic in any
+// range is raised again in the caller's goroutine, where the pass's recover turns it into an
+// error.
+func ParallelRows(n int, fn func(lo, hi int)) { par.Rows(n, fn) }
 
 // RMSNorm writes y = x·inv·w row by row (rows of len(w)) and inv = 1/√(mean(x²)+eps) per row.
 func RMSNorm[T Float](x, w []T, eps float64, y, inv []T) {

@@ -269,7 +269,7 @@ type Arena[T kernels.Float] struct {
 	dtype  dtypes.DType
 	owned  []compute.Buffer // matmul outputs
 	shared []sharedBuf      // from alloc
-	Err    error            // first failure; later calls are no-ops and the step returns it
+	err    error            // first failure; later calls are no-ops and the step returns it
 	// live and peak count the bytes the step holds (weights excluded).
 	live, peak int
 }
@@ -278,15 +278,19 @@ func NewArena[T kernels.Float](mm *Matmuls) *Arena[T] {
 	return &Arena[T]{MM: mm, dtype: dtypeOf[T]()}
 }
 
+// Fail records the step's first failure: later calls are no-ops and the step returns it.
 func (a *Arena[T]) Fail(err error) {
-	if a.Err == nil {
-		a.Err = err
+	if a.err == nil {
+		a.err = err
 	}
 }
 
+// Err is the step's first failure (nil: none).
+func (a *Arena[T]) Err() error { return a.err }
+
 // Alloc returns an uninitialised tensor (the backend reuses memory): callers write every element.
 func (a *Arena[T]) Alloc(dims ...int) Mat[T] {
-	if a.Err != nil {
+	if a.err != nil {
 		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
 	}
 	sb, err := a.MM.takeShared(a.dtype, dims)
@@ -393,7 +397,7 @@ func (a *Arena[T]) ReleaseOne(m Mat[T]) {
 
 // MatMulAdd adds x·y (or x·yᵀ when transB) to c, in one pass over c where the kernels' GEMM runs.
 func (a *Arena[T]) MatMulAdd(c, x, y Mat[T], transB bool) {
-	if a.Err != nil {
+	if a.err != nil {
 		return
 	}
 	if cf, ok := any(c.V).([]float32); ok && kernels.HaveGEMM() {
@@ -423,12 +427,12 @@ func (a *Arena[T]) MatMul(x, y Mat[T], batch int, transB bool) Mat[T] {
 	if batch > 0 {
 		outDims = []int{batch, m, n}
 	}
-	if a.Err != nil {
+	if a.err != nil {
 		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}
 	}
 	if xf, ok := any(x.V).([]float32); ok && kernels.HaveGEMM() {
 		out := a.Alloc(outDims...)
-		if a.Err == nil {
+		if a.err == nil {
 			kernels.MatMul(any(out.V).([]float32), xf, any(y.V).([]float32), max(batch, 1), m, k, n, transB)
 		}
 		return out

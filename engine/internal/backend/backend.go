@@ -1,0 +1,286 @@
+// Package backend is the seam between the engine's model code and the machine it computes on.
+// The model code (engine/*.go) reads as the math: it asks a Step for tensors and runs coarse,
+// fused ops on them (a norm, a gated activation, attention's softmax, a loss's gradient, an
+// AdamW update), never touching their memory or asking which CPU it runs on. A backend
+// implements the ops: the CPU backend (backend/cpu) over skein's kernels, a device backend over
+// its own memory and kernels.
+//
+// To add a device: implement Backend and Step in a package of its own, and run the op tests
+// (backend/cpu's reference tests, and the engine's golden bits) against the CPU backend. To add
+// an op: add its method to Step here, its loop to the CPU backend (its doc comment is the
+// reference), its kernel to each device backend, and a parity test.
+//
+// Step is generic over the element type: the float64 engine (gradient checks against finite
+// differences) runs the very same model code, so those checks test what production runs. A device
+// backend implements Step[float32] only and refuses float64 engines.
+package backend
+
+import (
+	"github.com/skein-ai/skein/engine/internal/tensor"
+)
+
+// Float is a step's element type.
+type Float interface{ float32 | float64 }
+
+// Tensor is one tensor of a step, or a weight.
+type Tensor[E Float] = tensor.Mat[E]
+
+// Mark is a point in a step's allocations: everything allocated after it can be given back.
+type Mark = tensor.Point
+
+// Weight is a frozen base weight, kept the way its backend multiplies it (values, bf16 bits,
+// quantized blocks), shared by every step and adapter.
+type Weight interface {
+	// Shape is the product's: x [rows, in] · W gives [rows, out].
+	Shape() (in, out int)
+	// OutIn: stored [out, in] (an embedding, and a tied head), the layout a LoRA merged into it
+	// takes (Merge) and its products transpose.
+	OutIn() bool
+	// AddsLoRA: its products read it as kept (bf16 units, blocks), so a LoRA on it is always
+	// added to the product, never merged into a float32 copy.
+	AddsLoRA() bool
+	// Bytes is its resident size.
+	Bytes() int
+}
+
+// StepOptions are an engine's settings every step of it runs with.
+type StepOptions struct {
+	// GGML: products over quantized weights round their rows as llama.cpp's CPU backend does
+	// (Options.GGMLActivations).
+	GGML bool
+	// PairsChunk forces products over quantized weights to widen that many outputs at a time
+	// (tests; 0: the backend decides).
+	PairsChunk int
+}
+
+// MaxFewRows is the most rows a product reads a quantized weight's blocks for directly (a decode
+// step of a whole batch); more go through a GEMM over the blocks widened.
+const MaxFewRows = 64
+
+// Step is one pass's memory and ops. Every tensor a step hands out lives until the step is freed
+// or the range holding it is released. After the first failure (an allocation refused, a
+// cancelled pass) every call is a no-op and Err reports it.
+type Step[E Float] interface {
+	// Memory.
+	Alloc(dims ...int) Tensor[E] // uninitialised: the caller writes every element
+	Zeros(dims ...int) Tensor[E]
+	// From is a new tensor holding host numbers (an upload).
+	From(v []float64, dims ...int) Tensor[E]
+	Mark() Mark
+	Release(from, to Mark)                   // everything allocated between two marks
+	ReleaseExcept(from Mark, keep Tensor[E]) // everything since from but keep
+	ReleaseOne(t Tensor[E])
+	Fail(err error)
+	Err() error
+	Free() // the end of the step: every tensor goes back
+
+	// Products over frozen weights: x·W, or x·Wᵀ when transposed (an input gradient).
+	Product(x Tensor[E], w Weight, transposed bool) Tensor[E]
+	// Merge sets m ← W + scale·m, m in W's stored layout (a LoRA merged into the weight).
+	Merge(m Tensor[E], w Weight, scale E)
+	// Embed looks tokens up in an embedding (a Weight of in = the hidden size, out = the
+	// vocabulary): row b·T+t is token tokens[b][t]'s; rows past a sequence's end are zero.
+	Embed(w Weight, tokens [][]int, T int) Tensor[E]
+
+	// Products: x·y, or x·yᵀ when transB; batch > 0: both have a leading batch axis.
+	MatMul(x, y Tensor[E], batch int, transB bool) Tensor[E]
+	// MatMulAdd adds x·y (x·yᵀ) to c.
+	MatMulAdd(c, x, y Tensor[E], transB bool)
+
+	Ops[E]
+}
+
+// Ops are a step's element-wise and row-wise ops, fused forward/backward pairs. Shapes are the
+// tensors' own; rows are the leading dimensions flattened.
+type Ops[E Float] interface {
+	// Add is dst += src.
+	Add(dst, src Tensor[E])
+	// AddBias adds bias to every row of y.
+	AddBias(y Tensor[E], bias []E)
+	// RMSNorm writes y = x/rms(x)·w for each row and inv = 1/rms (eps inside the root);
+	// ggml rounds as ggml-cpu does (float32 only).
+	RMSNorm(x Tensor[E], w []E, eps float64, y, inv Tensor[E], ggml bool)
+	// RMSNormBack writes (accumulate: adds) dx for dy through RMSNorm of x with 1/rms inv.
+	RMSNormBack(dy, x Tensor[E], inv []E, w []E, dx Tensor[E], accumulate bool)
+	// SiluGate writes sig = σ(gate) and out = silu(gate)·up; ggml as ggml-cpu rounds (float32).
+	SiluGate(gate, up, sig, out Tensor[E], ggml bool)
+	// SiluGateBack writes dgate and dup for d(out) da.
+	SiluGateBack(da, gate, up, sig, dgate, dup Tensor[E])
+
+	// Attention.
+	// HeadsIn runs the head norms and the rotation into the attention layout (HeadsIn's doc).
+	HeadsIn(a *HeadsIn[E])
+	// Attend returns softmax(q·kᵀ/√HD)·v over the slots each token sees, in token layout
+	// [B·T, H·HD], and the probabilities when a.KeepProbs (else an empty tensor).
+	Attend(a *Attention[E]) (probs, out Tensor[E])
+	// AttendBack takes d loss/d(attention's output) dOut in token layout and returns the
+	// gradients of the queries [B·KVH, G·T, HD], keys transposed [B·KVH, HD, T] and values
+	// transposed [B·KVH, HD, T].
+	AttendBack(a *AttentionGrads[E], dOut Tensor[E]) (dQ, dKT, dVT Tensor[E])
+	// HeadsBack is HeadsIn's backward: dq [N, H·HD], dk and dv [N, KVH·HD].
+	HeadsBack(a *HeadsBack[E]) (dq, dk, dv Tensor[E])
+	// SplitGate splits a gated attention's q_proj output [N, H·2·HD] (each head's queries, then
+	// as many gate rows) into queries and gates [N, H·HD]; JoinGate is its inverse.
+	SplitGate(yq Tensor[E], H, HD int) (q, gate Tensor[E])
+	JoinGate(dq, dgate Tensor[E], H, HD int) Tensor[E]
+	// Gate returns o ⊙ σ(gate); GateBack writes d loss/d gate = do ⊙ o ⊙ σ'(gate) into dgate
+	// and scales do by σ(gate) in place.
+	Gate(o, gate Tensor[E]) Tensor[E]
+	GateBack(do, o, gate, dgate Tensor[E])
+
+	// LoRA.
+	// Upload is a new tensor holding v (an adapter's numbers for one pass).
+	Upload(v []E, dims ...int) Tensor[E]
+	// InPlace is v read where it is, when this step's products can (else false: Upload it).
+	InPlace(v []E, dims ...int) (Tensor[E], bool)
+	// Transpose returns scale·srcᵀ [cols, rows] for src [rows, cols]; Scale returns scale·src.
+	Transpose(src Tensor[E], scale E) Tensor[E]
+	Scale(src Tensor[E], scale E) Tensor[E]
+	// AddGrad adds d to an adapter's gradient g, or dᵀ when transposed.
+	AddGrad(g []E, d Tensor[E], transposed bool)
+	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
+	Rows(x Tensor[E], r0, r1 int) Tensor[E]
+	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in
+	// one product (S-LoRA's and Punica's batching). ggml: as llama.cpp adds it (float32).
+	AddLoRARuns(x, y Tensor[E], runs []LoRARun[E], ggml bool)
+	// AddLoRAGGML adds one run's term as llama.cpp does (float32).
+	AddLoRAGGML(x, y Tensor[E], run LoRARun[E])
+
+	// Losses and rows.
+	// TargetLogprobs returns each row's log softmax at its target and Σ exp(logit − max),
+	// leaving in logits what LogitsGrad reads.
+	TargetLogprobs(logits Tensor[E], target []int) (lp, sumExp []float64)
+	// LogitsGrad turns logits, as TargetLogprobs left them, into d loss/d logits =
+	// dlp·(onehot(target) − softmax), in place.
+	LogitsGrad(logits Tensor[E], dlp, sumExp []float64, target []int)
+	// SetRows copies src into dst's rows from r0; GatherRows is x's rows rows[i], in order.
+	SetRows(dst, src Tensor[E], r0 int)
+	GatherRows(x Tensor[E], rows []int) Tensor[E]
+	// Download is t's numbers on the host, valid until t is given back: the one way numbers
+	// leave a step (the rows a sampler draws from).
+	Download(t Tensor[E]) []E
+
+	// Gated DeltaNet.
+	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
+	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).
+	DeltaNet(a *DeltaNet[E], keep bool) (y Tensor[E], kept any)
+	// DeltaNetBack takes d loss/dy back to the projections' outputs q, k, v, z, a and b.
+	DeltaNetBack(a *DeltaNet[E], kept any, dy Tensor[E]) (dq, dk, dv, dz, da, db Tensor[E])
+}
+
+// Heads is attention's geometry: B rows of T tokens, H query heads sharing KVH key and value
+// heads (G = H/KVH queries a group), HD dims a head. Queries live in the attention layout
+// [B·KVH, G·T, HD] (a group's queries, head after head, each T rows), keys transposed
+// [B·KVH, HD, S] and values [B·KVH, S, HD] over S slots.
+type Heads struct{ B, T, H, KVH, HD int }
+
+// Rotation is RoPE (or mRoPE) for every token of a pass: token n (row n/T, position n%T)
+// rotates by row Angle[n] of the tables Cos and Sin [rows, Half] (Half = the rotary dims / 2;
+// the dims past 2·Half pass through).
+type Rotation[E Float] struct {
+	Cos, Sin []E
+	Half     int
+	Angle    []int
+}
+
+// At is the cosines and sines of token n.
+func (r *Rotation[E]) At(n int) (cos, sin []E) {
+	a := r.Angle[n]
+	return r.Cos[a*r.Half : (a+1)*r.Half], r.Sin[a*r.Half : (a+1)*r.Half]
+}
+
+// HeadsIn is one attention layer's queries, keys and values going into the attention layout:
+// each head normed (QNorm, KNorm; nil: none) and rotated, queries into QH (and QHT, its
+// transpose, for a training pass's backward), keys and values to their slots: Slot[n] for
+// token n in KeysT, Values and the sampler's cache (CacheKeysT, CacheValues), its position in
+// Keys and ValuesT (a training pass's copies for its backward). An empty destination (Buf and
+// dims nil) is not written.
+type HeadsIn[E Float] struct {
+	Heads
+	Q, K, V      Tensor[E] // token layout [N, H·HD], [N, KVH·HD], [N, KVH·HD]
+	QNorm, KNorm []E
+	Eps          float64
+	GGML         bool // the head norms rounded as ggml-cpu does (float32)
+	Rot          Rotation[E]
+	Slot         []int
+	// Outputs.
+	QH, QHT                 Tensor[E]
+	QInv, KInv              Tensor[E] // the head norms' 1/rms [N·H], [N·KVH] (training)
+	KeysT, Values           Tensor[E]
+	Keys, ValuesT           Tensor[E]
+	CacheKeysT, CacheValues Tensor[E]
+}
+
+// Attention is causal GQA attention over the slots each token sees: token n's queries attend
+// to slots 0…Slot[n] of KeysT and Values.
+type Attention[E Float] struct {
+	Heads
+	QH, KeysT, Values Tensor[E]
+	Slot              []int
+	// KeepProbs: the probabilities [B·KVH, G·T, S] are returned (a training pass's backward
+	// reads them); otherwise a backend may compute them in chunks and keep none.
+	KeepProbs bool
+	// ChunkRows forces chunks of that many query rows (tests; 0: the backend decides).
+	ChunkRows int
+}
+
+// AttentionGrads is what attention's backward reads from the forward (a training pass: Slot[n]
+// is n's position, S = T).
+type AttentionGrads[E Float] struct {
+	Heads
+	QH, QHT, Keys, KeysT, ValuesT Tensor[E]
+	Probs                         Tensor[E] // Buf nil: computed again from QH and KeysT
+}
+
+// HeadsBack is HeadsIn's backward for a training pass: the gradients of the attention layout's
+// queries dQ [B·KVH, G·T, HD], keys dKT [B·KVH, HD, T] and values dVT [B·KVH, HD, T] back to
+// token layout through the rotation and the head norms (their inputs Q, K and 1/rms QInv, KInv).
+type HeadsBack[E Float] struct {
+	Heads
+	DQ, DKT, DVT Tensor[E]
+	Q, K         Tensor[E]
+	QNorm, KNorm []E
+	QInv, KInv   Tensor[E]
+	Rot          Rotation[E]
+}
+
+// DeltaDims are a Gated DeltaNet layer's sizes: Hk key heads of DK dims, Hv value heads of DV
+// dims (Hv a multiple of Hk), conv kernel K.
+type DeltaDims struct{ Hk, Hv, DK, DV, K int }
+
+// DeltaChunk is how many tokens a training pass runs between the recurrent states it keeps: the
+// backward pass recomputes one chunk's states from its first and walks them backwards.
+const DeltaChunk = 64
+
+// DeltaState is a sampler's per-row state of one DeltaNet layer: each conv channel's last K-1
+// inputs, oldest first, Conv [B, C, K-1] (C = 2·Hk·DK + Hv·DV), and the recurrent state
+// S [B, Hv, DK, DV].
+type DeltaState[E Float] struct {
+	Conv, S Tensor[E]
+}
+
+// DeltaNet is a Gated DeltaNet layer's core between its projections and out_proj, over B rows
+// of T tokens: a causal depthwise conv (taps Conv [C, K], channels q‖k‖v) with SiLU; q and k
+// L2-normalised (q also by 1/√DK); β = σ(b), g = −exp(ALog)·softplus(a + DtBias); per value
+// head the state S [DK, DV]: S ← e^g·S; u = β·(v − Sᵀk); S ← S + k·uᵀ; o = Sᵀq; then the gated
+// RMSNorm per head, Norm ⊙ o/rms(o) ⊙ silu(z). The state starts at zero, or continues State
+// (Cont: a decode step); with a State and not Cont (a prefill), each row's state after its own
+// last token Lens[b] (nil: T) is left in State.
+type DeltaNet[E Float] struct {
+	B, T int
+	DeltaDims
+	Q, K, V, Z, A, Beta      Tensor[E] // [N, Hk·DK] twice, [N, Hv·DV] twice, [N, Hv] twice
+	Conv, DtBias, ALog, Norm []E
+	Eps                      float64
+	State                    *DeltaState[E]
+	Cont                     bool
+	Lens                     []int
+}
+
+// LoRARun is one adapter's LoRA on rows [R0, R1) of a product: y += (x·Aᵀ)·BTs with BTs =
+// Scale·Bᵀ [r, out] (A [r, in], B [out, r]).
+type LoRARun[E Float] struct {
+	R0, R1    int
+	A, B, BTs Tensor[E]
+	Scale     E
+}

@@ -142,29 +142,32 @@ type connCaps struct {
 	max, perIP int
 	probe      http.Handler // answers probePaths over the caps (nil: none)
 
-	mu      sync.Mutex
-	total   int
-	byIP    map[string]int
-	probing int // connections over the caps being read for a probe
+	mu        sync.Mutex
+	total     int
+	byIP      map[string]int
+	probing   int             // connections over the caps being read for a probe
+	probingIP map[string]bool // their addresses: one slot per address
 }
 
 // Probes over the caps: the Helm chart's liveness, readiness and startup probes GET
 // /api/v1/healthz, and a pod whose probes fail is restarted, so a flood that fills --max-conns
 // must not fail them. A connection over a cap is read for its request line (at most
-// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots; a probe path is
-// answered by the server's own handler, once, and the connection closed; anything else, or a
-// connection over the cap while every slot is busy, gets the 503 at once as before.
+// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots, one per remote
+// address (so one flooding address holds one slot, and the kubelet's address keeps its own); a
+// probe path is answered by the server's own handler, once, and the connection closed; anything
+// else, or a connection over the cap while its address or every slot is busy, gets the 503 at
+// once as before.
 var probePaths = map[string]bool{"/api/v1/healthz": true}
 
 const (
-	reservedProbeSlots = 8
+	reservedProbeSlots = 16
 	probeReadTimeout   = time.Second
 	probeHeadBytes     = 8 << 10
 	probeAnswerBytes   = 64 << 10
 )
 
 func limitConns(ln net.Listener, max, perIP int, probe http.Handler) net.Listener {
-	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}}
+	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}, probingIP: map[string]bool{}}
 }
 
 func (l *connCaps) Accept() (net.Conn, error) {
@@ -185,9 +188,10 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			l.total++
 			l.byIP[ip]++
 		}
-		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots
+		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots && !l.probingIP[ip]
 		if probe {
 			l.probing++
+			l.probingIP[ip] = true
 		}
 		l.mu.Unlock()
 		switch {
@@ -195,7 +199,7 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			return &cappedConn{Conn: c, l: l, ip: ip}, nil
 		case probe:
 			go func() {
-				defer func() { l.mu.Lock(); l.probing--; l.mu.Unlock() }()
+				defer func() { l.mu.Lock(); l.probing--; delete(l.probingIP, ip); l.mu.Unlock() }()
 				answerProbeOrRefuse(c, l.probe, refused)
 			}()
 		default:

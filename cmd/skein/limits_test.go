@@ -330,6 +330,27 @@ func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
 	}
 	t.Cleanup(func() { gw.Close() })
 	fillAndProbe(t, serveHandlerWithLimits(t, gw, "--max-conns", "2", "--max-conns-per-ip", "0"), `"status":"ok"`)
+
+	// A flood from one address that sends nothing over the cap holds one probe slot, not all of
+	// them: the kubelet's probe from another address is still answered at once.
+	for range 2 * reservedProbeSlots {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Skip("no second loopback address here:", err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_, _ = io.WriteString(c, "GET /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\n\r\n")
+	if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") || time.Since(start) > probeReadTimeout/2 {
+		t.Fatalf("a probe from another address during a silent flood: %q after %s; want 200 at once", got, time.Since(start))
+	}
 }
 
 // fillAndProbe holds the two connections the server at addr may have, then probes it over the

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/skein-ai/skein/internal/filebound"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -125,7 +126,7 @@ var ErrNoOptimizerState = errors.New("checkpoint has no optimizer state")
 
 // ReadAdapterConfig reads the LoRA config of a saved adapter.
 func ReadAdapterConfig(dir string) (LoraConfig, error) {
-	b, err := os.ReadFile(filepath.Join(dir, AdapterConfigFile))
+	b, err := filebound.Read(filepath.Join(dir, AdapterConfigFile), maxAdapterConfigBytes)
 	if err != nil {
 		return LoraConfig{}, err
 	}
@@ -222,7 +223,7 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 				a.pendingGrads = true
 			}
 		}
-		sb, err := os.ReadFile(filepath.Join(dir, TrainerStateFile))
+		sb, err := filebound.Read(filepath.Join(dir, TrainerStateFile), maxAdapterConfigBytes)
 		if err != nil {
 			return fmt.Errorf("engine: %w", err)
 		}
@@ -260,10 +261,11 @@ var ErrTensorMismatch = errors.New("checkpoint tensors do not match this adapter
 // checked against what those tensors can take before it is read, so a corrupt or hostile
 // checkpoint is an error of this load: never a panic later, never an unbounded allocation.
 func readTensors(path string, want map[string][]int, optional map[string]bool) (map[string][]float64, error) {
-	info, err := os.Stat(path)
+	fh, info, err := filebound.Open(path) // a regular file: a link to /dev/zero has size 0 and no end
 	if err != nil {
 		return nil, err
 	}
+	fh.Close()
 	limit := int64(1 << 20) // header headroom
 	for name, shape := range want {
 		n := int64(1)
@@ -275,9 +277,13 @@ func readTensors(path string, want map[string][]int, optional map[string]bool) (
 	if info.Size() > limit {
 		return nil, fmt.Errorf("%w: %s is %d bytes, more than its tensors can take (%d)", ErrTensorMismatch, path, info.Size(), limit)
 	}
-	f, err := safetensors.ReadFile(path)
+	b, err := filebound.Read(path, limit)
 	if err != nil {
 		return nil, err
+	}
+	f, err := safetensors.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	out := make(map[string][]float64, len(want))
 	for name, t := range f.Tensors {

@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
+
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // Arch names a model family (arch_*.go), which decides the small differences in the block.
@@ -91,7 +92,7 @@ type Config struct {
 
 // LoadConfig reads and validates DIR/config.json.
 func LoadConfig(dir string) (*Config, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	b, err := filebound.Read(filepath.Join(dir, "config.json"), maxConfigBytes)
 	if err != nil {
 		return nil, fmt.Errorf("engine: reading model config: %w", err)
 	}

@@ -229,7 +229,11 @@ func llamaPipeline(f *gguf.File, tf *tokenizer.File, tokens []string, types []in
 	if !ok || len(scores) != len(tokens) {
 		return fmt.Errorf("tokenizer.ggml.scores must give one score per token (a llama tokenizer merges by score)")
 	}
-	mb, _ := json.Marshal(mergesFromScores(tokens, scores, types))
+	merges, err := mergesFromScores(tokens, scores, types)
+	if err != nil {
+		return err
+	}
+	mb, _ := json.Marshal(merges)
 	tf.Model.Merges = mb
 	tf.Model.ByteFallback = true
 	tf.Model.FuseUnk = true
@@ -265,7 +269,20 @@ func llamaPipeline(f *gguf.File, tf *tokenizer.File, tokens []string, types []in
 // SPM tokenizer merges the adjacent pair whose joined piece scores highest, which this ranking
 // reproduces. Only normal and user-defined pieces take part (control and byte tokens never
 // come out of a merge).
-func mergesFromScores(tokens []string, scores []float32, types []int64) []string {
+//
+// The merges are bounded by the vocabulary: at most ggufMergesPerToken per token (plus
+// ggufMergesSlack) and ggufMergeBytesPerByte bytes per byte of the vocabulary (plus
+// ggufMergeBytesSlack), counted as they are found. Real vocabularies make about two merges a
+// piece (Llama 2: 61,249 for 32,000 pieces); a hostile one of nested pieces makes one per split
+// of every piece (a, aa, …, a×1024: 523,776 merges, 358 MB of strings from a 0.68 MB file).
+func mergesFromScores(tokens []string, scores []float32, types []int64) ([]string, error) {
+	vocabBytes := 0
+	for _, s := range tokens {
+		vocabBytes += len(s)
+	}
+	maxMerges := ggufMergesPerToken*len(tokens) + ggufMergesSlack
+	maxBytes := ggufMergeBytesPerByte*vocabBytes + ggufMergeBytesSlack
+	count, bytes := 0, 0
 	ids := map[string]int{}
 	for id, s := range tokens {
 		if t := types[id]; t != ggmlTokenNormal && t != ggmlTokenUserDefined {
@@ -295,6 +312,11 @@ func mergesFromScores(tokens []string, scores []float32, types []int64) []string
 			ri, okR := ids[r]
 			if okL && okR {
 				local = append(local, mergeRec{l, r, scores[id], li, ri})
+				count, bytes = count+1, bytes+len(piece)+1
+				if count > maxMerges || bytes > maxBytes {
+					return nil, fmt.Errorf("tokenizer.ggml.scores: the vocabulary of %d pieces (%d bytes) makes more merges than a vocabulary may: at most %d merges (%d per piece + %d) of at most %d bytes (%d per vocabulary byte + %d)",
+						len(tokens), vocabBytes, maxMerges, ggufMergesPerToken, ggufMergesSlack, maxBytes, ggufMergeBytesPerByte, ggufMergeBytesSlack)
+				}
 			}
 		}
 		sort.Slice(local, func(a, b int) bool {
@@ -310,8 +332,16 @@ func mergesFromScores(tokens []string, scores []float32, types []int64) []string
 	for i, m := range all {
 		out[i] = m.l + " " + m.r
 	}
-	return out
+	return out, nil
 }
+
+// Bounds on the merges made from a SentencePiece vocabulary (mergesFromScores).
+const (
+	ggufMergesPerToken    = 16
+	ggufMergesSlack       = 1024
+	ggufMergeBytesPerByte = 32
+	ggufMergeBytesSlack   = 1 << 20
+)
 
 // ggufTokenizerMetadata writes a byte-level BPE tokenizer.json (and its tokenizer_config.json's
 // chat template and special tokens) as GGUF tokenizer metadata: the inverse of

@@ -12,6 +12,7 @@ import (
 	"github.com/skein-ai/skein/engine/gguf"
 	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/internal/quant"
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // Writing GGUF: a base model from a Hugging Face directory (for llama.cpp, Ollama and skein's own
@@ -83,11 +84,11 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	u("vocab_size", c.VocabSize)
 	w.Set(arch+".rope.freq_base", float32(c.RopeTheta))
 	w.Set(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
-	tokJSON, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	tokJSON, err := filebound.Read(filepath.Join(dir, "tokenizer.json"), maxTokenizerBytes)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	cfgJSON, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	cfgJSON, err := filebound.Read(filepath.Join(dir, "tokenizer_config.json"), maxTokenizerBytes)
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("engine: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/skein-ai/skein/internal/filebound"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -66,15 +67,11 @@ func (p *loadProgress) done(dir string, tensors int) {
 
 // readWeightsFile reads a safetensors file in loadChunk pieces, counting them into p.
 func readWeightsFile(path string, p *loadProgress) (*safetensors.File, error) {
-	f, err := os.Open(path)
+	f, st, err := filebound.Open(path) // a regular file: a FIFO or a device would never end
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
 	if st.Size() >= mapFrom {
 		if b, ok := mapFile(path); ok {
 			p.add(len(b))

@@ -4,23 +4,20 @@ package engine
 
 import (
 	"fmt"
-	"os"
 	"syscall"
+
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // mapReadOnly maps a file read-only (and is unmapped by release, unlike hostmem's mapFile for weight files): a GGUF's tensors are copied out of it one at a time, so the
 // file's pages stay page cache (dropped under pressure) rather than a second copy of the model in
 // the heap. release unmaps it; nothing may hold its bytes afterwards.
 func mapReadOnly(path string) ([]byte, func(), error) {
-	f, err := os.Open(path)
+	f, fi, err := filebound.Open(path) // a regular file: a FIFO would block, a device never end
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
 	if fi.Size() == 0 {
 		return nil, func() {}, nil
 	}

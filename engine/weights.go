@@ -4,12 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 
+	"github.com/skein-ai/skein/internal/filebound"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -209,7 +209,11 @@ func (c *Config) expectedShape(name string) []int {
 // time in newEngine, so loading never holds a float64 copy of the whole model.
 func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensors.Tensor, *loadProgress, error) {
 	files := []string{"model.safetensors"}
-	if b, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
+	if index := filepath.Join(dir, "model.safetensors.index.json"); fileExists(index) {
+		b, err := filebound.Read(index, maxIndexBytes)
+		if err != nil {
+			return nil, nil, fmt.Errorf("engine: %w", err)
+		}
 		var idx struct {
 			WeightMap map[string]string `json:"weight_map"`
 		}

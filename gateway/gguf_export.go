@@ -5,20 +5,81 @@ package gateway
 // PEFT files for the base model it was trained on (engine.WriteAdapterGGUF).
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/skein-ai/skein/engine"
 )
 
 const formatGGUF = "gguf"
 
-// ggufExports bounds the conversions running at once, all tenants together: one holds the
-// adapter's tensors about three times over (float64 as read, float32 as written), up to a GB
-// for a rank-32 adapter of an 8B model, so a tenant's parallel downloads must not multiply it.
-var ggufExports = make(chan struct{}, 2)
+// GGUF exports are bounded while they convert, not while they are downloaded. A conversion
+// holds the adapter's tensors about three times over (float64 as read, float32 as written), up
+// to a GB for a rank-32 adapter of an 8B model, so at most MaxGGUFExports run at once, all tenants
+// together, and one tenant runs at most one (its parallel downloads must not take every slot).
+// The result goes to an unlinked scratch file and the slot is given back before the file is
+// streamed: a client that stops reading holds its file and its connection, never a slot (two
+// stalled downloads gave every other tenant 429 for the 30-minute write timeout). A tenant has at
+// most MaxGGUFStreamsPerTenant such files being downloaded at once.
+const (
+	MaxGGUFExports          = 2
+	MaxGGUFStreamsPerTenant = 2
+)
+
+type ggufSlots struct {
+	mu         sync.Mutex
+	converting int
+	byTenant   map[string]bool // tenants converting now
+	streams    map[string]int  // GGUF files being downloaded, by tenant
+}
+
+// acquire takes a conversion slot and a download for tenant (a 429 naming the bound when there is
+// none); converted gives back the conversion slot, done the download (each once; done does both).
+func (g *ggufSlots) acquire(tenant string) (converted, done func(), err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.byTenant[tenant]:
+		return nil, nil, errf(http.StatusTooManyRequests, "a GGUF export of yours is converting (one at a time per tenant): retry when it is done")
+	case g.streams[tenant] >= MaxGGUFStreamsPerTenant:
+		return nil, nil, errf(http.StatusTooManyRequests, "%d GGUF exports of yours are downloading (at most %d at once per tenant): retry when one is done", g.streams[tenant], MaxGGUFStreamsPerTenant)
+	case g.converting >= MaxGGUFExports:
+		return nil, nil, errf(http.StatusTooManyRequests, "%d GGUF exports are converting (at most %d at once): retry in a moment", g.converting, MaxGGUFExports)
+	}
+	if g.byTenant == nil {
+		g.byTenant, g.streams = map[string]bool{}, map[string]int{}
+	}
+	g.converting++
+	g.byTenant[tenant] = true
+	g.streams[tenant]++
+	var convOnce, doneOnce sync.Once
+	converted = func() {
+		convOnce.Do(func() {
+			g.mu.Lock()
+			g.converting--
+			delete(g.byTenant, tenant)
+			g.mu.Unlock()
+		})
+	}
+	done = func() {
+		converted()
+		doneOnce.Do(func() {
+			g.mu.Lock()
+			if g.streams[tenant]--; g.streams[tenant] <= 0 {
+				delete(g.streams, tenant)
+			}
+			g.mu.Unlock()
+		})
+	}
+	return converted, done, nil
+}
 
 // archiveFormat reads ?format= of an archive request: "" or tar.gz for the checkpoint's files,
 // gguf for a GGUF adapter, which needs the base model's config on this gateway.
@@ -61,48 +122,74 @@ func (s *Server) downloadGGUF(w http.ResponseWriter, r *http.Request, m *ckptMet
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case ggufExports <- struct{}{}:
-		defer func() { <-ggufExports }()
-	default:
-		return nil, errf(http.StatusTooManyRequests, "%d GGUF exports are running: retry in a moment", cap(ggufExports))
+	converted, done, err := s.exports.acquire(m.Owner)
+	if err != nil {
+		return nil, err
 	}
-	hw := &headerOnWrite{w: w, start: func() {
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".gguf"))
-		w.WriteHeader(http.StatusOK)
-	}}
+	defer done()
+	f, size, err := s.convertGGUF(r, m, cfg)
+	converted() // the conversion's memory is free: the download holds only its file
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		f.Close()
+		_ = os.Remove(f.Name()) // where an open file could not be unlinked (Windows)
+	}()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", strings.ReplaceAll(m.parsed.ModelID+"-"+m.parsed.Name, ":", "_")+".gguf"))
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, f); err != nil {
+		s.log.Info("gguf export: the download ended early", "path", m.Path, "err", err)
+	}
+	return nil, nil
+}
+
+// convertGGUF writes a checkpoint as a GGUF adapter into an unlinked scratch file and returns it,
+// at its start, with its size.
+func (s *Server) convertGGUF(r *http.Request, m *ckptMeta, cfg *engine.Config) (*os.File, int64, error) {
 	dir := m.parsed.Dir(s.opts.DataDir)
 	if s.objectStorage() {
 		// The checkpoint lives in the bucket: its files are copied to a scratch directory
 		// for the conversion, and removed after it.
 		tmp, err := s.fetchCheckpoint(r.Context(), m)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		defer os.RemoveAll(tmp)
 		dir = tmp
 	}
-	if err := engine.WriteAdapterGGUF(dir, cfg, hw); err != nil {
-		if !hw.started {
-			return nil, errf(http.StatusUnprocessableEntity, "checkpoint %s as GGUF: %v", m.Path, err)
+	scratch := filepath.Join(s.opts.DataDir, "scratch")
+	if err := os.MkdirAll(scratch, 0o755); err != nil {
+		return nil, 0, err
+	}
+	f, err := os.CreateTemp(scratch, "gguf-*.gguf")
+	if err != nil {
+		return nil, 0, err
+	}
+	_ = os.Remove(f.Name()) // unlinked: the file goes with the download, crash or not (where the OS allows)
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
 		}
-		s.log.Error("gguf export", "path", m.Path, "err", err)
+		_ = os.Remove(f.Name())
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err := engine.WriteAdapterGGUF(dir, cfg, bw); err != nil {
+		return nil, 0, errf(http.StatusUnprocessableEntity, "checkpoint %s as GGUF: %v", m.Path, err)
 	}
-	return nil, nil
-}
-
-// headerOnWrite sends the answer's status and headers at its first write.
-type headerOnWrite struct {
-	w       http.ResponseWriter
-	start   func()
-	started bool
-}
-
-func (h *headerOnWrite) Write(b []byte) (int, error) {
-	if !h.started {
-		h.started = true
-		h.start()
+	if err := bw.Flush(); err != nil {
+		return nil, 0, fmt.Errorf("writing the GGUF of %s: %w", m.Path, err)
 	}
-	return h.w.Write(b)
+	size, err := f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, 0, err
+	}
+	ok = true
+	return f, size, nil
 }

@@ -132,6 +132,8 @@ type Server struct {
 	opts     Options
 	queued   *queueBudget // queued requests' bytes, per tenant and in total (runqueue.go)
 	log      *slog.Logger
+	archives archiveBuilds // archive builds on object storage (objects.go)
+	exports  ggufSlots     // GGUF exports converting and downloading (gguf_export.go)
 	modelsMu sync.RWMutex
 	models   map[string][]*replica.Replica // base model name -> its replicas
 	workers  map[string]*workerState       // registered worker processes, by replica id
@@ -541,12 +543,21 @@ func (s *Server) readBody(r *http.Request) ([]byte, error) {
 // readBodyWithin is readBody with a limit of its own (at most MaxBodyBytes).
 func (s *Server) readBodyWithin(r *http.Request, limit int64) ([]byte, error) {
 	limit = min(limit, s.opts.MaxBodyBytes)
+	tooLarge := func() error {
+		if r.ContentLength <= limit+MaxDiscardBytes { // past that the connection is closed anyway
+			discardBody(r.Body)
+		}
+		return errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", limit)
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge() // refused on its Content-Length: none of it is held
+	}
 	limited := http.MaxBytesReader(nil, r.Body, limit)
 	b, err := io.ReadAll(limited)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, errf(http.StatusRequestEntityTooLarge, "request body over the %d-byte limit", limit)
+			return nil, tooLarge()
 		}
 		return nil, errf(http.StatusBadRequest, "reading body: %v", err)
 	}
@@ -566,6 +577,18 @@ func (s *Server) readBodyWithin(r *http.Request, limit int64) ([]byte, error) {
 		b = out
 	}
 	return b, nil
+}
+
+// MaxDiscardBytes is how much of a body over its limit is read and thrown away before the 413 is
+// sent. A server that answers and closes with the client's bytes still unread resets the
+// connection, and a client that sends its whole body before reading (curl, most SDKs) then sees
+// a reset instead of the 413, and retries blindly. Past this the connection is closed anyway.
+// The reading is held to the server's minimum body rate like any other.
+const MaxDiscardBytes = 64 << 20
+
+// discardBody reads and drops what is left of a refused body, up to MaxDiscardBytes.
+func discardBody(body io.Reader) {
+	_, _ = io.CopyN(io.Discard, body, MaxDiscardBytes)
 }
 
 // decodeJSON reads a JSON body into v; wrong types are a 400 naming the field.

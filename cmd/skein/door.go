@@ -8,6 +8,9 @@ package main
 // buffers, for the whole ReadTimeout) and caps on how many connections are held at once.
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -44,10 +47,34 @@ func minRateBodies(h http.Handler, rate int, grace, readTimeout time.Duration) h
 			if readTimeout > 0 {
 				restore = time.Now().Add(readTimeout)
 			}
-			r.Body = &minRateBody{body: r.Body, rc: http.NewResponseController(w), rate: rate, grace: grace, restore: restore}
+			b := &minRateBody{body: r.Body, rc: http.NewResponseController(w), rate: rate, grace: grace, restore: restore, length: r.ContentLength}
+			r.Body = b
+			// After the handler, before the server sends its (buffered) answer: what is left of
+			// the body is read under the rate, and the server gets its own body back, so that it
+			// decides from the body's state (unread past 256 KiB, closed early, cut) whether the
+			// connection can be kept; behind this wrapper it would discard 256 KiB of any body,
+			// under the connection's old deadline, and keep a connection whose body was closed early.
+			defer func() { b.drain(); r.Body = b.body }()
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// maxPostHandlerDrain is what Go's server itself discards of a body the handler left unread
+// (net/http's maxPostHandlerReadBytes); past it the server closes the connection instead.
+const maxPostHandlerDrain = 256 << 10
+
+// drain reads what the handler left of the body, up to what the server would discard, through
+// the rate's deadline. Without it Go's server discards the rest itself on the connection's read
+// deadline alone (the whole --http-read-timeout), so a handler that refuses a request without
+// reading its body (a foreign Host's 421, a 401) let a trickled body hold its connection.
+func (b *minRateBody) drain() {
+	if b.done || (b.length >= 0 && b.length-b.n > maxPostHandlerDrain) {
+		return // read to the end, not a connection whose deadline we can set, or the server will close it
+	}
+	if _, err := io.CopyN(io.Discard, b, maxPostHandlerDrain); err != nil && err != io.EOF {
+		return // cut (below the rate) or broken: the server closes the connection
+	}
 }
 
 type minRateBody struct {
@@ -56,11 +83,13 @@ type minRateBody struct {
 	rate    int
 	grace   time.Duration
 	restore time.Time // the deadline to leave behind once the body is read
+	length  int64     // Content-Length, -1 if unknown
 
 	start    time.Time // first Read
 	n        int64     // bytes read so far
 	done     bool      // the deadline is restored (or cannot be set): reads pass straight through
 	deadline time.Time // the rate's deadline, kept to tell its timeout from others
+	cut      bool      // the body fell below the rate: its deadline stays passed, so the connection goes
 }
 
 func (b *minRateBody) Read(p []byte) (int, error) {
@@ -85,6 +114,7 @@ func (b *minRateBody) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.finish()
 	case err != nil && !time.Now().Before(b.deadline) && (b.restore.IsZero() || b.deadline.Before(b.restore)):
+		b.cut = true
 		return n, fmt.Errorf("request body arrived slower than %d bytes/s (%d bytes in %s): %w", b.rate, b.n, time.Since(b.start).Round(time.Millisecond), err)
 	}
 	return n, err
@@ -92,13 +122,14 @@ func (b *minRateBody) Read(p []byte) (int, error) {
 
 // finish puts back the request's own read deadline once the body is read or dropped.
 func (b *minRateBody) finish() {
-	if !b.done {
+	if !b.done && !b.cut {
 		b.done = true
 		_ = b.rc.SetReadDeadline(b.restore)
 	}
 }
 
 func (b *minRateBody) Close() error {
+	b.drain() // net/http's Close discards up to 256 KiB of the rest: under the rate, not without it
 	b.finish()
 	return b.body.Close()
 }
@@ -109,14 +140,34 @@ func (b *minRateBody) Close() error {
 type connCaps struct {
 	net.Listener
 	max, perIP int
+	probe      http.Handler // answers probePaths over the caps (nil: none)
 
-	mu    sync.Mutex
-	total int
-	byIP  map[string]int
+	mu        sync.Mutex
+	total     int
+	byIP      map[string]int
+	probing   int             // connections over the caps being read for a probe
+	probingIP map[string]bool // their addresses: one slot per address
 }
 
-func limitConns(ln net.Listener, max, perIP int) net.Listener {
-	return &connCaps{Listener: ln, max: max, perIP: perIP, byIP: map[string]int{}}
+// Probes over the caps: the Helm chart's liveness, readiness and startup probes GET
+// /api/v1/healthz, and a pod whose probes fail is restarted, so a flood that fills --max-conns
+// must not fail them. A connection over a cap is read for its request line (at most
+// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots, one per remote
+// address (so one flooding address holds one slot, and the kubelet's address keeps its own); a
+// probe path is answered by the server's own handler, once, and the connection closed; anything
+// else, or a connection over the cap while its address or every slot is busy, gets the 503 at
+// once as before.
+var probePaths = map[string]bool{"/api/v1/healthz": true}
+
+const (
+	reservedProbeSlots = 16
+	probeReadTimeout   = time.Second
+	probeHeadBytes     = 8 << 10
+	probeAnswerBytes   = 64 << 10
+)
+
+func limitConns(ln net.Listener, max, perIP int, probe http.Handler) net.Listener {
+	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}, probingIP: map[string]bool{}}
 }
 
 func (l *connCaps) Accept() (net.Conn, error) {
@@ -137,12 +188,78 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			l.total++
 			l.byIP[ip]++
 		}
-		l.mu.Unlock()
-		if refused == "" {
-			return &cappedConn{Conn: c, l: l, ip: ip}, nil
+		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots && !l.probingIP[ip]
+		if probe {
+			l.probing++
+			l.probingIP[ip] = true
 		}
-		go refuseConn(c, refused) // never let one refused client hold up Accept
+		l.mu.Unlock()
+		switch {
+		case refused == "":
+			return &cappedConn{Conn: c, l: l, ip: ip}, nil
+		case probe:
+			go func() {
+				defer func() { l.mu.Lock(); l.probing--; delete(l.probingIP, ip); l.mu.Unlock() }()
+				answerProbeOrRefuse(c, l.probe, refused)
+			}()
+		default:
+			go refuseConn(c, refused) // never let one refused client hold up Accept
+		}
 	}
+}
+
+// answerProbeOrRefuse reads one request head from a connection over a cap; a GET or HEAD of a
+// probe path is answered by h and the connection closed, anything else gets the 503.
+func answerProbeOrRefuse(c net.Conn, h http.Handler, why string) {
+	_ = c.SetReadDeadline(time.Now().Add(probeReadTimeout))
+	req, err := http.ReadRequest(bufio.NewReaderSize(io.LimitReader(c, probeHeadBytes), 4096))
+	if err != nil || (req.Method != http.MethodGet && req.Method != http.MethodHead) || !probePaths[req.URL.Path] ||
+		req.ContentLength != 0 {
+		refuseConn(c, why)
+		return
+	}
+	defer c.Close()
+	req.RemoteAddr = c.RemoteAddr().String()
+	ctx, cancel := context.WithTimeout(req.Context(), probeReadTimeout)
+	defer cancel()
+	pw := &probeWriter{header: http.Header{}, status: http.StatusOK}
+	h.ServeHTTP(pw, req.WithContext(ctx))
+	body := pw.body.Bytes()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", pw.status, http.StatusText(pw.status))
+	pw.header.Del("Content-Length")
+	pw.header.Del("Connection")
+	_ = pw.header.Write(&b)
+	fmt.Fprintf(&b, "Content-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+	if req.Method == http.MethodGet {
+		b.Write(body)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(b.Bytes())
+}
+
+// probeWriter holds a probe's answer (at most probeAnswerBytes of body) until the handler is done.
+type probeWriter struct {
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func (p *probeWriter) Header() http.Header { return p.header }
+
+func (p *probeWriter) WriteHeader(code int) {
+	if !p.wroteHeader {
+		p.status, p.wroteHeader = code, true
+	}
+}
+
+func (p *probeWriter) Write(b []byte) (int, error) {
+	p.WriteHeader(http.StatusOK)
+	if p.body.Len()+len(b) > probeAnswerBytes {
+		return 0, fmt.Errorf("probe answer over %d bytes", probeAnswerBytes)
+	}
+	return p.body.Write(b)
 }
 
 // refuseConn answers a connection over a cap with a 503 and closes it.
@@ -186,7 +303,8 @@ func (c *cappedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// listener wraps ln with the connection caps of these flags.
-func (l *limitFlags) listener(ln net.Listener) net.Listener {
-	return limitConns(ln, *l.maxConns, *l.maxConnsPerIP)
+// listener wraps ln with the connection caps of these flags; h (the server's handler) answers
+// probes over the caps.
+func (l *limitFlags) listener(ln net.Listener, h http.Handler) net.Listener {
+	return limitConns(ln, *l.maxConns, *l.maxConnsPerIP, h)
 }

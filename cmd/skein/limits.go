@@ -112,7 +112,7 @@ func (l *limitFlags) apply(o gateway.Options) gateway.Options {
 }
 
 // httpServer is the server of the API with its connection timeouts and minimum body rate
-// (door.go): a slow or idle client cannot hold a connection forever. Serve it on listener(ln). Writes are bounded per answer by the gateway (a server-wide
+// (door.go): a slow or idle client cannot hold a connection forever. Serve it on listener(ln, its handler). Writes are bounded per answer by the gateway (a server-wide
 // WriteTimeout would cut long checkpoint downloads).
 func (l *limitFlags) httpServer(addr string, h http.Handler) *http.Server {
 	h = minRateBodies(h, *l.minBodyRate, *l.minBodyRateGrace, *l.readTimeout)

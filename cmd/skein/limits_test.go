@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/skein-ai/skein/gateway"
 )
 
 // serveWithLimits runs the API's http.Server, built from these flags, on a loopback port; its
@@ -39,7 +41,7 @@ func serveHandlerWithLimits(t *testing.T, h http.Handler, args ...string) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = hs.Serve(limits.listener(ln)) }()
+	go func() { _ = hs.Serve(limits.listener(ln, hs.Handler)) }()
 	t.Cleanup(func() { hs.Close() })
 	return ln.Addr().String()
 }
@@ -264,5 +266,128 @@ func TestWorkerServerCutsBodiesBelowTheMinimumRate(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || string(b) != "ok" {
 		t.Fatalf("a slow call: %d %q", resp.StatusCode, b)
+	}
+}
+
+// A body the handler never reads (a refusal: a foreign Host's 421, a 401) is still held to
+// --min-body-rate: Go's server discards up to 256 KiB of an unread body after the handler, on
+// the connection's read deadline alone, so a trickle under a refused Host kept its connection
+// for the whole --http-read-timeout (issue 40, item 10). It is cut like any other body.
+func TestHTTPServerCutsTrickledBodiesOfRefusedRequests(t *testing.T) {
+	refuse := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/close" {
+			r.Body.Close() // a handler that closes the body unread: the server discards the rest
+		}
+		http.Error(w, "misdirected: foreign Host", http.StatusMisdirectedRequest)
+	})
+	addr := serveHandlerWithLimits(t, refuse, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
+	// And the gateway itself in open mode, which answers a foreign Host 421 (the reported case).
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	gwAddr := serveHandlerWithLimits(t, gw, "--min-body-rate", "1000", "--min-body-rate-grace", "300ms")
+	for _, tc := range []struct{ addr, path, length string }{{addr, "/", "100000"}, {addr, "/close", "100000"}, {addr, "/", "10000000"},
+		{gwAddr, "/api/v1/create_session", "100000"}} {
+		addr := tc.addr
+		path := tc.path
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: "+tc.length+"\r\n\r\n")
+		go func() {
+			for range 500 {
+				if _, err := c.Write([]byte{'x'}); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		start := time.Now()
+		got := readUntilClosed(t, c)
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("%s: the trickle held its connection %s", path, d)
+		}
+		if addr == gwAddr && !strings.Contains(got, "421") {
+			t.Fatalf("the gateway under a foreign Host: %q; want its 421", got)
+		}
+	}
+}
+
+// The liveness/readiness probe (GET /api/v1/healthz, what the Helm chart probes) is answered
+// even while the connection caps are full: a flood that fills --max-conns must not make the
+// kubelet restart the pod (issue 40, item 12). Any other request over the cap is still a 503.
+func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
+	addr := serveWithLimits(t, "--max-conns", "2", "--max-conns-per-ip", "0")
+	fillAndProbe(t, addr, "ok")
+	// The gateway's own handler answers it, as in a pod (keys mode, the pod's address as Host).
+	gw, err := gateway.New(gateway.Options{DataDir: t.TempDir(), Auth: gateway.AuthKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	fillAndProbe(t, serveHandlerWithLimits(t, gw, "--max-conns", "2", "--max-conns-per-ip", "0"), `"status":"ok"`)
+
+	// A flood from one address that sends nothing over the cap holds one probe slot, not all of
+	// them: the kubelet's probe from another address is still answered at once.
+	for range 2 * reservedProbeSlots {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Skip("no second loopback address here:", err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_, _ = io.WriteString(c, "GET /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\n\r\n")
+	if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") || time.Since(start) > probeReadTimeout/2 {
+		t.Fatalf("a probe from another address during a silent flood: %q after %s; want 200 at once", got, time.Since(start))
+	}
+}
+
+// fillAndProbe holds the two connections the server at addr may have, then probes it over the
+// cap: GET and HEAD of the health path answer 200 (GET with a body ending in want), anything else 503.
+func fillAndProbe(t *testing.T, addr, want string) {
+	t.Helper()
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a connection within the cap: %v %v", resp, err)
+		}
+	}
+	for _, m := range []string{"GET", "HEAD"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, m+" /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\nUser-Agent: kube-probe/1.31\r\n\r\n")
+		if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("%s healthz with the cap full: %q; want 200", m, got)
+		} else if m == "GET" && !strings.Contains(got[strings.Index(got, "\r\n\r\n"):], want) {
+			t.Fatalf("healthz with the cap full: %q; want the handler's answer", got)
+		}
+		c.Close()
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /api/v1/asample HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := readUntilClosed(t, c); !strings.Contains(got, "503") {
+		t.Fatalf("another request with the cap full: %q; want 503", got)
 	}
 }

@@ -348,7 +348,7 @@ func runHTTP(cfg *serveConfig, srv *gateway.Server, ln net.Listener, log *slog.L
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(cfg.Limits.listener(ln)) }()
+	go func() { errc <- hs.Serve(cfg.Limits.listener(ln, hs.Handler)) }()
 	log.Info("skein serving the Tinker API", "addr", "http://"+ln.Addr().String(), "data", cfg.Data, "auth", mode)
 	select {
 	case err := <-errc:

@@ -2,17 +2,22 @@ package main
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // hfCachePrefix starts the name of a Hugging Face hub cache entry: huggingface_hub keeps the
 // model Org/Name in models--Org--Name/, with refs/main holding the commit hash of the snapshot
 // in snapshots/<hash>/ that "main" means.
 const hfCachePrefix = "models--"
+
+// maxRefBytes bounds a cache entry's refs/main (a commit hash: 40 hex digits and a newline).
+const maxRefBytes = 4 << 10
 
 // resolveModel is the model directory --model names and the name it is served by unless --name
 // says otherwise: a cache entry models--Org--Name is its refs/main snapshot, named Org/Name; a
@@ -21,7 +26,7 @@ const hfCachePrefix = "models--"
 func resolveModel(dir string) (string, string, error) {
 	dir = filepath.Clean(dir)
 	if repo, ok := strings.CutPrefix(filepath.Base(dir), hfCachePrefix); ok && repo != "" {
-		b, err := os.ReadFile(filepath.Join(dir, "refs", "main"))
+		b, err := filebound.Read(filepath.Join(dir, "refs", "main"), maxRefBytes)
 		if err != nil {
 			return "", "", fmt.Errorf("--model %s is a Hugging Face cache entry without a readable refs/main (%w): pass one of its snapshots/<hash> directories", dir, err)
 		}
@@ -34,6 +39,9 @@ func resolveModel(dir string) (string, string, error) {
 		if st, err := os.Stat(snap); err != nil || !st.IsDir() {
 			return "", "", fmt.Errorf("--model %s: refs/main names snapshot %s, which is not there (download it, or pass a snapshot directory)", dir, hash)
 		}
+		if err := linksStayInside(dir, snap); err != nil {
+			return "", "", fmt.Errorf("--model %s: %w", dir, err)
+		}
 		return snap, hubName(repo), nil
 	}
 	if blob, name, ok, err := ollamaManifest(dir); ok || err != nil { // ollama.go
@@ -42,6 +50,9 @@ func resolveModel(dir string) (string, string, error) {
 	parent := filepath.Dir(dir)
 	if filepath.Base(parent) == "snapshots" {
 		if repo, ok := strings.CutPrefix(filepath.Base(filepath.Dir(parent)), hfCachePrefix); ok && repo != "" {
+			if err := linksStayInside(filepath.Dir(parent), dir); err != nil {
+				return "", "", fmt.Errorf("--model %s: %w", dir, err)
+			}
 			return dir, hubName(repo), nil
 		}
 	}
@@ -71,4 +82,49 @@ func loadModel(dir, name string, opts engine.Options) (*engine.Engine, string, e
 		return nil, "", err
 	}
 	return e, name, nil
+}
+
+// maxSnapshotEntries bounds the files and directories of a cache snapshot that are checked.
+const maxSnapshotEntries = 100000
+
+// linksStayInside checks that path, and everything under it (links followed one by one), lies
+// inside root once links are resolved. A Hugging Face snapshot links its files to
+// ../../blobs/, inside its cache entry, which is the boundary: a link to anywhere else is refused,
+// naming it, so a planted link cannot make the server read (and serve a tokenizer from, or
+// publish as a model) a file outside the cache.
+func linksStayInside(root, path string) error {
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return err
+	}
+	inside := func(p string) error {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if rel, err := filepath.Rel(realRoot, real); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+			return fmt.Errorf("%s resolves to %s, outside %s: links may point only inside it", p, real, root)
+		}
+		return nil
+	}
+	if err := inside(path); err != nil {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return err
+	}
+	n := 0
+	return filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if n++; n > maxSnapshotEntries {
+			return fmt.Errorf("%s holds more than %d files", path, maxSnapshotEntries)
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return inside(p)
+		}
+		return nil
+	})
 }

@@ -65,6 +65,13 @@ func ollamaManifest(path string) (blob, name string, ok bool, err error) {
 	}
 	models := filepath.Join(path, "..", "..", "..", "..", "..")
 	blob = filepath.Join(models, "blobs", "sha256-"+hexPart)
+	if _, err := os.Lstat(blob); err == nil {
+		// The blob must lie inside the models directory, links resolved (Ollama writes regular
+		// files; a link out of it would serve a file the operator did not put there).
+		if err := linksStayInside(models, blob); err != nil {
+			return "", "", true, fmt.Errorf("--model %s: %w", path, err)
+		}
+	}
 	name = parts[i+3] + ":" + parts[i+4]
 	if parts[i+2] != "library" {
 		name = parts[i+2] + "/" + name

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -162,6 +163,48 @@ func TestParseRefusesHostileHeaders(t *testing.T) {
 	for n := range len(good) - 1 {
 		if _, err := Parse(good[:n]); err == nil {
 			t.Fatalf("cut at %d: parsed", n)
+		}
+	}
+}
+
+// Tensors whose byte ranges overlap are refused: one range served as several weights (six on
+// one, in the report) is a malformed file, never two weights (issue 40, item 15). Ranges that
+// only touch are fine.
+func TestParseRefusesOverlappingTensors(t *testing.T) {
+	w := NewWriter()
+	w.Set("general.alignment", uint32(32))
+	w.AddF32("a", []int{16}, make([]float32, 16)) // 64 bytes at 0
+	w.AddF32("b", []int{16}, make([]float32, 16)) // 64 bytes at 64
+	w.AddF32("c", []int{8}, make([]float32, 8))   // 32 bytes at 128
+	var buf bytes.Buffer
+	if err := w.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	good := buf.Bytes()
+	f, err := Parse(good)
+	if err != nil {
+		t.Fatalf("good file: %v", err)
+	}
+	if f.Tensors[1].Offset != 64 || f.Tensors[2].Offset != 128 {
+		t.Fatalf("offsets %d %d", f.Tensors[1].Offset, f.Tensors[2].Offset)
+	}
+	// A tensor's offset is the 8 bytes after its name, dims count, dims and type.
+	offsetAt := func(name string, dims int) int {
+		i := bytes.Index(good, []byte{byte(len(name)), 0, 0, 0, 0, 0, 0, 0, name[0]})
+		if i < 0 {
+			t.Fatalf("tensor %q not found", name)
+		}
+		return i + 8 + len(name) + 4 + 8*dims + 4
+	}
+	for _, tc := range []struct {
+		name   string
+		offset uint64
+	}{{"b", 0}, {"b", 32}, {"c", 96}, {"c", 0}} {
+		b := slices.Clone(good)
+		binary.LittleEndian.PutUint64(b[offsetAt(tc.name, 1):], tc.offset)
+		_, err := Parse(b)
+		if err == nil || !strings.Contains(err.Error(), "overlap") {
+			t.Errorf("%s moved to %d: %v; want an error saying the tensors overlap", tc.name, tc.offset, err)
 		}
 	}
 }

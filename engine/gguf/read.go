@@ -3,6 +3,7 @@ package gguf
 import (
 	"encoding/binary"
 	"math"
+	"sort"
 )
 
 // reader walks the file's bytes; every read checks what is left first.
@@ -288,6 +289,25 @@ func Parse(b []byte) (*File, error) {
 			return nil, formatErr("tensor %q: %d bytes at offset %d run past the data section (%d bytes)", t.Name, size, t.Offset, len(section))
 		}
 		t.Data = section[t.Offset : t.Offset+size : t.Offset+size]
+	}
+	// No two tensors may share bytes: a range read as several weights is a malformed file.
+	order := make([]int, len(f.Tensors))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return f.Tensors[order[a]].Offset < f.Tensors[order[b]].Offset })
+	var last *TensorInfo // the tensor reaching furthest so far
+	for _, i := range order {
+		t := &f.Tensors[i]
+		if len(t.Data) == 0 {
+			continue
+		}
+		if last != nil {
+			if end := last.Offset + uint64(len(last.Data)); end > t.Offset {
+				return nil, formatErr("tensors %q (bytes %d to %d) and %q (from %d) overlap in the data section", last.Name, last.Offset, end, t.Name, t.Offset)
+			}
+		}
+		last = t
 	}
 	return f, nil
 }

@@ -12,8 +12,9 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
+
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // Config is a model's image preprocessing, as its preprocessor_config.json states it.
@@ -141,9 +142,12 @@ func ParseConfig(b []byte) (Config, error) {
 	return c, nil
 }
 
-// LoadConfig reads dir/preprocessor_config.json. A directory without one gets Qwen3-VL's defaults.
+// MaxConfigBytes bounds a preprocessor_config.json (a real one is under a kilobyte).
+const MaxConfigBytes = 1 << 20
+
+// LoadConfig reads dir/preprocessor_config.json (a regular file of at most MaxConfigBytes). A directory without one gets Qwen3-VL's defaults.
 func LoadConfig(dir string) (Config, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "preprocessor_config.json"))
+	b, err := filebound.Read(filepath.Join(dir, "preprocessor_config.json"), MaxConfigBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		return DefaultConfig(), nil
 	}

@@ -8,10 +8,11 @@ import (
 	"container/heap"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/skein-ai/skein/internal/filebound"
 )
 
 // QwenPattern is the pre-tokenizer split used by Qwen2/Qwen3 (and, with \p{N}{1,3}, Llama 3).
@@ -98,9 +99,12 @@ type ModelRec struct {
 	Merges                  json.RawMessage `json:"merges"`
 }
 
-// Load reads a tokenizer.json.
+// MaxFileBytes bounds a tokenizer.json read by Load (Gemma 3's, of 262,144 pieces, is 33 MB).
+const MaxFileBytes = 64 << 20
+
+// Load reads a tokenizer.json: a regular file of at most MaxFileBytes.
 func Load(path string) (*Tokenizer, error) {
-	b, err := os.ReadFile(path)
+	b, err := filebound.Read(path, MaxFileBytes)
 	if err != nil {
 		return nil, err
 	}

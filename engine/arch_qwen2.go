@@ -16,8 +16,3 @@ func init() {
 
 // finish: Qwen2 always has the q, k and v biases; its config.json does not say.
 func (*qwen2Family) finish(c *Config) { c.AttentionBias = true }
-
-func (*qwen2Family) tinyConfig(cfg map[string]any, _ Preset) {
-	cfg["tie_word_embeddings"] = true
-	cfg["use_sliding_window"] = false
-}

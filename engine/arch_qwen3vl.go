@@ -1,11 +1,8 @@
 package engine
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -43,26 +40,6 @@ const (
 	VisionEndToken   = "<|vision_end|>"
 	ImagePadToken    = "<|image_pad|>"
 )
-
-// Tiny VL tower: 16×16 patches over 2 frames as real checkpoints have, a 4×4 table of learned
-// position embeddings (interpolated to every grid), three blocks of which two feed DeepStack.
-var tinyVision = VisionConfig{Depth: 3, HiddenSize: 32, HiddenAct: "gelu_pytorch_tanh", IntermediateSize: 64,
-	NumHeads: 2, InChannels: 3, PatchSize: 16, SpatialMergeSize: 2, TemporalPatchSize: 2,
-	NumPositionEmbeddings: 16, DeepstackVisualIndexes: []int{0, 1}}
-
-type qwen3VLFamily struct{ family }
-
-var (
-	_ validator     = (*qwen3VLFamily)(nil)
-	_ extraWeighter = (*qwen3VLFamily)(nil)
-	_ tinyFamily    = (*qwen3VLFamily)(nil)
-	_ tinyExtras    = (*qwen3VLFamily)(nil)
-)
-
-func init() {
-	registerFamily(&qwen3VLFamily{family{arch: ArchQwen3VL, hfClass: "Qwen3VLForConditionalGeneration", modelType: "qwen3_vl",
-		headNorm: true, lmPrefix: "model.language_model.", statedRopeTheta: true}})
-}
 
 // validate checks the vision tower's config and the LM's multimodal RoPE.
 func (*qwen3VLFamily) validate(c *Config) error {
@@ -199,51 +176,6 @@ func (*qwen3VLFamily) extraShape(c *Config, name string) []int {
 	return nil
 }
 
-// tinyTopLevel are the keys a Qwen3-VL config.json keeps at its top level; the rest go to
-// text_config.
-var tinyTopLevel = map[string]bool{"architectures": true, "model_type": true, "transformers_version": true}
-
-// tinyConfig moves the LM's keys to text_config and adds a tiny vision_config.
-func (*qwen3VLFamily) tinyConfig(cfg map[string]any, p Preset) {
-	cfg["head_dim"] = 2 * p.Hidden / p.Heads
-	cfg["attention_bias"] = false
-	cfg["rope_theta"] = 5000000.0
-	half := p.Hidden / p.Heads // head_dim/2
-	hs := half * 5 / 16        // Qwen3-VL's 24/20/20 of 64, scaled
-	cfg["rope_scaling"] = map[string]any{"rope_type": "default", "mrope_interleaved": true,
-		"mrope_section": []int{half - 2*hs, hs, hs}}
-	text := map[string]any{"model_type": "qwen3_vl_text"}
-	for k, v := range cfg {
-		if !tinyTopLevel[k] {
-			text[k] = v
-			delete(cfg, k)
-		}
-	}
-	cfg["text_config"] = text
-	vc := tinyVision
-	vc.OutHiddenSize = p.Hidden
-	cfg["vision_config"] = map[string]any{"model_type": "qwen3_vl", "depth": vc.Depth, "hidden_size": vc.HiddenSize,
-		"hidden_act": vc.HiddenAct, "intermediate_size": vc.IntermediateSize, "num_heads": vc.NumHeads,
-		"in_channels": vc.InChannels, "patch_size": vc.PatchSize, "spatial_merge_size": vc.SpatialMergeSize,
-		"temporal_patch_size": vc.TemporalPatchSize, "out_hidden_size": vc.OutHiddenSize,
-		"num_position_embeddings": vc.NumPositionEmbeddings, "deepstack_visual_indexes": vc.DeepstackVisualIndexes,
-		"initializer_range": 0.02}
-	// In both places, as released configs have it: HF ties by text_config's flag.
-	cfg["tie_word_embeddings"], text["tie_word_embeddings"] = true, true
-}
-
-// tinySpecials are the vision special tokens of a generated tokenizer.
-func (*qwen3VLFamily) tinySpecials() []string {
-	return []string{VisionStartToken, VisionEndToken, ImagePadToken}
-}
-
-// tinyTokens sets the vision token ids of a generated config from its tokenizer.
-func (*qwen3VLFamily) tinyTokens(cfg map[string]any, id func(string) int) {
-	cfg["image_token_id"] = id(ImagePadToken)
-	cfg["vision_start_token_id"] = id(VisionStartToken)
-	cfg["vision_end_token_id"] = id(VisionEndToken)
-}
-
 // qwen3VLChatTemplate is a ChatML template that renders image content parts the way Qwen-VL's
 // does: <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad to the
 // image's token count).
@@ -252,29 +184,3 @@ const qwen3VLChatTemplate = `{%- for message in messages %}{{- '<|im_start|>' + 
 	`{%- if part['type'] == 'image' or 'image' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}` +
 	`{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}` +
 	`{{- '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`
-
-// tinyFiles writes a generated VL model's preprocessor_config.json (Qwen2-VL's image
-// processor with Qwen3-VL's 16-pixel patches and mean/std of 0.5) and tokenizer_config.json.
-func (*qwen3VLFamily) tinyFiles(dir string, c *Config) error {
-	v := c.VisionConfig
-	pre := map[string]any{
-		"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
-		"patch_size": v.PatchSize, "temporal_patch_size": v.TemporalPatchSize, "merge_size": v.SpatialMergeSize,
-		"image_mean": []float64{0.5, 0.5, 0.5}, "image_std": []float64{0.5, 0.5, 0.5},
-		"do_rescale": true, "rescale_factor": 1.0 / 255, "do_normalize": true, "do_resize": true,
-		"do_convert_rgb": true, "resample": 3,
-		"size":       map[string]int{"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32},
-		"min_pixels": 4 * 32 * 32, "max_pixels": 64 * 32 * 32,
-	}
-	pb, _ := json.MarshalIndent(pre, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "preprocessor_config.json"), pb, 0o644); err != nil {
-		return err
-	}
-	tc := map[string]any{
-		"tokenizer_class": "Qwen2TokenizerFast", "chat_template": qwen3VLChatTemplate,
-		"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": c.MaxPositionEmbeddings,
-		"errors": "replace", "add_prefix_space": false, "clean_up_tokenization_spaces": false,
-	}
-	tb, _ := json.MarshalIndent(tc, "", "  ")
-	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tb, 0o644)
-}

@@ -245,13 +245,13 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 
 // PeakStepBytes is the most activation memory one training or forward pass has held so far
 // (base weights excluded), to compare with Options.MaxStepBytes.
-func (e *Engine) PeakStepBytes() int { return e.base.cpu.MM.Peak() }
+func (e *Engine) PeakStepBytes() int { return e.base.cpu.Pool.Peak() }
 
 // WeightBytes is the memory the base weights take (shared by forks).
 func (e *Engine) WeightBytes() int { return e.base.bytes }
 
 // CompileStats reports matmul compilations so far (one per distinct shape).
-func (e *Engine) CompileStats() CompileStats { return e.base.cpu.MM.Stats() }
+func (e *Engine) CompileStats() CompileStats { return e.base.cpu.Pool.Stats() }
 
 // Errors for callers to map to user faults.
 var (

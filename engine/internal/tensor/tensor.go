@@ -40,11 +40,12 @@ type mmKey struct {
 	transB  bool
 }
 
-// Matmuls compiles and caches one-node DotGeneral executables, shared by an engine's forks, and
-// keeps the step buffers for reuse: a training step needs hundreds of megabytes, and fresh memory
+// Pool is the CPU's pool of step buffers, shared by an engine's forks, kept for reuse (it also
+// compiles and caches GoMLX's one-node DotGeneral executables, the products of paths without the
+// kernels' GEMM and of the float64 engine): a training step needs hundreds of megabytes, and fresh memory
 // each step costs more than the step's element-wise work (the runtime clears it and the kernel
 // takes page faults writing it).
-type Matmuls struct {
+type Pool struct {
 	backend  compute.Backend
 	mu       sync.Mutex
 	execs    map[mmKey]compute.Executable
@@ -78,13 +79,13 @@ type sharedBuf struct {
 // between two training steps, short enough that memory of old shapes goes back.
 const maxIdle = 2 * time.Minute
 
-// NewMatmuls keeps at most maxFree bytes of free step buffers.
-func NewMatmuls(maxFree int) (*Matmuls, error) {
+// NewPool keeps at most maxFree bytes of free step buffers.
+func NewPool(maxFree int) (*Pool, error) {
 	b, err := sharedBackend()
 	if err != nil {
 		return nil, fmt.Errorf("engine: starting compute backend: %w", err)
 	}
-	mm := &Matmuls{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}, maxFree: maxFree}
+	mm := &Pool{backend: b, execs: map[mmKey]compute.Executable{}, free: map[bufKey][]sharedBuf{}, maxFree: maxFree}
 	// The Go backend's PutBuffer is an exported method of an internal type, reachable only by
 	// reflection; without it outputs are finalized and their memory left to the garbage collector.
 	if m := reflect.ValueOf(b).MethodByName("PutBuffer"); m.IsValid() && m.Type().NumIn() == 1 {
@@ -102,7 +103,7 @@ func NewMatmuls(maxFree int) (*Matmuls, error) {
 }
 
 // takeShared returns a shared buffer of the given shape, reused if one is free.
-func (mm *Matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error) {
+func (mm *Pool) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error) {
 	key := bufKey{dtype, fmt.Sprint(dims)}
 	mm.mu.Lock()
 	if l := mm.free[key]; len(l) > 0 {
@@ -120,7 +121,7 @@ func (mm *Matmuls) takeShared(dtype dtypes.DType, dims []int) (sharedBuf, error)
 // giveBack returns buffers: shared ones to our free lists, matmul outputs to the backend. At the
 // end of a pass, free buffers idle for maxIdle are dropped, and then the least recently returned
 // ones while the lists hold more than maxFree bytes.
-func (mm *Matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
+func (mm *Pool) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfStep bool) {
 	now := time.Now()
 	mm.mu.Lock()
 	for _, b := range shared {
@@ -148,7 +149,7 @@ func (mm *Matmuls) giveBack(shared []sharedBuf, outputs []compute.Buffer, endOfS
 
 // trimFree drops idle free buffers, then the oldest while over maxFree. Each list is in return
 // order, oldest first. Called with mm.mu held.
-func (mm *Matmuls) trimFree(now time.Time) {
+func (mm *Pool) trimFree(now time.Time) {
 	for k, l := range mm.free {
 		i := 0
 		for i < len(l) && now.Sub(l[i].returned) > maxIdle {
@@ -178,12 +179,12 @@ func (mm *Matmuls) trimFree(now time.Time) {
 	}
 }
 
-func (mm *Matmuls) dropFree(b sharedBuf) {
+func (mm *Pool) dropFree(b sharedBuf) {
 	mm.freeBytes -= b.bytes
 	_ = b.buf.Finalize()
 }
 
-func (mm *Matmuls) exec(key mmKey) (x compute.Executable, err error) {
+func (mm *Pool) exec(key mmKey) (x compute.Executable, err error) {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	if x, ok := mm.execs[key]; ok {
@@ -240,13 +241,13 @@ func (mm *Matmuls) exec(key mmKey) (x compute.Executable, err error) {
 	return x, nil
 }
 
-func (mm *Matmuls) notePeak(bytes int) {
+func (mm *Pool) notePeak(bytes int) {
 	mm.mu.Lock()
 	mm.peakBytes = max(mm.peakBytes, bytes)
 	mm.mu.Unlock()
 }
 
-func (mm *Matmuls) Peak() int {
+func (mm *Pool) Peak() int {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	return mm.peakBytes
@@ -255,7 +256,7 @@ func (mm *Matmuls) Peak() int {
 // maxMatmuls bounds the compiled matmuls kept; a training shape needs about twenty.
 const maxMatmuls = 4096
 
-func (mm *Matmuls) Stats() CompileStats {
+func (mm *Pool) Stats() CompileStats {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
 	return mm.compiles
@@ -263,7 +264,7 @@ func (mm *Matmuls) Stats() CompileStats {
 
 // Arena hands out shared buffers for one step and frees them all at its end.
 type Arena[T kernels.Float] struct {
-	MM     *Matmuls
+	Pool   *Pool
 	dtype  dtypes.DType
 	owned  []compute.Buffer // matmul outputs
 	shared []sharedBuf      // from alloc
@@ -272,8 +273,8 @@ type Arena[T kernels.Float] struct {
 	live, peak int
 }
 
-func NewArena[T kernels.Float](mm *Matmuls) *Arena[T] {
-	return &Arena[T]{MM: mm, dtype: dtypeOf[T]()}
+func NewArena[T kernels.Float](mm *Pool) *Arena[T] {
+	return &Arena[T]{Pool: mm, dtype: dtypeOf[T]()}
 }
 
 // Fail records the step's first failure: later calls are no-ops and the step returns it.
@@ -291,7 +292,7 @@ func (a *Arena[T]) Alloc(dims ...int) Mat[T] {
 	if a.err != nil {
 		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
 	}
-	sb, err := a.MM.takeShared(a.dtype, dims)
+	sb, err := a.Pool.takeShared(a.dtype, dims)
 	if err != nil {
 		a.Fail(fmt.Errorf("engine: allocating %v: %w", dims, err))
 		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
@@ -318,8 +319,8 @@ func (a *Arena[T]) From(v []float64, dims ...int) Mat[T] {
 
 // Free returns every buffer of the step; no tensor of the arena may be used afterwards.
 func (a *Arena[T]) Free() {
-	a.MM.notePeak(a.peak)
-	a.MM.giveBack(a.shared, a.owned, true)
+	a.Pool.notePeak(a.peak)
+	a.Pool.giveBack(a.shared, a.owned, true)
 	a.owned, a.shared = nil, nil
 }
 
@@ -368,7 +369,7 @@ func (a *Arena[T]) releaseRange(from, to Point, keep compute.Buffer) {
 			a.owned[i] = nil
 		}
 	}
-	a.MM.giveBack(shared, outputs, false)
+	a.Pool.giveBack(shared, outputs, false)
 }
 
 // ReleaseOne gives back one tensor (a matmul output or an allocation) in the middle of a step.
@@ -379,7 +380,7 @@ func (a *Arena[T]) ReleaseOne(m Mat[T]) {
 	for i := len(a.shared) - 1; i >= 0; i-- {
 		if a.shared[i].buf == m.Buf {
 			a.live -= a.shared[i].bytes
-			a.MM.giveBack([]sharedBuf{a.shared[i]}, nil, false)
+			a.Pool.giveBack([]sharedBuf{a.shared[i]}, nil, false)
 			a.shared[i] = sharedBuf{}
 			return
 		}
@@ -387,7 +388,7 @@ func (a *Arena[T]) ReleaseOne(m Mat[T]) {
 	for i := len(a.owned) - 1; i >= 0; i-- {
 		if a.owned[i] != nil && a.owned[i] == m.Buf {
 			a.live -= bufBytes(a.owned[i])
-			a.MM.giveBack(nil, []compute.Buffer{a.owned[i]}, false)
+			a.Pool.giveBack(nil, []compute.Buffer{a.owned[i]}, false)
 			a.owned[i] = nil
 			return
 		}
@@ -436,7 +437,7 @@ func (a *Arena[T]) MatMul(x, y Mat[T], batch int, transB bool) Mat[T] {
 		}
 		return out
 	}
-	x2, err := a.MM.exec(mmKey{dtype: a.dtype, batch: batch, m: m, k: k, n: n, transB: transB})
+	x2, err := a.Pool.exec(mmKey{dtype: a.dtype, batch: batch, m: m, k: k, n: n, transB: transB})
 	if err != nil {
 		a.Fail(err)
 		return Mat[T]{V: make([]T, Prod(outDims)), Dims: outDims}

@@ -10,7 +10,7 @@ import (
 // Free step buffers stay under their byte cap, the least recently returned going first, and
 // none is kept once idle for maxIdle; a kept buffer is handed out again for its shape.
 func TestFreeBuffersAreBounded(t *testing.T) {
-	mm, err := NewMatmuls(3 * 4096 * 4) // three [64, 64] float32 buffers
+	mm, err := NewPool(3 * 4096 * 4) // three [64, 64] float32 buffers
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,22 +13,22 @@ import (
 // Backend is the CPU: compiled products (GoMLX's, for paths without a GEMM and for float64) and
 // the pool of step buffers, shared by an engine's forks.
 type Backend struct {
-	MM    *tensor.Matmuls
+	Pool  *tensor.Pool
 	pairs pairs
 }
 
 // New keeps at most maxFree bytes of free step buffers between steps.
 func New(maxFree int) (*Backend, error) {
-	mm, err := tensor.NewMatmuls(maxFree)
+	mm, err := tensor.NewPool(maxFree)
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{MM: mm}, nil
+	return &Backend{Pool: mm}, nil
 }
 
 // NewStep starts a step of element type E.
 func NewStep[E backend.Float](b *Backend, opts backend.StepOptions) backend.Step[E] {
-	return &step[E]{Arena: tensor.NewArena[E](b.MM), b: b, opts: opts}
+	return &step[E]{Arena: tensor.NewArena[E](b.Pool), b: b, opts: opts}
 }
 
 // step is a CPU step: the arena hands out and takes back memory, the methods are the ops.

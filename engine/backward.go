@@ -14,13 +14,13 @@ import (
 // the pass was cancelled between layers.
 func (s *pass[E]) backward(h, invF, dhf mat[E], marks []backend.Mark) bool {
 	c := s.c
-	dh := s.ar.Alloc(s.B*s.T, c.HiddenSize)
-	s.ar.RMSNormBack(dhf, h, invF, s.m.norm, dh, false)
+	dh := s.op.Alloc(s.B*s.T, c.HiddenSize)
+	s.op.RMSNormBack(dhf, h, invF, s.m.norm, dh, false)
 	for l := c.NumHiddenLayers - 1; l >= 0; l-- {
 		if s.cancelled() {
 			return false
 		}
-		m := s.ar.Mark()
+		m := s.op.Mark()
 		if s.train.recompute {
 			// The layer's forward again, from its kept input, saving what its backward reads (and
 			// its taps); everything it allocates goes with the backward's temporaries below.
@@ -29,8 +29,8 @@ func (s *pass[E]) backward(h, invF, dhf mat[E], marks []backend.Mark) bool {
 			s.train.acts[l].h = in
 		}
 		dh = s.layerBack(l, dh)
-		s.ar.Release(m, s.ar.Mark())
-		s.ar.Release(marks[l], marks[l+1])
+		s.op.Release(m, s.op.Mark())
+		s.op.Release(marks[l], marks[l+1])
 		for _, lin := range s.m.layers[l].linears() { // this layer's merged weights were in the ranges just released
 			s.merged[lin.id] = mat[E]{}
 		}
@@ -47,7 +47,7 @@ func (s *pass[E]) layerBack(l int, dh mat[E]) mat[E] {
 	if dx1 == nil {
 		return mat[E]{}
 	}
-	s.ar.RMSNormBack(*dx1, la.h, la.inv1, L.inputNorm, dh2, true)
+	s.op.RMSNormBack(*dx1, la.h, la.inv1, L.inputNorm, dh2, true)
 	return dh2
 }
 
@@ -59,7 +59,7 @@ func (s *pass[E]) feedForwardBack(l int, dh mat[E]) mat[E] {
 	la := &s.train.acts[l]
 	dx2 := L.ffn.backward(s, dh, la)
 	dh2 := dh
-	s.ar.RMSNormBack(dx2, la.h2, la.inv2, L.postNorm, dh2, true)
+	s.op.RMSNormBack(dx2, la.h2, la.inv2, L.postNorm, dh2, true)
 	return dh2
 }
 
@@ -74,8 +74,8 @@ func (A *attentionLayer[E]) backward(s *pass[E], l int, dy mat[E], la *layerActs
 	if !needDX {
 		return nil
 	}
-	s.ar.Add(*dx1, *dxk)
-	s.ar.Add(*dx1, *dxv)
+	s.op.Add(*dx1, *dxk)
+	s.op.Add(*dx1, *dxv)
 	return dx1
 }
 
@@ -87,16 +87,16 @@ func (s *pass[E]) attentionBack(A *attentionLayer[E], l int, dh2 mat[E], la *lay
 	var dgate mat[E]
 	if la.gate.Dims != nil {
 		// o_proj's input was o ⊙ σ(gate): do ⊙ σ(gate) to o, do ⊙ o ⊙ σ'(gate) to the gate rows.
-		dgate = s.ar.Alloc(la.gate.Dims...)
-		s.ar.GateBack(*do, la.o, la.gate, dgate)
+		dgate = s.op.Alloc(la.gate.Dims...)
+		s.op.GateBack(*do, la.o, la.gate, dgate)
 	}
 	g := s.heads()
-	dQ, dKT, dVT := s.ar.AttendBack(&backend.AttentionGrads[E]{Heads: g, QH: la.qh, QHT: la.qhT, Keys: la.kh,
+	dQ, dKT, dVT := s.op.AttendBack(&backend.AttentionGrads[E]{Heads: g, QH: la.qh, QHT: la.qhT, Keys: la.kh,
 		KeysT: la.khT, ValuesT: la.vhT, Probs: la.p}, *do)
-	dq, dk, dv = s.ar.HeadsBack(&backend.HeadsBack[E]{Heads: g, DQ: dQ, DKT: dKT, DVT: dVT, Q: la.yq, K: la.yk,
+	dq, dk, dv = s.op.HeadsBack(&backend.HeadsBack[E]{Heads: g, DQ: dQ, DKT: dKT, DVT: dVT, Q: la.yq, K: la.yk,
 		QNorm: A.qNorm, KNorm: A.kNorm, QInv: la.qInv, KInv: la.kInv, Rot: s.rotation()})
 	if dgate.Dims != nil {
-		dq = s.ar.JoinGate(dq, dgate, c.NumAttentionHeads, c.HeadDim)
+		dq = s.op.JoinGate(dq, dgate, c.NumAttentionHeads, c.HeadDim)
 	}
 	return dq, dk, dv
 }

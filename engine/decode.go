@@ -200,13 +200,13 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 				s.rowBatch[i] = n / T
 			}
 		}
-		mark := s.ar.Mark()
-		hm := s.ar.GatherRows(h, rows)
+		mark := s.op.Mark()
+		hm := s.op.GatherRows(h, rows)
 		logits, _ := s.unembed(hm)
-		if s.ar.Err() != nil {
-			return nil, s.ar.Err()
+		if s.op.Err() != nil {
+			return nil, s.op.Err()
 		}
-		host := s.ar.Download(logits)
+		host := s.op.Download(logits)
 		par.Rows(len(rows), func(r0, r1 int) {
 			var row []float64 // reused while the sink takes the rows
 			for i := r0; i < r1; i++ {
@@ -223,9 +223,9 @@ func (s *pass[E]) wantedLogits(h mat[E], want func(b, t int) bool, sink rowSink)
 				out[n], row = row, nil
 			}
 		})
-		s.ar.Release(mark, s.ar.Mark())
+		s.op.Release(mark, s.op.Mark())
 	}
-	return out, s.ar.Err()
+	return out, s.op.Err()
 }
 
 // sampleRow is one sequence being generated.

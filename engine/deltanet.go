@@ -57,10 +57,10 @@ func (L *deltaNetLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[E
 	dn.State, dn.Cont, dn.Lens = st, cont, lens
 	dn.Q, dn.K, dn.Value = s.linear(x1, L.q), s.linear(x1, L.k), s.linear(x1, L.v)
 	dn.Z, dn.A, dn.Beta = s.linear(x1, L.z), s.linear(x1, L.a), s.linear(x1, L.b)
-	if s.ar.Err() != nil {
+	if s.op.Err() != nil {
 		return x1 // the pass has failed: any [N, D] tensor
 	}
-	y, kept := s.ar.DeltaNet(dn, la != nil)
+	y, kept := s.op.DeltaNet(dn, la != nil)
 	out := s.linear(y, L.out)
 	if la != nil {
 		la.dn = kept
@@ -80,7 +80,7 @@ func (L *deltaNetLayer[E]) core(s *pass[E]) *backend.DeltaNet[E] {
 // z, a, b and out_proj on the way: out_proj, the core (backend DeltaNetBack), the projections.
 func (L *deltaNetLayer[E]) backward(s *pass[E], l int, dh2 mat[E], la *layerActs[E], needDX bool) *mat[E] {
 	dy := s.linearBack(dh2, L.out, true)
-	dmq, dmk, dmv, dz, da, db := s.ar.DeltaNetBack(L.core(s), la.dn, *dy)
+	dmq, dmk, dmv, dz, da, db := s.op.DeltaNetBack(L.core(s), la.dn, *dy)
 	var dx1 *mat[E]
 	for _, p := range []struct {
 		dy  mat[E]
@@ -93,7 +93,7 @@ func (L *deltaNetLayer[E]) backward(s *pass[E], l int, dh2 mat[E], la *layerActs
 		if dx1 == nil {
 			dx1 = dx
 		} else {
-			s.ar.Add(*dx1, *dx)
+			s.op.Add(*dx1, *dx)
 		}
 	}
 	return dx1

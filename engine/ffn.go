@@ -37,8 +37,8 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
-	act, sig := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	s.ar.SiluGate(gate, up, sig, act, s.e.ggmlNorms())
+	act, sig := s.op.Alloc(N, F), s.op.Alloc(N, F)
+	s.op.SiluGate(gate, up, sig, act, s.e.ggmlNorms())
 	out := s.linear(act, f.down)
 	if la != nil {
 		la.dense = denseActs[E]{gate: gate, up: up, act: act, sig: sig}
@@ -53,14 +53,14 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	N, F := s.B*s.T, s.c.IntermediateSize
 	a := &la.dense
-	release := s.ar.ReleaseOne
+	release := s.op.ReleaseOne
 	if s.e.keepFFNActs {
 		release = func(mat[E]) {}
 	}
 	da := s.linearBack(dy, f.down, true)
 	release(a.act) // down's input: its LoRA gradients are summed (loraGrads)
-	dg, du := s.ar.Alloc(N, F), s.ar.Alloc(N, F)
-	s.ar.SiluGateBack(*da, a.gate, a.up, a.sig, dg, du)
+	dg, du := s.op.Alloc(N, F), s.op.Alloc(N, F)
+	s.op.SiluGateBack(*da, a.gate, a.up, a.sig, dg, du)
 	for _, m := range []mat[E]{*da, a.gate, a.up, a.sig} {
 		release(m)
 	}
@@ -69,7 +69,7 @@ func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	release(dg)
 	dxUp := s.linearBack(du, f.up, true)
 	release(du)
-	s.ar.Add(*dx, *dxUp)
+	s.op.Add(*dx, *dxUp)
 	release(*dxUp)
 	return *dx
 }

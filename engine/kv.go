@@ -29,9 +29,9 @@ func (p *passKV[E]) begin(l int, h *backend.HeadsIn[E]) {
 	s := p.s
 	KVH, hd, T := s.c.NumKeyValueHeads, s.c.HeadDim, s.T
 	BK := s.B * KVH
-	h.KeysT, h.Values = s.ar.Alloc(BK, hd, T), s.ar.Alloc(BK, T, hd)
+	h.KeysT, h.Values = s.op.Alloc(BK, hd, T), s.op.Alloc(BK, T, hd)
 	if s.saving() {
-		h.Keys, h.ValuesT = s.ar.Alloc(BK, T, hd), s.ar.Alloc(BK, hd, T)
+		h.Keys, h.ValuesT = s.op.Alloc(BK, T, hd), s.op.Alloc(BK, hd, T)
 		la := &s.train.acts[l]
 		la.kh, la.khT, la.vh, la.vhT = h.Keys, h.KeysT, h.Values, h.ValuesT
 	}

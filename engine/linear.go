@@ -4,5 +4,5 @@ package engine
 // gradient); bias and LoRA are the caller's. How depends on the weight's form and the machine:
 // the backend's (Step.Product).
 func (s *pass[E]) baseProduct(x mat[E], lin *linear[E], transposed bool) mat[E] {
-	return s.ar.Product(x, lin.w, transposed)
+	return s.op.Product(x, lin.w, transposed)
 }

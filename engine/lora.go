@@ -94,15 +94,15 @@ func (lin *linear[E]) alwaysAdds() bool { return lin.w.AddsLoRA() }
 type mergedLoRA[E float] struct{}
 
 func (mergedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	y := s.ar.MatMul(x, s.mergedWeight(lin, lm), 0, lin.w.OutIn())
+	y := s.op.MatMul(x, s.mergedWeight(lin, lm), 0, lin.w.OutIn())
 	if s.saving() { // only the LoRA gradients need x·Aᵀ
-		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
+		s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.op.MatMul(x, lm.a, 0, true)}
 	}
 	return y
 }
 
 func (mergedLoRA[E]) inputGrad(s *pass[E], dy, _ mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
-	return s.ar.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.w.OutIn())
+	return s.op.MatMul(dy, s.mergedWeight(lin, lm), 0, !lin.w.OutIn())
 }
 
 // mergedWeight returns the module's weight, in its stored layout, with its LoRA merged in;
@@ -113,11 +113,11 @@ func (s *pass[E]) mergedWeight(lin *linear[E], lm *loraMats[E]) mat[E] {
 	}
 	var m mat[E]
 	if lin.w.OutIn() {
-		m = s.ar.MatMul(lm.b, lm.a, 0, false) // B·A [out, in]
+		m = s.op.MatMul(lm.b, lm.a, 0, false) // B·A [out, in]
 	} else {
-		m = s.ar.MatMul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
+		m = s.op.MatMul(lm.aT, lm.b, 0, true) // Aᵀ·Bᵀ [in, out]
 	}
-	s.ar.Merge(m, lin.w, s.scale)
+	s.op.Merge(m, lin.w, s.scale)
 	s.merged[lin.id] = m
 	return m
 }
@@ -131,14 +131,14 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 	y := s.baseProduct(x, lin, false)
 	if s.ggmlLoRA(x, y, lin, lm, 0, x.Dims[0]) {
 		if s.saving() {
-			s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.ar.MatMul(x, lm.a, 0, true)}
+			s.train.taps[lin.id] = loraTap[E]{x: x, xa: s.op.MatMul(x, lm.a, 0, true)}
 		}
 		return y
 	}
-	xa := s.ar.MatMul(x, lm.a, 0, true) // [N, r]
-	xas := s.ar.Scale(xa, s.scale)
-	s.ar.MatMulAdd(y, xas, lm.b, true) // (scale·x·Aᵀ)·Bᵀ: the scale on [N, r], not on B
-	s.ar.ReleaseOne(xas)
+	xa := s.op.MatMul(x, lm.a, 0, true) // [N, r]
+	xas := s.op.Scale(xa, s.scale)
+	s.op.MatMulAdd(y, xas, lm.b, true) // (scale·x·Aᵀ)·Bᵀ: the scale on [N, r], not on B
+	s.op.ReleaseOne(xas)
 	if s.saving() {
 		s.train.taps[lin.id] = loraTap[E]{x: x, xa: xa}
 	}
@@ -147,9 +147,9 @@ func (addedLoRA[E]) forward(s *pass[E], x mat[E], lin *linear[E], lm *loraMats[E
 
 func (addedLoRA[E]) inputGrad(s *pass[E], dy, dyB mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	dx := s.baseProduct(dy, lin, true)
-	dyBs := s.ar.Scale(dyB, s.scale)
-	s.ar.MatMulAdd(dx, dyBs, lm.a, false) // (scale·dy·B)·A [N, in]
-	s.ar.ReleaseOne(dyBs)
+	dyBs := s.op.Scale(dyB, s.scale)
+	s.op.MatMulAdd(dx, dyBs, lm.a, false) // (scale·dy·B)·A [N, in]
+	s.op.ReleaseOne(dyBs)
 	return dx
 }
 
@@ -160,7 +160,7 @@ func (s *pass[E]) ggmlLoRA(x, y mat[E], lin *linear[E], lm *loraMats[E], r0, r1 
 	if !s.e.ggmlNorms() { // a quantized base: float32 passes only
 		return false
 	}
-	s.ar.AddLoRAGGML(x, y, backend.LoRARun[E]{R0: r0, R1: r1, A: lm.a, B: lm.b, Scale: s.scale})
+	s.op.AddLoRAGGML(x, y, backend.LoRARun[E]{R0: r0, R1: r1, A: lm.a, B: lm.b, Scale: s.scale})
 	return true
 }
 
@@ -189,12 +189,12 @@ func (s *pass[E]) linearBack(dy mat[E], lin *linear[E], needDX bool) *mat[E] {
 // plain layout.
 func (s *pass[E]) loraGrads(dy mat[E], lin *linear[E], lm *loraMats[E]) mat[E] {
 	tap := s.train.taps[lin.id]
-	dyB := s.ar.MatMul(dy, lm.b, 0, false) // [N, r]
-	dyBT := s.ar.Transpose(dyB, s.scale)
-	dA := s.ar.MatMul(dyBT, tap.x, 0, false) // [r, in]
-	s.ar.AddGrad(s.train.grads[lm.ai], dA, false)
-	xaT := s.ar.Transpose(tap.xa, s.scale)
-	dBt := s.ar.MatMul(xaT, dy, 0, false) // [r, out]
-	s.ar.AddGrad(s.train.grads[lm.bi], dBt, true)
+	dyB := s.op.MatMul(dy, lm.b, 0, false) // [N, r]
+	dyBT := s.op.Transpose(dyB, s.scale)
+	dA := s.op.MatMul(dyBT, tap.x, 0, false) // [r, in]
+	s.op.AddGrad(s.train.grads[lm.ai], dA, false)
+	xaT := s.op.Transpose(tap.xa, s.scale)
+	dBt := s.op.MatMul(xaT, dy, 0, false) // [r, out]
+	s.op.AddGrad(s.train.grads[lm.bi], dBt, true)
 	return dyB
 }

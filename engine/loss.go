@@ -110,7 +110,7 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 	head := s.m.head
 	lp = make([]float64, N)
 	if dlp != nil {
-		dhf = s.ar.Alloc(N, D)
+		dhf = s.op.Alloc(N, D)
 	}
 	rows := s.e.headTileRows()
 	if lm := s.lora[head.id]; lm != nil && s.segs == nil {
@@ -118,26 +118,26 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 			s.mergedWeight(head, lm) // once, before the tiles, which all multiply by it
 		}
 	}
-	for r0 := 0; r0 < N && s.ar.Err() == nil; r0 += rows {
+	for r0 := 0; r0 < N && s.op.Err() == nil; r0 += rows {
 		r1 := min(N, r0+rows)
-		m := s.ar.Mark()
+		m := s.op.Mark()
 		x := hf
 		if r1-r0 < N {
-			x = s.ar.Rows(hf, r0, r1)
+			x = s.op.Rows(hf, r0, r1)
 		}
 		logits := s.linear(x, head)
-		tlp, sumExp := s.ar.TargetLogprobs(logits, target[r0:r1])
+		tlp, sumExp := s.op.TargetLogprobs(logits, target[r0:r1])
 		copy(lp[r0:r1], tlp)
 		if dlp != nil {
 			g := make([]float64, r1-r0)
 			for i := range g {
 				g[i] = dlp(r0+i, tlp[i])
 			}
-			s.ar.LogitsGrad(logits, g, sumExp, target[r0:r1])
+			s.op.LogitsGrad(logits, g, sumExp, target[r0:r1])
 			d := s.linearBack(logits, head, true)
-			s.ar.SetRows(dhf, *d, r0)
+			s.op.SetRows(dhf, *d, r0)
 		}
-		s.ar.Release(m, s.ar.Mark())
+		s.op.Release(m, s.op.Mark())
 	}
 	return lp, dhf
 }

@@ -13,7 +13,7 @@ type pass[E float] struct {
 	e        *Engine
 	c        *Config
 	m        *model[E]
-	ar       step[E]
+	op       step[E] // the backend's step: the pass's memory and every op on it
 	B, T     int
 	kv       kvStore[E]
 	cos, sin []E            // rotary tables [slots, hd/2]
@@ -39,9 +39,9 @@ type pass[E float] struct {
 func (s *pass[E]) cancelled() bool {
 	GiveTurn(s.ctx)
 	if err := stopped(s.ctx); err != nil {
-		s.ar.Fail(err)
+		s.op.Fail(err)
 	}
-	return s.ar.Err() != nil
+	return s.op.Err() != nil
 }
 
 // trainState is what a training pass keeps for its backward pass.
@@ -97,7 +97,7 @@ type passParts[E float] struct {
 // cache when there is one) unless p.pos places its tokens in the cache (cacheKV).
 func newPass[E float](e *Engine, ar step[E], B, T int, p passParts[E]) *pass[E] {
 	m := modelOf[E](e.base)
-	s := &pass[E]{e: e, c: e.Config, m: m, ar: ar, B: B, T: T, cos: p.cos, sin: p.sin,
+	s := &pass[E]{e: e, c: e.Config, m: m, op: ar, B: B, T: T, cos: p.cos, sin: p.sin,
 		lora: p.lora, scale: p.scale, segs: p.segs, merged: make([]mat[E], len(m.linears)), ctx: p.ctx}
 	if p.pos == nil {
 		s.kv = &passKV[E]{s: s, cache: p.cache}
@@ -134,10 +134,10 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	// Memory: a training pass releases each layer's activations once its backward pass is done,
 	// so it holds the forward activations, one layer's backward temporaries and the logits, not
 	// everything it ever allocated; a forward-only pass holds one layer at a time.
-	m0 := s.ar.Mark()
+	m0 := s.op.Mark()
 	h, marks := s.layers(s.embed(p.tokens[lo:hi]), m0)
-	if s.ar.Err() != nil { // cancelled, or a failed allocation: the rest would compute nothing
-		return 0, s.ar.Err()
+	if s.op.Err() != nil { // cancelled, or a failed allocation: the rest would compute nothing
+		return 0, s.op.Err()
 	}
 	hf, invF := s.finalNorm(h)
 	target := passTargets(p.targets[lo:hi], T)
@@ -147,13 +147,13 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 	}
 	lp, dhf := s.headRows(hf, target, dlp)
 	_, total = tokenLosses(loss, p, lo, hi, T, lp, res)
-	if grads == nil || s.ar.Err() != nil {
-		return total, s.ar.Err()
+	if grads == nil || s.op.Err() != nil {
+		return total, s.op.Err()
 	}
 	if !s.backward(h, invF, dhf, marks) {
-		return 0, s.ar.Err()
+		return 0, s.op.Err()
 	}
-	return total, s.ar.Err()
+	return total, s.op.Err()
 }
 
 // longest is the length of the longest sequence.

@@ -80,7 +80,7 @@ func (s *pass[E]) segmentedLinear(x mat[E], lin *linear[E]) mat[E] {
 		}
 	}
 	if len(runs) > 0 {
-		s.ar.AddLoRARuns(x, y, runs, s.e.ggmlNorms())
+		s.op.AddLoRARuns(x, y, runs, s.e.ggmlNorms())
 	}
 	return y
 }

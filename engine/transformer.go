@@ -18,7 +18,7 @@ import (
 
 // embed looks up tokens [B][≤T]; positions past a row's end are zero.
 func (s *pass[E]) embed(tok [][]int) mat[E] {
-	h := s.ar.Embed(s.m.embed, tok, s.T)
+	h := s.op.Embed(s.m.embed, tok, s.T)
 	s.placeImages(h)
 	return h
 }
@@ -36,7 +36,7 @@ func (s *pass[E]) layers(h mat[E], m0 backend.Mark) (mat[E], []backend.Mark) {
 			}
 			h = s.layer(l, h)
 			s.addDeepstack(l, h)
-			s.ar.ReleaseExcept(m0, h)
+			s.op.ReleaseExcept(m0, h)
 		}
 		return h, nil
 	}
@@ -45,7 +45,7 @@ func (s *pass[E]) layers(h mat[E], m0 backend.Mark) (mat[E], []backend.Mark) {
 		if s.beforeLayer(l) {
 			return h, nil
 		}
-		marks[l] = s.ar.Mark()
+		marks[l] = s.op.Mark()
 		if s.train.recompute {
 			// Only the input is kept (allocated before this mark): the layer runs as a forward-only
 			// one and gives back everything but its output.
@@ -53,13 +53,13 @@ func (s *pass[E]) layers(h mat[E], m0 backend.Mark) (mat[E], []backend.Mark) {
 			s.train.saving = false
 			h = s.layer(l, h)
 			s.train.saving = true
-			s.ar.ReleaseExcept(marks[l], h)
+			s.op.ReleaseExcept(marks[l], h)
 		} else {
 			h = s.layer(l, h)
 		}
 		s.addDeepstack(l, h)
 	}
-	marks[L] = s.ar.Mark()
+	marks[L] = s.op.Mark()
 	return h, marks
 }
 
@@ -80,7 +80,7 @@ func (s *pass[E]) unembed(h mat[E]) (logits, inv mat[E]) {
 
 // finalNorm is the norm before the head: h normalised, and 1/rms per row.
 func (s *pass[E]) finalNorm(h mat[E]) (hf, inv mat[E]) {
-	hf, inv = s.ar.Alloc(h.Dims[0], s.c.HiddenSize), s.ar.Alloc(h.Dims[0])
+	hf, inv = s.op.Alloc(h.Dims[0], s.c.HiddenSize), s.op.Alloc(h.Dims[0])
 	s.rmsNorm(h, s.m.norm, hf, inv)
 	return hf, inv
 }
@@ -90,23 +90,23 @@ func (s *pass[E]) finalNorm(h mat[E]) (hf, inv mat[E]) {
 // A forward-only pass gives back the mixer's tensors before the block runs, and every merged
 // weight after; a training pass keeps what the layer's backward pass reads (layerActs).
 func (s *pass[E]) layer(l int, h mat[E]) mat[E] {
-	start := s.ar.Mark()
+	start := s.op.Mark()
 	var la *layerActs[E]
 	if s.saving() {
 		la = &s.train.acts[l]
 		*la = layerActs[E]{h: h}
 	}
 	L := &s.m.layers[l]
-	x1, inv1 := s.ar.Alloc(s.B*s.T, s.c.HiddenSize), s.ar.Alloc(s.B*s.T)
+	x1, inv1 := s.op.Alloc(s.B*s.T, s.c.HiddenSize), s.op.Alloc(s.B*s.T)
 	s.rmsNorm(h, L.inputNorm, x1, inv1)
 	h2 := L.mix.forward(s, l, x1, la)
-	s.ar.Add(h2, h)
+	s.op.Add(h2, h)
 	if la != nil {
 		la.x1, la.inv1 = x1, inv1
 	}
 	if la == nil { // the mixer's tensors are spent
 		s.dropMerged()
-		s.ar.ReleaseExcept(start, h2)
+		s.op.ReleaseExcept(start, h2)
 	}
 	out := s.feedForward(l, h2, la)
 	if la == nil || !s.train.keepMerged {
@@ -123,7 +123,7 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 	yq := s.linear(x1, A.q)
 	var gate mat[E]
 	if c.family().gatedAttention {
-		yq, gate = s.ar.SplitGate(yq, c.NumAttentionHeads, c.HeadDim)
+		yq, gate = s.op.SplitGate(yq, c.NumAttentionHeads, c.HeadDim)
 	}
 	yk := s.linear(x1, A.k)
 	yv := s.linear(x1, A.v)
@@ -132,19 +132,19 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 	s.kv.begin(l, hi) // where keys and values go, and where attention reads them
 	H, KVH, hd, T := c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim, s.T
 	G, BK := H/KVH, s.B*KVH
-	hi.QH = s.ar.Alloc(BK, G*T, hd)
+	hi.QH = s.op.Alloc(BK, G*T, hd)
 	if la != nil { // Qᵀ and the head norms' 1/rms serve only the backward pass
-		hi.QHT = s.ar.Alloc(BK, hd, G*T)
+		hi.QHT = s.op.Alloc(BK, hd, G*T)
 		if A.qNorm.Dims != nil {
-			hi.QInv, hi.KInv = s.ar.Alloc(N*H), s.ar.Alloc(N*KVH)
+			hi.QInv, hi.KInv = s.op.Alloc(N*H), s.op.Alloc(N*KVH)
 		}
 	}
-	s.ar.HeadsIn(hi)
-	probs, ot := s.ar.Attend(&backend.Attention[E]{Heads: hi.Heads, QH: hi.QH, KeysT: hi.KeysT, Values: hi.Values,
+	s.op.HeadsIn(hi)
+	probs, ot := s.op.Attend(&backend.Attention[E]{Heads: hi.Heads, QH: hi.QH, KeysT: hi.KeysT, Values: hi.Values,
 		Slot: hi.Slot, KeepProbs: la != nil, ChunkRows: s.e.attnChunk})
 	o := ot
 	if gate.Dims != nil {
-		o = s.ar.Gate(ot, gate)
+		o = s.op.Gate(ot, gate)
 	}
 	if la != nil {
 		la.gate = gate
@@ -152,7 +152,7 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 		if s.e.recomputeProbs(s.T) {
 			// Long sequences: the probabilities outweigh everything else a layer keeps, so the
 			// backward pass computes them again (one more matmul) instead of holding them.
-			s.ar.ReleaseOne(probs)
+			s.op.ReleaseOne(probs)
 			la.p = mat[E]{}
 		}
 	}
@@ -164,10 +164,10 @@ func (A *attentionLayer[E]) forward(s *pass[E], l int, x1 mat[E], la *layerActs[
 func (s *pass[E]) feedForward(l int, h2 mat[E], la *layerActs[E]) mat[E] {
 	c, L := s.c, &s.m.layers[l]
 	N, D := s.B*s.T, c.HiddenSize
-	x2, inv2 := s.ar.Alloc(N, D), s.ar.Alloc(N)
+	x2, inv2 := s.op.Alloc(N, D), s.op.Alloc(N)
 	s.rmsNorm(h2, L.postNorm, x2, inv2)
 	out := L.ffn.forward(s, x2, la)
-	s.ar.Add(out, h2)
+	s.op.Add(out, h2)
 	if la != nil {
 		la.h2, la.x2, la.inv2 = h2, x2, inv2
 	}
@@ -186,7 +186,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 		y = s.baseProduct(x, lin, false)
 	}
 	if lin.bias.Dims != nil {
-		s.ar.AddBias(y, lin.bias)
+		s.op.AddBias(y, lin.bias)
 	}
 	return y
 }
@@ -197,7 +197,7 @@ func (s *pass[E]) linear(x mat[E], lin *linear[E]) mat[E] {
 func (s *pass[E]) dropMerged() {
 	for id, f := range s.merged {
 		if f.Dims != nil {
-			s.ar.ReleaseOne(f)
+			s.op.ReleaseOne(f)
 			s.merged[id] = mat[E]{}
 		}
 	}
@@ -231,7 +231,7 @@ func ropeRow[E float](x, y, c, sn []E) {
 // rmsNorm is RMSNorm over rows of x with the model's eps, rounded as ggml-cpu does under
 // ggmlNorms.
 func (s *pass[E]) rmsNorm(x, w, y, inv mat[E]) {
-	s.ar.RMSNorm(x, w, s.c.RMSNormEps, y, inv, s.e.ggmlNorms())
+	s.op.RMSNorm(x, w, s.c.RMSNormEps, y, inv, s.e.ggmlNorms())
 }
 
 // ggmlNorms: Options.GGMLActivations over a quantized base also rounds the RMSNorms as ggml-cpu

@@ -272,7 +272,7 @@ func (s *pass[E]) placeImages(h mat[E]) {
 	if s.vis == nil {
 		return
 	}
-	s.ar.PutRows(h, s.vis.at, s.vis.embeds, false)
+	s.op.PutRows(h, s.vis.at, s.vis.embeds, false)
 }
 
 // addDeepstack adds DeepStack's features to layer l's output at the image tokens.
@@ -280,7 +280,7 @@ func (s *pass[E]) addDeepstack(l int, h mat[E]) {
 	if s.vis == nil || l >= len(s.vis.deepstack) {
 		return
 	}
-	s.ar.PutRows(h, s.vis.at, s.vis.deepstack[l], true)
+	s.op.PutRows(h, s.vis.at, s.vis.deepstack[l], true)
 }
 
 // imageRows are datums [lo,hi) as a pass's rows (nil: no datum has images).

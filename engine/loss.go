@@ -1,23 +1,22 @@
 package engine
 
 import (
-	"math"
-
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 )
 
 // Every loss in one place: the loss functions a batch may name, with their inputs and
 // parameters (lossDefs, checked by prepareFor); one token's loss and its derivative in the
-// token's logprob (tokenLossGrad); and that logprob itself (the backend's TargetLogprobs), which training,
+// token's logprob (tokenLossGrad); and that logprob itself (the backend's HeadLoss), which training,
 // forward passes and the sampler's prompt logprobs all compute alike.
 
-// Loss functions.
+// Loss functions (their formulas are the backend's reference, backend.LossParams.TokenLoss).
 const (
-	lossCrossEntropy = "cross_entropy"
-	lossImportance   = "importance_sampling"
-	lossPPO          = "ppo"
-	lossCISPO        = "cispo"
-	lossDRO          = "dro"
+	lossCrossEntropy = backend.LossCrossEntropy
+	lossImportance   = backend.LossImportance
+	lossPPO          = backend.LossPPO
+	lossCISPO        = backend.LossCISPO
+	lossDRO          = backend.LossDRO
 )
 
 // LossNames are the supported loss functions.
@@ -38,33 +37,9 @@ var lossDefs = map[string]lossDef{
 }
 
 // tokenLossGrad is one token's loss and its derivative in the token's logprob lp
-// (w: CE weight, q: sampling logprob, adv: advantage).
+// (w: CE weight, q: sampling logprob, adv: advantage): backend.LossParams.TokenLoss.
 func tokenLossGrad(kind string, lp, w, q, adv, lo, hi, beta float64) (loss, grad float64) {
-	switch kind {
-	case lossCrossEntropy:
-		return -lp * w, -w
-	case lossImportance:
-		r := math.Exp(lp - q)
-		return -r * adv, -r * adv
-	case lossPPO:
-		r := math.Exp(lp - q)
-		clipped := min(max(r, lo), hi)
-		if r*adv <= clipped*adv {
-			return -r * adv, -r * adv
-		}
-		// The clipped branch is the minimum: its ratio is constant outside [lo, hi].
-		if r > lo && r < hi {
-			return -clipped * adv, -r * adv
-		}
-		return -clipped * adv, 0
-	case lossCISPO:
-		r := min(max(math.Exp(lp-q), lo), hi) // not differentiated
-		return -r * lp * adv, -r * adv
-	case lossDRO: // w is 1 where dro trains, 0 elsewhere (see droMask)
-		d := lp - q
-		return -w * (lp*adv - 0.5*beta*d*d), -w * (adv - beta*d)
-	}
-	return 0, 0
+	return backend.LossParams{Kind: kind, Lo: lo, Hi: hi, Beta: beta}.TokenLoss(lp, w, q, adv)
 }
 
 // tokenLosses is each token's loss and its derivative in lp, for datums [lo,hi) of p laid out in
@@ -86,30 +61,34 @@ func tokenLosses(loss string, p *prepared, lo, hi, T int, lp []float64, res *For
 	return dlp, total
 }
 
-// rowLossGrad is tokenLosses's derivative for one row r of the pass (datums [lo,hi) of p in
-// rows of T) at logprob lp: 0 past a datum's end. headRows takes it tile by tile.
-func rowLossGrad(loss string, p *prepared, lo, hi, T int) func(r int, lp float64) float64 {
-	return func(r int, lp float64) float64 {
-		i, t := lo+r/T, r%T
-		if i >= hi || t >= len(p.tokens[i]) {
-			return 0
+// passLossInputs lays out datums [lo,hi) of p in the pass's rows of T: each row's target token, its
+// loss inputs, and whether it is a real token (padding past a datum's end is not).
+func passLossInputs(loss string, p *prepared, lo, hi, T int) *backend.LossInputs {
+	N := (hi - lo) * T
+	in := &backend.LossInputs{LossParams: backend.LossParams{Kind: loss, Lo: p.lo, Hi: p.hi, Beta: p.beta},
+		Target: make([]int, N), Weight: make([]float64, N), OldLP: make([]float64, N), Adv: make([]float64, N), Live: make([]bool, N)}
+	for b := range hi - lo {
+		i := lo + b
+		copy(in.Target[b*T:], p.targets[i])
+		for t := range p.tokens[i] {
+			r := b*T + t
+			in.Weight[r], in.OldLP[r], in.Adv[r], in.Live[r] = p.weights[i][t], p.oldLP[i][t], p.adv[i][t], true
 		}
-		_, g := tokenLossGrad(loss, lp, p.weights[i][t], p.oldLP[i][t], p.adv[i][t], p.lo, p.hi, p.beta)
-		return g
 	}
+	return in
 }
 
 // headRows runs the head over hf [N, D] in tiles of headTileRows rows and returns each row's
-// logprob of its target. With dlp (a training pass) each tile's logits become d loss/d logits
+// logprob of its target. With grad (a training pass) each tile's logits become d loss/d logits
 // and go back through the head at once, into d loss/d hf (returned) and the head's LoRA
 // gradients. So a pass never holds more than one tile's logits: for an 8B shape's 152k
 // vocabulary 64 MB, not 0.6 GB per thousand tokens. A row's logprob does not depend on the
 // tile it is in; a pass of one tile is the whole product, as before tiles.
-func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) float64) (lp []float64, dhf mat[E]) {
+func (s *pass[E]) headRows(hf mat[E], in *backend.LossInputs, grad bool) (lp []float64, dhf mat[E]) {
 	N, D := hf.Dims[0], s.c.HiddenSize
 	head := s.m.head
 	lp = make([]float64, N)
-	if dlp != nil {
+	if grad {
 		dhf = s.op.Alloc(N, D)
 	}
 	rows := s.e.headTileRows()
@@ -126,14 +105,8 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 			x = s.op.Rows(hf, r0, r1)
 		}
 		logits := s.linear(x, head)
-		tlp, sumExp := s.op.TargetLogprobs(logits, target[r0:r1])
-		copy(lp[r0:r1], tlp)
-		if dlp != nil {
-			g := make([]float64, r1-r0)
-			for i := range g {
-				g[i] = dlp(r0+i, tlp[i])
-			}
-			s.op.LogitsGrad(logits, g, sumExp, target[r0:r1])
+		s.op.HeadLoss(logits, in, r0, lp, grad)
+		if grad {
 			d := s.linearBack(logits, head, true)
 			s.op.SetRows(dhf, *d, r0)
 		}
@@ -142,9 +115,8 @@ func (s *pass[E]) headRows(hf mat[E], target []int, dlp func(r int, lp float64) 
 	return lp, dhf
 }
 
-// logprobOf is the logprob of a logits row the sampler returned (cpu.RowLogprob, as a forward
-// pass's TargetLogprobs computes it) (widened from the engine's
-// dtype, so narrowing it back is exact).
+// logprobOf is the logprob of a logits row the sampler returned, widened from the engine's dtype
+// (so narrowing it back is exact), as a forward pass's HeadLoss computes it (cpu.RowLogprob).
 func (e *Engine) logprobOf(logits []float64, target int) float64 {
 	if e.opts.Float64 {
 		lp, _ := cpu.RowLogprob(append([]float64(nil), logits...), target)

@@ -140,12 +140,7 @@ func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, l
 		return 0, s.op.Err()
 	}
 	hf, invF := s.finalNorm(h)
-	target := passTargets(p.targets[lo:hi], T)
-	var dlp func(r int, lp float64) float64
-	if grads != nil {
-		dlp = rowLossGrad(loss, p, lo, hi, T)
-	}
-	lp, dhf := s.headRows(hf, target, dlp)
+	lp, dhf := s.headRows(hf, passLossInputs(loss, p, lo, hi, T), grads != nil)
 	_, total = tokenLosses(loss, p, lo, hi, T, lp, res)
 	if grads == nil || s.op.Err() != nil {
 		return total, s.op.Err()
@@ -163,15 +158,6 @@ func longest(tokens [][]int) int {
 		n = max(n, len(t))
 	}
 	return n
-}
-
-// passTargets lays out each sequence's target tokens in the pass's rows of T (0 past its end).
-func passTargets(targets [][]int, T int) []int {
-	target := make([]int, len(targets)*T)
-	for b, tt := range targets {
-		copy(target[b*T:], tt)
-	}
-	return target
 }
 
 // recoverCompute turns a panic in the backend (a bug, not bad input: inputs are checked first)

@@ -163,12 +163,11 @@ type Ops[E Float] interface {
 	AddLoRAGGML(x, y Tensor[E], run LoRARun[E])
 
 	// Losses and rows.
-	// TargetLogprobs returns each row's log softmax at its target and Σ exp(logit − max),
-	// leaving in logits what LogitsGrad reads.
-	TargetLogprobs(logits Tensor[E], target []int) (lp, sumExp []float64)
-	// LogitsGrad turns logits, as TargetLogprobs left them, into d loss/d logits =
-	// dlp·(onehot(target) − softmax), in place.
-	LogitsGrad(logits Tensor[E], dlp, sumExp []float64, target []int)
+	// HeadLoss writes each row's log softmax at its target (in.Target) into lp, for a tile of the
+	// head, rows [r0, r0+rows) of the pass; with grad, the tile's logits then become d loss/d
+	// logits = dlp·(onehot(target) − softmax), dlp the loss's derivative at the row's logprob
+	// (LossParams.TokenLoss; 0 for padding). The per-token inputs are made once a pass.
+	HeadLoss(logits Tensor[E], in *LossInputs, r0 int, lp []float64, grad bool)
 	// SetRows copies src into dst's rows from r0; GatherRows is x's rows rows[i], in order.
 	SetRows(dst, src Tensor[E], r0 int)
 	GatherRows(x Tensor[E], rows []int) Tensor[E]

@@ -7,43 +7,8 @@ import (
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
-// TargetLogprobs: per row r, lp[r] = logit[target] − logsumexp(row), sumExp[r] = Σ exp(logit −
-// max); each row is overwritten by exp(logit − max) on the way, all LogitsGrad needs of it.
-func (s *step[E]) TargetLogprobs(logits backend.Tensor[E], target []int) (lp, sumExp []float64) {
-	N, V := len(target), logits.Dims[len(logits.Dims)-1]
-	lp = make([]float64, N)
-	sumExp = make([]float64, N)
-	kernels.ParallelRows(N, func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			lp[r], sumExp[r] = RowLogprob(logits.V[r*V:(r+1)*V], target[r])
-		}
-	})
-	return lp, sumExp
-}
-
-// LogitsGrad: each row, exp(logit − max) as TargetLogprobs left it, becomes d loss/d logits =
-// dlp·(onehot(target) − softmax), in place.
-func (s *step[E]) LogitsGrad(logits backend.Tensor[E], dlp, sumExp []float64, target []int) {
-	V := logits.Dims[len(logits.Dims)-1]
-	kernels.ParallelRows(len(target), func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			row := logits.V[r*V : (r+1)*V]
-			g := dlp[r]
-			if g == 0 {
-				clear(row)
-				continue
-			}
-			k := E(-g / sumExp[r])
-			for i := range row {
-				row[i] *= k
-			}
-			row[target[r]] += E(g)
-		}
-	})
-}
-
 // RowLogprob is log softmax(row)[target] and Σ exp(row − max). The row is overwritten by
-// exp(row − max). Training, forward passes and the sampler's prompt logprobs (on rows that
+// exp(row − max). Training, forward passes (HeadLoss) and the sampler's prompt logprobs (on rows that
 // reached the host) all take their logprobs from here, so they agree bit for bit.
 func RowLogprob[E backend.Float](row []E, target int) (lp, sumExp float64) {
 	m := kernels.RowMax(row)
@@ -73,3 +38,34 @@ func (s *step[E]) GatherRows(x backend.Tensor[E], rows []int) backend.Tensor[E] 
 
 // Download is t's numbers on the host: on the CPU, its own memory, valid until t is given back.
 func (s *step[E]) Download(t backend.Tensor[E]) []E { return t.V }
+
+// HeadLoss: per row r of the tile, lp[r0+r] = RowLogprob(row, target); with grad, the row
+// becomes dlp·(onehot(target) − softmax), dlp the loss's derivative at lp (0 for padding).
+func (s *step[E]) HeadLoss(logits backend.Tensor[E], in *backend.LossInputs, r0 int, lp []float64, grad bool) {
+	V := logits.Dims[len(logits.Dims)-1]
+	rows := len(logits.V) / V
+	kernels.ParallelRows(rows, func(a0, a1 int) {
+		for r := a0; r < a1; r++ {
+			n := r0 + r
+			row := logits.V[r*V : (r+1)*V]
+			l, se := RowLogprob(row, in.Target[n])
+			lp[n] = l
+			if !grad {
+				continue
+			}
+			var g float64
+			if in.Live[n] {
+				_, g = in.TokenLoss(l, in.Weight[n], in.OldLP[n], in.Adv[n])
+			}
+			if g == 0 {
+				clear(row)
+				continue
+			}
+			k := E(-g / se)
+			for i := range row {
+				row[i] *= k
+			}
+			row[in.Target[n]] += E(g)
+		}
+	})
+}

@@ -1,0 +1,118 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/backend"
+)
+
+// Op tests: each op of the CPU backend against a float64 reference written from its doc, on
+// shapes with tails. A device backend's op tests compare against these ops.
+
+func newTestStep[E backend.Float](t *testing.T) backend.Step[E] {
+	t.Helper()
+	b, err := New(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStep[E](b, backend.StepOptions{})
+	t.Cleanup(s.Free)
+	return s
+}
+
+func randn(rng *rand.Rand, n int) []float64 {
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = rng.NormFloat64()
+	}
+	return v
+}
+
+// HeadLoss gives each row's log softmax at its target and, with grad, the loss's gradient in the
+// logits: dlp·(onehot − softmax), zero on padding rows, for every loss.
+func TestHeadLossMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const rows, V, r0 = 7, 131, 3
+	for _, kind := range []string{backend.LossCrossEntropy, backend.LossImportance, backend.LossPPO, backend.LossCISPO, backend.LossDRO} {
+		s := newTestStep[float64](t)
+		logits := randn(rng, rows*V)
+		in := &backend.LossInputs{LossParams: backend.LossParams{Kind: kind, Lo: 0.8, Hi: 1.2, Beta: 0.05},
+			Target: make([]int, r0+rows), Weight: make([]float64, r0+rows), OldLP: make([]float64, r0+rows),
+			Adv: make([]float64, r0+rows), Live: make([]bool, r0+rows)}
+		for n := range r0 + rows {
+			in.Target[n], in.Weight[n], in.OldLP[n], in.Adv[n] = rng.IntN(V), rng.Float64(), -4+rng.Float64(), rng.NormFloat64()
+			in.Live[n] = n != r0+2 // one padding row
+		}
+		x := s.From(logits, rows, V)
+		lp := make([]float64, r0+rows)
+		s.HeadLoss(x, in, r0, lp, true)
+		got := s.Download(x)
+		for r := range rows {
+			n := r0 + r
+			row := logits[r*V : (r+1)*V]
+			m := math.Inf(-1)
+			for _, v := range row {
+				m = max(m, v)
+			}
+			var se float64
+			for _, v := range row {
+				se += math.Exp(v - m)
+			}
+			want := row[in.Target[n]] - m - math.Log(se)
+			if math.Abs(lp[n]-want) > 1e-12 {
+				t.Fatalf("%s row %d: logprob %v, reference %v", kind, r, lp[n], want)
+			}
+			var g float64
+			if in.Live[n] {
+				_, g = in.TokenLoss(want, in.Weight[n], in.OldLP[n], in.Adv[n])
+			}
+			for i, v := range row {
+				d := -g * math.Exp(v-m) / se
+				if i == in.Target[n] {
+					d += g
+				}
+				if math.Abs(got[r*V+i]-d) > 1e-12 {
+					t.Fatalf("%s row %d logit %d: gradient %v, reference %v", kind, r, i, got[r*V+i], d)
+				}
+			}
+		}
+	}
+}
+
+// RMSNorm and its backward against float64 references, in float32 (the kernels' rows).
+func TestRMSNormMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const rows, D = 5, 77
+	s := newTestStep[float32](t)
+	xv, wv, dyv := randn(rng, rows*D), randn(rng, D), randn(rng, rows*D)
+	x, w, dy := s.From(xv, rows, D), s.From(wv, D), s.From(dyv, rows, D)
+	y, inv := s.Alloc(rows, D), s.Alloc(rows)
+	s.RMSNorm(x, w, 1e-6, y, inv, false)
+	dx := s.Alloc(rows, D)
+	s.RMSNormBack(dy, x, inv, w, dx, false)
+	yv, dxv := s.Download(y), s.Download(dx)
+	for r := range rows {
+		xr := xv[r*D : (r+1)*D]
+		var ss float64
+		for _, v := range xr {
+			ss += float64(float32(v)) * float64(float32(v))
+		}
+		iv := 1 / math.Sqrt(ss/D+1e-6)
+		var dot float64
+		for i := range D {
+			dot += float64(float32(dyv[r*D+i])) * float64(float32(wv[i])) * float64(float32(xr[i]))
+		}
+		for i := range D {
+			want := float64(float32(xr[i])) * iv * float64(float32(wv[i]))
+			if math.Abs(float64(yv[r*D+i])-want) > 1e-5*(1+math.Abs(want)) {
+				t.Fatalf("row %d dim %d: y %v, reference %v", r, i, yv[r*D+i], want)
+			}
+			wantDX := iv*float64(float32(dyv[r*D+i]))*float64(float32(wv[i])) - float64(float32(xr[i]))*iv*iv*iv*dot/D
+			if math.Abs(float64(dxv[r*D+i])-wantDX) > 1e-4*(1+math.Abs(wantDX)) {
+				t.Fatalf("row %d dim %d: dx %v, reference %v", r, i, dxv[r*D+i], wantDX)
+			}
+		}
+	}
+}

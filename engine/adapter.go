@@ -6,6 +6,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+
+	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/backend/cpu"
 )
 
 // LoraConfig is Tinker's LoraConfig.
@@ -33,9 +36,9 @@ type param struct {
 	s64   *paramState[float64]
 }
 
-// paramState is a param's numbers: weights, accumulated gradient, Adam's two moments. A sampler
-// snapshot holds w only (g, m, v nil).
-type paramState[E float] struct{ w, g, m, v []E }
+// paramState is a param's numbers as the backend keeps them: weights, accumulated gradient,
+// Adam's two moments. A sampler snapshot holds w only (g, m, v empty).
+type paramState[E float] struct{ w, g, m, v mat[E] }
 
 // numbersOf is p's numbers in the element type E of the engine that made it.
 func numbersOf[E float](p *param) *paramState[E] {
@@ -47,22 +50,27 @@ func numbersOf[E float](p *param) *paramState[E] {
 
 // newParam allocates a param of the engine's element type, zeroed.
 func (e *Engine) newParam(name string, shape []int, withState bool) *param {
-	n := shape[0] * shape[1]
 	p := &param{name: name, shape: shape}
 	if e.opts.Float64 {
-		p.s64 = newParamState[float64](n, withState)
+		p.s64 = newParamState[float64](shape, withState)
 	} else {
-		p.s32 = newParamState[float32](n, withState)
+		p.s32 = newParamState[float32](shape, withState)
 	}
 	return p
 }
 
-func newParamState[E float](n int, withState bool) *paramState[E] {
-	s := &paramState[E]{w: make([]E, n)}
+func newParamState[E float](shape []int, withState bool) *paramState[E] {
+	s := &paramState[E]{w: cpu.NewParam[E](shape...)}
 	if withState {
-		s.g, s.m, s.v = make([]E, n), make([]E, n), make([]E, n)
+		s.g, s.m, s.v = cpu.NewParam[E](shape...), cpu.NewParam[E](shape...), cpu.NewParam[E](shape...)
 	}
 	return s
+}
+
+// backendParam is p as the backend's optimizer takes it.
+func backendParam[E float](p *param) backend.Param[E] {
+	q := numbersOf[E](p)
+	return backend.Param[E]{W: q.w, G: q.g, M: q.m, V: q.v}
 }
 
 // size is the number of the param's weights.
@@ -70,18 +78,29 @@ func (p *param) size() int { return p.shape[0] * p.shape[1] }
 
 // bytes is the memory p's numbers hold.
 func (p *param) bytes() int {
-	if p.s64 != nil {
-		return 8 * (len(p.s64.w) + len(p.s64.g) + len(p.s64.m) + len(p.s64.v))
+	n := 0
+	count := func(ts ...[]int) {
+		for _, d := range ts {
+			if d != nil {
+				n += p.size()
+			}
+		}
 	}
-	return 4 * (len(p.s32.w) + len(p.s32.g) + len(p.s32.m) + len(p.s32.v))
+	if p.s64 != nil {
+		count(p.s64.w.Dims, p.s64.g.Dims, p.s64.m.Dims, p.s64.v.Dims)
+		return 8 * n
+	}
+	count(p.s32.w.Dims, p.s32.g.Dims, p.s32.m.Dims, p.s32.v.Dims)
+	return 4 * n
 }
 
-// float64s widens one of p's vectors ('w', 'g', 'm', 'v') for a file or a test.
+// float64s widens one of p's vectors ('w', 'g', 'm', 'v') for a file or a test (nil: p has
+// none); the float64 engine's are its own numbers.
 func (p *param) float64s(which byte) []float64 {
 	if p.s64 != nil {
-		return pick(p.s64, which)
+		return hostOf(pick(p.s64, which))
 	}
-	v := pick(p.s32, which)
+	v := hostOf(pick(p.s32, which))
 	if v == nil {
 		return nil
 	}
@@ -92,7 +111,15 @@ func (p *param) float64s(which byte) []float64 {
 	return out
 }
 
-func pick[E float](s *paramState[E], which byte) []E {
+// hostOf is a param tensor's numbers on the host (nil for an empty one).
+func hostOf[E float](t mat[E]) []E {
+	if t.Dims == nil {
+		return nil
+	}
+	return cpu.Values(t)
+}
+
+func pick[E float](s *paramState[E], which byte) mat[E] {
 	switch which {
 	case 'w':
 		return s.w
@@ -104,20 +131,16 @@ func pick[E float](s *paramState[E], which byte) []E {
 	return s.v
 }
 
-// setFloat64s narrows v (a file's numbers) into one of p's vectors, allocating it if it was nil.
+// setFloat64s narrows v (a file's numbers) into one of p's vectors, a new tensor.
 func (p *param) setFloat64s(which byte, v []float64) {
 	if p.s64 != nil {
-		setPicked(p.s64, which, append([]float64(nil), v...))
+		setPicked(p.s64, which, cpu.ParamOf[float64](v, p.shape...))
 		return
 	}
-	f := make([]float32, len(v))
-	for i, x := range v {
-		f[i] = float32(x)
-	}
-	setPicked(p.s32, which, f)
+	setPicked(p.s32, which, cpu.ParamOf[float32](v, p.shape...))
 }
 
-func setPicked[E float](s *paramState[E], which byte, v []E) {
+func setPicked[E float](s *paramState[E], which byte, v mat[E]) {
 	switch which {
 	case 'w':
 		s.w = v
@@ -133,9 +156,9 @@ func setPicked[E float](s *paramState[E], which byte, v []E) {
 // dropState forgets p's gradient and moments (a sampler snapshot's weights).
 func (p *param) dropState() {
 	if p.s64 != nil {
-		p.s64.g, p.s64.m, p.s64.v = nil, nil, nil
+		p.s64.g, p.s64.m, p.s64.v = mat[float64]{}, mat[float64]{}, mat[float64]{}
 	} else {
-		p.s32.g, p.s32.m, p.s32.v = nil, nil, nil
+		p.s32.g, p.s32.m, p.s32.v = mat[float32]{}, mat[float32]{}, mat[float32]{}
 	}
 }
 
@@ -158,25 +181,23 @@ type Adapter struct {
 }
 
 // batchGrads is zeroed gradient sums for one forward_backward over a (given back by putGrads).
-func batchGrads[E float](a *Adapter) [][]E {
+func batchGrads[E float](a *Adapter, st step[E]) []mat[E] {
 	a.scratchMu.Lock()
-	g, _ := a.scratch.([][]E)
+	g, _ := a.scratch.([]mat[E])
 	a.scratch = nil
 	a.scratchMu.Unlock()
 	if g == nil {
-		g = make([][]E, len(a.params))
+		g = make([]mat[E], len(a.params))
 		for i, q := range a.params {
-			g[i] = make([]E, q.size())
+			g[i] = cpu.NewParam[E](q.shape...)
 		}
 		return g
 	}
-	for _, v := range g {
-		clear(v)
-	}
+	st.Clear(g...)
 	return g
 }
 
-func putGrads[E float](a *Adapter, g [][]E) {
+func putGrads[E float](a *Adapter, g []mat[E]) {
 	a.scratchMu.Lock()
 	a.scratch = g
 	a.scratchMu.Unlock()
@@ -331,17 +352,26 @@ func (e *Engine) OptimStep(ctx context.Context, id string, p AdamParams) (map[st
 	}
 	var metrics map[string]float64
 	if e.opts.Float64 {
-		metrics, err = adamStep[float64](a, p)
+		metrics, err = adamStep[float64](e, a, p)
 	} else {
-		metrics, err = adamStep[float32](a, p)
+		metrics, err = adamStep[float32](e, a, p)
 	}
 	return metrics, err
 }
 
-// adamStep is OptimStep over an adapter whose numbers are of type E. The arithmetic is float64
-// whatever E is (each number widened as it is read and narrowed as it is stored).
-func adamStep[E float](a *Adapter, p AdamParams) (map[string]float64, error) {
-	norm := gradNorm[E](a.params)
+// adamStep is OptimStep over an adapter whose numbers are of type E, by the backend's AdamW (the
+// arithmetic is float64 whatever E is: each number widened as it is read and narrowed as it is
+// stored).
+func adamStep[E float](e *Engine, a *Adapter, p AdamParams) (map[string]float64, error) {
+	st := newStep[E](e)
+	defer st.Free()
+	ps := make([]backend.Param[E], len(a.params))
+	gs := make([]mat[E], len(a.params))
+	for i, pr := range a.params {
+		ps[i] = backendParam[E](pr)
+		gs[i] = ps[i].G
+	}
+	norm := st.GradNorm(gs)
 	if !isFinite(norm) {
 		// Unreachable through the API (forward_backward refuses non-finite gradients); refused
 		// all the same, changing nothing.
@@ -352,41 +382,15 @@ func adamStep[E float](a *Adapter, p AdamParams) (map[string]float64, error) {
 		clip = p.GradClipNorm / norm
 	}
 	t := float64(a.Step + 1)
-	bc1 := 1 - math.Pow(p.Beta1, t)
-	bc2 := 1 - math.Pow(p.Beta2, t)
-	// adamUpdate is one element's step; it runs twice per element, first only to check that
-	// every new weight and moment is finite in E (a huge learning rate, or an eps tiny against a
-	// vanishing second moment, can overflow), then to apply the step. A refused step changes
-	// nothing, and the arithmetic is the same both times, so what is checked is what is stored.
-	adamUpdate := func(q *paramState[E], j int) (w, m, v E) {
-		g := float64(q.g[j]) * clip
-		mf := p.Beta1*float64(q.m[j]) + (1-p.Beta1)*g
-		vf := p.Beta2*float64(q.v[j]) + (1-p.Beta2)*g*g
-		wf := float64(q.w[j]) * (1 - p.LearningRate*p.WeightDecay)
-		upd := p.LearningRate * (mf / bc1) / (math.Sqrt(vf/bc2) + p.Eps)
-		return E(wf - upd), E(mf), E(vf)
-	}
-	for _, pr := range a.params {
-		q := numbersOf[E](pr)
-		for j := range q.w {
-			if w, m, v := adamUpdate(q, j); !isFinite(float64(w)) || !isFinite(float64(m)) || !isFinite(float64(v)) {
-				return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",
-					ErrNonFinite, pr.name, w, m, v, p.LearningRate)
-			}
-		}
+	h := backend.AdamW{LR: p.LearningRate, Beta1: p.Beta1, Beta2: p.Beta2, Eps: p.Eps, WeightDecay: p.WeightDecay,
+		Clip: clip, BC1: 1 - math.Pow(p.Beta1, t), BC2: 1 - math.Pow(p.Beta2, t)}
+	updSq, bad, w, m, v := st.AdamW(ps, h)
+	if bad >= 0 {
+		return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",
+			ErrNonFinite, a.params[bad].name, w, m, v, p.LearningRate)
 	}
 	a.Step++
-	var updSq float64
-	for _, pr := range a.params {
-		q := numbersOf[E](pr)
-		for j := range q.w {
-			nw, m, v := adamUpdate(q, j)
-			d := float64(nw) - float64(q.w[j])
-			updSq += d * d
-			q.w[j], q.m[j], q.v[j] = nw, m, v
-		}
-		clear(q.g)
-	}
+	st.Clear(gs...)
 	a.pendingGrads = false
 	// The next forward_backward sums into the zero accumulator in place; a batch-sums buffer kept
 	// from gradient accumulation would be a fifth copy of the adapter held while it idles.
@@ -399,33 +403,6 @@ func adamStep[E float](a *Adapter, p AdamParams) (map[string]float64, error) {
 		"learning_rate:mean": p.LearningRate,
 		"step:max":           t,
 	}, nil
-}
-
-// gradNorm is the global L2 norm of the accumulated gradients. A sum of squares that
-// overflows (gradients near 1e154) is summed again scaled by the largest gradient.
-func gradNorm[E float](params []*param) float64 {
-	var sq float64
-	for _, q := range params {
-		for _, g := range numbersOf[E](q).g {
-			sq += float64(g) * float64(g)
-		}
-	}
-	if !math.IsInf(sq, 1) {
-		return math.Sqrt(sq)
-	}
-	var scale float64
-	for _, q := range params {
-		for _, g := range numbersOf[E](q).g {
-			scale = max(scale, math.Abs(float64(g)))
-		}
-	}
-	sq = 0
-	for _, q := range params {
-		for _, g := range numbersOf[E](q).g {
-			sq += (float64(g) / scale) * (float64(g) / scale)
-		}
-	}
-	return scale * math.Sqrt(sq)
 }
 
 // loraSpec says which linear layers carry LoRA.

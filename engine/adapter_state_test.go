@@ -71,7 +71,7 @@ func TestOldFloat64CheckpointLoadsOnFloat32Engine(t *testing.T) {
 	want := make([][]float64, len(b.params))
 	var sq float64
 	for i, q := range b.params {
-		s := q.s32
+		s := hostState(q.s32)
 		if s == nil {
 			t.Fatalf("%s: not float32 state", q.name)
 		}
@@ -83,7 +83,7 @@ func TestOldFloat64CheckpointLoadsOnFloat32Engine(t *testing.T) {
 		}
 	}
 	for i, q := range b.params {
-		s := q.s32
+		s := hostState(q.s32)
 		want[i] = make([]float64, len(s.w))
 		for j := range s.w {
 			x := elem{float64(s.w[j]), float64(s.m[j]), float64(s.v[j]), float64(s.g[j])}
@@ -100,7 +100,7 @@ func TestOldFloat64CheckpointLoadsOnFloat32Engine(t *testing.T) {
 		t.Errorf("grad norm %v, want %v", got, math.Sqrt(sq))
 	}
 	for i, q := range b.params {
-		for j, w := range q.s32.w {
+		for j, w := range hostOf(q.s32.w) {
 			if w != float32(want[i][j]) {
 				t.Fatalf("%s[%d]: %v after the step, want %v", q.name, j, w, float32(want[i][j]))
 			}
@@ -122,8 +122,8 @@ func TestOldFloat64CheckpointLoadsOnFloat32Engine(t *testing.T) {
 	}
 	got, _ := mt.Float32()
 	for j, v := range got {
-		if v != q.s32.m[j] {
-			t.Fatalf("saved moment %d: %v, want %v", j, v, q.s32.m[j])
+		if v != hostOf(q.s32.m)[j] {
+			t.Fatalf("saved moment %d: %v, want %v", j, v, hostOf(q.s32.m)[j])
 		}
 	}
 	wf, err := safetensors.ReadFile(filepath.Join(dir2, AdapterWeightsFile))

@@ -108,9 +108,9 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 // Loads take either (readTensors), so checkpoints of float64 state load on the float32 engine.
 func (p *param) tensor(which byte) safetensors.Tensor {
 	if p.s64 != nil {
-		return safetensors.FromFloat64(pick(p.s64, which), p.shape...)
+		return safetensors.FromFloat64(hostOf(pick(p.s64, which)), p.shape...)
 	}
-	return safetensors.FromFloat32(pick(p.s32, which), p.shape...)
+	return safetensors.FromFloat32(hostOf(pick(p.s32, which)), p.shape...)
 }
 
 func writeFileAtomic(path string, b []byte) error {

@@ -153,16 +153,16 @@ func checkGradients(t *testing.T, arch Arch) {
 			}
 			checked := 0
 			for pi, p := range a.params {
-				for _, j := range []int{0, len(p.s64.w) / 2, len(p.s64.w) - 1} {
-					orig := p.s64.w[j]
+				for _, j := range []int{0, len(hostOf(p.s64.w)) / 2, len(hostOf(p.s64.w)) - 1} {
+					orig := hostOf(p.s64.w)[j]
 					const h = 1e-6
-					p.s64.w[j] = orig + h
+					hostOf(p.s64.w)[j] = orig + h
 					up := lossAt()
-					p.s64.w[j] = orig - h
+					hostOf(p.s64.w)[j] = orig - h
 					down := lossAt()
-					p.s64.w[j] = orig
+					hostOf(p.s64.w)[j] = orig
 					fd := (up - down) / (2 * h)
-					g := p.s64.g[j]
+					g := hostOf(p.s64.g)[j]
 					if math.Abs(fd-g) > 1e-5*(1+math.Abs(fd)) {
 						t.Fatalf("%s param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", c.loss, pi, p.name, j, g, fd)
 					}
@@ -205,16 +205,16 @@ func TestCISPOGradientIsWeightedCrossEntropy(t *testing.T) {
 	}
 	cispo := make([][]float64, len(a.params))
 	for i, p := range a.params {
-		cispo[i] = append([]float64(nil), p.s64.g...)
-		clear(p.s64.g)
+		cispo[i] = append([]float64(nil), hostOf(p.s64.g)...)
+		clear(hostOf(p.s64.g))
 	}
 	if _, err := e.ForwardBackward(context.Background(), "x", []Datum{ce}, "cross_entropy", nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range a.params {
-		for j := range p.s64.g {
-			if math.Abs(p.s64.g[j]-cispo[i][j]) > 1e-9*(1+math.Abs(p.s64.g[j])) {
-				t.Fatalf("%s[%d]: cispo %.10g, weighted CE %.10g", p.name, j, cispo[i][j], p.s64.g[j])
+		for j := range hostOf(p.s64.g) {
+			if math.Abs(hostOf(p.s64.g)[j]-cispo[i][j]) > 1e-9*(1+math.Abs(hostOf(p.s64.g)[j])) {
+				t.Fatalf("%s[%d]: cispo %.10g, weighted CE %.10g", p.name, j, cispo[i][j], hostOf(p.s64.g)[j])
 			}
 		}
 	}

@@ -26,3 +26,13 @@ func adapterWithB(t testing.TB, e *Engine, id string, cfg LoraConfig, f func(i, 
 	}
 	return a
 }
+
+// hostNumbers are a param's numbers on the host, for tests that read or change them in place.
+type hostNumbers[E float] struct{ w, g, m, v []E }
+
+func hostState[E float](s *paramState[E]) *hostNumbers[E] {
+	if s == nil {
+		return nil
+	}
+	return &hostNumbers[E]{w: hostOf(s.w), g: hostOf(s.g), m: hostOf(s.m), v: hostOf(s.v)}
+}

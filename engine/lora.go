@@ -40,15 +40,10 @@ func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMa
 		}
 		pa, pb := a.params[2*i], a.params[2*i+1]
 		lm := &loraMats[E]{ai: 2 * i, bi: 2*i + 1}
-		var inPlace bool
-		if alias {
-			var okB bool
-			lm.a, inPlace = ar.InPlace(numbersOf[E](pa).w, pa.shape...)
-			lm.b, okB = ar.InPlace(numbersOf[E](pb).w, pb.shape...)
-			inPlace = inPlace && okB
-		}
-		if !inPlace {
-			lm.a, lm.b = ar.Upload(numbersOf[E](pa).w, pa.shape...), ar.Upload(numbersOf[E](pb).w, pb.shape...)
+		if alias && ar.ReadsInPlace() {
+			lm.a, lm.b = numbersOf[E](pa).w, numbersOf[E](pb).w
+		} else {
+			lm.a, lm.b = ar.Copy(numbersOf[E](pa).w), ar.Copy(numbersOf[E](pb).w)
 			lm.bTs = ar.Transpose(lm.b, scale)
 		}
 		if !lin.w.OutIn() && !lin.alwaysAdds() { // Aᵀ only merges

@@ -48,7 +48,7 @@ func (s *pass[E]) cancelled() bool {
 type trainState[E float] struct {
 	acts       []layerActs[E]
 	taps       []loraTap[E] // by linear id
-	grads      [][]E        // per adapter param, added to
+	grads      []mat[E]     // per adapter param, added to
 	keepMerged bool         // merged weights live from the forward to the backward pass
 	// Recomputation (plan.go, recomputesLayers): the forward keeps only each layer's input, and
 	// the backward runs each layer's forward again, saving its activations, just before its
@@ -83,7 +83,7 @@ type passParts[E float] struct {
 	scale    E               // LoRA alpha/rank
 	segs     []loraSeg[E]    // forward-only passes over rows of several adapters (nil: lora for all)
 	cos, sin []E             // rotary tables of at least as many slots as the pass's positions
-	grads    [][]E           // a training pass's gradients, added to (nil: forward only)
+	grads    []mat[E]        // a training pass's gradients, added to (nil: forward only)
 	// The sampler's cache (nil: none): a prefill fills it on the way; a decode step, whose
 	// tokens sit at positions pos, attends over it.
 	cache *kvCache[E]
@@ -119,7 +119,7 @@ func newPass[E float](e *Engine, ar step[E], B, T int, p passParts[E]) *pass[E] 
 // runPass runs datums [lo,hi) of p through the transformer: their logprobs and per-token losses
 // go into res, their gradients are added to grads (nil: a forward-only pass), and their summed
 // loss is returned.
-func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads [][]E) (total float64, err error) {
+func runPass[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, lo, hi int, loss string, res *ForwardResult, grads []mat[E]) (total float64, err error) {
 	defer recoverCompute(&err)
 	// No padding rows and lengths only rounded up to a multiple of 16: a new shape costs a few
 	// one-node matmul compiles (about 50 µs each), so power-of-two buckets would only waste work.

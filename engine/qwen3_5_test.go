@@ -323,7 +323,7 @@ func TestQwen35GradientsAcrossStateChunks(t *testing.T) {
 		if !strings.Contains(p.name, "layers.0.") || !strings.Contains(p.name, "lora_A") {
 			continue
 		}
-		n := numbersOf[float64](p)
+		n := hostState(numbersOf[float64](p))
 		for _, j := range []int{0, len(n.w) - 1} {
 			orig := n.w[j]
 			const h = 1e-6

@@ -86,22 +86,22 @@ func TestQwen3VLGradientsWithImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	for pi, p := range a.params {
-		for _, j := range []int{0, len(p.s64.w) / 2, len(p.s64.w) - 1} {
-			orig := p.s64.w[j]
+		for _, j := range []int{0, len(hostOf(p.s64.w)) / 2, len(hostOf(p.s64.w)) - 1} {
+			orig := hostOf(p.s64.w)[j]
 			const h = 1e-6
 			var l [2]float64
 			for k, x := range []float64{orig + h, orig - h} {
-				p.s64.w[j] = x
+				hostOf(p.s64.w)[j] = x
 				r, err := e.Forward(context.Background(), "g", data, "cross_entropy", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				l[k] = r.Loss
 			}
-			p.s64.w[j] = orig
+			hostOf(p.s64.w)[j] = orig
 			fd := (l[0] - l[1]) / (2 * h)
-			if math.Abs(fd-p.s64.g[j]) > 1e-5*(1+math.Abs(fd)) {
-				t.Fatalf("param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", pi, p.name, j, p.s64.g[j], fd)
+			if math.Abs(fd-hostOf(p.s64.g)[j]) > 1e-5*(1+math.Abs(fd)) {
+				t.Fatalf("param %d (%s) elem %d: autodiff %.10g, finite difference %.10g", pi, p.name, j, hostOf(p.s64.g)[j], fd)
 			}
 		}
 	}

@@ -70,19 +70,19 @@ func (e *Engine) run(ctx context.Context, a *Adapter, p *prepared, backward bool
 // added to it at the end. Summing in place saves one copy of the adapter's size (336 MB for an
 // 8B shape at rank 32), and, since zero + g is g, gives the same accumulator bit for bit.
 func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared, res *ForwardResult, backward bool) error {
-	var grads [][]E
+	var grads []mat[E]
 	inPlace, kept := false, false
+	st := newStep[E](e) // the gradients' bookkeeping: zeroing, checks, sums
+	defer st.Free()
 	if backward {
 		if grads, inPlace = accumulatorIfZero[E](a); inPlace {
 			defer func() { // an error or a panic: back to zero
 				if !kept {
-					for _, g := range grads {
-						clear(g)
-					}
+					st.Clear(grads...)
 				}
 			}()
 		} else {
-			grads = batchGrads[E](a)
+			grads = batchGrads[E](a, st)
 			defer putGrads(a, grads)
 		}
 	}
@@ -110,14 +110,23 @@ func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared,
 		return err
 	}
 	if backward && inPlace {
-		if !allFinite(grads) {
+		if !st.AllFinite(grads) {
 			return errGradsNotFinite()
 		}
 		a.pendingGrads, kept = true, true
 		return nil
 	}
 	if backward {
-		return addGrads(a, grads)
+		// Every sum is checked before any is changed: a refused batch leaves the accumulator as
+		// it was.
+		acc := make([]mat[E], len(a.params))
+		for i, pr := range a.params {
+			acc[i] = numbersOf[E](pr).g
+		}
+		if !st.AddChecked(acc, grads) {
+			return errGradsNotFinite()
+		}
+		a.pendingGrads = true
 	}
 	return nil
 }
@@ -125,14 +134,14 @@ func runChunks[E float](ctx context.Context, e *Engine, a *Adapter, p *prepared,
 // accumulatorIfZero returns adapter a's gradient accumulators and true when they are known to be
 // zero (no forward_backward since the last optim_step, load or create), so a batch may sum into
 // them in place.
-func accumulatorIfZero[E float](a *Adapter) ([][]E, bool) {
+func accumulatorIfZero[E float](a *Adapter) ([]mat[E], bool) {
 	if a.pendingGrads {
 		return nil, false
 	}
-	g := make([][]E, len(a.params))
+	g := make([]mat[E], len(a.params))
 	for i, pr := range a.params {
 		q := numbersOf[E](pr)
-		if len(q.g) != pr.size() {
+		if q.g.Dims == nil {
 			return nil, false // a sampler snapshot's weights: no accumulator
 		}
 		g[i] = q.g
@@ -140,38 +149,6 @@ func accumulatorIfZero[E float](a *Adapter) ([][]E, bool) {
 	return g, true
 }
 
-func allFinite[E float](grads [][]E) bool {
-	for _, v := range grads {
-		for _, x := range v {
-			if !isFinite(float64(x)) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 func errGradsNotFinite() error {
 	return inputErr(-1, "loss_fn_inputs", "%v: the gradients are not finite (nothing was changed; check the magnitudes of weights, logprobs and advantages)", ErrNonFinite)
-}
-
-// addGrads adds a batch's gradients to the adapter's accumulator. Every sum is checked before
-// any is changed: a refused batch leaves the accumulator as it was.
-func addGrads[E float](a *Adapter, grads [][]E) error {
-	for i, pr := range a.params {
-		q := numbersOf[E](pr)
-		for j, g := range grads[i] {
-			if !isFinite(float64(q.g[j] + g)) {
-				return errGradsNotFinite()
-			}
-		}
-	}
-	for i, pr := range a.params {
-		q := numbersOf[E](pr)
-		for j, g := range grads[i] {
-			q.g[j] += g
-		}
-	}
-	a.pendingGrads = true
-	return nil
 }

@@ -147,13 +147,33 @@ type Ops[E Float] interface {
 	// LoRA.
 	// Upload is a new tensor holding v (an adapter's numbers for one pass).
 	Upload(v []E, dims ...int) Tensor[E]
-	// InPlace is v read where it is, when this step's products can (else false: Upload it).
-	InPlace(v []E, dims ...int) (Tensor[E], bool)
+	// ReadsInPlace reports whether this step's products read an adapter's parameters where they
+	// are, rather than from a Copy (taken when they must not change under the pass anyway).
+	ReadsInPlace() bool
 	// Transpose returns scale·srcᵀ [cols, rows] for src [rows, cols]; Scale returns scale·src.
 	Transpose(src Tensor[E], scale E) Tensor[E]
 	Scale(src Tensor[E], scale E) Tensor[E]
 	// AddGrad adds d to an adapter's gradient g, or dᵀ when transposed.
-	AddGrad(g []E, d Tensor[E], transposed bool)
+	AddGrad(g, d Tensor[E], transposed bool)
+	// Copy is a step tensor holding t's numbers (an adapter's, for a pass that must not see
+	// them change: the sampler's).
+	Copy(t Tensor[E]) Tensor[E]
+
+	// Adapters' parameters (Param: long-lived tensors of the backend's, not a step's).
+	// GradNorm is the global L2 norm of gs (a sum of squares that overflows is summed again
+	// scaled by the largest value).
+	GradNorm(gs []Tensor[E]) float64
+	// AllFinite reports whether every number of ts is finite: a reduction to one flag.
+	AllFinite(ts []Tensor[E]) bool
+	// AddChecked adds src[i] into dst[i] for every i when every sum is finite; otherwise it
+	// changes nothing and reports false.
+	AddChecked(dst, src []Tensor[E]) bool
+	// Clear zeroes ts.
+	Clear(ts ...Tensor[E])
+	// AdamW runs one AdamW step (AdamW's doc) over ps in place and returns Σ (Δw)². Every new
+	// weight and moment is first checked to be finite in E: a step that is not changes nothing
+	// and names the first such parameter, bad = its index (else −1), with its numbers.
+	AdamW(ps []Param[E], h AdamW) (updSq float64, bad int, w, m, v float64)
 	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
 	Rows(x Tensor[E], r0, r1 int) Tensor[E]
 	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in
@@ -311,4 +331,16 @@ type LoRARun[E Float] struct {
 	R0, R1    int
 	A, B, BTs Tensor[E]
 	Scale     E
+}
+
+// Param is one LoRA matrix of an adapter as its backend keeps it: the weights, the accumulated
+// gradient and Adam's two moments (G, M and V empty for a sampler snapshot's weights).
+type Param[E Float] struct{ W, G, M, V Tensor[E] }
+
+// AdamW is one step of decoupled-weight-decay Adam (torch.optim.AdamW) in float64 whatever E
+// is: g = G·Clip; m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²; w ← w·(1 − LR·WeightDecay) −
+// LR·(m/BC1)/(√(v/BC2) + Eps), BC1 and BC2 the bias corrections 1 − β^t.
+type AdamW struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float64
+	Clip, BC1, BC2                     float64
 }

@@ -12,13 +12,11 @@ func (s *step[E]) Upload(v []E, dims ...int) backend.Tensor[E] {
 	return t
 }
 
-// InPlace reads v where it is when the step's products take Go memory (float32 on the kernels'
-// GEMM); otherwise (GoMLX's products take only its buffers) it reports false.
-func (s *step[E]) InPlace(v []E, dims ...int) (backend.Tensor[E], bool) {
-	if _, f32 := any(v).([]float32); !f32 || !kernels.HaveGEMM() {
-		return backend.Tensor[E]{}, false
-	}
-	return backend.Tensor[E]{V: v, Dims: dims}, true
+// ReadsInPlace: float32 products on the kernels' GEMM read any Go memory; GoMLX's products (the
+// float64 engine's, the scalar path's) take only its buffers, which a step's Copy is.
+func (s *step[E]) ReadsInPlace() bool {
+	_, f32 := any(s).(*step[float32])
+	return f32 && kernels.HaveGEMM()
 }
 
 // Transpose: out [cols, rows] = scale·srcᵀ for src [rows, cols].
@@ -39,7 +37,8 @@ func (s *step[E]) Scale(src backend.Tensor[E], scale E) backend.Tensor[E] {
 }
 
 // AddGrad: g += d, or with transposed, g [cols, rows] += dᵀ for d [rows, cols].
-func (s *step[E]) AddGrad(g []E, d backend.Tensor[E], transposed bool) {
+func (s *step[E]) AddGrad(gt, d backend.Tensor[E], transposed bool) {
+	g := gt.V
 	if !transposed {
 		for i, v := range d.V {
 			g[i] += v

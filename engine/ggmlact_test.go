@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -99,6 +101,36 @@ func TestGGMLActivationsTrain(t *testing.T) {
 			t.Logf("%s: loss %.3f -> %.3f", tc.prec, first, last)
 			if !(last < first/2) {
 				t.Fatalf("loss did not halve: %.4f -> %.4f", first, last)
+			}
+		})
+	}
+}
+
+// Under llama.cpp's rounding of activations (quantized bases), non-finite activations fail the
+// request as on every other path (issue 40 item 11): a NaN adapter's forward and samples, and a
+// NaN in the activations, are ErrNonFinite, not the uniform logits that rows rounded to zero
+// blocks would give (logprob −ln V).
+func TestGGMLActivationsRefuseNonFiniteActivations(t *testing.T) {
+	for _, prec := range []string{PrecisionQ8_0, PrecisionQ4_K} {
+		t.Run(prec, func(t *testing.T) {
+			dir := tinyModel(t, ArchLlama)
+			if prec == PrecisionQ4_K {
+				dir = filepath.Join(t.TempDir(), "m")
+				if err := InitTiny(dir, ArchLlama, "tiny-quant", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e, err := Load(dir, Options{Precision: prec, GGMLActivations: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			adapterWithB(t, e, "nan", LoraConfig{Rank: 2, TrainAttn: true, TrainMLP: true}, func(int, int) float64 { return math.NaN() })
+			ids := []int{5, 9, 14, 3, 7}
+			if r, err := e.Forward(context.Background(), "nan", []Datum{textDatum(ids)}, "cross_entropy", nil); err == nil || !strings.Contains(err.Error(), ErrNonFinite.Error()) {
+				t.Fatalf("forward over a NaN adapter: %v (logprobs %v), want ErrNonFinite", err, r)
+			}
+			if _, err := e.Sample("nan", SampleRequest{Prompt: ids, Params: SampleParams{MaxTokens: 2}}); !errors.Is(err, ErrNonFinite) {
+				t.Fatalf("sample over a NaN adapter: %v, want ErrNonFinite", err)
 			}
 		})
 	}

@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"math"
+
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
@@ -115,7 +117,9 @@ func (s *step[E]) quantProduct(x backend.Tensor[E], lin *weight[E], transposed b
 		// dots. Forward only: an input gradient stays over the dequantized weight.
 		y := s.Alloc(rows, lin.out)
 		if s.Err() == nil {
-			lin.qf.GGMLProduct(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
+			yf := any(y.V).([]float32)
+			lin.qf.GGMLProduct(yf, xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
+			nonFiniteRows(yf, xf, rows, lin.in, lin.out)
 		}
 		return y
 	}
@@ -355,5 +359,22 @@ func columnsOf(dst, src []float32, rows, cols, c0, c1 int) {
 func setColumns(dst, src []float32, rows, cols, c0, c1 int) {
 	for r := range rows {
 		copy(dst[r*cols+c0:r*cols+c1], src[r*(c1-c0):(r+1)*(c1-c0)])
+	}
+}
+
+// nonFiniteRows makes every output row NaN whose input row holds a NaN or ±Inf: rounded to
+// llama.cpp's 8-bit blocks such a row becomes garbage or zeros (uniform logits), where every
+// other product carries the NaN on and the request fails (ErrNonFinite).
+func nonFiniteRows(y, x []float32, rows, in, out int) {
+	for r := range rows {
+		for _, v := range x[r*in : (r+1)*in] {
+			if v-v != 0 { // NaN or ±Inf
+				nan := float32(math.NaN())
+				for j := range out {
+					y[r*out+j] = nan
+				}
+				break
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -232,19 +233,36 @@ func findLib(lib library, dirs []searchDir) (string, error) {
 }
 
 func notFound(lib library, dirs []searchDir, failed []string) error {
-	var from []string
-	for _, d := range dirs {
-		if !slices.Contains(from, d.from) {
-			from = append(from, d.from)
+	groups := []struct {
+		name  string
+		froms []string
+	}{
+		{"SKEIN_CUDA_LIBS", []string{"SKEIN_CUDA_LIBS"}},
+		{"the loader path", []string{"LD_LIBRARY_PATH", "/etc/ld.so.conf", "system"}},
+		{"CUDA toolkits", []string{"CUDA toolkit"}},
+		{"pip's nvidia/*/lib", []string{"pip"}},
+	}
+	var parts []string
+	for _, g := range groups {
+		var in []string
+		for _, d := range dirs {
+			if slices.Contains(g.froms, d.from) {
+				in = append(in, d.dir)
+			}
+		}
+		if len(in) == 0 {
+			parts = append(parts, g.name+" (none)")
+		} else {
+			parts = append(parts, g.name+" ("+strings.Join(in, " ")+")")
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "cuda: %s not found: no %s in %d folders (%s)", lib.what, strings.Join(lib.names, ", "), len(dirs), strings.Join(from, ", "))
+	fmt.Fprintf(&b, "cuda: %s not found: no %s in %s", lib.what, strings.Join(lib.names, ", "), strings.Join(parts, ", "))
 	if len(failed) > 0 {
 		fmt.Fprintf(&b, "; found but not loadable: %s", strings.Join(failed, "; "))
 	}
 	b.WriteString("; set SKEIN_CUDA_LIBS to the folder holding it")
-	return fmt.Errorf("%s", b.String())
+	return errors.New(strings.ReplaceAll(b.String(), "\n", " "))
 }
 
 // openLib finds lib and dlopens it, trying the next candidate when one is found but does not
@@ -259,7 +277,11 @@ func openLib(lib library, dirs []searchDir) (handle uintptr, path string, err er
 			}
 			h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 			if err != nil {
-				failed = append(failed, fmt.Sprintf("%s: %v", p, err))
+				msg := err.Error()
+				if !strings.Contains(msg, p) {
+					msg = p + ": " + msg
+				}
+				failed = append(failed, msg)
 				continue
 			}
 			return h, p, nil

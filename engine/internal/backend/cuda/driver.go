@@ -53,6 +53,22 @@ type driver struct {
 	cuDeviceGetAttribute func(v *int32, attr int32, dev int32) int32
 	cuGetErrorName       func(code int32, s **byte) int32
 	cuGetErrorString     func(code int32, s **byte) int32
+
+	// Contexts, memory, modules and launches (context.go).
+	cuDevicePrimaryCtxRetain  func(ctx *uintptr, dev int32) int32
+	cuDevicePrimaryCtxRelease func(dev int32) int32
+	cuCtxSetCurrent           func(ctx uintptr) int32
+	cuCtxSynchronize          func() int32
+	cuMemGetInfo              func(free, total *uint64) int32
+	cuMemAlloc                func(p *uintptr, bytes uint64) int32
+	cuMemFree                 func(p uintptr) int32
+	cuMemcpyHtoD              func(dst uintptr, src unsafe.Pointer, bytes uint64) int32
+	cuMemcpyDtoH              func(dst unsafe.Pointer, src uintptr, bytes uint64) int32
+	cuMemsetD8                func(dst uintptr, v uint8, n uint64) int32
+	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) int32
+	cuModuleUnload            func(m uintptr) int32
+	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) int32
+	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, stream uintptr, params, extra unsafe.Pointer) int32
 }
 
 // register binds fn (a pointer to a func variable) to the symbol name of lib: an error, not
@@ -79,6 +95,11 @@ func loadDriver(dirs []searchDir) (*driver, error) {
 		{&d.cuInit, "cuInit"}, {&d.cuDriverGetVersion, "cuDriverGetVersion"}, {&d.cuDeviceGetCount, "cuDeviceGetCount"},
 		{&d.cuDeviceGet, "cuDeviceGet"}, {&d.cuDeviceGetName, "cuDeviceGetName"}, {&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
 		{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"}, {&d.cuGetErrorName, "cuGetErrorName"}, {&d.cuGetErrorString, "cuGetErrorString"},
+		{&d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"}, {&d.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"},
+		{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"}, {&d.cuMemGetInfo, "cuMemGetInfo_v2"},
+		{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"}, {&d.cuMemcpyHtoD, "cuMemcpyHtoD_v2"},
+		{&d.cuMemcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.cuMemsetD8, "cuMemsetD8_v2"}, {&d.cuModuleLoadData, "cuModuleLoadData"},
+		{&d.cuModuleUnload, "cuModuleUnload"}, {&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 	} {
 		if err := register(h, r.fn, r.name); err != nil {
 			return nil, fmt.Errorf("cuda: the CUDA driver at %s: %v", path, err)

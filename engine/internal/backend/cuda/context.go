@@ -95,7 +95,9 @@ func CopyIn[T any](c *Context, p DevPtr, src []T) error {
 		return nil
 	}
 	n := uint64(len(src)) * uint64(unsafe.Sizeof(src[0]))
-	err := c.on(func() error { return c.d.check("cuMemcpyHtoD", c.d.cuMemcpyHtoD(uintptr(p), unsafe.Pointer(&src[0]), n)) })
+	err := c.on(func() error {
+		return c.d.check("cuMemcpyHtoD", c.d.cuMemcpyHtoD(uintptr(p), unsafe.Pointer(&src[0]), n))
+	})
 	runtime.KeepAlive(src)
 	return err
 }
@@ -106,7 +108,9 @@ func CopyOut[T any](c *Context, dst []T, p DevPtr) error {
 		return nil
 	}
 	n := uint64(len(dst)) * uint64(unsafe.Sizeof(dst[0]))
-	err := c.on(func() error { return c.d.check("cuMemcpyDtoH", c.d.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uintptr(p), n)) })
+	err := c.on(func() error {
+		return c.d.check("cuMemcpyDtoH", c.d.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uintptr(p), n))
+	})
 	runtime.KeepAlive(dst)
 	return err
 }

@@ -148,8 +148,13 @@ func (n *NVRTC) Compile(name, src string, headers []Header, o CompileOptions) (*
 		return nil, fmt.Errorf("cuda: compile %s: NVRTC %s (%s) cannot compile for sm_%d (it can: %v)", name, n.Version(), n.Path, o.Arch, n.archs)
 	}
 	flags := o.flags()
+	if o.Verbose && !o.PTX && (n.Major > 12 || n.Major == 12 && n.Minor >= 9) {
+		// NVRTC 12.9+ keeps compiles in memory: the same program compiled again in this process
+		// comes back without running ptxas, so without its report. --no-cache compiles anew.
+		flags = append(flags, "--no-cache")
+	}
 	c, err := n.compile(name, src, headers, flags, o.PTX)
-	if err != nil && o.Verbose && strings.Contains(c.Log, "ptxas-options") {
+	if err != nil && o.Verbose && (strings.Contains(c.Log, "ptxas-options") || strings.Contains(c.Log, "no-cache")) {
 		flags = CompileOptions{Arch: o.Arch, PTX: o.PTX}.flags()
 		c, err = n.compile(name, src, headers, flags, o.PTX)
 	}

@@ -215,3 +215,19 @@ func TestSourcesEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestCompileAgainReports: the same file compiled twice in one process still carries ptxas's
+// report (NVRTC 12.9+ answers a repeated compile from memory, without one).
+func TestCompileAgainReports(t *testing.T) {
+	n := nvrtcOrSkip(t)
+	s := Sources()[0]
+	for i := range 2 {
+		c, err := n.Compile(s.Name, s.Text, Headers(), CompileOptions{Arch: 80, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(ParsePtxasLog(c.Log)); got != len(s.Entries()) {
+			t.Errorf("compile %d: %d kernels reported, want %d; options %v; log:\n%s", i+1, got, len(s.Entries()), c.Options, c.Log)
+		}
+	}
+}

@@ -10,6 +10,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/chromedp/chromedp v0.23.0
 	github.com/dlclark/regexp2 v1.11.5
+	github.com/ebitengine/purego v0.11.3
 	github.com/gomlx/compute v0.1.2
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/klauspost/compress v1.20.4

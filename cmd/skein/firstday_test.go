@@ -244,3 +244,36 @@ func TestReadmeListsEveryCommandsFlags(t *testing.T) {
 		}
 	}
 }
+
+// A Hugging Face name given to --model (Org/Name) that is no path here is looked up in the local
+// hub cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub): found, it is
+// served from its snapshot under that name (its refs/main, or its newest snapshot without one);
+// not found, the error says that skein never downloads and where it looked (issue 40 item 18).
+func TestAHubNameIsLookedUpInTheLocalCache(t *testing.T) {
+	entry, snapshot := hfCache(t, "Qwen/Qwen3-8B")
+	home := filepath.Dir(filepath.Dir(entry))
+	t.Setenv("HF_HUB_CACHE", "")
+	t.Setenv("HF_HOME", home)
+	if dir, name, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot || name != "Qwen/Qwen3-8B" {
+		t.Fatalf("Qwen/Qwen3-8B: %s %q %v, want %s", dir, name, err, snapshot)
+	}
+	if err := os.Remove(filepath.Join(entry, "refs", "main")); err != nil {
+		t.Fatal(err)
+	}
+	if dir, name, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot || name != "Qwen/Qwen3-8B" {
+		t.Fatalf("Qwen/Qwen3-8B without refs/main: %s %q %v, want %s", dir, name, err, snapshot)
+	}
+	t.Setenv("HF_HOME", "")
+	t.Setenv("HF_HUB_CACHE", filepath.Join(home, "hub"))
+	if dir, _, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot {
+		t.Fatalf("through HF_HUB_CACHE: %s %v", dir, err)
+	}
+	_, _, err := resolveModel("Qwen/Qwen3-32B")
+	if err == nil || !strings.Contains(err.Error(), "never downloads") || !strings.Contains(err.Error(), filepath.Join(home, "hub")) ||
+		!strings.Contains(err.Error(), "models--Qwen--Qwen3-32B") {
+		t.Fatalf("a name in no cache: %v", err)
+	}
+	if _, _, err := loadModel("Qwen/Qwen3-32B", "", engine.Options{}); err == nil || !strings.Contains(err.Error(), "never downloads") {
+		t.Fatalf("loadModel of a name in no cache: %v", err)
+	}
+}

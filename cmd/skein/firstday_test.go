@@ -277,3 +277,37 @@ func TestAHubNameIsLookedUpInTheLocalCache(t *testing.T) {
 		t.Fatalf("loadModel of a name in no cache: %v", err)
 	}
 }
+
+// Without --json, skein bench says how far it got at every step (training steps, decoding
+// batches, rounds across adapters), not only at each phase: on the 1b preset a phase is minutes
+// long. With --json, only the phases are logged (issue 40 item 18).
+func TestBenchPrintsProgressPerStep(t *testing.T) {
+	dir := t.TempDir()
+	if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	oldLog, oldOut := benchLog, benchOutput
+	defer func() { benchLog, benchOutput = oldLog, oldOut }()
+	for _, asJSON := range []bool{false, true} {
+		var logs, out bytes.Buffer
+		benchLog, benchOutput = &logs, &out
+		args := []string{"bench", "engine", "--model", dir, "--batch", "1", "--seq", "32", "--steps", "2", "--decode", "2",
+			"--peak-size", "32", "--tenants", "2"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		if err := run(args); err != nil {
+			t.Fatal(err)
+		}
+		steps := strings.Count(logs.String(), "bench: training step")
+		decodes := strings.Count(logs.String(), "bench: decoded")
+		rounds := strings.Count(logs.String(), "bench: round")
+		if asJSON && steps+decodes+rounds != 0 {
+			t.Errorf("--json: %d step, %d decode and %d round lines:\n%s", steps, decodes, rounds, logs.String())
+		}
+		if !asJSON && (steps != 3 || decodes != 3 || rounds == 0) {
+			t.Errorf("%d training step lines (want 3: the warm-up and 2), %d decoding lines (want 3), %d round lines:\n%s",
+				steps, decodes, rounds, logs.String())
+		}
+	}
+}

@@ -311,3 +311,68 @@ func TestBenchPrintsProgressPerStep(t *testing.T) {
 		}
 	}
 }
+
+// readmeSection is the text of README.md from the heading that starts with title to the next
+// heading of the same level or higher.
+func readmeSection(t *testing.T, readme, title string) string {
+	t.Helper()
+	level := title[:strings.Index(title, " ")+1]
+	i := strings.Index(readme, "\n"+title)
+	if i < 0 {
+		t.Fatalf("README.md has no %q section", title)
+	}
+	rest := readme[i+1+len(title):]
+	heading := regexp.MustCompile(fmt.Sprintf(`^#{1,%d} `, len(level)-1))
+	fenced, n := false, 0
+	for _, line := range strings.SplitAfter(rest, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+		}
+		if !fenced && heading.MatchString(line) {
+			return rest[:n]
+		}
+		n += len(line)
+	}
+	return rest
+}
+
+// What a new user runs from the README works as written (issue 40 item 18): the first lines say
+// how to run the binary (./skein, or make install to put it on PATH, which the Makefile does);
+// the quickstart says how to point the tinker SDK and CLI at skein and loads the tokenizer from
+// the server, not from a path relative to where the server was started; the chat example bounds
+// its answer; Troubleshooting's bench command is a modest one.
+func TestReadmeFirstHour(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^install:`).Match(mk) || !strings.Contains(string(mk), "go install") || !strings.Contains(string(mk), "./cmd/skein") {
+		t.Errorf("the Makefile has no install target running go install ./cmd/skein")
+	}
+	first := readme[:strings.Index(readme, "\n## ")]
+	if !strings.Contains(first, "make install") || !strings.Contains(first, "./skein") {
+		t.Errorf("README's first lines say neither ./skein nor make install:\n%s", first)
+	}
+	quick := readmeSection(t, readme, "## Quickstart")
+	for _, want := range []string{"TINKER_BASE_URL", "TINKER_API_KEY", "/api/v1/models/"} {
+		if !strings.Contains(quick, want) {
+			t.Errorf("the quickstart does not mention %s", want)
+		}
+	}
+	if strings.Contains(quick, `"skein-data/`) {
+		t.Errorf("the quickstart still reads a path relative to the server's working directory")
+	}
+	chat := readmeSection(t, readme, "## Chat with an adapter")
+	if !strings.Contains(chat, "max_tokens=") {
+		t.Errorf("the chat example has no max_tokens")
+	}
+	trouble := readmeSection(t, readme, "### Troubleshooting")
+	if !strings.Contains(trouble, "bench engine --model DIR --batch") || !strings.Contains(trouble, "--tenants 0") {
+		t.Errorf("Troubleshooting's bench command is not the modest one:\n%s", trouble)
+	}
+}

@@ -1,13 +1,17 @@
 # GOEXPERIMENT=simd turns on GoMLX's AVX-512/AVX2 kernels: without it the engine runs ~12x slower.
 export GOEXPERIMENT := simd
 
-.PHONY: build serve test bench vet
+.PHONY: build install serve test bench vet
 
 # The version `skein version` prints; -buildvcs=auto records the git revision even where GOFLAGS turns it off.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 build:
 	go build -buildvcs=auto -ldflags "-X main.version=$(VERSION)" -o skein ./cmd/skein
+
+# install puts skein on PATH: into $(go env GOBIN), else $(go env GOPATH)/bin.
+install:
+	go install -buildvcs=auto -ldflags "-X main.version=$(VERSION)" ./cmd/skein
 
 serve: build
 	./skein serve

@@ -5,6 +5,7 @@ package gateway
 // and do only what that key may (gateway/console/console.js).
 
 import (
+	"bytes"
 	"embed"
 	"fmt"
 	"net/http"
@@ -36,13 +37,23 @@ func (s *Server) routeConsole() {
 		}
 		consoleHeaders(w)
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_, _ = w.Write(index)
+		_, _ = w.Write(bytes.Replace(index, []byte("<!--key-hint-->"), []byte(s.keyHint()), 1))
 	})
 	s.mux.HandleFunc("GET /console/", func(w http.ResponseWriter, r *http.Request) {
 		consoleHeaders(w)
 		files.ServeHTTP(w, r)
 	})
 	s.handle("GET "+v1+"console/whoami", true, s.whoami)
+}
+
+// keyHint is the console's first-page line on which key to enter (fixed HTML, nothing from a
+// request): in open mode any key, and the key is the tenant, so the one the scripts use.
+func (s *Server) keyHint() string {
+	if s.opts.Auth == AuthKeys {
+		return "Enter an API key the operator issued (<code>skein keys create</code>); an admin key also shows the fleet."
+	}
+	return "Open mode (a server on loopback): any key works, e.g. <code>tml-me</code>. Each key is its own tenant, " +
+		"so enter the <code>api_key</code> your scripts use to see their runs."
 }
 
 // consoleWhoami says what the calling key is, so the console shows the panels it may use

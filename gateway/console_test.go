@@ -68,3 +68,28 @@ func TestConsoleWhoami(t *testing.T) {
 		t.Fatalf("no key: %d", code)
 	}
 }
+
+// The console's first page says which key to enter: in open mode any key (tml-…), the one the
+// scripts use (each key is its own tenant); with issued keys, one from the operator (issue 40
+// item 18).
+func TestConsoleSaysWhichKeyToEnter(t *testing.T) {
+	page := func(url string) string {
+		t.Helper()
+		resp, err := http.Get(url + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	open := page(newServer(t, gateway.Options{}).URL)
+	if !strings.Contains(open, `id="key-hint"`) || !strings.Contains(open, "any key") || !strings.Contains(open, "tml-") {
+		t.Fatalf("open mode's first page does not say which key to enter:\n%s", open)
+	}
+	ts, _ := newKeysServer(t)
+	keys := page(ts.URL)
+	if !strings.Contains(keys, `id="key-hint"`) || !strings.Contains(keys, "skein keys create") || strings.Contains(keys, "any key") {
+		t.Fatalf("keys mode's first page:\n%s", keys)
+	}
+}

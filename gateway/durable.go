@@ -105,7 +105,7 @@ func (s *Server) claimSavedState(ctx context.Context, runID string) (string, err
 // gradients list, sync) and makes it current by swapping the pointer if it is still at fence;
 // the previous version is removed afterwards. A pointer another writer moved is a
 // *storage.StaleError, and this version is removed unread.
-func (s *Server) writeSavedState(ctx context.Context, runID, fence string, held []string, save func(dir string) error) (string, error) {
+func (s *Server) writeSavedState(ctx context.Context, runID, fence string, rec gradientsRecord, save func(dir string) error) (string, error) {
 	prev, _ := s.savedState(runID)
 	name := fmt.Sprintf("%s%s%016x-%s", stateName(runID), versionSep, time.Now().UnixNano(), randomHex(2))
 	dir := filepath.Join(s.stateRoot(), name)
@@ -117,7 +117,7 @@ func (s *Server) writeSavedState(ctx context.Context, runID, fence string, held 
 		drop()
 		return "", err
 	}
-	b, _ := json.Marshal(gradientsRecord{ForwardBackwards: held})
+	b, _ := json.Marshal(rec)
 	if _, err := s.storage.Put(ctx, vk+"/"+gradientsFile, bytes.NewReader(b), storage.Cond{}); err != nil {
 		drop()
 		return "", err
@@ -147,22 +147,24 @@ func (s *Server) writeSavedState(ctx context.Context, runID, fence string, held 
 // gradientsRecord is gradients.json: which forward_backward requests (future ids) the saved
 // gradient accumulator holds, so an optim_step after a reload can tell whether any
 // acknowledged one is missing.
+// Step is the optimizer step the saved state is at (0 in records written before it was kept).
 type gradientsRecord struct {
 	ForwardBackwards []string `json:"forward_backwards"`
+	Step             int      `json:"step,omitempty"`
 }
 
-func (s *Server) readGradientsRecord(dir string) []string {
+func (s *Server) readGradientsRecord(dir string) gradientsRecord {
+	var r gradientsRecord
 	key, err := replica.KeyOf(s.opts.DataDir, dir)
 	if err != nil {
-		return nil
+		return r
 	}
 	b, _, err := storage.ReadAll(context.Background(), s.storage, key+"/"+gradientsFile, 64<<20)
 	if err != nil {
-		return nil
+		return r
 	}
-	var r gradientsRecord
 	_ = json.Unmarshal(b, &r)
-	return r.ForwardBackwards
+	return r
 }
 
 // syncTree syncs the files of dir and dir itself, so a pointer never names data still in flight.

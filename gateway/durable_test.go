@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/safetensors"
+	"github.com/skein-ai/skein/store"
 )
 
 // crash stops a server without saving anything its replicas hold in memory, as a killed process
@@ -259,5 +261,56 @@ func TestMissingStateDBIsRefused(t *testing.T) {
 		if !strings.Contains(err.Error(), "state.db") || !strings.Contains(err.Error(), "move") {
 			t.Fatalf("refusal does not say what to do: %v", err)
 		}
+	}
+}
+
+// A gateway that dies after an optim_step's state was saved, but before it recorded the step
+// in the run's row, leaves a row one step behind with the consumed forward_backwards still
+// listed: on reload, the saved state's step (in gradients.json) says they were consumed, so
+// the next step goes on from the saved one instead of failing with a false "lost" (which would
+// make the client run them, and apply them, twice) (issue 40 item 4).
+func TestAStepSavedButNotRecordedIsNotReportedLost(t *testing.T) {
+	ctx := context.Background()
+	data := t.TempDir()
+	ts := newServer(t, gateway.Options{DataDir: data})
+	c, tc := trainedModel(t, ts, "tml-window")
+	trainOne(t, tc)
+	fb, err := tc.ForwardBackward(ctx, durableBatch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := optimStep(t, tc); err != nil || m["step:max"] != 2 {
+		t.Fatalf("second step: %v %v", m, err)
+	}
+	ts.Close()
+	ts.gw.Close()
+	// The row as the gateway had written it before the step's save: step 1, fb pending.
+	st, err := store.OpenSQLite(filepath.Join(data, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := st.Runs(ctx)
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("runs %v %v", runs, err)
+	}
+	var d map[string]any
+	if err := json.Unmarshal(runs[0].Data, &d); err != nil {
+		t.Fatal(err)
+	}
+	d["step"], d["pending_forward_backwards"] = 1, []string{fb.RequestID}
+	runs[0].Data, _ = json.Marshal(d)
+	if err := st.PutRun(ctx, runs[0]); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	next := newServer(t, gateway.Options{DataDir: data})
+	c.BaseURL = next.URL
+	mustForwardBackward(t, tc, false)
+	m, err := optimStep(t, tc)
+	if err != nil || m["step:max"] != 3 || m["grad_norm:mean"] == 0 {
+		t.Fatalf("step after a restart that found the saved state a step ahead of the row: %v %v", m, err)
 	}
 }

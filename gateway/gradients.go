@@ -37,6 +37,11 @@ type gradientLedger struct {
 	pending   []string // forward_backward future ids since the last optim_step (durable)
 	held      []string // those whose gradients the engine's adapter holds
 	untracked bool     // more than maxTrackedForwardBackwards since the last optim_step
+	// stepTo is the step an optim_step reached in memory while its state is being saved
+	// (in memory only): pending is cleared, and the run's step moves, only once that save
+	// succeeded (runState.Save), so a step whose save was cut leaves its forward_backwards
+	// in pending, and the next optim_step reports them lost.
+	stepTo int
 }
 
 // noteGradients records a forward_backward whose gradients the adapter now holds. It runs on the
@@ -101,6 +106,6 @@ func (s *Server) lostGradients(ctx context.Context, run *trainingRun) error {
 	}
 	s.log.Error("acknowledged gradients were lost", "run", run.id, "requests", lost)
 	return fmt.Errorf("the gradients of %d acknowledged forward_backward request(s) since the last optim_step (%s) were lost "+
-		"when the server restarted or the adapter moved; nothing was applied. Run those forward_backward requests again, "+
+		"when the server restarted, the adapter moved, or a worker was lost during an optim_step before its state was saved; nothing was applied. Run those forward_backward requests again, "+
 		"then optim_step (%d other forward_backward result(s) are still accumulated)", len(lost), strings.Join(lost, ", "), kept)
 }

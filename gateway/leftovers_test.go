@@ -117,7 +117,7 @@ func TestClosedSessionsAndTheirLeftoversAreSwept(t *testing.T) {
 		if err := s.runSnapshot(run).store(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.writeSavedState(ctx0, id, "", nil, func(dir string) error { return os.MkdirAll(dir, 0o755) }); err != nil {
+		if _, err := s.writeSavedState(ctx0, id, "", gradientsRecord{}, func(dir string) error { return os.MkdirAll(dir, 0o755) }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -254,10 +254,19 @@ var _ replica.StateKeeper = runState{}
 func (k runState) Saved() (string, error) { return k.s.savedState(k.run.id) }
 
 func (k runState) Restored(dir string) {
-	held := k.s.readGradientsRecord(dir)
+	rec := k.s.readGradientsRecord(dir)
 	k.s.runs.mu.Lock()
-	k.run.grads.held = held
+	k.run.grads.held, k.run.grads.stepTo = rec.ForwardBackwards, 0
+	// A saved state past the run's recorded step was saved by an optim_step whose gateway was
+	// gone before it recorded the step: the forward_backwards in the ledger were consumed by it.
+	ahead := rec.Step > k.run.step
 	k.s.runs.mu.Unlock()
+	if ahead {
+		k.s.updateRun(k.run, func(run *trainingRun) {
+			run.step = rec.Step
+			run.grads = gradientLedger{pending: slices.Clone(rec.ForwardBackwards), held: rec.ForwardBackwards}
+		})
+	}
 }
 
 // Fresh allows re-creating an adapter from its seed (PEFT init is deterministic) only if it never
@@ -266,7 +275,7 @@ func (k runState) Fresh() error {
 	s, run := k.s, k.run
 	s.runs.mu.Lock()
 	step := run.step
-	run.grads.held = nil
+	run.grads.held, run.grads.stepTo = nil, 0
 	s.runs.mu.Unlock()
 	if step > 0 {
 		return fmt.Errorf("%w: model %s has taken %d steps but %s holds no saved state for it; it is not restarted "+
@@ -281,9 +290,26 @@ func (k runState) Save(ctx context.Context, fence string, fill func(dir string) 
 	start := time.Now()
 	defer func() { k.s.metrics.persisted(time.Since(start)) }()
 	k.s.runs.mu.Lock()
-	held := slices.Clone(k.run.grads.held)
+	rec := gradientsRecord{ForwardBackwards: slices.Clone(k.run.grads.held), Step: k.run.step}
+	stepTo := k.run.grads.stepTo
+	if stepTo > 0 {
+		rec.Step = stepTo
+	}
 	k.s.runs.mu.Unlock()
-	return k.s.writeSavedState(ctx, k.run.id, fence, held, fill)
+	next, err := k.s.writeSavedState(ctx, k.run.id, fence, rec, fill)
+	if stepTo > 0 {
+		// The save of an optim_step (see Stepped): the step counts now that it is saved, and
+		// only then do the forward_backwards it consumed leave the ledger. A failed save
+		// leaves them there, so the next optim_step, on the state saved before, names them.
+		k.s.updateRun(k.run, func(run *trainingRun) {
+			run.grads.stepTo = 0
+			if err == nil {
+				run.grads = gradientLedger{} // consumed
+				run.step, run.lastRequest = stepTo, time.Now()
+			}
+		})
+	}
+	return next, err
 }
 
 // Claim makes the caller's replica the run's one writer (see claimSavedState).
@@ -293,11 +319,12 @@ func (k runState) Claim(ctx context.Context) (string, error) {
 
 func (k runState) BeforeStep(ctx context.Context) error { return k.s.lostGradients(ctx, k.run) }
 
+// Stepped: the step consumed the gradients in memory. The save that follows holds none, and
+// records step; the ledger and the run's step change only once it succeeded (Save).
 func (k runState) Stepped(step int) {
-	k.s.updateRun(k.run, func(run *trainingRun) {
-		run.grads = gradientLedger{} // consumed
-		run.step, run.lastRequest = step, time.Now()
-	})
+	k.s.runs.mu.Lock()
+	k.run.grads.held, k.run.grads.stepTo = nil, step
+	k.s.runs.mu.Unlock()
 }
 
 func (k runState) Replaced(cfg engine.LoraConfig, step int) {

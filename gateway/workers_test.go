@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -44,12 +45,14 @@ func postWorker(t *testing.T, url, path, token string, body any) (int, map[strin
 }
 
 // testWorker is a `skein worker` in process: a worker server over its own engine, counting the
-// calls it receives; dying makes it take a forward_backward call and drop the connection.
+// calls it receives; dying makes it take a forward_backward call and drop the connection, and cut
+// does the same to the next call of the method it names.
 type testWorker struct {
 	*httptest.Server
 	mu    sync.Mutex
 	calls map[string]int
 	dying atomic.Bool
+	cut   atomic.Pointer[string]
 	// garbleInfo makes it answer adapter_info with nothing usable.
 	garbleInfo atomic.Bool
 }
@@ -62,7 +65,7 @@ func newTestWorker(t *testing.T, e *engine.Engine, dataDir string) *testWorker {
 		w.mu.Lock()
 		w.calls[method]++
 		w.mu.Unlock()
-		if method == "forward_backward" && w.dying.Load() {
+		if c := w.cut.Load(); (c != nil && *c == method && w.cut.CompareAndSwap(c, nil)) || (method == "forward_backward" && w.dying.Load()) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			conn, _, _ := rw.(http.Hijacker).Hijack()
 			conn.Close()
@@ -260,6 +263,55 @@ func TestAnOpThatMayHaveRunIsNotRunTwice(t *testing.T) {
 	}
 	if s, err := step(t, tc); err != nil || s != 3 {
 		t.Fatalf("next step: %v %v", s, err)
+	}
+}
+
+// Whichever call of an optim_step is cut after its worker is lost (the step itself, reading the
+// step count after it, or saving the state after it), the forward_backwards it consumed go back
+// to the run's ledger: the next optim_step with no new forward_backward fails naming them, never
+// a zero-gradient step (cutting the save used to step with grad_norm 0); running them again, the
+// run goes on from its last saved step.
+func TestACutOptimStepGivesBackItsGradients(t *testing.T) {
+	for _, cut := range []string{"optim_step", "adapter_info", "save"} {
+		t.Run(cut, func(t *testing.T) {
+			ctx := context.Background()
+			ts, e, data := newWorkerGateway(t)
+			a, b := newTestWorker(t, e, data), newTestWorker(t, e, data)
+			if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("a", a.URL, e)); code != http.StatusOK {
+				t.Fatal("register a")
+			}
+			_, tc := newRun(t, ts.URL, "tml-cut", 4)
+			if s, err := step(t, tc); err != nil || s != 1 {
+				t.Fatalf("first step: %v %v", s, err)
+			}
+			if code, _ := postWorker(t, ts.URL, "register", clusterToken, registration("b", b.URL, e)); code != http.StatusOK {
+				t.Fatal("register b")
+			}
+			fb, err := tc.ForwardBackward(ctx, []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}, "cross_entropy", nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+				t.Fatal(err)
+			}
+			a.cut.Store(&cut)
+			op, err := tc.OptimStep(ctx, 1e-2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := op.Result(ctx, nil); err == nil || !strings.Contains(err.Error(), "may have run") {
+				t.Fatalf("optim_step whose %s call was cut: %v", cut, err)
+			}
+			m, err := optimStep(t, tc)
+			var rf *client.RequestFailed
+			if !errors.As(err, &rf) || !strings.Contains(rf.Message, "lost") || !strings.Contains(rf.Message, fb.RequestID) {
+				t.Fatalf("optim_step after the cut one, with no new forward_backward: %v %v (want an error naming %s)", m, err, fb.RequestID)
+			}
+			mustForwardBackward(t, tc, false)
+			if m, err = optimStep(t, tc); err != nil || m["step:max"] != 2 || m["grad_norm:mean"] == 0 {
+				t.Fatalf("step after running forward_backward again: %v %v", m, err)
+			}
+		})
 	}
 }
 

@@ -49,7 +49,11 @@ type StateKeeper interface {
 	// BeforeStep is asked, with the adapter resident, whether an optimizer step may run (the
 	// gateway checks that no acknowledged gradients were lost).
 	BeforeStep(ctx context.Context) error
-	// Stepped is told that an optimizer step consumed the gradients, before the state is saved.
+	// Stepped is told that an optimizer step consumed the gradients in memory, just before the
+	// state is saved: the save that follows (the next Save call) holds no gradients and is at
+	// step, and the step counts (its forward_backwards leave the owner's ledger) only once that
+	// save succeeds. If it fails, the replica drops the copy in memory, so the adapter reloads
+	// from the state saved before the step.
 	Stepped(step int)
 	// Replaced is told that load_weights replaced the adapter, before the state is saved.
 	Replaced(cfg engine.LoraConfig, step int)
@@ -286,11 +290,22 @@ func (r *Replica) OptimStep(ctx context.Context, a Adapter, p engine.AdamParams)
 		if metrics, err = r.compute.OptimStep(ctx, a.ID, p); err != nil {
 			return err
 		}
+		// From here the step consumed the gradients in memory, but it counts only once it is
+		// saved: on any failure the copy in memory (ahead of its saved state) is dropped, so
+		// the next op reloads the saved state and the owner, whose ledger still lists the
+		// forward_backwards this step consumed, reports them lost instead of stepping on
+		// nothing (a worker lost while saving once made the next step a zero-gradient one).
+		forget := func() {
+			r.compute.DeleteAdapter(context.WithoutCancel(ctx), a.ID)
+			r.dropFence(a.ID)
+		}
 		if _, step, err = r.compute.AdapterInfo(ctx, a.ID); err != nil {
+			forget()
 			return fmt.Errorf("reading the adapter's step: %w", err)
 		}
 		a.State.Stepped(step)
 		if err := r.persist(ctx, a); err != nil {
+			forget()
 			return fmt.Errorf("saving the adapter state: %w", err)
 		}
 		r.logOp("optim_step", a.ID, start, 0, "step", step) // its time includes saving the state

@@ -155,6 +155,7 @@ type keeper struct {
 	fence      string
 	step       int
 	beforeStep error
+	saveErr    error
 }
 
 func (k *keeper) note(s string)          { k.f.mu.Lock(); k.f.calls = append(k.f.calls, s); k.f.mu.Unlock() }
@@ -170,6 +171,9 @@ func (k *keeper) Fresh() error {
 func (k *keeper) Claim(context.Context) (string, error) { return k.fence, nil }
 func (k *keeper) Save(_ context.Context, fence string, fill func(string) error) (string, error) {
 	k.note("keeper save")
+	if k.saveErr != nil {
+		return "", k.saveErr
+	}
 	if fence != k.fence {
 		return "", &storage.StaleError{Key: "state/ptr", Expected: fence}
 	}
@@ -221,6 +225,13 @@ func TestAdapterLifecycle(t *testing.T) {
 			}
 			return err
 		}, []string{"fresh?", "create a", "before step", "step a", "stepped 1", "keeper save", "save a state/v2"}, ""},
+		// The copy in memory is ahead of its saved state: it goes, so that the next op reloads
+		// the saved state and the owner's ledger (which still lists the consumed
+		// forward_backwards) reports them lost, never a step on no gradients.
+		{"a step whose save fails drops the copy in memory", keeper{saveErr: errors.New("disk full")}, func(r *Replica, a Adapter) error {
+			_, _, err := r.OptimStep(context.Background(), a, engine.DefaultAdamParams())
+			return err
+		}, []string{"fresh?", "create a", "before step", "step a", "stepped 1", "keeper save", "delete a"}, "saving the adapter state: disk full"},
 		{"lost gradients stop the step", keeper{beforeStep: errors.New("lost")}, func(r *Replica, a Adapter) error {
 			_, _, err := r.OptimStep(context.Background(), a, engine.DefaultAdamParams())
 			return err

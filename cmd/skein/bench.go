@@ -40,6 +40,14 @@ type benchConfig struct {
 	asJSON, trainOnly               bool
 }
 
+// progress logs one step of a phase, unless the output is --json (then only the phases are
+// logged): on a big model each phase is minutes of steps, which without a word look like a hang.
+func (c benchConfig) progress(msg string, args ...any) {
+	if !c.asJSON {
+		slog.Info(msg, args...)
+	}
+}
+
 func benchEngine(args []string) error {
 	c, err := parseBenchFlags(args)
 	if err != nil {
@@ -207,9 +215,11 @@ func benchStep(e *engine.Engine, data []engine.Datum, loss *float64) error {
 // noise), and the mean.
 func benchTraining(e *engine.Engine, c benchConfig, data []engine.Datum) (map[string]float64, error) {
 	var firstLoss float64
+	t0 := time.Now()
 	if err := benchStep(e, data, &firstLoss); err != nil {
 		return nil, err
 	}
+	c.progress("bench: training step", "step", "warm-up (untimed)", "loss", firstLoss, "seconds", time.Since(t0).Seconds())
 	if c.cpuProfile != "" {
 		f, err := os.Create(c.cpuProfile)
 		if err != nil {
@@ -223,12 +233,15 @@ func benchTraining(e *engine.Engine, c benchConfig, data []engine.Datum) (map[st
 	}
 	start := time.Now()
 	stepTime := time.Duration(1 << 62)
-	for range c.steps {
+	for i := range c.steps {
 		t0 := time.Now()
 		if err := benchStep(e, data, nil); err != nil {
 			return nil, err
 		}
-		stepTime = min(stepTime, time.Since(t0))
+		d := time.Since(t0)
+		stepTime = min(stepTime, d)
+		c.progress("bench: training step", "step", fmt.Sprintf("%d/%d", i+1, c.steps), "seconds", d.Seconds(),
+			"tokens_per_s", float64(c.batch*c.seq)/d.Seconds())
 	}
 	meanStep := time.Since(start) / time.Duration(c.steps)
 	tokens := c.batch * c.seq
@@ -260,6 +273,7 @@ func benchDecoding(e *engine.Engine, c benchConfig, prompt []int, res map[string
 			n += len(s.Tokens)
 		}
 		res[fmt.Sprintf("decode_tokens_per_s_b%d", b)] = float64(n) / time.Since(start).Seconds()
+		c.progress("bench: decoded", "batch", b, "tokens", n, "tokens_per_s", res[fmt.Sprintf("decode_tokens_per_s_b%d", b)])
 	}
 	return nil
 }
@@ -312,6 +326,7 @@ func benchTenants(e *engine.Engine, c benchConfig, prompt []int, res map[string]
 	compare := func(a, b []engine.SampleRequest) (float64, float64, error) {
 		var ra, rb []float64
 		for i := range rounds + 1 {
+			c.progress("bench: round", "of", "sampling across adapters", "round", fmt.Sprintf("%d/%d", i+1, rounds+1), "adapters", fmt.Sprintf("%d vs %d", len(a), len(b)))
 			x, err := rate(a)
 			if err != nil {
 				return 0, 0, err
@@ -398,7 +413,8 @@ func benchTenantTraining(e *engine.Engine, c benchConfig, data []engine.Datum, r
 		return time.Since(start), nil
 	}
 	best := [2]time.Duration{1 << 62, 1 << 62}
-	for range 2 {
+	for round := range 2 {
+		c.progress("bench: round", "of", "training across adapters", "round", fmt.Sprintf("%d/2", round+1))
 		for k, many := range []bool{true, false} {
 			d, err := run(many)
 			if err != nil {

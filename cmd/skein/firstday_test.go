@@ -244,3 +244,135 @@ func TestReadmeListsEveryCommandsFlags(t *testing.T) {
 		}
 	}
 }
+
+// A Hugging Face name given to --model (Org/Name) that is no path here is looked up in the local
+// hub cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub): found, it is
+// served from its snapshot under that name (its refs/main, or its newest snapshot without one);
+// not found, the error says that skein never downloads and where it looked (issue 40 item 18).
+func TestAHubNameIsLookedUpInTheLocalCache(t *testing.T) {
+	entry, snapshot := hfCache(t, "Qwen/Qwen3-8B")
+	home := filepath.Dir(filepath.Dir(entry))
+	t.Setenv("HF_HUB_CACHE", "")
+	t.Setenv("HF_HOME", home)
+	if dir, name, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot || name != "Qwen/Qwen3-8B" {
+		t.Fatalf("Qwen/Qwen3-8B: %s %q %v, want %s", dir, name, err, snapshot)
+	}
+	if err := os.Remove(filepath.Join(entry, "refs", "main")); err != nil {
+		t.Fatal(err)
+	}
+	if dir, name, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot || name != "Qwen/Qwen3-8B" {
+		t.Fatalf("Qwen/Qwen3-8B without refs/main: %s %q %v, want %s", dir, name, err, snapshot)
+	}
+	t.Setenv("HF_HOME", "")
+	t.Setenv("HF_HUB_CACHE", filepath.Join(home, "hub"))
+	if dir, _, err := resolveModel("Qwen/Qwen3-8B"); err != nil || dir != snapshot {
+		t.Fatalf("through HF_HUB_CACHE: %s %v", dir, err)
+	}
+	_, _, err := resolveModel("Qwen/Qwen3-32B")
+	if err == nil || !strings.Contains(err.Error(), "never downloads") || !strings.Contains(err.Error(), filepath.Join(home, "hub")) ||
+		!strings.Contains(err.Error(), "models--Qwen--Qwen3-32B") {
+		t.Fatalf("a name in no cache: %v", err)
+	}
+	if _, _, err := loadModel("Qwen/Qwen3-32B", "", engine.Options{}); err == nil || !strings.Contains(err.Error(), "never downloads") {
+		t.Fatalf("loadModel of a name in no cache: %v", err)
+	}
+}
+
+// Without --json, skein bench says how far it got at every step (training steps, decoding
+// batches, rounds across adapters), not only at each phase: on the 1b preset a phase is minutes
+// long. With --json, only the phases are logged (issue 40 item 18).
+func TestBenchPrintsProgressPerStep(t *testing.T) {
+	dir := t.TempDir()
+	if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	oldLog, oldOut := benchLog, benchOutput
+	defer func() { benchLog, benchOutput = oldLog, oldOut }()
+	for _, asJSON := range []bool{false, true} {
+		var logs, out bytes.Buffer
+		benchLog, benchOutput = &logs, &out
+		args := []string{"bench", "engine", "--model", dir, "--batch", "1", "--seq", "32", "--steps", "2", "--decode", "2",
+			"--peak-size", "32", "--tenants", "2"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		if err := run(args); err != nil {
+			t.Fatal(err)
+		}
+		steps := strings.Count(logs.String(), "bench: training step")
+		decodes := strings.Count(logs.String(), "bench: decoded")
+		rounds := strings.Count(logs.String(), "bench: round")
+		if asJSON && steps+decodes+rounds != 0 {
+			t.Errorf("--json: %d step, %d decode and %d round lines:\n%s", steps, decodes, rounds, logs.String())
+		}
+		if !asJSON && (steps != 3 || decodes != 3 || rounds == 0) {
+			t.Errorf("%d training step lines (want 3: the warm-up and 2), %d decoding lines (want 3), %d round lines:\n%s",
+				steps, decodes, rounds, logs.String())
+		}
+	}
+}
+
+// readmeSection is the text of README.md from the heading that starts with title to the next
+// heading of the same level or higher.
+func readmeSection(t *testing.T, readme, title string) string {
+	t.Helper()
+	level := title[:strings.Index(title, " ")+1]
+	i := strings.Index(readme, "\n"+title)
+	if i < 0 {
+		t.Fatalf("README.md has no %q section", title)
+	}
+	rest := readme[i+1+len(title):]
+	heading := regexp.MustCompile(fmt.Sprintf(`^#{1,%d} `, len(level)-1))
+	fenced, n := false, 0
+	for _, line := range strings.SplitAfter(rest, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+		}
+		if !fenced && heading.MatchString(line) {
+			return rest[:n]
+		}
+		n += len(line)
+	}
+	return rest
+}
+
+// What a new user runs from the README works as written (issue 40 item 18): the first lines say
+// how to run the binary (./skein, or make install to put it on PATH, which the Makefile does);
+// the quickstart says how to point the tinker SDK and CLI at skein and loads the tokenizer from
+// the server, not from a path relative to where the server was started; the chat example bounds
+// its answer; Troubleshooting's bench command is a modest one.
+func TestReadmeFirstHour(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^install:`).Match(mk) || !strings.Contains(string(mk), "go install") || !strings.Contains(string(mk), "./cmd/skein") {
+		t.Errorf("the Makefile has no install target running go install ./cmd/skein")
+	}
+	first := readme[:strings.Index(readme, "\n## ")]
+	if !strings.Contains(first, "make install") || !strings.Contains(first, "./skein") {
+		t.Errorf("README's first lines say neither ./skein nor make install:\n%s", first)
+	}
+	quick := readmeSection(t, readme, "## Quickstart")
+	for _, want := range []string{"TINKER_BASE_URL", "TINKER_API_KEY", "/api/v1/models/"} {
+		if !strings.Contains(quick, want) {
+			t.Errorf("the quickstart does not mention %s", want)
+		}
+	}
+	if strings.Contains(quick, `"skein-data/`) {
+		t.Errorf("the quickstart still reads a path relative to the server's working directory")
+	}
+	chat := readmeSection(t, readme, "## Chat with an adapter")
+	if !strings.Contains(chat, "max_tokens=") {
+		t.Errorf("the chat example has no max_tokens")
+	}
+	trouble := readmeSection(t, readme, "### Troubleshooting")
+	if !strings.Contains(trouble, "bench engine --model DIR --batch") || !strings.Contains(trouble, "--tenants 0") {
+		t.Errorf("Troubleshooting's bench command is not the modest one:\n%s", trouble)
+	}
+}

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -185,12 +187,20 @@ func serve(args []string, gatewayOnly bool) error {
 		return err
 	}
 	// The address is taken before the models load, so that a port in use fails at once rather
-	// than after minutes of loading; connections wait in the backlog until the server runs.
+	// than after minutes of loading; while they load, every request is answered at once with a
+	// 503 saying so (loadingHandler), /api/v1/healthz included.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
+	front := &switchHandler{}
+	front.set(loadingHandler(time.Now()))
+	hs := cfg.Limits.httpServer(cfg.Addr, front)
+	defer hs.Close() // a load that fails ends here; after a shutdown, this does nothing
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(cfg.Limits.listener(ln, hs.Handler)) }()
+	beforeLoad()
 	if !gatewayOnly {
 		if err := setupKernels(log); err != nil {
 			return err
@@ -238,7 +248,33 @@ func serve(args []string, gatewayOnly bool) error {
 		return err
 	}
 	defer srv.Close()
-	return runHTTP(cfg, srv, ln, log, mode)
+	return runHTTP(cfg, srv, hs, front, errc, ln, log, mode)
+}
+
+// beforeLoad runs before the models are generated and loaded: a test holds the load there.
+var beforeLoad = func() {}
+
+// switchHandler serves the handler set last: the loading answer, then the server.
+type switchHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (s *switchHandler) set(h http.Handler) { s.h.Store(&h) }
+func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
+
+// loadingHandler answers every request while the models load: 503, Retry-After, and a message
+// (JSON, in the API's error shape, with status "loading" for a health probe). Nothing is read or
+// changed: the client retries.
+func loadingHandler(since time.Time) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		msg := fmt.Sprintf("skein is loading its model (for %s so far): it answers once the model is loaded; retry in a few seconds",
+			time.Since(since).Round(time.Second))
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "5")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "loading", "detail": msg, "message": msg})
+	})
 }
 
 // checkServeConfig refuses the settings that can be refused without touching a model.
@@ -336,7 +372,8 @@ func openState(state string) (store.Store, func(), error) {
 }
 
 // runHTTP serves srv on ln until it fails or a signal asks for a graceful shutdown.
-func runHTTP(cfg *serveConfig, srv *gateway.Server, ln net.Listener, log *slog.Logger, mode string) error {
+// hs already serves ln (answering "loading" through front); from here front serves srv.
+func runHTTP(cfg *serveConfig, srv *gateway.Server, hs *http.Server, front *switchHandler, errc <-chan error, ln net.Listener, log *slog.Logger, mode string) error {
 	var handler http.Handler = srv
 	if cfg.Record != "" {
 		var err error
@@ -344,11 +381,9 @@ func runHTTP(cfg *serveConfig, srv *gateway.Server, ln net.Listener, log *slog.L
 			return err
 		}
 	}
-	hs := cfg.Limits.httpServer(cfg.Addr, handler)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(cfg.Limits.listener(ln, hs.Handler)) }()
+	front.set(handler)
 	log.Info("skein serving the Tinker API", "addr", "http://"+ln.Addr().String(), "data", cfg.Data, "auth", mode)
 	select {
 	case err := <-errc:

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/skein-ai/skein/engine"
@@ -23,7 +25,13 @@ const maxRefBytes = 4 << 10
 // says otherwise: a cache entry models--Org--Name is its refs/main snapshot, named Org/Name; a
 // snapshot directory inside one is named Org/Name too (its own name is a hash, which means
 // nothing to a user); any other directory is itself, named by its last element.
+//
+// A --model that is no path here but reads as a hub id (Org/Name) is looked up in the local hub
+// cache (hubCaches): skein never downloads a model.
 func resolveModel(dir string) (string, string, error) {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) && hubID.MatchString(dir) {
+		return resolveHubID(dir)
+	}
 	dir = filepath.Clean(dir)
 	if repo, ok := strings.CutPrefix(filepath.Base(dir), hfCachePrefix); ok && repo != "" {
 		b, err := filebound.Read(filepath.Join(dir, "refs", "main"), maxRefBytes)
@@ -127,4 +135,74 @@ func linksStayInside(root, path string) error {
 		}
 		return nil
 	})
+}
+
+// hubID is a Hugging Face model id: Org/Name, or Name alone (a relative path of one or two
+// elements that does not exist is read as one).
+var hubID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$`)
+
+// hubCaches are the directories huggingface_hub keeps its cache in, in the order it uses them:
+// $HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+// ~/.cache/huggingface/hub.
+func hubCaches() []string {
+	if d := os.Getenv("HF_HUB_CACHE"); d != "" {
+		return []string{d}
+	}
+	if d := os.Getenv("HF_HOME"); d != "" {
+		return []string{filepath.Join(d, "hub")}
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return []string{filepath.Join(d, "huggingface", "hub")}
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return []string{filepath.Join(home, ".cache", "huggingface", "hub")}
+	}
+	return nil
+}
+
+// resolveHubID finds the hub id in the local cache: its entry's refs/main snapshot, or, without
+// refs/main, its most recently written snapshot; it is served under the id.
+func resolveHubID(id string) (string, string, error) {
+	entryName := hfCachePrefix + strings.ReplaceAll(id, "/", "--")
+	caches := hubCaches()
+	for _, c := range caches {
+		entry := filepath.Join(c, entryName)
+		if st, err := os.Stat(entry); err != nil || !st.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(entry, "refs", "main")); err != nil {
+			if snap := newestSnapshot(entry); snap != "" {
+				return snap, id, nil
+			}
+		}
+		dir, _, err := resolveModel(entry)
+		return dir, id, err
+	}
+	where := "no cache directory (set HF_HOME)"
+	if len(caches) > 0 {
+		where = strings.Join(caches, ", ")
+	}
+	return "", "", fmt.Errorf("--model %s: no such file or directory here, and no Hugging Face cache entry %s in %s. "+
+		"skein never downloads a model: on a machine with internet run `huggingface-cli download %s` and copy the "+
+		"cache (or a --local-dir download) here, then pass its directory, or set HF_HOME to the cache's parent", id, entryName, where, id)
+}
+
+// newestSnapshot is the most recently written directory under entry/snapshots, "" if none.
+func newestSnapshot(entry string) string {
+	dirs, err := os.ReadDir(filepath.Join(entry, "snapshots"))
+	if err != nil {
+		return ""
+	}
+	var best string
+	var bestTime int64
+	for _, d := range dirs {
+		info, err := d.Info()
+		if err != nil || !d.IsDir() {
+			continue
+		}
+		if t := info.ModTime().UnixNano(); best == "" || t > bestTime {
+			best, bestTime = filepath.Join(entry, "snapshots", d.Name()), t
+		}
+	}
+	return best
 }

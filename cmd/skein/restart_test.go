@@ -22,6 +22,14 @@ import (
 // process without building one.
 func TestMain(m *testing.M) {
 	if os.Getenv("SKEIN_TEST_RUN_AS_SKEIN") == "1" {
+		if hold := os.Getenv("SKEIN_TEST_HOLD_LOAD"); hold != "" {
+			// The load waits for the test to create this file (TestServeAnswersLoadingWhileTheModelLoads).
+			beforeLoad = func() {
+				for _, err := os.Stat(hold); err != nil; _, err = os.Stat(hold) {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}
 		if err := run(os.Args[1:]); err != nil {
 			reportError(err)
 			os.Exit(1)
@@ -52,7 +60,9 @@ func waitHealthy(t *testing.T, addr string) {
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get("http://" + addr + "/api/v1/healthz"); err == nil {
 			resp.Body.Close()
-			return
+			if resp.StatusCode == http.StatusOK { // 503 while the model loads
+				return
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -397,6 +397,7 @@ async function refresh() {
     $("#main").hidden = false;
     $("#who").textContent = "key …" + key().slice(-4) + (whoami.admin ? " (admin)" : "");
     $("#forget-key").hidden = false;
+    $("#key-hint").hidden = true; // a key works: the hint on which key to enter is done
     if (statusSeq === mine) status("");
   } catch (e) {
     status(e.message, true);

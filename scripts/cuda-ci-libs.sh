@@ -21,17 +21,19 @@ if ! installed; then
     echo "cuda-ci-libs: ${pkgs[*]} are not installed and this is not root" >&2
     exit 1
   fi
-  # contrib and non-free for bookworm, in a sources file of our own (the machine's own stay as they are).
+  # contrib and non-free from the machine's own Debian sources (the same archives, other
+  # components), in a sources file of our own; the machine's own files stay as they are.
   src=/etc/apt/sources.list.d/skein-cuda-nonfree.sources
   if ! apt-cache policy libnvrtc11.2 2>/dev/null | grep -q 'Candidate: [0-9]'; then
     if [ ! -f "$src" ]; then
-      cat >"$src" <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm bookworm-updates
-Components: contrib non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+      own=/etc/apt/sources.list.d/debian.sources
+      if [ -f "$own" ]; then
+        sed -E 's/^Components:.*/Components: contrib non-free/' "$own" >"$src"
+      elif [ -f /etc/apt/sources.list ]; then
+        # one-line format: the same lines with contrib and non-free as their components
+        sed -nE 's/^(deb[[:space:]]+(\[[^]]*\][[:space:]]+)?[^[:space:]]+[[:space:]]+[^[:space:]]+)[[:space:]].*/\1 contrib non-free/p' /etc/apt/sources.list \
+          >/etc/apt/sources.list.d/skein-cuda-nonfree.list
+      fi
     fi
     apt-get update -qq >&2
   fi

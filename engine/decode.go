@@ -22,7 +22,11 @@ import (
 // needs one row per sequence unless prompt logprobs were asked for.
 // With a sink, each wanted row is offered to it as the head's tiles are computed, and only the
 // rows it does not take are returned.
-type stepFunc func(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) ([][]float64, error)
+//
+// lens (nil: every row's T tokens are real) is each row's count of real tokens in this step:
+// a chunk of a prefill after the first, where rows whose prompt has ended carry padding, which
+// must not move a hybrid model's recurrent state.
+type stepFunc func(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) ([][]float64, error)
 
 // rowSink takes one wanted row's logits (b, t), widened to float64, instead of the step returning
 // it, and reports whether it did. Prompt logprobs reduce each prompt position to its logprob and
@@ -109,13 +113,16 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 
 // step is the loop's stepFunc: one pass over tokens tok at positions pos, a prefill when every
 // row's tokens sit at 0…T-1, a decode step over the cache otherwise.
-func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...rowSink) (_ [][]float64, err error) {
+func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
 	if d.long.Err() != nil {
 		return nil, d.long.Err()
 	}
 	e := d.e
 	B, T := d.B, len(tok[0])
+	if e.stepHook != nil {
+		e.stepHook(B, T)
+	}
 	fromStart, err := d.checkPositions(pos, T)
 	if err != nil {
 		return nil, err
@@ -126,8 +133,8 @@ func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, sink ...
 	if !fromStart {
 		parts.pos = pos
 	}
-	d.cache.lens = nil
-	if fromStart {
+	d.cache.lens = lens
+	if fromStart && lens == nil {
 		d.cache.lens = prefillLens(B, T, want)
 	}
 	s := newPass(e, ar, B, T, parts)
@@ -248,6 +255,9 @@ type sampleRow struct {
 func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
 	rows, maxPrompt, maxLen := e.sampleRows(reqs)
 	B := len(rows) // no padding rows: a new row count costs only a few matmul compiles
+	if e.decodeHook != nil {
+		e.decodeHook(B)
+	}
 	S := min(bucket(maxLen, 16), bucket(e.Config.MaxPositionEmbeddings, 16))
 	images, err := e.sampleImageRows(reqs, rows)
 	if err != nil {
@@ -262,7 +272,11 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 
 	first := firstRows(rows)
 	prompts := e.newPromptLogprobs(reqs, first)
-	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, prompts.take)
+	chunk := 0
+	if images == nil {
+		chunk = e.prefillChunk(B, maxPrompt)
+	}
+	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, chunk, prompts.take)
 	if err != nil {
 		return nil, err
 	}
@@ -298,8 +312,9 @@ func (e *Engine) sampleRows(reqs []SampleRequest) (rows []*sampleRow, maxPrompt,
 			if r.Params.Seed != nil {
 				seed = uint64(*r.Params.Seed)
 			}
+			k := r.firstSample + i // the sample's index in its request, also in a part of one
 			rows = append(rows, &sampleRow{req: ri, prompt: r.Prompt, params: r.Params,
-				rng: rand.New(rand.NewPCG(seed, uint64(i))), stopTok: stop, sample: i, onToken: r.OnToken})
+				rng: rand.New(rand.NewPCG(seed, uint64(k))), stopTok: stop, sample: k, onToken: r.OnToken})
 		}
 		maxPrompt = max(maxPrompt, len(r.Prompt))
 		maxLen = max(maxLen, len(r.Prompt)+r.Params.MaxTokens)
@@ -316,32 +331,62 @@ func firstRows(rows []*sampleRow) map[int]int {
 	return first
 }
 
-// prefill runs each row's prompt at positions 0…P-1, padded to a common bucket T, and returns
-// the logits it asked for, indexed b·T+t: where each row's prompt ends, and at every prompt
-// position of the first row of a request that asked for prompt logprobs. Padding writes garbage
-// into cache slots at or after the row's prompt end; decode overwrites each slot before any
-// query may attend to it.
-func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt int, sink rowSink) ([][]float64, int, error) {
+// prefill runs every row's prompt through the model from position 0, filling the cache, and
+// returns the logits of each prompt's last token (and those prompt logprobs take through sink),
+// indexed b·T+t, with T the padded prompt length. A prefill of more than prefillTokens row-tokens
+// runs in chunks of positions (chunk tokens each, a multiple of 16): the first from position 0,
+// the next over the cache, as decode steps do, each row's real tokens counted (lens) so that a
+// hybrid model's recurrent state stops at its own prompt's end. Each chunk is a pass whose layers
+// give turns to others' work, so one long prefill does not hold every other tenant's sample for
+// its whole length (a DeltaNet layer over 64 rows × 128 tokens took seconds).
+func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt, chunk int, sink rowSink) ([][]float64, int, error) {
 	B, T := len(rows), bucket(maxPrompt, 16)
-	tok := make([][]int, B)
-	pos := make([][]int, B)
-	for b := range B {
-		tok[b] = make([]int, T)
-		pos[b] = make([]int, T)
-		copy(tok[b], rows[b].prompt)
-		for t := range T {
-			pos[b][t] = t
-		}
+	if chunk <= 0 || chunk >= T {
+		chunk = T
 	}
-	logits, err := step(tok, pos, func(b, t int) bool {
+	want := func(b, t int) bool {
 		r := rows[b]
 		if t == len(r.prompt)-1 {
 			return true
 		}
 		req := reqs[r.req]
 		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
-	}, sink)
-	return logits, T, err
+	}
+	logits := make([][]float64, B*T)
+	for c0 := 0; c0 < T; c0 += chunk {
+		c1 := min(T, c0+chunk)
+		tok, pos := make([][]int, B), make([][]int, B)
+		var lens []int
+		if c1 < T || c0 > 0 {
+			lens = make([]int, B)
+		}
+		for b := range B {
+			tok[b], pos[b] = make([]int, c1-c0), make([]int, c1-c0)
+			if p := rows[b].prompt; c0 < len(p) {
+				copy(tok[b], p[c0:min(c1, len(p))])
+			}
+			for t := range c1 - c0 {
+				pos[b][t] = c0 + t
+			}
+			if lens != nil {
+				lens[b] = max(0, min(c1, len(rows[b].prompt))-c0)
+			}
+		}
+		var take rowSink
+		if sink != nil {
+			take = func(b, t int, row []float64) bool { return sink(b, c0+t, row) }
+		}
+		part, err := step(tok, pos, func(b, t int) bool { return want(b, c0+t) }, lens, take)
+		if err != nil {
+			return nil, 0, err
+		}
+		for b := range B {
+			for t := range c1 - c0 {
+				logits[b*T+c0+t] = part[b*(c1-c0)+t]
+			}
+		}
+	}
+	return logits, T, nil
 }
 
 // promptLogprobs starts each request's result and fills in its prompt logprobs where it asked
@@ -432,7 +477,7 @@ func (e *Engine) decodeSteps(ctx context.Context, step stepFunc, rows []*sampleR
 		if err := stopped(ctx); err != nil {
 			return err
 		}
-		logits, err := step(feed, fpos, func(b, _ int) bool { return !rows[b].done })
+		logits, err := step(feed, fpos, func(b, _ int) bool { return !rows[b].done }, nil)
 		if err != nil {
 			return err
 		}
@@ -528,4 +573,23 @@ func stopFailed(rows []*sampleRow) {
 			r.done = true
 		}
 	}
+}
+
+// prefillTokens bounds the row-tokens of one prefill pass (rows × positions): a larger prefill
+// runs in chunks of positions (prefill), each a pass with turns between its layers.
+const prefillTokens = 2048
+
+// prefillChunk is how many positions one pass of a prefill of B rows with prompts of up to
+// maxPrompt tokens takes: all of them when B × the padded length fits prefillTokens (or the
+// engine's test setting), else a multiple of 16 that does (at least 16). 0: no chunks.
+func (e *Engine) prefillChunk(B, maxPrompt int) int {
+	limit := prefillTokens
+	if e.prefillLimit > 0 {
+		limit = e.prefillLimit
+	}
+	T := bucket(maxPrompt, 16)
+	if B*T <= limit {
+		return 0
+	}
+	return max(16, limit/B/16*16)
 }

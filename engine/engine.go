@@ -80,6 +80,12 @@ type Engine struct {
 	keepFFNActs    bool  // tests: the feed-forward block's backward keeps its buffers to the layer's end, as it once did
 	// layerHook, set by tests only, is called before each decoder layer of every pass.
 	layerHook func(layer int)
+	// decodeHook, set by tests only, is called with the rows of every decode loop.
+	decodeHook func(rows int)
+	// prefillLimit, set by tests only, replaces prefillTokens (row-tokens of one prefill pass).
+	prefillLimit int
+	// stepHook, set by tests only, is called with the rows and tokens of every sampler pass.
+	stepHook func(B, T int)
 }
 
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the

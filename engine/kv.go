@@ -12,8 +12,9 @@ type kvStore[E float] interface {
 	// the last slot it attends to.
 	slot(b, t int) int
 	// deltaState is DeltaNet layer l's sampler state (nil: none, a training or forward pass);
-	// cont: the pass continues it (a decode step), else it starts from zero and leaves each row's
-	// state after that row's own last token, lens[b] (nil: T).
+	// cont: the pass continues it (a decode step, a later chunk of a prefill), else it starts
+	// from zero; either way it leaves each row's state after that row's own last token in the
+	// pass, lens[b] (nil: T).
 	deltaState(l int) (st *backend.DeltaState[E], cont bool, lens []int)
 }
 
@@ -75,5 +76,5 @@ func (c *cacheKV[E]) begin(l int, h *backend.HeadsIn[E]) {
 func (c *cacheKV[E]) slot(b, t int) int { return c.pos[b][t] }
 
 func (c *cacheKV[E]) deltaState(l int) (*backend.DeltaState[E], bool, []int) {
-	return c.cache.dn[l], true, nil
+	return c.cache.dn[l], true, c.cache.lens // lens: a later chunk of a prefill (nil: a decode step)
 }

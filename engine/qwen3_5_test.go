@@ -37,7 +37,7 @@ func stepLogits(t *testing.T, e *Engine, a *Adapter, prompts [][]int, cont [][]i
 			pos[b][i] = i
 		}
 	}
-	rows, err := step(tok, pos, func(b, i int) bool { return i < len(prompts[b]) })
+	rows, err := step(tok, pos, func(b, i int) bool { return i < len(prompts[b]) }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func stepLogits(t *testing.T, e *Engine, a *Adapter, prompts [][]int, cont [][]i
 		if !any {
 			return out
 		}
-		rows, err := step(feed, fpos, func(b, _ int) bool { return k < len(cont[b]) })
+		rows, err := step(feed, fpos, func(b, _ int) bool { return k < len(cont[b]) }, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -580,11 +580,11 @@ func TestQwen35TwoPiecePrefillEqualsOnePass(t *testing.T) {
 		}
 		return [][]int{p}
 	}
-	a, err := step([][]int{first}, pos(0, len(first)), func(int, int) bool { return true })
+	a, err := step([][]int{first}, pos(0, len(first)), func(int, int) bool { return true }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := step([][]int{second}, pos(len(first), len(second)), func(int, int) bool { return true })
+	b, err := step([][]int{second}, pos(len(first), len(second)), func(int, int) bool { return true }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func vlLogits(t testing.TB, e *Engine, tokens []int, im *Images) []float64 {
 	rows := []*imageRow{{tokens: tokens, images: im, feats: feats[0]}}
 	step, done := e.newDecodeStepImages(context.Background(), nil, 1, S, rows)
 	defer done()
-	out, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T })
+	out, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

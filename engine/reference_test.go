@@ -44,7 +44,7 @@ func logitsOf(t testing.TB, e *Engine, id string, tokens []int) []float64 {
 	}
 	step, done := e.newDecodeStep(a, 1, S)
 	defer done()
-	rows, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T })
+	rows, err := step([][]int{tok}, [][]int{pos}, func(_, t int) bool { return t < T }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,9 @@ type SampleRequest struct {
 	// validFor is the model ValidateSample passed this request for: the engine of that model
 	// does not check it again. A request changed after ValidateSample must be validated again.
 	validFor *Config
+	// firstSample is the index in its request of this part's first sample, when SampleBatch
+	// splits a request of more than MaxSampleRows samples into parts (0: a whole request).
+	firstSample int
 }
 
 // SampledSequence is one continuation. Logprobs are the model's own (temperature 1) log-probabilities
@@ -211,8 +214,53 @@ func (e *Engine) SampleBatch(ctx context.Context, id string, reqs []SampleReques
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(i, j int) int { return strings.Compare(names[i], names[j]) })
+	// A request of more samples than a loop takes runs in parts of at most MaxSampleRows, each
+	// sample with its own random stream as in one loop (its index in the request); the first
+	// part alone computes the prompt's logprobs. So at most MaxSampleRows rows decode together
+	// whatever the request: their state (KV cache, DeltaNet states) is bounded by it.
+	var parts []SampleRequest
+	var partOf []int // the request each part belongs to
+	var partAdapters []*Adapter
+	for _, i := range order {
+		for k := 0; k == 0 || k < reqs[i].NumSamples; k += MaxSampleRows {
+			p := reqs[i]
+			p.firstSample, p.NumSamples = k, min(MaxSampleRows, reqs[i].NumSamples-k)
+			if k > 0 {
+				p.PromptLogprobs, p.TopKPromptLogprobs = false, 0
+			}
+			parts = append(parts, p)
+			partOf = append(partOf, i)
+			partAdapters = append(partAdapters, adapters[i])
+		}
+	}
+	res, err := e.sampleParts(ctx, parts, partAdapters)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*SampleResult, len(reqs))
-	// Group requests into loops of at most MaxSampleRows rows (a request is never split).
+	for k, r := range res {
+		i := partOf[k]
+		switch {
+		case out[i] == nil:
+			out[i] = r
+		case out[i].Err != nil:
+		case r.Err != nil:
+			out[i] = &SampleResult{Err: r.Err}
+		default:
+			out[i].Sequences = append(out[i].Sequences, r.Sequences...)
+		}
+	}
+	return out, nil
+}
+
+// sampleParts decodes requests (none of more than MaxSampleRows samples) in loops of at most
+// MaxSampleRows rows, in order, a request never split between loops.
+func (e *Engine) sampleParts(ctx context.Context, reqs []SampleRequest, adapters []*Adapter) ([]*SampleResult, error) {
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	out := make([]*SampleResult, len(reqs))
 	for start := 0; start < len(order); {
 		end, rows := start, 0
 		for end < len(order) && (end == start || rows+reqs[order[end]].NumSamples <= MaxSampleRows) {

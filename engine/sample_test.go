@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -573,6 +574,110 @@ func BenchmarkDecodeBatch1(b *testing.B) {
 				tokens += len(r.Sequences[0].Tokens)
 			}
 			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// At most MaxSampleRows rows decode together whatever the request (issue 40 item 9): a request
+// of more samples runs in parts, each sample keeping its own random stream, so the first part's
+// samples are those of the same request with MaxSampleRows samples, bit for bit; the prompt's
+// logprobs come once.
+func TestLargeRequestsDecodeInPartsOfBoundedRows(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	var loops []int
+	e.decodeHook = func(rows int) { loops = append(loops, rows) }
+	seed := int64(5)
+	req := SampleRequest{Prompt: []int{3, 9, 4}, NumSamples: 2 * MaxSampleRows, PromptLogprobs: true,
+		Params: SampleParams{MaxTokens: 3, Temperature: 1, Seed: &seed}}
+	res, err := e.SampleBatch(context.Background(), "", []SampleRequest{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range loops {
+		if n > MaxSampleRows {
+			t.Fatalf("a decode loop of %d rows (loops %v), want at most %d", n, loops, MaxSampleRows)
+		}
+	}
+	if got := len(res[0].Sequences); got != req.NumSamples {
+		t.Fatalf("%d sequences, want %d", got, req.NumSamples)
+	}
+	if len(res[0].PromptLogprobs) != len(req.Prompt) {
+		t.Fatalf("prompt logprobs %v", res[0].PromptLogprobs)
+	}
+	one := req
+	one.NumSamples = MaxSampleRows
+	want, err := e.SampleBatch(context.Background(), "", []SampleRequest{one})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range want[0].Sequences {
+		if !slices.Equal(s.Tokens, res[0].Sequences[i].Tokens) || !slices.Equal(s.Logprobs, res[0].Sequences[i].Logprobs) {
+			t.Fatalf("sample %d: %v %v in parts, %v %v alone", i, res[0].Sequences[i].Tokens, res[0].Sequences[i].Logprobs, s.Tokens, s.Logprobs)
+		}
+	}
+}
+
+// A prefill of many rows and long prompts runs in chunks of positions, each pass at most
+// prefillTokens row-tokens (so its layers, and the turns between them, come often: issue 40
+// item 8), and samples what the prefill in one pass samples: the same tokens, logprobs and prompt
+// logprobs within float32 rounding, on a hybrid model (DeltaNet states stop at each row's own
+// prompt end, rows of different lengths) and on an attention-only one.
+func TestChunkedPrefillSamplesAsOnePass(t *testing.T) {
+	for _, arch := range []Arch{ArchQwen3_5, ArchQwen3} {
+		t.Run(string(arch), func(t *testing.T) {
+			e := loadTiny(t, arch, Options{})
+			seed := int64(3)
+			long := make([]int, 75)
+			for i := range long {
+				long[i] = (i*37+11)%400 + 3
+			}
+			reqs := []SampleRequest{
+				{Prompt: long, NumSamples: 2, PromptLogprobs: true, Params: SampleParams{MaxTokens: 4, Temperature: 1, Seed: &seed}},
+				{Prompt: long[:9], NumSamples: 3, Params: SampleParams{MaxTokens: 4, Temperature: 1, Seed: &seed}},
+				{Prompt: long[:40], NumSamples: 1, Params: SampleParams{MaxTokens: 4}},
+			}
+			whole, err := e.SampleBatch(context.Background(), "", reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var passes [][2]int
+			e.stepHook = func(B, T int) { passes = append(passes, [2]int{B, T}) }
+			e.prefillLimit = 6 * 16 // 6 rows: chunks of 16 positions
+			defer func() { e.stepHook, e.prefillLimit = nil, 0 }()
+			chunked, err := e.SampleBatch(context.Background(), "", reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefillPasses := 0
+			for _, p := range passes {
+				if p[1] > 1 {
+					prefillPasses++
+					if p[0]*p[1] > e.prefillLimit {
+						t.Fatalf("a prefill pass of %d rows × %d positions, over the limit %d", p[0], p[1], e.prefillLimit)
+					}
+				}
+			}
+			if prefillPasses < 5 { // 80 positions in chunks of 16
+				t.Fatalf("%d prefill passes (%v), want the prompt in chunks", prefillPasses, passes)
+			}
+			for i := range reqs {
+				w, c := whole[i], chunked[i]
+				for k := range w.PromptLogprobs {
+					if d := math.Abs(w.PromptLogprobs[k] - c.PromptLogprobs[k]); d > 1e-4 && !math.IsNaN(w.PromptLogprobs[k]) {
+						t.Fatalf("request %d prompt logprob %d: %v in one pass, %v in chunks", i, k, w.PromptLogprobs[k], c.PromptLogprobs[k])
+					}
+				}
+				for s := range w.Sequences {
+					if !slices.Equal(w.Sequences[s].Tokens, c.Sequences[s].Tokens) {
+						t.Fatalf("request %d sample %d: %v in one pass, %v in chunks", i, s, w.Sequences[s].Tokens, c.Sequences[s].Tokens)
+					}
+					for k, lp := range w.Sequences[s].Logprobs {
+						if d := math.Abs(lp - c.Sequences[s].Logprobs[k]); d > 1e-4 {
+							t.Fatalf("request %d sample %d token %d: logprob %v in one pass, %v in chunks", i, s, k, lp, c.Sequences[s].Logprobs[k])
+						}
+					}
+				}
+			}
 		})
 	}
 }

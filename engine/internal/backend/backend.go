@@ -312,8 +312,9 @@ type DeltaState[E Float] struct {
 // L2-normalised (q also by 1/√DK); β = σ(b), g = −exp(ALog)·softplus(a + DtBias); per value
 // head the state S [DK, DV]: S ← e^g·S; u = β·(v − Sᵀk); S ← S + k·uᵀ; o = Sᵀq; then the gated
 // RMSNorm per head, Norm ⊙ o/rms(o) ⊙ silu(z). The state starts at zero, or continues State
-// (Cont: a decode step); with a State and not Cont (a prefill), each row's state after its own
-// last token Lens[b] (nil: T) is left in State.
+// (Cont: a decode step, a later chunk of a prefill); with a State, each row's state (and conv
+// history) after its own last token Lens[b] (nil: T) is left in State, and a row with no token
+// in the pass (Lens[b] = 0) keeps the one it came with.
 type DeltaNet[E Float] struct {
 	B, T int
 	DeltaDims

@@ -126,7 +126,7 @@ func (in *dnConvInput[E]) keepHistory(B int, lens []int) {
 	hist := make([]E, B*d.C*K1)
 	for b := range B {
 		end := in.T
-		if !in.cont && lens != nil {
+		if lens != nil {
 			end = lens[b]
 		}
 		for ch := range d.C {
@@ -228,7 +228,7 @@ func (s *step[E]) dnRecurrence(L *backend.DeltaNet[E], a *deltaActs[E], d dnDims
 				copy(S, st.S.V[r*dkdv:(r+1)*dkdv])
 			}
 			end := T
-			if st != nil && !cont && lens != nil {
+			if st != nil && lens != nil {
 				end = lens[b]
 			}
 			for t := range T {
@@ -238,12 +238,11 @@ func (s *step[E]) dnRecurrence(L *backend.DeltaNet[E], a *deltaActs[E], d dnDims
 				n := b*T + t
 				deltaStep(S, S, a.qh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk], a.kh.V[n*d.Kd+hk*d.dk:n*d.Kd+(hk+1)*d.dk],
 					a.v.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], a.g[n*d.Hv+hv], a.beta[n*d.Hv+hv], a.o.V[n*d.Vd+hv*d.dv:n*d.Vd+(hv+1)*d.dv], u, ones, d.dv)
-				if st != nil && !cont && t == end-1 {
+				// The state after the row's own last token (a row with none in this pass keeps
+				// the state it came with).
+				if st != nil && t == end-1 {
 					copy(st.S.V[r*dkdv:(r+1)*dkdv], S)
 				}
-			}
-			if cont {
-				copy(st.S.V[r*dkdv:(r+1)*dkdv], S)
 			}
 		}
 	})

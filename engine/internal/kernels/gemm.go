@@ -1,6 +1,9 @@
 package kernels
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+)
 
 // A float32 GEMM, BLIS-style: B is packed in panels of nr columns for a block of kc contracting
 // steps, A is read in place mr rows at a time, and an mr×nr micro-kernel in assembly keeps its
@@ -154,7 +157,7 @@ func (km *microKernel[E]) gemmInto(c []float32, a []E, M, K, N int, pack func(ds
 		ncur := min(km.nc, N-jc)
 		for pc := 0; pc < K; pc += km.kc {
 			kc := min(km.kc, K-pc)
-			pack(bp, pc, kc, jc, ncur)
+			km.packPanels(bp, pack, pc, kc, jc, ncur, parallel)
 			first := pc == 0 && !accumulate
 			blocks := (M + km.mc - 1) / km.mc
 			work := func(lo, hi int) {
@@ -165,9 +168,24 @@ func (km *microKernel[E]) gemmInto(c []float32, a []E, M, K, N int, pack func(ds
 					km.macro(c, a, edgeA, bp, K, N, ic, min(km.mc, M-ic), pc, jc, ncur, kc, first)
 				}
 			}
-			if !parallel || blocks == 1 || M*kc*ncur < 1<<18 {
+			panels := (ncur + km.nr - 1) / km.nr
+			switch {
+			case !parallel || M*kc*ncur < 1<<18 || blocks == 1 && panels == 1:
 				work(0, blocks)
-			} else {
+			case blocks < runtime.GOMAXPROCS(0) && panels >= 2:
+				// Fewer row blocks than cores (a LoRA gradient's rank-r rows, a short product):
+				// the panels of columns split instead, every row block over its share. Each
+				// output is the same chain over k either way.
+				ParallelRows(panels, func(lo, hi int) {
+					edgeA := getBuffer[E](km.mr * kc)
+					defer putBuffer(edgeA)
+					j0, j1 := lo*km.nr, min(ncur, hi*km.nr)
+					for blk := range blocks {
+						ic := blk * km.mc
+						km.macro(c, a, edgeA, bp[lo*kc*km.nr:], K, N, ic, min(km.mc, M-ic), pc, jc+j0, j1-j0, kc, first)
+					}
+				})
+			default:
 				ParallelRows(blocks, work)
 			}
 		}
@@ -175,6 +193,22 @@ func (km *microKernel[E]) gemmInto(c []float32, a []E, M, K, N int, pack func(ds
 }
 
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
+
+// packPanels is pack over columns jc…jc+nc, its panels of nr columns split across the cores when
+// parallel and the block is large: each panel is written alone, at (j/nr)·kc·nr, so a range of
+// panels is the same pack of fewer columns at an offset (the same numbers; packing was a serial
+// tenth of a 2-core training step on the small preset).
+func (km *microKernel[E]) packPanels(dst []E, pack func(dst []E, pc, kc, jc, nc int), pc, kc, jc, nc int, parallel bool) {
+	panels := (nc + km.nr - 1) / km.nr
+	if !parallel || panels < 2 || kc*nc < 1<<15 {
+		pack(dst, pc, kc, jc, nc)
+		return
+	}
+	ParallelRows(panels, func(lo, hi int) {
+		j0, j1 := lo*km.nr, min(nc, hi*km.nr)
+		pack(dst[lo*kc*km.nr:], pc, kc, jc+j0, j1-j0)
+	})
+}
 
 // packB copies b[pc:pc+kc, jc:jc+nc] (or its transpose's) into panels of nr columns, each kc
 // rows of nr contiguous values, zero-padded past nc.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
+	"github.com/skein-ai/skein/engine/internal/backend/cuda"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/safetensors"
@@ -46,6 +47,10 @@ type Options struct {
 	// Input gradients still multiply by the dequantized weights (straight-through) and LoRA
 	// terms stay float32. No effect on float32 or bf16 bases. Slower (scalar Go).
 	GGMLActivations bool
+	// Device is where the engine computes: "auto" (or ""), "cpu", "cuda" or "cuda:N" (--device).
+	// The CUDA backend finds its libraries and compiles its kernels but does not run the model
+	// yet: cuda and cuda:N are refused with that said, and auto computes on the CPU, logging why.
+	Device string
 	// Name is the model as its users know it (the served name, e.g. Qwen/Qwen3-8B): saved
 	// adapters name it as their base_model_name_or_path, so they load elsewhere. Default: Dir.
 	Name string
@@ -211,6 +216,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if err := CheckPrecision(opts.Precision); err != nil {
 		return nil, err
 	}
+	if err := chooseDevice(opts); err != nil {
+		return nil, err
+	}
 	if opts.Precision == "" {
 		opts.Precision = PrecisionF32
 	}
@@ -316,3 +324,39 @@ func (e *Engine) AdapterBytes() int {
 	}
 	return n
 }
+
+// chooseDevice decides --device: the CPU, the only backend that runs the model today. An
+// explicit GPU is refused, saying why (no GPU, no library, or the backend not running the model
+// yet); auto takes the CPU and logs what it saw.
+func chooseDevice(opts Options) error {
+	kind, _, err := cuda.ParseDevice(opts.Device)
+	if err != nil {
+		return err
+	}
+	if kind == "cpu" {
+		return nil
+	}
+	var choice cuda.Choice
+	if kind == "auto" {
+		choice, err = autoDevice()
+	} else {
+		choice, err = cuda.SelectDevice(opts.Device)
+	}
+	if kind == "cuda" {
+		if err != nil {
+			return fmt.Errorf("engine: --device %s: %w", opts.Device, err)
+		}
+		return fmt.Errorf("engine: --device %s (%s): the CUDA backend finds its libraries and compiles its kernels but does not run the model yet; use --device cpu", opts.Device, choice.Info.Name)
+	}
+	if opts.Logger != nil {
+		why := choice.Why
+		if choice.CUDA {
+			why = fmt.Sprintf("%s (%s) found, but the CUDA backend does not run the model yet", choice, choice.Info.Name)
+		}
+		opts.Logger.Info("device: cpu", "why", why)
+	}
+	return nil
+}
+
+// autoDevice is --device auto's probe, made once a process (it loads the driver and NVRTC).
+var autoDevice = sync.OnceValues(func() (cuda.Choice, error) { return cuda.SelectDevice("auto") })

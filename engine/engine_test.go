@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -385,5 +386,24 @@ func TestHostileConfigSizesAreRefused(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("bucket(2^62+1, 16) does not return")
+	}
+}
+
+// --device: cpu and auto load the model on the CPU (auto says why it took no GPU); an explicit
+// GPU is refused with a clear error, and a bad value is refused naming the choices.
+func TestDeviceChoice(t *testing.T) {
+	dir := tinyModel(t, ArchQwen3)
+	for _, dev := range []string{"", "auto", "cpu", "CPU"} {
+		if _, err := Load(dir, Options{Device: dev}); err != nil {
+			t.Fatalf("--device %q: %v", dev, err)
+		}
+	}
+	for _, dev := range []string{"cuda", "cuda:1"} {
+		if _, err := Load(dir, Options{Device: dev}); err == nil || !strings.Contains(err.Error(), "--device "+dev) {
+			t.Fatalf("--device %s: %v, want a refusal naming it", dev, err)
+		}
+	}
+	if _, err := Load(dir, Options{Device: "tpu"}); err == nil || !strings.Contains(err.Error(), "auto, cpu, cuda or cuda:N") {
+		t.Fatalf("--device tpu: %v", err)
 	}
 }

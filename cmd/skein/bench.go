@@ -32,6 +32,7 @@ var benchLog io.Writer = os.Stderr
 // benchConfig is what `skein bench engine` was asked to measure.
 type benchConfig struct {
 	model, precision, cpuProfile    string
+	device                          string
 	memProfile                      string
 	activations                     string
 	batch, seq, rank, steps, decode int
@@ -157,6 +158,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.decode, "decode", 32, "tokens to decode per sequence")
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
 	fs.BoolVar(&c.trainOnly, "train-only", false, "measure training only (its speed, its memory against the plan, under a soft memory limit at the plan unless GOMEMLIMIT is set), then stop")
+	fs.StringVar(&c.device, "device", "auto", "where the engine computes: auto (the first working NVIDIA GPU, else the CPU), cpu, cuda or cuda:N; the CUDA backend does not run the model yet, so auto computes on the CPU (logging why) and cuda is refused")
 	fs.StringVar(&c.precision, "precision", engine.PrecisionF32, "base weights in memory: f32, bf16, q8_0, q6_k, q4_k or q4_k_m")
 	fs.StringVar(&c.activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 or ggml (llama.cpp's activation rounding and integer dots)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed training steps to this file")
@@ -533,7 +535,7 @@ func limitMemoryToPlan(e *engine.Engine, c benchConfig, log *slog.Logger) {
 // train_rss_mb is what training holds; where it cannot be, train_rss_mb is the process's.
 func benchLoad(c benchConfig, ggmlAct bool, log *slog.Logger) (*engine.Engine, map[string]float64, error) {
 	loadStart := time.Now()
-	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Logger: log})
+	e, err := engine.Load(c.model, engine.Options{MaxBatchTokens: c.batch * c.seq, Precision: c.precision, GGMLActivations: ggmlAct, Device: c.device, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}

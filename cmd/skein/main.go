@@ -327,7 +327,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -29,6 +29,7 @@ type workerConfig struct {
 	Gateway, Model, Name   string
 	MaxLoras, StepMemoryMB int
 	Precision, Addr        string
+	Device                 string
 	Activations            string
 	WorkerToken, Data      string
 	Config, ImageDir       string
@@ -48,6 +49,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	fs.StringVar(&c.Activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 (float32 activations times the dequantized blocks) or ggml (activations rounded to Q8_0/Q8_K blocks and integer dots, as llama.cpp's CPU backend: its logits on the same GGUF; slower)")
+	fs.StringVar(&c.Device, "device", "auto", "where the engine computes: auto (the first working NVIDIA GPU, else the CPU), cpu, cuda or cuda:N; the CUDA backend does not run the model yet, so auto computes on the CPU (logging why) and cuda is refused")
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0, q6_k or q4_k (projections in GGUF Q8_0, Q6_K or Q4_K blocks, about a quarter, a fifth or an eighth of f32); q4_k_m (llama.cpp's Q4_K_M mix: Q4_K with Q6_K for the head and some layers' v and down projections); LoRA, norms and gradients in f32")
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:0", "listen address for the gateway's calls")
 	fs.StringVar(&c.WorkerToken, "worker-token", "", "the gateway's cluster token (default: DATA/worker-token, if the data directory has one)")
@@ -103,7 +105,7 @@ func runWorker(args []string) error {
 	}
 	// The base model's name: --name, or as resolveModel names --model (a Hugging Face cache
 	// entry's Org/Name, else the directory's name).
-	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision, GGMLActivations: ggmlAct, Logger: log})
+	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision, GGMLActivations: ggmlAct, Device: c.Device, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -70,6 +70,7 @@ type Engine struct {
 
 	opts    Options
 	invFreq []float64
+	device  string // where it computes, and for auto why (chooseDevice)
 
 	mu       sync.Mutex
 	adapters map[string]*Adapter
@@ -93,10 +94,13 @@ type Engine struct {
 	stepHook func(B, T int)
 }
 
+// Device says where the engine computes, and for --device auto why there.
+func (e *Engine) Device() string { return e.device }
+
 // Fork returns an engine over the same base weights (shared, read-only, never copied) and the
 // same compiled matmuls, with its own adapters: one per replica of a base model.
 func (e *Engine) Fork() *Engine {
-	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts,
+	return &Engine{Config: e.Config, Tokenizer: e.Tokenizer, Dir: e.Dir, opts: e.opts, device: e.device,
 		invFreq: e.invFreq, adapters: map[string]*Adapter{}, base: e.base,
 		recomputeProbs: e.recomputeProbs}
 }
@@ -216,7 +220,8 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if err := CheckPrecision(opts.Precision); err != nil {
 		return nil, err
 	}
-	if err := chooseDevice(opts); err != nil {
+	device, err := chooseDevice(opts)
+	if err != nil {
 		return nil, err
 	}
 	if opts.Precision == "" {
@@ -229,7 +234,7 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts,
+	e := &Engine{Config: cfg, Tokenizer: tok, Dir: dir, opts: opts, device: device,
 		adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
 		recomputeProbs: cfg.recomputesProbs}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
@@ -327,14 +332,14 @@ func (e *Engine) AdapterBytes() int {
 
 // chooseDevice decides --device: the CPU, the only backend that runs the model today. An
 // explicit GPU is refused, saying why (no GPU, no library, or the backend not running the model
-// yet); auto takes the CPU and logs what it saw.
-func chooseDevice(opts Options) error {
+// yet); auto takes the CPU and says what it saw (Engine.Device).
+func chooseDevice(opts Options) (string, error) {
 	kind, _, err := cuda.ParseDevice(opts.Device)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if kind == "cpu" {
-		return nil
+		return "cpu", nil
 	}
 	var choice cuda.Choice
 	if kind == "auto" {
@@ -344,18 +349,15 @@ func chooseDevice(opts Options) error {
 	}
 	if kind == "cuda" {
 		if err != nil {
-			return fmt.Errorf("engine: --device %s: %w", opts.Device, err)
+			return "", fmt.Errorf("engine: --device %s: %w", opts.Device, err)
 		}
-		return fmt.Errorf("engine: --device %s (%s): the CUDA backend finds its libraries and compiles its kernels but does not run the model yet; use --device cpu", opts.Device, choice.Info.Name)
+		return "", fmt.Errorf("engine: --device %s (%s): the CUDA backend finds its libraries and compiles its kernels but does not run the model yet; use --device cpu", opts.Device, choice.Info.Name)
 	}
-	if opts.Logger != nil {
-		why := choice.Why
-		if choice.CUDA {
-			why = fmt.Sprintf("%s (%s) found, but the CUDA backend does not run the model yet", choice, choice.Info.Name)
-		}
-		opts.Logger.Info("device: cpu", "why", why)
+	why := choice.Why
+	if choice.CUDA {
+		why = fmt.Sprintf("%s (%s) found, but the CUDA backend does not run the model yet", choice, choice.Info.Name)
 	}
-	return nil
+	return "cpu (auto: " + why + ")", nil
 }
 
 // autoDevice is --device auto's probe, made once a process (it loads the driver and NVRTC).

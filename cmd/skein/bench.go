@@ -569,7 +569,7 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 			// path, products over bf16 weights run in bf16 instead (gemm_path).
 			"peak_gemm": engine.GEMMName(), "gemm_path": engine.KernelPath(), "gemm_paths": engine.KernelPaths(),
 			// what "auto" picks here: not always the last of gemm_paths (AMX runs only when asked for)
-			"gemm_default": engine.DefaultKernelPath()}
+			"gemm_default": engine.DefaultKernelPath(), "device": e.Device()}
 		for k, v := range res {
 			out[k] = v
 		}

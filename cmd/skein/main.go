@@ -350,7 +350,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			}
 			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras))
 		}
-		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "replicas", cfg.Replicas,
+		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "device", e.Device(), "replicas", cfg.Replicas,
 			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return reps, nil

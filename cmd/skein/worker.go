@@ -110,6 +110,7 @@ func runWorker(args []string) error {
 		return err
 	}
 	*name = served
+	log.Info("loaded base model", "name", served, "device", e.Device())
 	if ctx.Err() != nil {
 		log.Info("a signal came while the model loaded; exiting without serving")
 		return nil

@@ -1,33 +1,17 @@
 package kernels
 
-import "math"
+import (
+	"math"
+
+	"github.com/skein-ai/skein/engine/internal/num"
+)
 
 // ggml-cpu's own float32 arithmetic where engine's differs from it by an ulp now and then
 // (Options.GGMLActivations over quantized bases: an ulp can move one of llama.cpp's activation
 // roundings by a step).
 
-// FMA32 is a·b + c rounded once to float32, as VFMADD does: the product is exact in float64, the
-// sum is rounded to odd in float64 (53 ≥ 2·24+2 bits, so rounding that to float32 is rounding the
-// exact value once; Go's float32(math.FMA(…)) would round twice).
-func FMA32(a, b, c float32) float32 {
-	p := float64(float64(a) * float64(b)) // exact: 48 bits
-	cf := float64(c)
-	s := p + cf
-	bb := s - p
-	e := (p - (s - bb)) + (cf - bb) // the addition's exact error (TwoSum)
-	if e != 0 {
-		bits := math.Float64bits(s)
-		if bits&1 == 0 { // step to the odd neighbour on the exact value's side
-			if (e > 0) == (s > 0) {
-				bits++
-			} else {
-				bits--
-			}
-			s = math.Float64frombits(bits)
-		}
-	}
-	return float32(s)
-}
+// FMA32 is a·b + c rounded once to float32 (num.FMA32).
+func FMA32(a, b, c float32) float32 { return num.FMA32(a, b, c) }
 
 // expfGGML is one lane of ggml-cpu's ggml_v_expf (AVX2 with FMA): exp by 2^n·p(b), a
 // polynomial of the reduced argument, every step as the intrinsics round it.

@@ -28,3 +28,26 @@ func TransposeBF16(v []uint16, rows, cols int) []uint16 {
 	}
 	return out
 }
+
+// FMA32 is a·b + c rounded once to float32, as VFMADD does: the product is exact in float64, the
+// sum is rounded to odd in float64 (53 ≥ 2·24+2 bits, so rounding that to float32 is rounding the
+// exact value once; Go's float32(math.FMA(…)) would round twice).
+func FMA32(a, b, c float32) float32 {
+	p := float64(float64(a) * float64(b)) // exact: 48 bits
+	cf := float64(c)
+	s := p + cf
+	bb := s - p
+	e := (p - (s - bb)) + (cf - bb) // the addition's exact error (TwoSum)
+	if e != 0 {
+		bits := math.Float64bits(s)
+		if bits&1 == 0 { // step to the odd neighbour on the exact value's side
+			if (e > 0) == (s > 0) {
+				bits++
+			} else {
+				bits--
+			}
+			s = math.Float64frombits(bits)
+		}
+	}
+	return float32(s)
+}

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 )
 
 // llama.cpp's CPU backend (ggml-cpu) multiplies a quantized weight by rounding each input row of
@@ -90,12 +90,12 @@ func QuantizeActQ8_K(dst []BlockQ8_K, x []float32) {
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
 
 // fma32 is a·b + c rounded once to float32, as VFMADD does: the instruction where the path has
-// it (fmaHW), else kernels.FMA32's exact emulation (the same float).
+// it (fmaHW), else num.FMA32's exact emulation (the same float).
 func fma32(a, b, c float32) float32 {
 	if r, ok := fmaHW(a, b, c); ok {
 		return r
 	}
-	return kernels.FMA32(a, b, c)
+	return num.FMA32(a, b, c)
 }
 
 // hsum8 is ggml's hsum_float_8: the high half added to the low, then lanes 0+2 and 1+3, then the

@@ -5,8 +5,6 @@ package quant
 import (
 	"simd/archsimd"
 	"unsafe"
-
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // dotQ8_0 is DotQ8_0 with ggml's own AVX2 instructions where the path has them: per block the
@@ -15,7 +13,7 @@ import (
 // the eight int32 lanes of 4 products each (VPMADDWD by ones), converted and fused-multiply-added
 // with the block's scale: the integer sums are exact, so every lane is DotQ8_0's bit for bit.
 func dotQ8_0(w, a []byte, nb int) float32 {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return dotQ8_0Scalar(w, a, nb)
 	}
 	_, _ = w[nb*BlockBytesQ8_0-1], a[nb*BlockBytesQ8_0-1]
@@ -49,7 +47,7 @@ func f16x8(h uint16) archsimd.Float32x8 {
 // nibbles' products with the activations summed by pairs (VPMADDUBSW: at most 2·15·128) and the
 // pairs by the sub-block's scale (VPMADDWD; the scales are 6-bit).
 func q4KScaledLanesSIMD(q []byte, qs *[256]int8, sc *[8]int32, out *[4][8]int32) bool {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return false
 	}
 	_ = q[127]
@@ -69,7 +67,7 @@ func q4KScaledLanesSIMD(q []byte, qs *[256]int8, sc *[8]int32, out *[4][8]int32)
 // the 6-bit values assembled from their nibbles and bit pairs, their products with the
 // activations summed by pairs (VPMADDUBSW) and the pairs by the scale of their 16 (VPMADDWD).
 func q6KLanesSIMD(x []byte, qs *[256]int8, lanes *[8]int32) bool {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return false
 	}
 	_ = x[207]
@@ -121,7 +119,7 @@ func highNibbles(v archsimd.Uint8x32, four archsimd.Uint32x8, low archsimd.Uint8
 
 // fmaHW is a·b + c by VFMADD231SS where the path has it (AVX2 implies FMA here).
 func fmaHW(a, b, c float32) (float32, bool) {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return 0, false
 	}
 	return archsimd.BroadcastFloat32x4(a).MulAdd(archsimd.BroadcastFloat32x4(b), archsimd.BroadcastFloat32x4(c)).GetElem(0), true
@@ -132,7 +130,7 @@ func fmaHW(a, b, c float32) (float32, bool) {
 // fused-multiply-added with d; the mins' four lanes fused-multiply-added with dmin as one
 // vector. The same operations on the same floats, lane for lane, as dotQ4_KScalar.
 func dotQ4_KSIMD(w []byte, a []BlockQ8_K) (float32, bool) {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return 0, false
 	}
 	_ = w[len(a)*BlockBytesQ4_K-1]

@@ -314,7 +314,7 @@ func BenchmarkGGMLDots(b *testing.B) {
 	for _, d := range dots {
 		for _, path := range []kernels.Path{kernels.Active(), kernels.Scalar} {
 			b.Run(d.name+"/"+path.String(), func(b *testing.B) {
-				undo, err := kernels.Use(path)
+				undo, err := useKernels(path)
 				if err != nil {
 					b.Skip(err)
 				}

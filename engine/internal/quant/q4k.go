@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 )
 
 // Q4_K: super-blocks of 256 weights along a row, each 144 bytes: f16 d, f16 dmin, 12 bytes
@@ -230,6 +230,6 @@ func q4KBlockPairsScalar(dst []uint32, stride int, y []byte) {
 	var f [BlockQ4_K]float32
 	q4KBlockFloatsScalar(&f, y)
 	for j := range BlockQ4_K / 2 {
-		dst[j*stride] = uint32(kernels.BF16Of(f[2*j])) | uint32(kernels.BF16Of(f[2*j+1]))<<16
+		dst[j*stride] = uint32(num.BF16Of(f[2*j])) | uint32(num.BF16Of(f[2*j+1]))<<16
 	}
 }

@@ -5,8 +5,6 @@ package quant
 import (
 	"simd/archsimd"
 	"unsafe"
-
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // q4KBlockFloats is one super-block of DequantizeQ4_K with AVX2 (false: not run), the same
@@ -15,7 +13,7 @@ import (
 // nibble bytes at a time are zero-extended to 32-bit lanes (VPMOVZXBD), the low nibble masked
 // and the high one shifted out; both sub-blocks of a 32-byte run come from the same bytes.
 func q4KBlockFloats(out *[BlockQ4_K]float32, x []byte) bool {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return false
 	}
 	_ = x[BlockBytesQ4_K-1]
@@ -97,7 +95,7 @@ func superBlockPairs(dst []uint32, stride int, f *[256]float32) {
 // low nibbles and of high bit pairs at a time, zero-extended to 32-bit lanes; each of the four
 // quarters of a half takes its nibble and its bit pair by masks and shifts by vectors.
 func q6KBlockFloats(out *[BlockQ6_K]float32, x []byte) bool {
-	if !kernels.FewRowKernels() {
+	if !vectors() {
 		return false
 	}
 	_ = x[BlockBytesQ6_K-1]

@@ -2,8 +2,9 @@ package quant
 
 import (
 	"fmt"
-	"github.com/skein-ai/skein/engine/internal/kernels"
 	"math"
+
+	"github.com/skein-ai/skein/engine/internal/num"
 )
 
 // Q6_K: super-blocks of 256 weights along a row, each 210 bytes: 128 bytes of low nibbles (ql),
@@ -145,7 +146,7 @@ func q6KBlockPairsScalar(dst []uint32, stride int, x []byte) {
 	q6KBlockFloatsScalar(&f, x)
 	_ = dst[(BlockQ6_K/2-1)*stride]
 	for j := range BlockQ6_K / 2 {
-		dst[j*stride] = uint32(kernels.BF16Of(f[2*j])) | uint32(kernels.BF16Of(f[2*j+1]))<<16
+		dst[j*stride] = uint32(num.BF16Of(f[2*j])) | uint32(num.BF16Of(f[2*j+1]))<<16
 	}
 }
 

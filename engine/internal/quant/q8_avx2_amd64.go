@@ -5,8 +5,6 @@ package quant
 import (
 	"simd/archsimd"
 	"unsafe"
-
-	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // q8Outputs computes outputs lo ≤ o < hi of Q8_0Product with AVX2: each block's 32 int8 weights
@@ -15,7 +13,7 @@ import (
 // bytes past its last block (QuantizeQ8_0 allocates them): the last quarter of a block is
 // loaded as 16 bytes of which 8 are used.
 func q8Outputs(y, x []float32, w []byte, R, K, N, lo, hi int) {
-	if !kernels.FewRowKernels() || cap(w) < len(w)+16 {
+	if !vectors() || cap(w) < len(w)+16 {
 		q8OutputsScalar(y, x, w, R, K, N, lo, hi)
 		return
 	}
@@ -83,7 +81,7 @@ func hsumRows(a0, a1, a2, a3 archsimd.Float32x8) archsimd.Float32x4 {
 // of a training pass, was most of what training over Q8_0 spent beyond bf16 on the 1b shape.
 // w must have 16 readable bytes past its last block (QuantizeQ8_0 allocates them).
 func q8BlockPairs(dst []uint32, stride int, w []byte, at int) {
-	if !kernels.FewRowKernels() || cap(w) < at+BlockBytesQ8_0+16 {
+	if !vectors() || cap(w) < at+BlockBytesQ8_0+16 {
 		q8BlockPairsScalar(dst, stride, w, at)
 		return
 	}

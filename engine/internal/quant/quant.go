@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/num"
 )
 
 // Q8_0 block geometry.
@@ -225,7 +225,7 @@ func q8BlockPairsScalar(dst []uint32, stride int, w []byte, at int) {
 	blk := w[at : at+BlockBytesQ8_0]
 	d := F16ToF32(uint16(blk[0]) | uint16(blk[1])<<8)
 	for j := 0; j < BlockQ8_0; j += 2 {
-		dst[j/2*stride] = uint32(kernels.BF16Of(d*float32(int8(blk[2+j])))) | uint32(kernels.BF16Of(d*float32(int8(blk[3+j]))))<<16
+		dst[j/2*stride] = uint32(num.BF16Of(d*float32(int8(blk[2+j])))) | uint32(num.BF16Of(d*float32(int8(blk[3+j]))))<<16
 	}
 }
 

@@ -1,11 +1,13 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/quant"
 )
 
 // Op tests: each op of the CPU backend against a float64 reference written from its doc, on
@@ -113,6 +115,73 @@ func TestRMSNormMatchesReference(t *testing.T) {
 			if math.Abs(float64(dxv[r*D+i])-wantDX) > 1e-4*(1+math.Abs(wantDX)) {
 				t.Fatalf("row %d dim %d: dx %v, reference %v", r, i, dxv[r*D+i], wantDX)
 			}
+		}
+	}
+}
+
+// The product over block formats without a kernel of their own (Q4_K, Q6_K: decode steps over
+// their rows) is the dequantized weight's product, a last tile of fewer outputs included.
+func TestRowsProductIsTheDequantizedProduct(t *testing.T) {
+	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+	for _, f := range []*quant.Format{quant.Q4_K, quant.Q6_K} {
+		K, N, R := 2*f.Block, 37, 3
+		w := make([]float32, N*K)
+		for i := range w {
+			w[i] = float32(math.Sin(float64(i)*0.7)) * 0.05
+		}
+		blocks, err := f.Quantize(w, K)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deq := make([]float32, N*K)
+		f.Dequantize(deq, blocks)
+		x := make([]float32, R*K)
+		for i := range x {
+			x[i] = float32(math.Cos(float64(i) * 0.3))
+		}
+		y := make([]float32, R*N)
+		rowsProduct(f.Dequantize, f.Block, f.BlockBytes)(y, x, blocks, R, K, N, serial)
+		for r := range R {
+			for o := range N {
+				var ref float64
+				for k := range K {
+					ref += float64(x[r*K+k]) * float64(deq[o*K+k])
+				}
+				if d := math.Abs(float64(y[r*N+o]) - ref); d > 1e-4*(1+math.Abs(ref)) {
+					t.Fatalf("%s: y[%d,%d] = %v, want %v", f.Name, r, o, y[r*N+o], ref)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkRowsProducts times the few-row products (decode steps) over a 1b shape's FFN weight in
+// Q4_K and Q6_K, one core: go test ./engine/internal/backend/cpu -run X -bench RowsProducts.
+func BenchmarkRowsProducts(b *testing.B) {
+	K, N := 2048, 8192
+	w := make([]float32, K*N)
+	for i := range w {
+		w[i] = float32(math.Sin(float64(i))) * 0.02
+	}
+	serial := func(n int, fn func(lo, hi int)) { fn(0, n) }
+	for _, f := range []*quant.Format{quant.Q4_K, quant.Q6_K} {
+		blocks, err := f.Quantize(w, K)
+		if err != nil {
+			b.Fatal(err)
+		}
+		product := rowsProduct(f.Dequantize, f.Block, f.BlockBytes)
+		for _, R := range []int{1, 4} {
+			x := make([]float32, R*K)
+			for i := range x {
+				x[i] = float32(math.Cos(float64(i)))
+			}
+			y := make([]float32, R*N)
+			b.Run(fmt.Sprintf("%s/rows=%d", f.Name, R), func(b *testing.B) {
+				b.SetBytes(int64(K * N))
+				for b.Loop() {
+					product(y, x, blocks, R, K, N, serial)
+				}
+			})
 		}
 	}
 }

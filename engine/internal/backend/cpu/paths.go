@@ -3,6 +3,7 @@ package cpu
 import (
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
 )
 
 // The kernel paths, as the binary sees them: which instruction set the kernels run on, which this
@@ -40,8 +41,13 @@ func UseKernelPath(name string) (faults []error, err error) {
 		}
 	}
 	_, faults, err = kernels.Choose(p)
+	quant.SetVectors(kernels.FewRowKernels())
 	return faults, err
 }
+
+// The quantized formats' vector code follows the kernels' path (SKEIN_GEMM=scalar runs their
+// plain-Go code too).
+func init() { quant.SetVectors(kernels.FewRowKernels()) }
 
 // KernelFaults returns the faults the start-up check found when the package chose its path.
 func KernelFaults() []error { return kernels.StartFaults() }

@@ -126,7 +126,11 @@ func (s *step[E]) quantProduct(x backend.Tensor[E], lin *weight[E], transposed b
 	if xf, ok := any(x.V).([]float32); ok && !transposed && len(x.Dims) == 2 && x.Dims[1] == lin.in && rows <= quantFewRows {
 		y := s.Alloc(rows, lin.out)
 		if s.Err() == nil {
-			lin.qf.Product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
+			product := lin.qf.Product
+			if product == nil {
+				product = rowsProduct(lin.qf.Dequantize, lin.qf.Block, lin.qf.BlockBytes)
+			}
+			product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
 		}
 		return y
 	}

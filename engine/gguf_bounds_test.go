@@ -14,9 +14,9 @@ func sentencePieceGGUF(t *testing.T, pieces []string) *gguf.File {
 	tokens := append([]string{"<unk>", "<s>", "</s>"}, pieces...)
 	scores, types := make([]float32, len(tokens)), make([]int32, len(tokens))
 	for i := range tokens {
-		scores[i], types[i] = float32(-i), ggmlTokenNormal
+		scores[i], types[i] = float32(-i), gguf.TokenNormal
 	}
-	types[0], types[1], types[2] = ggmlTokenUnknown, ggmlTokenControl, ggmlTokenControl
+	types[0], types[1], types[2] = gguf.TokenUnknown, gguf.TokenControl, gguf.TokenControl
 	w := gguf.NewWriter()
 	w.Set("tokenizer.ggml.model", "llama")
 	w.Set("tokenizer.ggml.tokens", tokens)
@@ -44,7 +44,7 @@ func TestGGUFSentencePieceMergesAreBounded(t *testing.T) {
 	for n := 1; n <= 512; n++ {
 		runs = append(runs, strings.Repeat("a", n))
 	}
-	_, _, err := tokenizerFromGGUF(sentencePieceGGUF(t, runs))
+	_, _, err := gguf.TokenizerJSON(sentencePieceGGUF(t, runs))
 	if err == nil || !strings.Contains(err.Error(), "merges") || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("a vocabulary of runs of one letter: %v; want an error naming the bound on merges", err)
 	}
@@ -61,7 +61,7 @@ func TestGGUFSentencePieceMergesAreBounded(t *testing.T) {
 	for p := range pieces {
 		vocab = append(vocab, p)
 	}
-	if _, _, err := tokenizerFromGGUF(sentencePieceGGUF(t, vocab)); err != nil {
+	if _, _, err := gguf.TokenizerJSON(sentencePieceGGUF(t, vocab)); err != nil {
 		t.Fatalf("an ordinary vocabulary: %v", err)
 	}
 }

@@ -82,7 +82,7 @@ func loadGGUF(path string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %s: %w", path, err)
 	}
-	tokJSON, cfgJSON, err := tokenizerFromGGUF(f)
+	tokJSON, cfgJSON, err := gguf.TokenizerJSON(f)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %s: tokenizer: %w", path, err)
 	}

@@ -245,7 +245,7 @@ func TestGGUFSentencePieceTokenizer(t *testing.T) {
 	for b := range 256 {
 		tokens = append(tokens, "<0x"+strings.ToUpper(hex2(b))+">")
 		scores = append(scores, 0)
-		types = append(types, ggmlTokenByte)
+		types = append(types, gguf.TokenByte)
 	}
 	w := gguf.NewWriter()
 	w.Set("tokenizer.ggml.model", "llama")
@@ -263,7 +263,7 @@ func TestGGUFSentencePieceTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tj, _, err := tokenizerFromGGUF(f)
+	tj, _, err := gguf.TokenizerJSON(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +462,7 @@ func TestGGUFHostileFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tokenizerFromGGUF(tf); err == nil || !strings.Contains(err.Error(), "bytes, over") {
+	if _, _, err := gguf.TokenizerJSON(tf); err == nil || !strings.Contains(err.Error(), "bytes, over") {
 		t.Fatalf("a 200 kB token: %v", err)
 	}
 	// Metadata the layer cannot honour: experts, partial rotary dims, a non-dividing head count.
@@ -560,12 +560,12 @@ func TestGGUFSentencePieceMatchesLlama2(t *testing.T) {
 		if !ok {
 			r = len(merges) // a piece no merge makes: never ranked
 		}
-		tokens[id], scores[id], types[id] = s, float32(-r), ggmlTokenNormal
+		tokens[id], scores[id], types[id] = s, float32(-r), gguf.TokenNormal
 		if strings.HasPrefix(s, "<0x") && len(s) == 6 {
-			types[id], scores[id] = ggmlTokenByte, 0
+			types[id], scores[id] = gguf.TokenByte, 0
 		}
 	}
-	types[0], types[1], types[2] = ggmlTokenUnknown, ggmlTokenControl, ggmlTokenControl
+	types[0], types[1], types[2] = gguf.TokenUnknown, gguf.TokenControl, gguf.TokenControl
 	w := gguf.NewWriter()
 	w.Set("tokenizer.ggml.model", "llama")
 	w.Set("tokenizer.ggml.tokens", tokens)
@@ -583,7 +583,7 @@ func TestGGUFSentencePieceMatchesLlama2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tj, _, err := tokenizerFromGGUF(f)
+	tj, _, err := gguf.TokenizerJSON(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,7 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("engine: %w", err)
 	}
-	if err := ggufTokenizerMetadata(w, tokJSON, cfgJSON, c.VocabSize); err != nil {
+	if err := gguf.WriteTokenizer(w, tokJSON, cfgJSON, c.VocabSize); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
 	if rs := c.RopeScaling; rs != nil && (rs.RopeType == "llama3" || rs.Type == "llama3") {

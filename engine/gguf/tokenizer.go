@@ -1,4 +1,4 @@
-package engine
+package gguf
 
 import (
 	"encoding/json"
@@ -7,7 +7,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/skein-ai/skein/engine/gguf"
 	"github.com/skein-ai/skein/engine/tokenizer"
 )
 
@@ -18,14 +17,14 @@ import (
 // Hugging Face directory tokenize through one implementation; tokenizer.chat_template becomes a
 // tokenizer_config.json for the OpenAI endpoints.
 
-// ggml token types (llama_token_type).
+// Token types of tokenizer.ggml.token_type (ggml's llama_token_type).
 const (
-	ggmlTokenNormal      = 1
-	ggmlTokenUnknown     = 2
-	ggmlTokenControl     = 3
-	ggmlTokenUserDefined = 4
-	ggmlTokenUnused      = 5
-	ggmlTokenByte        = 6
+	TokenNormal      = 1
+	TokenUnknown     = 2
+	TokenControl     = 3
+	TokenUserDefined = 4
+	TokenUnused      = 5
+	TokenByte        = 6
 )
 
 // llama3Pattern is Llama 3's pre-tokenizer split (llama.cpp's "llama-bpe").
@@ -56,9 +55,9 @@ const ggufMaxVocab = 1 << 20
 // scores looks up every split of a piece, work that grows with the square of its length.
 const ggufMaxToken = 1024
 
-// tokenizerFromGGUF rebuilds tokenizer.json and tokenizer_config.json from a GGUF's metadata
+// TokenizerJSON rebuilds tokenizer.json and tokenizer_config.json from a GGUF's metadata
 // (nil, nil when the file has no tokenizer).
-func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
+func TokenizerJSON(f *File) (tokJSON, cfgJSON []byte, err error) {
 	model, ok, err := f.String("tokenizer.ggml.model")
 	if err != nil || !ok {
 		return nil, nil, err
@@ -114,9 +113,9 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 		seen[s] = true
 		tf.Model.Vocab[s] = id
 		switch types[id] {
-		case ggmlTokenControl, ggmlTokenUserDefined, ggmlTokenUnknown:
+		case TokenControl, TokenUserDefined, TokenUnknown:
 			tf.AddedTokens = append(tf.AddedTokens, tokenizer.AddedTokenRec{ID: id, Content: s,
-				Special: types[id] != ggmlTokenUserDefined})
+				Special: types[id] != TokenUserDefined})
 		}
 	}
 	switch model {
@@ -157,7 +156,7 @@ func tokenizerFromGGUF(f *gguf.File) (tokJSON, cfgJSON []byte, err error) {
 }
 
 // ggufTokenTypes is tokenizer.ggml.token_type, one per token (all normal when the key is absent).
-func ggufTokenTypes(f *gguf.File, n int) ([]int64, error) {
+func ggufTokenTypes(f *File, n int) ([]int64, error) {
 	tt, ok, err := f.Ints("tokenizer.ggml.token_type")
 	if err != nil {
 		return nil, err
@@ -165,7 +164,7 @@ func ggufTokenTypes(f *gguf.File, n int) ([]int64, error) {
 	if !ok {
 		types := make([]int64, n)
 		for i := range types {
-			types[i] = ggmlTokenNormal
+			types[i] = TokenNormal
 		}
 		return types, nil
 	}
@@ -177,7 +176,7 @@ func ggufTokenTypes(f *gguf.File, n int) ([]int64, error) {
 
 // gpt2Pipeline fills a byte-level BPE tokenizer's merges and pre-tokenizer from a GGUF's
 // tokenizer.ggml.merges and tokenizer.ggml.pre.
-func gpt2Pipeline(f *gguf.File, tf *tokenizer.File) error {
+func gpt2Pipeline(f *File, tf *tokenizer.File) error {
 	merges, ok, err := f.Strings("tokenizer.ggml.merges")
 	if err != nil {
 		return err
@@ -221,7 +220,7 @@ func gpt2Pipeline(f *gguf.File, tf *tokenizer.File) error {
 
 // llamaPipeline fills a SentencePiece tokenizer's merges (from the scores), byte fallback,
 // normaliser and decoder from a GGUF's metadata.
-func llamaPipeline(f *gguf.File, tf *tokenizer.File, tokens []string, types []int64, special func(string) (int, bool, error)) error {
+func llamaPipeline(f *File, tf *tokenizer.File, tokens []string, types []int64, special func(string) (int, bool, error)) error {
 	scores, ok, err := f.Float32s("tokenizer.ggml.scores")
 	if err != nil {
 		return err
@@ -285,7 +284,7 @@ func mergesFromScores(tokens []string, scores []float32, types []int64) ([]strin
 	count, bytes := 0, 0
 	ids := map[string]int{}
 	for id, s := range tokens {
-		if t := types[id]; t != ggmlTokenNormal && t != ggmlTokenUserDefined {
+		if t := types[id]; t != TokenNormal && t != TokenUserDefined {
 			continue
 		}
 		if _, dup := ids[s]; !dup {
@@ -343,10 +342,10 @@ const (
 	ggufMergeBytesSlack   = 1 << 20
 )
 
-// ggufTokenizerMetadata writes a byte-level BPE tokenizer.json (and its tokenizer_config.json's
+// WriteTokenizer writes a byte-level BPE tokenizer.json (and its tokenizer_config.json's
 // chat template and special tokens) as GGUF tokenizer metadata: the inverse of
-// tokenizerFromGGUF for the pre-tokenizers bpePres names.
-func ggufTokenizerMetadata(w *gguf.Writer, tokJSON, cfgJSON []byte, vocabSize int) error {
+// TokenizerJSON for the pre-tokenizers bpePres names.
+func WriteTokenizer(w *Writer, tokJSON, cfgJSON []byte, vocabSize int) error {
 	var tf tokenizer.File
 	if err := json.Unmarshal(tokJSON, &tf); err != nil {
 		return fmt.Errorf("tokenizer.json: %w", err)
@@ -371,17 +370,17 @@ func ggufTokenizerMetadata(w *gguf.Writer, tokJSON, cfgJSON []byte, vocabSize in
 	tokens := make([]string, n)
 	types := make([]int32, n)
 	for s, id := range tf.Model.Vocab {
-		tokens[id], types[id] = s, ggmlTokenNormal
+		tokens[id], types[id] = s, TokenNormal
 	}
 	for _, a := range tf.AddedTokens {
-		tokens[a.ID], types[a.ID] = a.Content, ggmlTokenUserDefined
+		tokens[a.ID], types[a.ID] = a.Content, TokenUserDefined
 		if a.Special {
-			types[a.ID] = ggmlTokenControl
+			types[a.ID] = TokenControl
 		}
 	}
 	for id := range tokens {
 		if types[id] == 0 { // ids the model has and the tokenizer does not: padding, as converters write them
-			tokens[id], types[id] = fmt.Sprintf("[PAD%d]", id), ggmlTokenUnused
+			tokens[id], types[id] = fmt.Sprintf("[PAD%d]", id), TokenUnused
 		}
 	}
 	var merges []string

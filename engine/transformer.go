@@ -215,18 +215,6 @@ func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
 	return cos, sin
 }
 
-// ropeRow rotates x into y by the angles whose cosines and sines are c and sn (HF rotate_half
-// convention). Only the first 2·len(c) dims rotate (partial rotary, Qwen3.5); the rest pass
-// through.
-func ropeRow[E float](x, y, c, sn []E) {
-	half := len(c)
-	for i := range half {
-		x1, x2 := x[i], x[i+half]
-		y[i] = x1*c[i] - x2*sn[i]
-		y[i+half] = x2*c[i] + x1*sn[i]
-	}
-	copy(y[2*half:], x[2*half:])
-}
 
 // rmsNorm is RMSNorm over rows of x with the model's eps, rounded as ggml-cpu does under
 // ggmlNorms.

@@ -129,7 +129,7 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		case hf == c.lm()+"embed_tokens.weight" && typ == GGUFQ4_K_M:
 			tt = ggufTypeOfFormat[embeddingFormat(Options{Precision: PrecisionQ4_K_M}, c)]
 		case hf == c.lm()+"embed_tokens.weight" && typ != gguf.F32:
-			tt = typ // in a quantized file the blocks the engine's load makes (embedq.go), as Q4_K_M files keep token_embd
+			tt = typ // in a quantized file the blocks the engine's load makes (precision.go), as Q4_K_M files keep token_embd
 		}
 		data, err := encodeGGUF(v, shape, tt)
 		if err != nil {

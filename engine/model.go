@@ -69,7 +69,7 @@ func (L *decoderLayer[E]) linears() []*linear[E] {
 // the file), and resolves them. Weights go into backend shared buffers of the engine's dtype:
 // matmuls read them in place and Go code reads the same memory. With bf16 precision the
 // projections and the embedding are kept as bf16 bits in Go memory instead, widened per
-// product (bf16.go). Linear weights are stored transposed, [in, out]: with few rows (decoding)
+// product (precision.go, backend/cpu). Linear weights are stored transposed, [in, out]: with few rows (decoding)
 // the backend multiplies x·W twice as fast as x·Wᵀ, and for training the two are even. The
 // embedding stays [V, D] for the lookup, so a tied head multiplies by it transposed.
 func loadModel[E float](opts Options, c *Config, host map[string]safetensors.Tensor) (*model[E], int, error) {

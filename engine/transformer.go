@@ -215,7 +215,6 @@ func ropeTable[E float](invFreq []float64, n int) (cos, sin []E) {
 	return cos, sin
 }
 
-
 // rmsNorm is RMSNorm over rows of x with the model's eps, rounded as ggml-cpu does under
 // ggmlNorms.
 func (s *pass[E]) rmsNorm(x, w, y, inv mat[E]) {

@@ -54,14 +54,43 @@ func (e *Engine) newDecodeStepImages(ctx context.Context, a *Adapter, B, S int, 
 // newDecodeStepRows is newDecodeStepImages over rows of several adapters: row b samples
 // rowAdapters[b] (nil: the base model).
 func (e *Engine) newDecodeStepRows(ctx context.Context, rowAdapters []*Adapter, B, S int, images []*imageRow) (stepFunc, func()) {
+	l := e.newDecodeLoop(ctx, rowAdapters, B, S, images)
+	return l.step, l.free
+}
+
+// decodeLoop is one sampling loop's cache and its steps (kvDecoder, of the engine's dtype).
+type decodeLoop interface {
+	step(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) ([][]float64, error)
+	// forkFrom sets every row b's cache (keys, values, DeltaNet states) to row from[b]'s of src,
+	// a loop of the same dtype and slots: a prompt prefilled once serves all its samples.
+	forkFrom(src decodeLoop, from []int)
+	free()
+}
+
+func (e *Engine) newDecodeLoop(ctx context.Context, rowAdapters []*Adapter, B, S int, images []*imageRow) decodeLoop {
 	if e.opts.Float64 {
 		d := newKVDecoder[float64](e, rowAdapters, B, S)
 		d.images, d.ctx = images, ctx
-		return d.step, d.long.Free
+		return d
 	}
 	d := newKVDecoder[float32](e, rowAdapters, B, S)
 	d.images, d.ctx = images, ctx
-	return d.step, d.long.Free
+	return d
+}
+
+func (d *kvDecoder[E]) free() { d.long.Free() }
+
+func (d *kvDecoder[E]) forkFrom(src decodeLoop, from []int) {
+	s := src.(*kvDecoder[E])
+	for l := range d.cache.dn {
+		if st := d.cache.dn[l]; st != nil {
+			d.long.CopyBlocks(st.Conv, s.cache.dn[l].Conv, from)
+			d.long.CopyBlocks(st.S, s.cache.dn[l].S, from)
+			continue
+		}
+		d.long.CopyBlocks(d.cache.keysT[l], s.cache.keysT[l], from)
+		d.long.CopyBlocks(d.cache.values[l], s.cache.values[l], from)
+	}
 }
 
 type kvDecoder[E float] struct {
@@ -267,20 +296,28 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	for b, r := range rows {
 		rowAdapters[b] = adapters[r.req]
 	}
-	step, done := e.newDecodeStepRows(ctx, rowAdapters, B, S, images)
-	defer done()
+	loop := e.newDecodeLoop(ctx, rowAdapters, B, S, images)
+	defer loop.free()
+	step := loop.step
 
 	first := firstRows(rows)
-	prompts := e.newPromptLogprobs(reqs, first)
-	chunk := 0
-	if images == nil {
-		chunk = e.prefillChunk(B, maxPrompt)
+	var logits [][]float64
+	var T int
+	var results []*SampleResult
+	if images == nil && B > len(reqs) && !e.noPrefixShare {
+		logits, T, results, err = e.prefillOnce(ctx, loop, adapters, reqs, rows, first, S, maxPrompt)
+	} else {
+		prompts := e.newPromptLogprobs(reqs, first)
+		chunk := 0
+		if images == nil {
+			chunk = e.prefillChunk(B, maxPrompt)
+		}
+		logits, T, err = prefill(step, reqs, rows, first, maxPrompt, chunk, prompts.take)
+		results = prompts.finish(rows)
 	}
-	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, chunk, prompts.take)
 	if err != nil {
 		return nil, err
 	}
-	results := prompts.finish(rows)
 	stopFailed(rows)
 
 	// next[b] holds the logits that predict row b's next token.
@@ -292,6 +329,37 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 		return nil, err
 	}
 	return gatherSequences(results, rows), nil
+}
+
+// prefillOnce prefills each request's prompt once, in a loop of a row per request, and forks the
+// loop's cache into every sample's row of loop (prefix sharing: a group of 16 samples computes
+// its prompt once, not 16 times); each sample's first token is drawn from its request's row of
+// logits (read only). It returns the logits indexed b·T+t as prefill does (only each row's last
+// prompt position is set) and the results with the prompt logprobs.
+func (e *Engine) prefillOnce(ctx context.Context, loop decodeLoop, adapters []*Adapter, reqs []SampleRequest, rows []*sampleRow, first map[int]int, S, maxPrompt int) ([][]float64, int, []*SampleResult, error) {
+	once := make([]*sampleRow, len(reqs)) // each request's first row stands for it
+	firstOnce := make(map[int]int, len(reqs))
+	for ri := range reqs {
+		once[ri], firstOnce[ri] = rows[first[ri]], ri
+	}
+	e.prefilled.Add(int64(len(reqs)))
+	pre := e.newDecodeLoop(ctx, adapters, len(reqs), S, nil)
+	defer pre.free()
+	prompts := e.newPromptLogprobs(reqs, firstOnce)
+	preLogits, T, err := prefill(pre.step, reqs, once, firstOnce, maxPrompt, e.prefillChunk(len(reqs), maxPrompt), prompts.take)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	results := prompts.finish(once)
+	from := make([]int, len(rows))
+	logits := make([][]float64, len(rows)*T)
+	for b, r := range rows {
+		from[b] = r.req
+		last := len(r.prompt) - 1
+		logits[b*T+last] = preLogits[r.req*T+last]
+	}
+	loop.forkFrom(pre, from)
+	return logits, T, results, nil
 }
 
 // sampleRows makes the rows of a decode loop, NumSamples of each request in order, each with

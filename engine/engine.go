@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
@@ -92,6 +93,10 @@ type Engine struct {
 	prefillLimit int
 	// stepHook, set by tests only, is called with the rows and tokens of every sampler pass.
 	stepHook func(B, T int)
+	// prefilled counts the prompts the sampler prefilled once for all their samples (tests).
+	prefilled atomic.Int64
+	// noPrefixShare, set by benchmarks only, prefills every sample's row (as before sharing).
+	noPrefixShare bool
 }
 
 // Device says where the engine computes, and for --device auto why there.

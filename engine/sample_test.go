@@ -642,7 +642,7 @@ func TestChunkedPrefillSamplesAsOnePass(t *testing.T) {
 			}
 			var passes [][2]int
 			e.stepHook = func(B, T int) { passes = append(passes, [2]int{B, T}) }
-			e.prefillLimit = 6 * 16 // 6 rows: chunks of 16 positions
+			e.prefillLimit = 3 * 16 // 3 prompts (each prefilled once for its samples): chunks of 16 positions
 			defer func() { e.stepHook, e.prefillLimit = nil, 0 }()
 			chunked, err := e.SampleBatch(context.Background(), "", reqs)
 			if err != nil {
@@ -674,6 +674,79 @@ func TestChunkedPrefillSamplesAsOnePass(t *testing.T) {
 					for k, lp := range w.Sequences[s].Logprobs {
 						if d := math.Abs(lp - c.Sequences[s].Logprobs[k]); d > 1e-4 {
 							t.Fatalf("request %d sample %d token %d: logprob %v in one pass, %v in chunks", i, s, k, lp, c.Sequences[s].Logprobs[k])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// A request's samples share one prefill of its prompt (issue 39: prefix sharing): the prefill
+// passes have a row per request, not per sample, and the samples are those of the same request
+// sampled alone (the same tokens; logprobs and prompt logprobs within float32 rounding), on an
+// attention model and a hybrid one (whose DeltaNet states are forked with the keys and values).
+func TestSamplesShareTheirPromptsPrefill(t *testing.T) {
+	for _, arch := range []Arch{ArchQwen3, ArchQwen3_5} {
+		t.Run(string(arch), func(t *testing.T) {
+			e := loadTiny(t, arch, Options{})
+			seed := int64(9)
+			p := make([]int, 40)
+			for i := range p {
+				p[i] = (i*53+7)%400 + 3
+			}
+			reqs := []SampleRequest{
+				{Prompt: p, NumSamples: 6, PromptLogprobs: true, Params: SampleParams{MaxTokens: 5, Temperature: 1, Seed: &seed}},
+				{Prompt: p[:13], NumSamples: 3, Params: SampleParams{MaxTokens: 5, Temperature: 0.7, TopK: 20, Seed: &seed}},
+			}
+			var prefillRows []int
+			e.stepHook = func(B, T int) {
+				if T > 1 {
+					prefillRows = append(prefillRows, B)
+				}
+			}
+			before := e.prefilled.Load()
+			batch, err := e.SampleBatch(context.Background(), "", reqs)
+			e.stepHook = nil
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range prefillRows {
+				if b != len(reqs) {
+					t.Fatalf("prefill passes of %v rows, want %d (one per request, not per sample)", prefillRows, len(reqs))
+				}
+			}
+			if got := e.prefilled.Load() - before; got != int64(len(reqs)) {
+				t.Fatalf("%d prompts prefilled once, want %d", got, len(reqs))
+			}
+			for i, r := range reqs {
+				// Sample 0 of a request of one sample: prefilled in its own row, no fork.
+				one := r
+				one.NumSamples = 1
+				single, err := e.SampleBatch(context.Background(), "", []SampleRequest{one})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := batch[i].Sequences[0]; !slices.Equal(single[0].Sequences[0].Tokens, got.Tokens) {
+					t.Fatalf("request %d sample 0: %v with no fork, %v forked", i, single[0].Sequences[0].Tokens, got.Tokens)
+				}
+				alone, err := e.SampleBatch(context.Background(), "", []SampleRequest{r})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k, lp := range alone[0].PromptLogprobs {
+					if d := math.Abs(lp - batch[i].PromptLogprobs[k]); d > 1e-4 {
+						t.Fatalf("request %d prompt logprob %d: %v alone, %v in the batch", i, k, lp, batch[i].PromptLogprobs[k])
+					}
+				}
+				for s, seq := range alone[0].Sequences {
+					got := batch[i].Sequences[s]
+					if !slices.Equal(seq.Tokens, got.Tokens) {
+						t.Fatalf("request %d sample %d: %v alone, %v in the batch", i, s, seq.Tokens, got.Tokens)
+					}
+					for k := range seq.Logprobs {
+						if d := math.Abs(seq.Logprobs[k] - got.Logprobs[k]); d > 1e-4 {
+							t.Fatalf("request %d sample %d token %d: logprob %v alone, %v in the batch", i, s, k, seq.Logprobs[k], got.Logprobs[k])
 						}
 					}
 				}

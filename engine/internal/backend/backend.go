@@ -174,6 +174,10 @@ type Ops[E Float] interface {
 	// weight and moment is first checked to be finite in E: a step that is not changes nothing
 	// and names the first such parameter, bad = its index (else −1), with its numbers.
 	AdamW(ps []Param[E], h AdamW) (updSq float64, bad int, w, m, v float64)
+	// CopyBlocks sets dst, taken as len(from) equal blocks of its leading dimension, block i to
+	// block from[i] of src (blocks of the same size): a sampler's rows of a cache forked from a
+	// prefill's.
+	CopyBlocks(dst, src Tensor[E], from []int)
 	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
 	Rows(x Tensor[E], r0, r1 int) Tensor[E]
 	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in

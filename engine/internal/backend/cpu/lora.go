@@ -123,3 +123,14 @@ func (s *step[E]) loraRowsGGML(x, y backend.Tensor[E], g backend.LoRARun[E]) {
 	a, b := any(g.A.V).([]float32), any(g.B.V).([]float32)
 	kernels.LoRARowsGGML(yf[g.R0*out:g.R1*out], xf[g.R0*in:g.R1*in], a, b, g.R1-g.R0, in, g.A.Dims[0], out, float32(g.Scale))
 }
+
+// CopyBlocks: dst block i ← src block from[i], blocks of len(dst)/len(from) elements.
+func (s *step[E]) CopyBlocks(dst, src backend.Tensor[E], from []int) {
+	if len(from) == 0 || s.Err() != nil {
+		return
+	}
+	n := len(dst.V) / len(from)
+	for i, j := range from {
+		copy(dst.V[i*n:(i+1)*n], src.V[j*n:(j+1)*n])
+	}
+}

@@ -5,10 +5,11 @@
 // implements the ops: the CPU backend (backend/cpu) over skein's kernels, a device backend over
 // its own memory and kernels.
 //
-// To add a device: implement Backend and Step in a package of its own, and run the op tests
-// (backend/cpu's reference tests, and the engine's golden bits) against the CPU backend. To add
-// an op: add its method to Step here, its loop to the CPU backend (its doc comment is the
-// reference), its kernel to each device backend, and a parity test.
+// To add a device: implement Step and Weight in a package of its own (with a way to make them,
+// which the engine's newStep and loader call), and test its ops against the CPU backend's (its
+// reference tests, and the engine's golden bits within the device's tolerances). To add an op:
+// add its method to Step here, its loop to the CPU backend (its doc comment is the reference),
+// its kernel to each device backend, and a parity test.
 //
 // Step is generic over the element type: the float64 engine (gradient checks against finite
 // differences) runs the very same model code, so those checks test what production runs. A device
@@ -75,7 +76,8 @@ const MaxFewRows = 64
 
 // Step is one pass's memory and ops. Every tensor a step hands out lives until the step is freed
 // or the range holding it is released. After the first failure (an allocation refused, a
-// cancelled pass) every call is a no-op and Err reports it.
+// cancelled pass) Err reports it: what the pass computes from then on is thrown away, and
+// products and allocations do no more work.
 type Step[E Float] interface {
 	// Memory.
 	Alloc(dims ...int) Tensor[E] // uninitialised: the caller writes every element

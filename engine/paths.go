@@ -11,8 +11,8 @@ func GEMMName() string { return cpu.GEMMName() }
 // KernelPath names the path the kernels run on (scalar, avx2, avx512, avx512bf16, amx).
 func KernelPath() string { return cpu.KernelPath() }
 
-// DefaultKernelPath names the path "auto" chooses on this CPU: the fastest it has but AMX,
-// which runs only where SKEIN_GEMM asks for it.
+// DefaultKernelPath names the path "auto" chooses on this CPU before the start-up check: the
+// fastest it has, AMX included.
 func DefaultKernelPath() string { return cpu.DefaultKernelPath() }
 
 // KernelPaths names the paths this CPU has, slowest first.

@@ -568,7 +568,7 @@ func benchReport(e *engine.Engine, c benchConfig, res map[string]float64) error 
 			// The float32 GEMM (the peak's, and that of products over float32 weights); on a bf16
 			// path, products over bf16 weights run in bf16 instead (gemm_path).
 			"peak_gemm": engine.GEMMName(), "gemm_path": engine.KernelPath(), "gemm_paths": engine.KernelPaths(),
-			// what "auto" picks here: not always the last of gemm_paths (AMX runs only when asked for)
+			// what "auto" picks here before the start-up check (the best of gemm_paths)
 			"gemm_default": engine.DefaultKernelPath(), "device": e.Device()}
 		for k, v := range res {
 			out[k] = v

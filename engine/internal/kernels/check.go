@@ -81,6 +81,11 @@ func Check(p Path) error {
 		if err := checkBF16GEMM(km); err != nil {
 			errs = append(errs, err)
 		}
+		if km == &amxMicro { // products of few rows take AVX512_BF16's kernel (bf16KernelFor)
+			if err := checkBF16GEMM(&avx512bf16Micro); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if pairsProduct() {
 		if err := checkBF16Pairs(); err != nil {

@@ -4,9 +4,11 @@ package kernels
 // pairs a row) times a 16-pair tile of B (16 columns a row, the pairs-of-rows layout the bf16 path
 // already packs) into a 16×16 float32 tile. Its micro-kernel (gemm_amx_amd64.s) keeps a 32×32 block
 // of c in four tiles and takes k 16 pairs at a time (kunit); the driver, the packing and the
-// rounding are the bf16 GEMM's. No machine of this project has had AMX yet, so the kernel has run
-// only as its Go model (amxModelMicro) and is chosen only when asked (SKEIN_GEMM=amx); the start-up
-// check compares it with a float64 reference before it is used.
+// rounding are the bf16 GEMM's. Its tests passed on a real Xeon with AMX (issue 36), where it
+// trained the small preset 1.9× faster than AVX512_BF16 at 8 × 256 tokens: it is the default
+// where Linux grants the tile state (Best), for products of at least amxMinRows rows; the
+// start-up check compares it with a float64 reference before it is used, and a path that
+// disagrees falls back. This project's own machines have run only its Go model (amxModelMicro).
 
 // amxModelMicro is the AMX micro-kernel in Go: each output a chain over the pairs in order, each
 // pair adding its even product and then its odd one (TDPBF16PS as Intel describes it; the

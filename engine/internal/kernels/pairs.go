@@ -135,7 +135,7 @@ func pairsNNModel(cols int) func(kp int, x, w *uint32, ldw int, y *float32) {
 // PairsMatMul sets c [M, N] = bf16(a) [M, K] · W, W given as pairs of rows of [K, N], or of
 // [N, K] when transB. The active path must have a bf16 GEMM (HaveBF16GEMM).
 func PairsMatMul(c, a []float32, w2 []uint32, M, K, N int, transB bool) {
-	km := bf16Kernel()
+	km := bf16KernelFor(M)
 	if km == nil {
 		panic("kernels: PairsMatMul on a path without a bf16 GEMM")
 	}

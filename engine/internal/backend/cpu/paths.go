@@ -15,8 +15,8 @@ func GEMMName() string { return kernels.GEMMName() }
 // KernelPath names the path the kernels run on (scalar, avx2, avx512, avx512bf16, amx).
 func KernelPath() string { return kernels.Active().String() }
 
-// DefaultKernelPath names the path "auto" chooses on this CPU (before the start-up check): the
-// fastest it has but AMX, which runs only where SKEIN_GEMM asks for it (kernels.Best).
+// DefaultKernelPath names the path "auto" chooses on this CPU before the start-up check: the
+// fastest it has, AMX included (kernels.Best).
 func DefaultKernelPath() string { return kernels.Best().String() }
 
 // KernelPaths names the paths this CPU has, slowest first.

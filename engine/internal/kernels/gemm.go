@@ -169,24 +169,32 @@ func (km *microKernel[E]) gemmInto(c []float32, a []E, M, K, N int, pack func(ds
 				}
 			}
 			panels := (ncur + km.nr - 1) / km.nr
+			cores := runtime.GOMAXPROCS(0)
 			switch {
 			case !parallel || M*kc*ncur < 1<<18 || blocks == 1 && panels == 1:
 				work(0, blocks)
-			case blocks < runtime.GOMAXPROCS(0) && panels >= 2:
-				// Fewer row blocks than cores (a LoRA gradient's rank-r rows, a short product):
-				// the panels of columns split instead, every row block over its share. Each
+			case blocks >= 2*cores:
+				ParallelRows(blocks, work)
+			default:
+				// Too few row blocks to keep every core busy (a LoRA gradient's rank-r rows, a
+				// short product, many cores): each block's panels of columns split into groups
+				// too, every task one block over one group, at least two tasks a core. Each
 				// output is the same chain over k either way.
-				ParallelRows(panels, func(lo, hi int) {
+				groups := min(panels, (2*cores+blocks-1)/blocks)
+				ParallelRows(blocks*groups, func(lo, hi int) {
 					edgeA := getBuffer[E](km.mr * kc)
 					defer putBuffer(edgeA)
-					j0, j1 := lo*km.nr, min(ncur, hi*km.nr)
-					for blk := range blocks {
+					for t := lo; t < hi; t++ {
+						blk, g := t/groups, t%groups
+						p0, p1 := panels*g/groups, panels*(g+1)/groups
+						if p0 == p1 {
+							continue
+						}
 						ic := blk * km.mc
-						km.macro(c, a, edgeA, bp[lo*kc*km.nr:], K, N, ic, min(km.mc, M-ic), pc, jc+j0, j1-j0, kc, first)
+						j0, j1 := p0*km.nr, min(ncur, p1*km.nr)
+						km.macro(c, a, edgeA, bp[p0*kc*km.nr:], K, N, ic, min(km.mc, M-ic), pc, jc+j0, j1-j0, kc, first)
 					}
 				})
-			default:
-				ParallelRows(blocks, work)
 			}
 		}
 	}

@@ -196,7 +196,9 @@ func decodeArray[T any](b []byte, size int, decode func([]byte) T) []T {
 	return out
 }
 
-// Parse decodes a whole GGUF file. Tensor Data slices alias b; metadata is copied.
+// Parse decodes a whole GGUF file. Tensor Data slices alias b; metadata is copied. Its stages:
+// the header, the metadata, the tensor infos, each tensor's bytes placed in the data section, and
+// the check that no two tensors share bytes.
 func Parse(b []byte) (*File, error) {
 	r := &reader{b: b}
 	if m := r.take(4, "magic"); m == nil || string(m) != Magic {
@@ -209,15 +211,32 @@ func Parse(b []byte) (*File, error) {
 	// A tensor info takes at least 8+4+8+4+8 bytes, a KV at least 8+4+1.
 	nt := r.count("tensor count", MaxTensors, 32)
 	nkv := r.count("metadata count", MaxKVs, 13)
-	for range nkv {
+	if err := f.readMetadata(r, nkv); err != nil {
+		return nil, err
+	}
+	if err := f.readTensorInfos(r, nt); err != nil {
+		return nil, err
+	}
+	if err := f.placeData(b, r.off); err != nil {
+		return nil, err
+	}
+	if err := f.checkOverlaps(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// readMetadata reads n key-value pairs and the alignment they may set.
+func (f *File) readMetadata(r *reader, n int) error {
+	for range n {
 		key := r.str("metadata key")
 		t := ValueType(r.u32("value type of " + key))
 		v := r.value(t, key, false)
 		if r.err != nil {
-			return nil, r.err
+			return r.err
 		}
 		if _, dup := f.kv[key]; dup {
-			return nil, formatErr("metadata key %q given twice", key)
+			return formatErr("metadata key %q given twice", key)
 		}
 		f.kv[key] = v
 		f.KVs = append(f.KVs, KV{Key: key, Value: v})
@@ -226,71 +245,84 @@ func Parse(b []byte) (*File, error) {
 	if v, ok := f.kv["general.alignment"]; ok {
 		a, isU32 := v.(uint32)
 		if !isU32 || a == 0 || a&(a-1) != 0 || a > MaxAlignment {
-			return nil, formatErr("general.alignment %v is not a power of two uint32 up to %d", v, MaxAlignment)
+			return formatErr("general.alignment %v is not a power of two uint32 up to %d", v, MaxAlignment)
 		}
 		f.Alignment = int(a)
 	}
-	f.Tensors = make([]TensorInfo, nt)
+	return nil
+}
+
+// readTensorInfos reads n tensor infos: name, shape (bounded), type and offset.
+func (f *File) readTensorInfos(r *reader, n int) error {
+	f.Tensors = make([]TensorInfo, n)
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		t.Name = r.str("tensor name")
 		nd := r.u32("dimension count of " + t.Name)
 		if r.err != nil {
-			return nil, r.err
+			return r.err
 		}
 		if nd == 0 || nd > MaxDims {
-			return nil, formatErr("tensor %q has %d dimensions (1 to %d)", t.Name, nd, MaxDims)
+			return formatErr("tensor %q has %d dimensions (1 to %d)", t.Name, nd, MaxDims)
 		}
 		t.Dims = make([]int, nd)
-		n := uint64(1)
+		elems := uint64(1)
 		for d := range t.Dims {
 			v := r.u64("dimension of " + t.Name)
-			if r.err == nil && (v == 0 || v > maxElements/n) {
-				return nil, formatErr("tensor %q: dimension %d is zero or the shape is too large", t.Name, v)
+			if r.err == nil && (v == 0 || v > maxElements/elems) {
+				return formatErr("tensor %q: dimension %d is zero or the shape is too large", t.Name, v)
 			}
-			n *= max(v, 1)
+			elems *= max(v, 1)
 			t.Dims[d] = int(v)
 		}
 		t.Type = GGMLType(r.u32("type of " + t.Name))
 		t.Offset = r.u64("offset of " + t.Name)
 		if r.err != nil {
-			return nil, r.err
+			return r.err
 		}
 		if _, ok := typeInfo[t.Type]; !ok {
-			return nil, formatErr("tensor %q has ggml type %d, which skein does not read (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K)", t.Name, uint32(t.Type))
+			return formatErr("tensor %q has ggml type %d, which skein does not read (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K)", t.Name, uint32(t.Type))
 		}
 		if _, dup := f.tensors[t.Name]; dup {
-			return nil, formatErr("tensor %q given twice", t.Name)
+			return formatErr("tensor %q given twice", t.Name)
 		}
 		f.tensors[t.Name] = t
 	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	data := (r.off + f.Alignment - 1) / f.Alignment * f.Alignment
+	return r.err
+}
+
+// placeData points each tensor's Data at its bytes in the data section, which starts at the
+// first aligned offset after the infos (end): aligned, and wholly inside the file.
+func (f *File) placeData(b []byte, end int) error {
+	data := (end + f.Alignment - 1) / f.Alignment * f.Alignment
 	if data > len(b) {
-		return nil, formatErr("tensor data starts at %d, past the file's end (%d)", data, len(b))
+		return formatErr("tensor data starts at %d, past the file's end (%d)", data, len(b))
 	}
 	section := b[data:]
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		rowBytes, err := t.Type.RowBytes(t.Dims[0])
 		if err != nil {
-			return nil, formatErr("tensor %q: %v", t.Name, err)
+			return formatErr("tensor %q: %v", t.Name, err)
 		}
 		size := uint64(rowBytes)
 		for _, d := range t.Dims[1:] {
 			size *= uint64(d) // bounded: elements ≤ 2⁵⁰ and a block is at most 210 bytes for 256
 		}
 		if t.Offset%uint64(f.Alignment) != 0 {
-			return nil, formatErr("tensor %q: offset %d is not a multiple of the alignment %d", t.Name, t.Offset, f.Alignment)
+			return formatErr("tensor %q: offset %d is not a multiple of the alignment %d", t.Name, t.Offset, f.Alignment)
 		}
 		if t.Offset > uint64(len(section)) || size > uint64(len(section))-t.Offset {
-			return nil, formatErr("tensor %q: %d bytes at offset %d run past the data section (%d bytes)", t.Name, size, t.Offset, len(section))
+			return formatErr("tensor %q: %d bytes at offset %d run past the data section (%d bytes)", t.Name, size, t.Offset, len(section))
 		}
 		t.Data = section[t.Offset : t.Offset+size : t.Offset+size]
 	}
-	// No two tensors may share bytes: a range read as several weights is a malformed file.
+	return nil
+}
+
+// checkOverlaps refuses tensors that share bytes: a range read as several weights is a malformed
+// file.
+func (f *File) checkOverlaps() error {
 	order := make([]int, len(f.Tensors))
 	for i := range order {
 		order[i] = i
@@ -304,10 +336,10 @@ func Parse(b []byte) (*File, error) {
 		}
 		if last != nil {
 			if end := last.Offset + uint64(len(last.Data)); end > t.Offset {
-				return nil, formatErr("tensors %q (bytes %d to %d) and %q (from %d) overlap in the data section", last.Name, last.Offset, end, t.Name, t.Offset)
+				return formatErr("tensors %q (bytes %d to %d) and %q (from %d) overlap in the data section", last.Name, last.Offset, end, t.Name, t.Offset)
 			}
 		}
 		last = t
 	}
-	return f, nil
+	return nil
 }

@@ -46,8 +46,6 @@ type Weight interface {
 	// AddsLoRA: its products read it as kept (bf16 units, blocks), so a LoRA on it is always
 	// added to the product, never merged into a float32 copy.
 	AddsLoRA() bool
-	// Bytes is its resident size.
-	Bytes() int
 }
 
 // Caps are what a backend's products can do, for the engine's memory plan.

@@ -128,7 +128,7 @@ func (s *step[E]) quantProduct(x backend.Tensor[E], lin *weight[E], transposed b
 		if s.Err() == nil {
 			product := lin.qf.Product
 			if product == nil {
-				product = rowsProduct(lin.qf.Dequantize, lin.qf.Block, lin.qf.BlockBytes)
+				product = rowsProductOf(lin.qf)
 			}
 			product(any(y.V).([]float32), xf, lin.qw, rows, lin.in, lin.out, kernels.ParallelRows)
 		}

@@ -1,6 +1,11 @@
 package cpu
 
-import "github.com/skein-ai/skein/engine/internal/kernels"
+import (
+	"sync"
+
+	"github.com/skein-ai/skein/engine/internal/kernels"
+	"github.com/skein-ai/skein/engine/internal/quant"
+)
 
 // rowsProduct is the product over a block format without a kernel of its own (Format.Product nil): the rows of W dequantized a
 // tile of rowsTile outputs at a time into a buffer, then multiplied into every row of x by the
@@ -25,3 +30,18 @@ func rowsProduct(deq func([]float32, []byte), block, blockBytes int) func(y, x [
 
 // rowsTile is the outputs rowsProduct dequantizes at once: the few-row kernels' unit of 8.
 const rowsTile = 8
+
+// rowsProducts holds each format's rowsProduct, made once (a decode step multiplies by every
+// quantized weight).
+var rowsProducts sync.Map // *quant.Format → productFunc
+
+type productFunc = func(y, x []float32, w []byte, R, K, N int, parallel func(int, func(int, int)))
+
+// rowsProductOf is format qf's rowsProduct.
+func rowsProductOf(qf *quant.Format) productFunc {
+	if f, ok := rowsProducts.Load(qf); ok {
+		return f.(productFunc)
+	}
+	f, _ := rowsProducts.LoadOrStore(qf, rowsProduct(qf.Dequantize, qf.Block, qf.BlockBytes))
+	return f.(productFunc)
+}

@@ -61,28 +61,6 @@ func NewWeight[E backend.Float](h Host[E]) backend.Weight {
 	return w
 }
 
-// Bytes is the weight's resident size.
-func (w *weight[E]) Bytes() int {
-	var zero E
-	switch {
-	case w.qw != nil:
-		return len(w.qw)
-	case w.w2 != nil:
-		return 4 * len(w.w2)
-	case w.w16 != nil:
-		return 2 * len(w.w16)
-	}
-	return len(w.w.V) * sizeOf(zero)
-}
-
-func sizeOf[E backend.Float](E) int {
-	var zero E
-	if any(zero) == any(float64(0)) {
-		return 8
-	}
-	return 4
-}
-
 // Info is what tests read of a weight's form.
 type Info struct {
 	BF16Rows []uint16

@@ -32,6 +32,7 @@ func (c LoraConfig) spec() loraSpec {
 type param struct {
 	name  string // PEFT key
 	shape []int
+	file  []int // its shape in a file: shape, or Tinker's 3-D one of an expert LoRA
 	s32   *paramState[float32]
 	s64   *paramState[float64]
 }
@@ -71,6 +72,14 @@ func newParamState[E float](shape []int, withState bool) *paramState[E] {
 func backendParam[E float](p *param) backend.Param[E] {
 	q := numbersOf[E](p)
 	return backend.Param[E]{W: q.w, G: q.g, M: q.m, V: q.v}
+}
+
+// fileShape is p's shape in an adapter file.
+func (p *param) fileShape() []int {
+	if p.file != nil {
+		return p.file
+	}
+	return p.shape
 }
 
 // size is the number of the param's weights.
@@ -238,10 +247,12 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec())}
 	for _, m := range a.mods {
 		for _, p := range []struct {
-			suffix string
-			shape  []int
-		}{{"lora_A", []int{cfg.Rank, m.In}}, {"lora_B", []int{m.Out, cfg.Rank}}} {
-			a.params = append(a.params, e.newParam("base_model.model."+m.Path+"."+p.suffix+".weight", p.shape, true))
+			suffix      string
+			shape, file []int
+		}{{"lora_A", m.aShape(cfg.Rank), m.aFile(cfg.Rank)}, {"lora_B", m.bShape(cfg.Rank), m.bFile(cfg.Rank)}} {
+			q := e.newParam("base_model.model."+m.Path+"."+p.suffix+".weight", p.shape, true)
+			q.file = p.file
+			a.params = append(a.params, q)
 		}
 	}
 	return a
@@ -416,6 +427,49 @@ func (s loraSpec) any() bool { return s.Attn || s.MLP || s.Unembed }
 type loraModule struct {
 	Path    string // e.g. "model.layers.0.self_attn.q_proj", or "lm_head"
 	In, Out int
+	// Experts > 0: a mixture of experts' projection in Tinker's shared-outer layout (moe.go):
+	// gate and up (In D, Out E·I) share A [r, D] and stack B_e into [E·I, r]; down (ExpertA;
+	// In I, Out D) stacks A_e into [E·r, I] and shares B [D, r].
+	Experts int
+	ExpertA bool
+}
+
+// aShape and bShape are the module's A and B as the engine keeps them, at rank r.
+func (m loraModule) aShape(r int) []int {
+	if m.ExpertA {
+		return []int{m.Experts * r, m.In}
+	}
+	return []int{r, m.In}
+}
+
+func (m loraModule) bShape(r int) []int { return []int{m.Out, r} }
+
+// aFile and bFile are their shapes in an adapter file: Tinker's 3-D ones for experts (a size-1
+// leading axis on the shared factor), the plain ones otherwise.
+func (m loraModule) aFile(r int) []int {
+	switch {
+	case m.ExpertA:
+		return []int{m.Experts, r, m.In}
+	case m.Experts > 0:
+		return []int{1, r, m.In}
+	}
+	return m.aShape(r)
+}
+
+func (m loraModule) bFile(r int) []int {
+	switch {
+	case m.ExpertA:
+		return []int{1, m.Out, r}
+	case m.Experts > 0:
+		return []int{m.Experts, m.Out / m.Experts, r}
+	}
+	return m.bShape(r)
+}
+
+// params is how many numbers the module's LoRA has at rank r.
+func (m loraModule) params(r int) int {
+	a, b := m.aShape(r), m.bShape(r)
+	return a[0]*a[1] + b[0]*b[1]
 }
 
 // loraModules lists the adapted layers of a spec, in parameter order.
@@ -434,27 +488,29 @@ func (c *Config) loraModules(s loraSpec) []loraModule {
 			d := c.dnDims()
 			a := p + "linear_attn."
 			mods = append(mods,
-				loraModule{a + "in_proj_q", D, d.Kd},
-				loraModule{a + "in_proj_k", D, d.Kd},
-				loraModule{a + "in_proj_v", D, d.Vd},
-				loraModule{a + "in_proj_z", D, d.Vd},
-				loraModule{a + "out_proj", d.Vd, D})
+				loraModule{Path: a + "in_proj_q", In: D, Out: d.Kd},
+				loraModule{Path: a + "in_proj_k", In: D, Out: d.Kd},
+				loraModule{Path: a + "in_proj_v", In: D, Out: d.Vd},
+				loraModule{Path: a + "in_proj_z", In: D, Out: d.Vd},
+				loraModule{Path: a + "out_proj", In: d.Vd, Out: D})
 		} else if s.Attn {
 			mods = append(mods,
-				loraModule{p + "self_attn.q_proj", D, qd},
-				loraModule{p + "self_attn.k_proj", D, kvd},
-				loraModule{p + "self_attn.v_proj", D, kvd},
-				loraModule{p + "self_attn.o_proj", c.NumAttentionHeads * hd, D})
+				loraModule{Path: p + "self_attn.q_proj", In: D, Out: qd},
+				loraModule{Path: p + "self_attn.k_proj", In: D, Out: kvd},
+				loraModule{Path: p + "self_attn.v_proj", In: D, Out: kvd},
+				loraModule{Path: p + "self_attn.o_proj", In: c.NumAttentionHeads * hd, Out: D})
 		}
-		if s.MLP {
+		if s.MLP && c.isMoE(l) {
+			mods = append(mods, c.expertLoRAModules(l)...)
+		} else if s.MLP {
 			mods = append(mods,
-				loraModule{p + "mlp.gate_proj", D, F},
-				loraModule{p + "mlp.up_proj", D, F},
-				loraModule{p + "mlp.down_proj", F, D})
+				loraModule{Path: p + "mlp.gate_proj", In: D, Out: F},
+				loraModule{Path: p + "mlp.up_proj", In: D, Out: F},
+				loraModule{Path: p + "mlp.down_proj", In: F, Out: D})
 		}
 	}
 	if s.Unembed {
-		mods = append(mods, loraModule{"lm_head", D, c.VocabSize})
+		mods = append(mods, loraModule{Path: "lm_head", In: D, Out: c.VocabSize})
 	}
 	return mods
 }

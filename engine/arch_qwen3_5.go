@@ -80,8 +80,13 @@ func (*qwen3_5Family) finish(c *Config) {
 
 func (*qwen3_5Family) validate(c *Config) error {
 	if c.NumExperts > 0 {
-		return fmt.Errorf("qwen3_5: num_experts %d: the mixture-of-experts variants are not supported (dense Qwen3.5 only)", c.NumExperts)
+		return fmt.Errorf("qwen3_5: num_experts %d in a dense Qwen3.5 config (the mixture-of-experts checkpoints name Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe)", c.NumExperts)
 	}
+	return validateHybrid(c)
+}
+
+// validateHybrid checks what a Qwen3.5 config (dense or MoE) adds to config.json.
+func validateHybrid(c *Config) error {
 	if len(c.LayerTypes) != c.NumHiddenLayers {
 		return fmt.Errorf("qwen3_5: layer_types has %d entries for %d layers", len(c.LayerTypes), c.NumHiddenLayers)
 	}

@@ -20,7 +20,11 @@ func tinyModel(t testing.TB, arch Arch) string {
 		return d.(string)
 	}
 	dir := filepath.Join(tempRoot(t), string(arch))
-	if err := InitTiny(dir, arch, "tiny", 1); err != nil {
+	preset := "tiny"
+	if isMoEArch(arch) {
+		preset = "tiny-moe"
+	}
+	if err := InitTiny(dir, arch, preset, 1); err != nil {
 		t.Fatal(err)
 	}
 	tinyDirs.Store(arch, dir)

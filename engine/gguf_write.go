@@ -229,6 +229,11 @@ func adapterGGUF(adapterDir string, base *Config) (*gguf.Writer, error) {
 	}
 	want := map[string][]int{}
 	for _, m := range mods {
+		if m.Experts > 0 {
+			// llama.cpp reads expert LoRAs as per-expert 3-D tensors (ffn_*_exps.lora_a/b, its
+			// build_lora_mm_id); skein does not write them yet.
+			return nil, fmt.Errorf("engine: the adapter has a LoRA on a mixture of experts' experts (%s), which skein's GGUF export does not write yet; export it as PEFT (the cookbook's build_lora_adapter expands it for vLLM)", m.Path)
+		}
 		if m.Path == "lm_head" && base.TieWordEmbeddings {
 			return nil, fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
 		}

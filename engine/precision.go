@@ -89,8 +89,8 @@ const PrecisionQ4_K_M = "q4_k_m"
 // precision). Options.weightFormats (tests) overrides it.
 func weightFormat(opts Options, c *Config, name string) *quant.Format {
 	qf := quantFormat(opts.Precision)
-	if qf == nil || !isLinearWeight(name) {
-		return nil
+	if qf == nil || !isLinearWeight(name) || isRouterWeight(name) {
+		return nil // routers stay as they are, as llama.cpp keeps ffn_gate_inp: a rounding would move tokens between experts
 	}
 	if opts.weightFormats != nil {
 		return opts.weightFormats(name)

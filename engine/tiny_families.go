@@ -75,7 +75,7 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	text["mamba_ssm_dtype"] = "float32"
 	delete(text, "rope_theta")
 	text["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
-	if f.arch == ArchQwen3_5Text {
+	if f.lmPrefix == "" {
 		// The text-only class generates the untied shape (Qwen3.5-9B's), the VL one the tied (4B's).
 		text["tie_word_embeddings"] = false
 		for k := range cfg {
@@ -186,4 +186,46 @@ func (*qwen3VLFamily) tinyFiles(dir string, c *Config) error {
 	}
 	tb, _ := json.MarshalIndent(tc, "", "  ")
 	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tb, 0o644)
+}
+
+// moeTinyKeys are a generated mixture of experts' config keys: the preset's sizes, or a tiny
+// model's (8 experts of a quarter of the dense width, 2 a token).
+func moeTinyKeys(cfg map[string]any, p Preset) {
+	e, k, f := p.Experts, p.ExpertsPerTok, p.ExpertFFN
+	if e == 0 {
+		e, k, f = 8, 2, max(p.FFN/4, 1)
+	}
+	cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"] = e, k, f
+	cfg["norm_topk_prob"] = true // the released checkpoints'
+	cfg["router_aux_loss_coef"] = 0.001
+	cfg["output_router_logits"] = false
+}
+
+// tinyConfig is Qwen3's with a mixture of experts on every layer but the preset's dense ones.
+func (*qwen3MoEFamily) tinyConfig(cfg map[string]any, p Preset) {
+	(*qwen3Family)(nil).tinyConfig(cfg, p)
+	if p.HeadDim > 0 {
+		cfg["head_dim"] = p.HeadDim
+	}
+	cfg["tie_word_embeddings"] = false // Qwen3-30B-A3B's
+	moeTinyKeys(cfg, p)
+	cfg["decoder_sparse_step"] = 1
+	cfg["mlp_only_layers"] = append([]int{}, p.DenseLayers...)
+}
+
+// tinyConfig is dense Qwen3.5's with a mixture of experts and a shared expert on every layer.
+func (f *qwen3_5MoEFamily) tinyConfig(cfg map[string]any, p Preset) {
+	f.qwen3_5Family.tinyConfig(cfg, p)
+	text := cfg
+	if t, ok := cfg["text_config"].(map[string]any); ok {
+		text = t
+		text["model_type"] = "qwen3_5_moe_text"
+	}
+	moeTinyKeys(text, p)
+	delete(text, "norm_topk_prob") // Qwen3.5-MoE always renormalises; its config has no such key
+	s := p.SharedFFN
+	if s == 0 {
+		s = max(p.FFN/2, 1)
+	}
+	text["shared_expert_intermediate_size"] = s
 }

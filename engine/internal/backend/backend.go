@@ -140,7 +140,8 @@ type Ops[E Float] interface {
 	SplitGate(yq Tensor[E], H, HD int) (q, gate Tensor[E])
 	JoinGate(dq, dgate Tensor[E], H, HD int) Tensor[E]
 	// Gate returns o ⊙ σ(gate); GateBack writes d loss/d gate = do ⊙ o ⊙ σ'(gate) into dgate
-	// and scales do by σ(gate) in place.
+	// and scales do by σ(gate) in place. A gate of one number a row [N, 1] scales the whole row
+	// (a shared expert's gate), its gradient summed over the row.
 	Gate(o, gate Tensor[E]) Tensor[E]
 	GateBack(do, o, gate, dgate Tensor[E])
 
@@ -211,6 +212,22 @@ type Ops[E Float] interface {
 	// to host values vals[i].
 	Reshape(x Tensor[E], dims ...int) Tensor[E]
 	PutRows(h Tensor[E], rows []int, vals [][]float64, add bool)
+
+	// Mixtures of experts.
+	// Route picks each row's k experts from its router logits [N, E]: p = softmax(logits) in E,
+	// the k largest p in decreasing order (a tie: the lower expert first), renormalised to sum
+	// 1 when renorm. It returns their weights [N, k] and, on the host, their experts [N·k].
+	Route(logits Tensor[E], k int, renorm bool) (w Tensor[E], experts []int)
+	// RouteBack is Route's backward: d loss/d logits [N, E] for d loss/d w [N, k].
+	RouteBack(logits, w Tensor[E], experts []int, dw Tensor[E], renorm bool) Tensor[E]
+	// MixRows returns out [N, C], row n = Σ_j w[n, j]·y[pos[n·k+j]] (j in order): each token's
+	// experts' outputs y [P, C] weighted by its routing weights w [N, k].
+	MixRows(y, w Tensor[E], pos []int) Tensor[E]
+	// MixRowsBack is MixRows' backward for d loss/d out dOut [N, C]: dy [P, C] (row pos[n·k+j]
+	// = w[n, j]·dOut[n]) and dw [N, k] (⟨dOut[n], y[pos[n·k+j]]⟩).
+	MixRowsBack(dOut, y, w Tensor[E], pos []int) (dy, dw Tensor[E])
+	// ScatterAdd adds row i of src to row rows[i] of dst, i in order.
+	ScatterAdd(dst, src Tensor[E], rows []int)
 
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output

@@ -1,0 +1,537 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/skein-ai/skein/safetensors"
+)
+
+// A sparse mixture of experts (Qwen3-MoE, Qwen3.5-MoE): the feed-forward block of the layers
+// the config marks (Config.isMoE). For each token x (a row of the post-attention norm's output):
+//
+//	p = softmax(x·Wgᵀ)                 the router, frozen (Tinker trains no router)
+//	(w, S) = top-k(p)                  renormalised to sum 1 where the family says
+//	y = Σ_{j∈S} w_j · down_j(silu(gate_j x) ⊙ up_j x)
+//	  + σ(x·wsᵀ) · shared(x)           Qwen3.5-MoE's shared expert behind its sigmoid gate
+//
+// Routing is dropless: every token reaches its k experts, whatever the others do. The experts
+// run as one product per expert over the rows routed to it (tokens grouped by expert, the
+// grouped GEMM of transformers' grouped_mm and llama.cpp's mul_mat_id), not per token.
+//
+// LoRA on the experts is Tinker's "shared-outer" layout (reference §2.2): gate (w1) and up (w3)
+// share A [r, D] across experts, each expert its own B_e [I, r]; down (w2) has an A_e [r, I] per
+// expert and one B [D, r]. So for gate and up x·Aᵀ is one [N, r] product a layer, and for down
+// each expert's rank-r rows are mixed with the routing weights before one shared B: the LoRA
+// never materialises a per-expert weight. The adapter's parameter count is Tinker's
+// (get_lora_param_count: 3·(D + E·I) a rank a layer), and its file is Tinker's too: w1/w3
+// lora_A [1, r, D], lora_B [E, I, r]; w2 lora_A [E, r, I], lora_B [1, D, r].
+//
+// The router's auxiliary load-balancing loss is not part of any Tinker loss: Tinker's losses are
+// the caller's (cross_entropy, importance_sampling, …) and its router is frozen, so a balancing
+// term would have nothing to train. skein neither adds it nor reports it.
+type moeFFN[E float] struct {
+	router  *linear[E] // mlp.gate [D → E]
+	experts []expertFFN[E]
+	k       int
+	renorm  bool
+	width   int       // each expert's I
+	lora    [3]int    // LoRA ids of the experts' gate (w1), up (w3) and down (w2) in a pass
+	paths   [3]string // their LoRA module paths (Tinker's names)
+	// Qwen3.5-MoE's shared expert and its gate [D → 1] (nil: none).
+	shared     *denseFFN[E]
+	sharedGate *linear[E]
+}
+
+// expertFFN is one routed expert's SwiGLU.
+type expertFFN[E float] struct{ gate, up, down *linear[E] }
+
+// expertLoRANames are Tinker's names of the experts' three projections: gate, up, down.
+var expertLoRANames = [3]string{"w1", "w3", "w2"}
+
+// expertSlot is the LoRA of one MoE block's experts' projection in a pass: its id, and the
+// module's sizes as loraModules lists them.
+type expertSlot struct{ id, in, out int }
+
+var (
+	_ ffn[float32] = (*moeFFN[float32])(nil)
+	_ ffn[float64] = (*moeFFN[float64])(nil)
+)
+
+// moeBlock resolves a layer's mixture of experts (HF prefix p = "…layers.L.mlp.") from its
+// weights, each made a linear by lin.
+func (m *model[E]) moeBlock(c *Config, p string, lin func(string) *linear[E]) *moeFFN[E] {
+	f := &moeFFN[E]{router: lin(p + "gate"), k: c.NumExpertsPerTok, renorm: c.moeRenorm, width: c.MoeIntermediateSize}
+	for e := range c.NumExperts {
+		x := p + "experts." + strconv.Itoa(e) + "."
+		f.experts = append(f.experts, expertFFN[E]{gate: lin(x + "gate_proj"), up: lin(x + "up_proj"), down: lin(x + "down_proj")})
+	}
+	for j, n := range expertLoRANames {
+		f.paths[j] = p + "experts." + n
+	}
+	if c.SharedExpertIntermediateSize > 0 {
+		s := p + "shared_expert."
+		f.shared = &denseFFN[E]{gate: lin(s + "gate_proj"), up: lin(s + "up_proj"), down: lin(s + "down_proj")}
+		f.sharedGate = lin(p + "shared_expert_gate")
+	}
+	m.moes = append(m.moes, f)
+	return f
+}
+
+// finishExperts gives every MoE block's expert LoRA its ids, after the linears': a pass's LoRA
+// table holds both (loraSlots).
+func (m *model[E]) finishExperts(c *Config) {
+	m.expertMods = map[string]expertSlot{}
+	D := c.HiddenSize
+	for i, f := range m.moes {
+		E, I := len(f.experts), f.width
+		for j := range 3 {
+			f.lora[j] = len(m.linears) + 3*i + j
+			in, out := D, E*I
+			if j == 2 {
+				in, out = I, D
+			}
+			m.expertMods[f.paths[j]] = expertSlot{id: f.lora[j], in: in, out: out}
+		}
+	}
+}
+
+// loraSlots is the size of a pass's LoRA table: the linears', then the experts'.
+func (m *model[E]) loraSlots() int { return len(m.linears) + 3*len(m.moes) }
+
+func (f *moeFFN[E]) linears() []*linear[E] {
+	out := []*linear[E]{f.router}
+	for _, x := range f.experts {
+		out = append(out, x.gate, x.up, x.down)
+	}
+	if f.shared != nil {
+		out = append(out, f.shared.linears()...)
+		out = append(out, f.sharedGate)
+	}
+	return out
+}
+
+// routing is where each token's experts' rows are: tokens grouped by expert, in expert order and
+// within an expert by token, so that each expert's rows are one block of the grouped tensors.
+type routing struct {
+	k       int
+	experts []int   // [N·k]: token n's j-th expert
+	tokens  [][]int // by expert: its tokens, ascending
+	off     []int   // by expert: its first row in the grouped tensors
+	pos     []int   // [N·k]: the grouped row of (n, j)
+}
+
+func groupByExpert(experts []int, N, k, numExperts int) *routing {
+	r := &routing{k: k, experts: experts, tokens: make([][]int, numExperts), off: make([]int, numExperts), pos: make([]int, N*k)}
+	for n := range N {
+		for j := range k {
+			e := experts[n*k+j]
+			r.tokens[e] = append(r.tokens[e], n)
+		}
+	}
+	at := 0
+	for e, toks := range r.tokens {
+		r.off[e] = at
+		at += len(toks)
+	}
+	seen := make([]int, numExperts)
+	for n := range N {
+		for j := range k {
+			e := experts[n*k+j]
+			r.pos[n*k+j] = r.off[e] + seen[e]
+			seen[e]++
+		}
+	}
+	return r
+}
+
+// expertRun is the experts' LoRA of token rows [r0, r1) (one adapter's; nil entries: none).
+type expertRun[E float] struct {
+	r0, r1 int
+	lm     [3]*loraMats[E]
+	xas    [2]mat[E] // scale·x·Aᵀ of gate and up over the run's rows [r1−r0, r]
+	ha     mat[E]    // down's act_e·A_eᵀ rows, grouped [P, r]
+}
+
+// expertRuns are the runs of rows whose experts carry a LoRA: the whole pass's adapter, or each
+// adapter of a pass over rows of several (segments.go).
+func (s *pass[E]) expertRuns(f *moeFFN[E], N int) []*expertRun[E] {
+	pick := func(lora []*loraMats[E]) (lm [3]*loraMats[E], any bool) {
+		for j, id := range f.lora {
+			if id < len(lora) && lora[id] != nil {
+				lm[j], any = lora[id], true
+			}
+		}
+		return lm, any
+	}
+	if s.segs == nil {
+		if lm, ok := pick(s.lora); ok {
+			return []*expertRun[E]{{r0: 0, r1: N, lm: lm}}
+		}
+		return nil
+	}
+	var runs []*expertRun[E]
+	for _, g := range s.rowRuns(N) {
+		if g.seg < 0 {
+			continue
+		}
+		if lm, ok := pick(s.segs[g.seg].lora); ok {
+			runs = append(runs, &expertRun[E]{r0: g.r0, r1: g.r1, lm: lm})
+		}
+	}
+	return runs
+}
+
+// within is the part [a, b) of an expert's sorted tokens that lies in rows [r0, r1).
+func within(toks []int, r0, r1 int) (a, b int) {
+	return sort.SearchInts(toks, r0), sort.SearchInts(toks, r1)
+}
+
+// moeActs are what the block's backward reads.
+type moeActs[E float] struct {
+	x, logits, w, y mat[E]
+	r               *routing
+	g, u, sig, act  []mat[E] // by expert (empty: no token)
+	run             *expertRun[E]
+	hac             mat[E] // down's LoRA rows mixed [N, r]
+	sh, sg          mat[E] // the shared expert's output before its gate, and the gate's logit [N, 1]
+}
+
+func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
+	N, D, I := x.Dims[0], s.c.HiddenSize, f.width
+	logits := s.linear(x, f.router)
+	w, experts := s.op.Route(logits, f.k, f.renorm)
+	if s.op.Err() != nil {
+		return s.op.Zeros(N, D)
+	}
+	r := groupByExpert(experts, N, f.k, len(f.experts))
+	runs := s.expertRuns(f, N)
+	for _, run := range runs {
+		xr := x
+		if run.r0 != 0 || run.r1 != N {
+			xr = s.op.Rows(x, run.r0, run.r1)
+		}
+		for j := range 2 {
+			if lm := run.lm[j]; lm != nil {
+				xa := s.op.MatMul(xr, lm.a, 0, true)
+				run.xas[j] = s.op.Scale(xa, s.scale)
+				s.op.ReleaseOne(xa)
+			}
+		}
+		if lm := run.lm[2]; lm != nil {
+			run.ha = s.op.Zeros(N*f.k, lm.a.Dims[0]/len(f.experts))
+		}
+	}
+	var a *moeActs[E]
+	if la != nil {
+		a = &moeActs[E]{x: x, logits: logits, w: w, r: r, g: make([]mat[E], len(f.experts)), u: make([]mat[E], len(f.experts)),
+			sig: make([]mat[E], len(f.experts)), act: make([]mat[E], len(f.experts))}
+		if len(runs) > 0 {
+			a.run = runs[0] // a training pass has one adapter
+		}
+		la.moe = a
+	}
+	y := s.op.Alloc(N*f.k, D)
+	for e, toks := range r.tokens {
+		n := len(toks)
+		if n == 0 {
+			continue
+		}
+		m0 := s.op.Mark()
+		ex := &f.experts[e]
+		xe := s.op.GatherRows(x, toks)
+		g := s.op.Product(xe, ex.gate.w, false)
+		u := s.op.Product(xe, ex.up.w, false)
+		for _, run := range runs {
+			lo, hi := within(toks, run.r0, run.r1)
+			if lo == hi {
+				continue
+			}
+			for j, proj := range []mat[E]{g, u} {
+				if lm := run.lm[j]; lm != nil {
+					rows := make([]int, hi-lo)
+					for i := range rows {
+						rows[i] = toks[lo+i] - run.r0
+					}
+					be := s.op.Rows(lm.b, e*I, (e+1)*I)
+					t := s.op.MatMul(s.op.GatherRows(run.xas[j], rows), be, 0, true)
+					s.op.ScatterAdd(proj, t, span(lo, hi))
+				}
+			}
+		}
+		act, sig := s.op.Alloc(n, I), s.op.Alloc(n, I)
+		s.op.SiluGate(g, u, sig, act, s.e.ggmlNorms())
+		ye := s.op.Product(act, ex.down.w, false)
+		s.op.SetRows(y, ye, r.off[e])
+		for _, run := range runs {
+			lm := run.lm[2]
+			lo, hi := within(toks, run.r0, run.r1)
+			if lm == nil || lo == hi {
+				continue
+			}
+			rank := run.ha.Dims[1]
+			ae := s.op.Rows(lm.a, e*rank, (e+1)*rank)
+			part := act
+			if lo != 0 || hi != n {
+				part = s.op.Rows(act, lo, hi)
+			}
+			s.op.SetRows(run.ha, s.op.MatMul(part, ae, 0, true), r.off[e]+lo)
+		}
+		if a != nil {
+			a.g[e], a.u[e], a.sig[e], a.act[e] = g, u, sig, act
+			continue
+		}
+		s.op.Release(m0, s.op.Mark())
+	}
+	out := s.op.MixRows(y, w, r.pos)
+	for _, run := range runs {
+		if lm := run.lm[2]; lm != nil {
+			hac := s.op.MixRows(run.ha, w, r.pos)
+			s.op.MatMulAdd(out, s.op.Scale(hac, s.scale), lm.b, true)
+			if a != nil {
+				a.hac = hac
+			}
+		}
+	}
+	if a != nil {
+		a.y = y
+	}
+	if f.shared != nil {
+		sh := f.shared.forward(s, x, la)
+		sg := s.linear(x, f.sharedGate)
+		s.op.Add(out, s.op.Gate(sh, sg))
+		if a != nil {
+			a.sh, a.sg = sh, sg
+		}
+	}
+	return out
+}
+
+// span is the rows lo, lo+1, …, hi−1.
+func span(lo, hi int) []int {
+	out := make([]int, hi-lo)
+	for i := range out {
+		out[i] = lo + i
+	}
+	return out
+}
+
+func (f *moeFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
+	a := la.moe
+	N, D, I := dy.Dims[0], s.c.HiddenSize, f.width
+	var lm [3]*loraMats[E]
+	if a.run != nil {
+		lm = a.run.lm
+	}
+	grads := s.train.grads
+	var dxShared mat[E]
+	if f.shared != nil {
+		// out += σ(sg)·sh: d sh = σ(sg)·dy, d sg = Σ dy·sh·σ'(sg).
+		dsh := s.op.Scale(dy, 1)
+		dsg := s.op.Alloc(N, 1)
+		s.op.GateBack(dsh, a.sh, a.sg, dsg)
+		dxShared = f.shared.backward(s, dsh, la)
+		s.op.Add(dxShared, *s.linearBack(dsg, f.sharedGate, true))
+	}
+	dY, dw := s.op.MixRowsBack(dy, a.y, a.w, a.r.pos)
+	var dHA, dA2 mat[E]
+	if lm[2] != nil {
+		// out += scale·hac·Bᵀ: dB = scale·dyᵀ·hac, d hac = scale·dy·B, then through the mix.
+		dB := s.op.MatMul(s.op.Transpose(a.hac, s.scale), dy, 0, false) // [r, D]
+		s.op.AddGrad(grads[lm[2].bi], dB, true)
+		dhac := s.op.Scale(s.op.MatMul(dy, lm[2].b, 0, false), s.scale)
+		var dw2 mat[E]
+		dHA, dw2 = s.op.MixRowsBack(dhac, a.run.ha, a.w, a.r.pos)
+		s.op.Add(dw, dw2)
+		dA2 = s.op.Zeros(lm[2].a.Dims...)
+	}
+	var dGB, dB [2]mat[E]
+	for j := range 2 {
+		if lm[j] != nil {
+			dGB[j], dB[j] = s.op.Zeros(N, lm[j].a.Dims[0]), s.op.Zeros(lm[j].b.Dims...)
+		}
+	}
+	dx := s.op.Zeros(N, D)
+	for e, toks := range a.r.tokens {
+		n := len(toks)
+		if n == 0 {
+			continue
+		}
+		m0 := s.op.Mark()
+		ex := &f.experts[e]
+		off := a.r.off[e]
+		dact := s.op.Product(s.op.Rows(dY, off, off+n), ex.down.w, true)
+		if lm[2] != nil {
+			rank := dHA.Dims[1]
+			ae := s.op.Rows(lm[2].a, e*rank, (e+1)*rank)
+			dha := s.op.Rows(dHA, off, off+n)
+			s.op.MatMulAdd(dact, dha, ae, false)
+			s.op.SetRows(dA2, s.op.MatMul(s.op.Transpose(dha, 1), a.act[e], 0, false), e*rank)
+		}
+		dg, du := s.op.Alloc(n, I), s.op.Alloc(n, I)
+		s.op.SiluGateBack(dact, a.g[e], a.u[e], a.sig[e], dg, du)
+		dxe := s.op.Product(dg, ex.gate.w, true)
+		s.op.Add(dxe, s.op.Product(du, ex.up.w, true))
+		for j, dproj := range []mat[E]{dg, du} {
+			if lm[j] == nil {
+				continue
+			}
+			be := s.op.Rows(lm[j].b, e*I, (e+1)*I)
+			s.op.ScatterAdd(dGB[j], s.op.MatMul(dproj, be, 0, false), toks)
+			xas := s.op.GatherRows(a.run.xas[j], toks)
+			s.op.SetRows(dB[j], s.op.MatMul(s.op.Transpose(dproj, 1), xas, 0, false), e*I)
+		}
+		s.op.ScatterAdd(dx, dxe, toks)
+		s.op.Release(m0, s.op.Mark())
+	}
+	for j := range 2 {
+		if lm[j] == nil {
+			continue
+		}
+		// gate/up += scale·(x·Aᵀ)·B_eᵀ: dA = scale·(Σ_e dproj·B_e)ᵀ·x, dx += scale·(Σ_e dproj·B_e)·A.
+		s.op.AddGrad(grads[lm[j].ai], s.op.MatMul(s.op.Transpose(dGB[j], s.scale), a.x, 0, false), false)
+		s.op.AddGrad(grads[lm[j].bi], dB[j], false)
+		s.op.MatMulAdd(dx, s.op.Scale(dGB[j], s.scale), lm[j].a, false)
+	}
+	if lm[2] != nil {
+		s.op.AddGrad(grads[lm[2].ai], dA2, false)
+	}
+	// The router is frozen, but its path carries gradient to x all the same.
+	dlogits := s.op.RouteBack(a.logits, a.w, a.r.experts, dw, f.renorm)
+	s.op.Add(dx, *s.linearBack(dlogits, f.router, true))
+	if f.shared != nil {
+		s.op.Add(dx, dxShared)
+	}
+	la.moe = nil
+	return dx
+}
+
+// Weights.
+
+// ffnWeights are layer l's feed-forward tensors: the dense MLP's three, or a mixture of experts'
+// router, experts (one tensor each: the transformers 4 layout, which splitFusedExperts makes of
+// a fused file) and shared expert.
+func (c *Config) ffnWeights(l int) []string {
+	p := c.layerPrefix(l) + "mlp."
+	if !c.isMoE(l) {
+		return []string{p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"}
+	}
+	names := []string{p + "gate.weight"}
+	for e := range c.NumExperts {
+		x := p + "experts." + strconv.Itoa(e) + "."
+		names = append(names, x+"gate_proj.weight", x+"up_proj.weight", x+"down_proj.weight")
+	}
+	if c.SharedExpertIntermediateSize > 0 {
+		names = append(names, p+"shared_expert.gate_proj.weight", p+"shared_expert.up_proj.weight",
+			p+"shared_expert.down_proj.weight", p+"shared_expert_gate.weight")
+	}
+	return names
+}
+
+// isRouterWeight reports a mixture of experts' router or shared-expert gate: products like any
+// projection's, never quantized.
+func isRouterWeight(name string) bool {
+	return strings.HasSuffix(name, ".mlp.gate.weight") || strings.HasSuffix(name, ".mlp.shared_expert_gate.weight")
+}
+
+// moeShape is the HF shape of a mixture of experts' tensor (nil: not one).
+func (c *Config) moeShape(name string) []int {
+	if c.NumExperts == 0 || !strings.Contains(name, ".mlp.") {
+		return nil
+	}
+	D, I, S := c.HiddenSize, c.MoeIntermediateSize, c.SharedExpertIntermediateSize
+	switch {
+	case strings.HasSuffix(name, ".mlp.gate.weight"):
+		return []int{c.NumExperts, D}
+	case strings.HasSuffix(name, ".mlp.shared_expert_gate.weight"):
+		return []int{1, D}
+	case strings.HasSuffix(name, ".mlp.experts.gate_up_proj"):
+		return []int{c.NumExperts, 2 * I, D}
+	case strings.HasSuffix(name, ".mlp.experts.down_proj"):
+		return []int{c.NumExperts, D, I}
+	}
+	width := 0
+	if strings.Contains(name, ".mlp.experts.") {
+		width = I
+	} else if strings.Contains(name, ".mlp.shared_expert.") {
+		width = S
+	} else {
+		return nil
+	}
+	switch {
+	case strings.HasSuffix(name, "gate_proj.weight"), strings.HasSuffix(name, "up_proj.weight"):
+		return []int{width, D}
+	case strings.HasSuffix(name, "down_proj.weight"):
+		return []int{D, width}
+	}
+	return nil
+}
+
+// splitFusedExperts replaces each fused expert tensor of a file (transformers 5 and Qwen3.5-MoE
+// checkpoints: mlp.experts.gate_up_proj [E, 2I, D], each expert's gate rows then its up rows,
+// and mlp.experts.down_proj [E, D, I]) by one tensor per expert and projection, views of the same
+// bytes, named as the transformers 4 checkpoints name them. Other tensors pass through.
+func (c *Config) splitFusedExperts(in map[string]safetensors.Tensor) (map[string]safetensors.Tensor, error) {
+	var fused []string
+	for name := range in {
+		if strings.HasSuffix(name, ".mlp.experts.gate_up_proj") || strings.HasSuffix(name, ".mlp.experts.down_proj") {
+			fused = append(fused, name)
+		}
+	}
+	if len(fused) == 0 {
+		return in, nil
+	}
+	out := make(map[string]safetensors.Tensor, len(in)+len(fused)*c.NumExperts*2)
+	for n, t := range in {
+		out[n] = t
+	}
+	for _, name := range fused {
+		t := in[name]
+		delete(out, name)
+		want := c.moeShape(name)
+		if want == nil || len(t.Shape) != 3 || t.Shape[0] != want[0] || t.Shape[1] != want[1] || t.Shape[2] != want[2] {
+			return nil, fmt.Errorf("engine: weight %s has shape %v, config implies %v", name, t.Shape, want)
+		}
+		elems := t.Shape[0] * t.Shape[1] * t.Shape[2]
+		if elems == 0 || len(t.Data)%elems != 0 {
+			return nil, fmt.Errorf("engine: weight %s: %d bytes for shape %v", name, len(t.Data), t.Shape)
+		}
+		es := len(t.Data) / elems
+		per := t.Shape[1] * t.Shape[2] * es // one expert's bytes
+		prefix := strings.TrimSuffix(strings.TrimSuffix(name, "gate_up_proj"), "down_proj")
+		for e := range t.Shape[0] {
+			x := prefix + strconv.Itoa(e) + "."
+			b := t.Data[e*per : (e+1)*per]
+			if strings.HasSuffix(name, "down_proj") {
+				out[x+"down_proj.weight"] = safetensors.Tensor{DType: t.DType, Shape: []int{t.Shape[1], t.Shape[2]}, Data: b}
+				continue
+			}
+			half, rows := per/2, t.Shape[1]/2
+			out[x+"gate_proj.weight"] = safetensors.Tensor{DType: t.DType, Shape: []int{rows, t.Shape[2]}, Data: b[:half]}
+			out[x+"up_proj.weight"] = safetensors.Tensor{DType: t.DType, Shape: []int{rows, t.Shape[2]}, Data: b[half:]}
+		}
+	}
+	return out, nil
+}
+
+// expertLoRAModules are a MoE layer's LoRA modules under train_mlp: the experts' three in
+// Tinker's shared-outer layout, and the shared expert's ordinary three (its gate, like the
+// router, takes none: Tinker's counts have no term for either).
+func (c *Config) expertLoRAModules(l int) []loraModule {
+	p := c.layerPrefix(l) + "mlp."
+	D, I, E := c.HiddenSize, c.MoeIntermediateSize, c.NumExperts
+	mods := []loraModule{
+		{Path: p + "experts.w1", In: D, Out: E * I, Experts: E},
+		{Path: p + "experts.w3", In: D, Out: E * I, Experts: E},
+		{Path: p + "experts.w2", In: I, Out: D, Experts: E, ExpertA: true},
+	}
+	if S := c.SharedExpertIntermediateSize; S > 0 {
+		mods = append(mods,
+			loraModule{Path: p + "shared_expert.gate_proj", In: D, Out: S},
+			loraModule{Path: p + "shared_expert.up_proj", In: D, Out: S},
+			loraModule{Path: p + "shared_expert.down_proj", In: S, Out: D})
+	}
+	return mods
+}

@@ -132,8 +132,8 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base), false)
 	} else {
 		for _, r := range runs {
-			lora, _ := loraOf(d.long, r.a, modelOf[E](e.base), false)
-			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora})
+			lora, scale := loraOf(d.long, r.a, modelOf[E](e.base), false)
+			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora, scale: scale})
 		}
 	}
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)

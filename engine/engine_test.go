@@ -66,7 +66,7 @@ func textDatum(ids []int) Datum {
 }
 
 func TestTrainingLowersLoss(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			ids := e.Tokenizer.Encode("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.")
@@ -118,7 +118,8 @@ func rlDatum(ids []int, oldLP, adv float64) Datum {
 func TestGradientsMatchFiniteDifferences(t *testing.T) {
 	// qwen3_5: every LoRA kind of a DeltaNet layer (split in_proj q/k/v, z, out_proj) and of a
 	// gated attention layer, through the hand-written backward of the delta rule.
-	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2, ArchQwen3_5} {
+	// qwen3_moe, qwen3_5_moe: the experts' shared-outer LoRA and the router's path (moe.go).
+	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		t.Run(string(arch), func(t *testing.T) { checkGradients(t, arch) })
 	}
 }

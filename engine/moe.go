@@ -151,6 +151,7 @@ func groupByExpert(experts []int, N, k, numExperts int) *routing {
 type expertRun[E float] struct {
 	r0, r1 int
 	lm     [3]*loraMats[E]
+	scale  E
 	xas    [2]mat[E] // scale·x·Aᵀ of gate and up over the run's rows [r1−r0, r]
 	ha     mat[E]    // down's act_e·A_eᵀ rows, grouped [P, r]
 }
@@ -168,7 +169,7 @@ func (s *pass[E]) expertRuns(f *moeFFN[E], N int) []*expertRun[E] {
 	}
 	if s.segs == nil {
 		if lm, ok := pick(s.lora); ok {
-			return []*expertRun[E]{{r0: 0, r1: N, lm: lm}}
+			return []*expertRun[E]{{r0: 0, r1: N, lm: lm, scale: s.scale}}
 		}
 		return nil
 	}
@@ -178,7 +179,7 @@ func (s *pass[E]) expertRuns(f *moeFFN[E], N int) []*expertRun[E] {
 			continue
 		}
 		if lm, ok := pick(s.segs[g.seg].lora); ok {
-			runs = append(runs, &expertRun[E]{r0: g.r0, r1: g.r1, lm: lm})
+			runs = append(runs, &expertRun[E]{r0: g.r0, r1: g.r1, lm: lm, scale: s.segs[g.seg].scale})
 		}
 	}
 	return runs
@@ -216,7 +217,7 @@ func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 		for j := range 2 {
 			if lm := run.lm[j]; lm != nil {
 				xa := s.op.MatMul(xr, lm.a, 0, true)
-				run.xas[j] = s.op.Scale(xa, s.scale)
+				run.xas[j] = s.op.Scale(xa, run.scale)
 				s.op.ReleaseOne(xa)
 			}
 		}
@@ -289,7 +290,7 @@ func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	for _, run := range runs {
 		if lm := run.lm[2]; lm != nil {
 			hac := s.op.MixRows(run.ha, w, r.pos)
-			s.op.MatMulAdd(out, s.op.Scale(hac, s.scale), lm.b, true)
+			s.op.MatMulAdd(out, s.op.Scale(hac, run.scale), lm.b, true)
 			if a != nil {
 				a.hac = hac
 			}

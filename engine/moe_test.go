@@ -2,9 +2,16 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/skein-ai/skein/safetensors"
 )
 
 // isMoEArch reports the mixture-of-experts families (their tiny models use the tiny-moe preset).
@@ -90,5 +97,194 @@ func checkMoEGradients(t *testing.T, e *Engine, ids []int) {
 	}
 	if zeroExperts < 2 {
 		t.Fatalf("%d idle experts' gradient blocks are zero, want at least 2 (6 slots for 8 experts, two factors)", zeroExperts)
+	}
+}
+
+// The released-shape presets are Qwen3-30B-A3B's and Qwen3.5/3.6-35B-A3B's text stacks, and a
+// LoRA on them has, per rank and component, the parameters of Tinker's cookbook table
+// (hyperparam_utils._LORA_PARAMS_PER_RANK_BY_COMPONENT): only the shared-outer layout (one
+// factor on the hidden side shared by every expert, no router term) gives those counts; at the
+// SDK's default rank 32, Qwen3-30B-A3B's MLP part alone is 462 M parameters.
+func TestMoEPresetsAreTheReleasedShapesAndCountLikeTinker(t *testing.T) {
+	for _, c := range []struct {
+		arch                Arch
+		preset              string
+		params              int
+		mlp, attn, unembed  int
+		layers, attention   int
+		experts, perTok, sh int
+	}{
+		{ArchQwen3MoE, "qwen3-30b-a3b", 30_532_122_624, 14_450_688, 835_584, 153_984, 48, 48, 128, 8, 0},
+		{ArchQwen3_5MoE, "qwen3_5-35b-a3b", 0, 16_281_600, 1_013_760, 250_368, 40, 10, 256, 8, 512},
+	} {
+		_, cfg, err := tinyConfigFile(families[c.arch].(tinyFamily), nil, Presets[c.preset], nil, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.params > 0 {
+			if got := tinyParams(cfg); got != c.params {
+				t.Errorf("%s: %d parameters, the released model has %d", c.preset, got, c.params)
+			}
+		}
+		moeLayers := 0
+		for l := range cfg.NumHiddenLayers {
+			if cfg.isMoE(l) {
+				moeLayers++
+			}
+		}
+		if cfg.NumHiddenLayers != c.layers || cfg.attentionLayers() != c.attention || moeLayers != c.layers ||
+			cfg.NumExperts != c.experts || cfg.NumExpertsPerTok != c.perTok || cfg.SharedExpertIntermediateSize != c.sh || !cfg.moeRenorm {
+			t.Fatalf("%s: %d layers (%d attention, %d MoE), %d experts, %d a token, shared %d, renormalised %v", c.preset,
+				cfg.NumHiddenLayers, cfg.attentionLayers(), moeLayers, cfg.NumExperts, cfg.NumExpertsPerTok, cfg.SharedExpertIntermediateSize, cfg.moeRenorm)
+		}
+		perRank := func(s loraSpec) int {
+			n := 0
+			for _, m := range cfg.loraModules(s) {
+				n += m.params(1)
+			}
+			return n
+		}
+		for _, w := range []struct {
+			name string
+			spec loraSpec
+			want int
+		}{{"mlp", loraSpec{MLP: true}, c.mlp}, {"attn", loraSpec{Attn: true}, c.attn}, {"unembed", loraSpec{Unembed: true}, c.unembed}} {
+			if got := perRank(w.spec); got != w.want {
+				t.Errorf("%s %s: %d LoRA parameters per rank, Tinker counts %d", c.preset, w.name, got, w.want)
+			}
+		}
+	}
+}
+
+// copyModelDir copies a generated model's files but its weights into a new directory.
+func copyModelDir(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range entries {
+		if f.Name() == "model.safetensors" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, f.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+// A checkpoint with fused experts (transformers 5's and Qwen3.5-MoE's mlp.experts.gate_up_proj
+// [E, 2I, D], gate rows first, and mlp.experts.down_proj [E, D, I]) loads to the very model its
+// per-expert form does: the same logits bit for bit, with and without an adapter.
+func TestMoEFusedExpertCheckpointLoadsTheSame(t *testing.T) {
+	for _, arch := range moeArchs {
+		t.Run(string(arch), func(t *testing.T) {
+			src := tinyModel(t, arch)
+			f, err := safetensors.ReadFile(filepath.Join(src, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := LoadConfig(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]safetensors.Tensor{}
+			for name, tt := range f.Tensors {
+				if !strings.Contains(name, ".mlp.experts.") {
+					out[name] = tt
+				}
+			}
+			E, I, D := c.NumExperts, c.MoeIntermediateSize, c.HiddenSize
+			for l := range c.NumHiddenLayers {
+				if !c.isMoE(l) {
+					continue
+				}
+				p := c.layerPrefix(l) + "mlp.experts."
+				var gateUp, down []byte
+				for e := range E {
+					x := p + strconv.Itoa(e) + "."
+					gateUp = append(gateUp, f.Tensors[x+"gate_proj.weight"].Data...)
+					gateUp = append(gateUp, f.Tensors[x+"up_proj.weight"].Data...)
+					down = append(down, f.Tensors[x+"down_proj.weight"].Data...)
+				}
+				dt := f.Tensors[p+"0.gate_proj.weight"].DType
+				out[p+"gate_up_proj"] = safetensors.Tensor{DType: dt, Shape: []int{E, 2 * I, D}, Data: gateUp}
+				out[p+"down_proj"] = safetensors.Tensor{DType: dt, Shape: []int{E, D, I}, Data: down}
+			}
+			dst := copyModelDir(t, src)
+			if err := safetensors.WriteFile(filepath.Join(dst, "model.safetensors"), out, map[string]string{"format": "pt"}); err != nil {
+				t.Fatal(err)
+			}
+			sep := loadTiny(t, arch, Options{})
+			fused, err := Load(dst, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range []*Engine{sep, fused} {
+				adapterWithB(t, e, "x", LoraConfig{Rank: 3, Seed: 2, TrainAttn: true, TrainMLP: true},
+					func(i, j int) float64 { return 0.05 * math.Cos(float64(3*j+i)) })
+			}
+			for _, id := range []string{"", "x"} {
+				a, b := logitsOf(t, sep, id, referenceTokens), logitsOf(t, fused, id, referenceTokens)
+				if !slices.Equal(a, b) {
+					t.Fatalf("adapter %q: fused experts give other logits (max difference %.3g)", id, maxDiff(a, b))
+				}
+			}
+			// A fused tensor of the wrong shape is refused at load, naming it.
+			bad := copyModelDir(t, src)
+			p := c.layerPrefix(0) + "mlp.experts.down_proj"
+			tt := out[p]
+			out[p] = safetensors.Tensor{DType: tt.DType, Shape: []int{E, I, D}, Data: tt.Data}
+			if err := safetensors.WriteFile(filepath.Join(bad, "model.safetensors"), out, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Load(bad, Options{}); err == nil || !strings.Contains(err.Error(), "down_proj") {
+				t.Fatalf("a transposed fused down_proj: %v", err)
+			}
+			out[p] = tt
+		})
+	}
+}
+
+// norm_topk_prob false (transformers' default for Qwen3-MoE) weights experts by their plain
+// probabilities: the router's gradient then reaches every expert's logit, not only the chosen
+// ones'. The gradients still match finite differences, and the model differs from the
+// renormalised one.
+func TestMoEWithoutRenormalisation(t *testing.T) {
+	src := tinyModel(t, ArchQwen3MoE)
+	dst := copyModelDir(t, src)
+	b, err := os.ReadFile(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "model.safetensors"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	cb, _ := os.ReadFile(filepath.Join(src, "config.json"))
+	if err := json.Unmarshal(cb, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	delete(cfg, "norm_topk_prob") // absent: transformers' default, false
+	cb, _ = json.Marshal(cfg)
+	if err := os.WriteFile(filepath.Join(dst, "config.json"), cb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Load(dst, Options{Float64: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Config.moeRenorm {
+		t.Fatal("a config without norm_topk_prob renormalises")
+	}
+	checkMoEGradients(t, e, []int{5, 17, 300, 42})
+	if a, b := logitsOf(t, e, "", referenceTokens), logitsOf(t, loadTiny(t, ArchQwen3MoE, Options{Float64: true}), "", referenceTokens); maxDiff(a, b) < 1e-3 {
+		t.Fatalf("renormalising changes the logits by %.3g only", maxDiff(a, b))
 	}
 }

@@ -257,11 +257,13 @@ func (c *Config) allLayerWeightElems() int {
 	return n
 }
 
-// layerWeightElemsOf is the size of layer l's linear weights, by its kind.
+// layerWeightElemsOf is the size of layer l's linear weights that a LoRA may merge into, by its
+// kind: a mixture of experts' experts add theirs (moe.go) and its router has none, so of its
+// block only the shared expert counts.
 func (c *Config) layerWeightElemsOf(l int) int {
 	D, mlp := c.HiddenSize, 3*c.HiddenSize*c.IntermediateSize
-	if c.isMoE(l) { // router, experts, shared expert and its gate
-		mlp = D*c.NumExperts + 3*D*c.MoeIntermediateSize*c.NumExperts + 3*D*c.SharedExpertIntermediateSize + D
+	if c.isMoE(l) {
+		mlp = 3 * D * c.SharedExpertIntermediateSize
 	}
 	if c.isDeltaNet(l) {
 		d := c.dnDims()

@@ -288,3 +288,63 @@ func TestMoEWithoutRenormalisation(t *testing.T) {
 		t.Fatalf("renormalising changes the logits by %.3g only", maxDiff(a, b))
 	}
 }
+
+// Writes the inputs for scripts/reference_moe.py (development time only): the generated MoE
+// models (InitTiny is deterministic), each with the fixture's adapter saved in Tinker's layout.
+//
+//	SKEIN_REFERENCE_INPUTS=/tmp/moe go test ./engine -run TestWriteMoEReferenceInputs
+//	/usr/bin/python3 scripts/reference_moe.py /tmp/moe engine/testdata/reference_moe.json
+func TestWriteMoEReferenceInputs(t *testing.T) {
+	dir := os.Getenv("SKEIN_REFERENCE_INPUTS")
+	if dir == "" {
+		t.Skip("set SKEIN_REFERENCE_INPUTS=DIR to write the reference inputs")
+	}
+	var cases []referenceCase
+	for _, arch := range moeArchs {
+		md := filepath.Join(dir, string(arch))
+		if err := InitTiny(md, arch, "tiny-moe", 1); err != nil {
+			t.Fatal(err)
+		}
+		e, err := Load(md, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		referenceAdapter(t, e)
+		if err := e.SaveAdapter(context.Background(), "ref", filepath.Join(md, "adapter"), false); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, referenceCase{Arch: arch, Tokens: referenceTokens}, referenceCase{Arch: arch, Tokens: referenceTokens, Adapter: true})
+	}
+	b, _ := json.Marshal(map[string]any{"cases": cases})
+	if err := os.WriteFile(filepath.Join(dir, "inputs.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The engine's MoE logits equal an independent float64 transcription of Hugging Face's sparse
+// blocks (scripts/reference_moe.py: a loop over the experts that received tokens, index_add of
+// each one's output times its weight; each expert's LoRA applied to its own weight as the
+// cookbook expands Tinker's layout for PEFT), with and without an adapter on every module kind
+// (attention, DeltaNet, experts, shared expert, head), through the sampler's prefill and a
+// training pass's logprobs; in float64 to 1e-10, in float32 to 1e-4.
+func TestMoELogitsMatchReference(t *testing.T) {
+	b, err := os.ReadFile("testdata/reference_moe.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fix struct {
+		Cases []referenceCase `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &fix); err != nil {
+		t.Fatal(err)
+	}
+	if len(fix.Cases) != 2*len(moeArchs) {
+		t.Fatalf("fixture has %d cases", len(fix.Cases))
+	}
+	for _, c := range fix.Cases {
+		for _, f64 := range []bool{true, false} {
+			tol := map[bool]float64{true: 1e-10, false: 1e-4}[f64]
+			checkReferenceCase(t, loadTinyFresh(t, c.Arch, Options{Float64: f64}), c, f64, tol)
+		}
+	}
+}

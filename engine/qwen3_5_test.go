@@ -228,12 +228,17 @@ func TestQwen35LogitsMatchReference(t *testing.T) {
 // checkQwen35Reference compares one fixture case, in the float64 engine or the float32 one
 // (tolerances: qwen35RefTol).
 func checkQwen35Reference(t *testing.T, c referenceCase, f64 bool) {
-	tol := qwen35RefTol[f64]
+	e := loadTinyFresh(t, c.Arch, Options{Float64: f64})
+	if d := e.Config.dnDims(); d.Hk >= d.Hv || d.dk == d.dv {
+		t.Fatalf("the generated model must have fewer key than value heads and dk ≠ dv: %+v", d)
+	}
+	checkReferenceCase(t, e, c, f64, qwen35RefTol[f64])
+}
+
+// checkReferenceCase compares engine e's logits (the sampler's prefill) and its training pass's
+// logprobs with one fixture case's, within tol.
+func checkReferenceCase(t *testing.T, e *Engine, c referenceCase, f64 bool, tol float64) {
 	{
-		e := loadTinyFresh(t, c.Arch, Options{Float64: f64})
-		if d := e.Config.dnDims(); d.Hk >= d.Hv || d.dk == d.dv {
-			t.Fatalf("the generated model must have fewer key than value heads and dk ≠ dv: %+v", d)
-		}
 		id := ""
 		if c.Adapter {
 			if !e.HasAdapter(context.Background(), "ref") {

@@ -101,7 +101,14 @@ def chunk_gated_delta_rule(q, k, v, g, beta, C=CHUNK):
     return out
 
 
-def forward(md, tokens, with_adapter):
+def dense_mlp(m, x, W, lin, tc):
+    """Qwen3_5MLP: down(silu(gate(x)) * up(x))."""
+    return lin(m + "down_proj")(F.silu(lin(m + "gate_proj")(x)) * lin(m + "up_proj")(x))
+
+
+def forward(md, tokens, with_adapter, mlp=dense_mlp):
+    """The logits [T, V]; mlp(prefix, x, W, lin, text_config) is each layer's feed-forward block
+    (scripts/reference_moe.py passes a mixture of experts)."""
     cfg = json.loads((md / "config.json").read_text())
     vl = "text_config" in cfg
     tc = cfg["text_config"] if vl else cfg
@@ -183,8 +190,7 @@ def forward(md, tokens, with_adapter):
             att = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), v).reshape(T, H * hd)
             h = h + lin(s_ + "o_proj")(att * torch.sigmoid(gate))
         x = rms_zero_centred(h, W[p + "post_attention_layernorm.weight"], eps)
-        m = p + "mlp."
-        h = h + lin(m + "down_proj")(F.silu(lin(m + "gate_proj")(x)) * lin(m + "up_proj")(x))
+        h = h + mlp(p + "mlp.", x, W, lin, tc)
     h = rms_zero_centred(h, W[P + "norm.weight"], eps)
     tied = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
     head = W[P + "embed_tokens.weight"] if tied else W["lm_head.weight"]

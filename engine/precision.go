@@ -115,7 +115,9 @@ func q4KMFormat(c *Config, name string) *quant.Format {
 		return quant.Q6_K
 	}
 	layer, ok := layerOf(c, name)
-	moreBits := strings.HasSuffix(name, ".self_attn.v_proj.weight") || strings.HasSuffix(name, ".mlp.down_proj.weight") ||
+	// Every down_proj: the dense MLP's, each expert's and the shared expert's (llama.cpp gives
+	// every ffn_down* tensor more bits by the layer its name gives).
+	moreBits := strings.HasSuffix(name, ".self_attn.v_proj.weight") || strings.HasSuffix(name, "down_proj.weight") ||
 		strings.Contains(name, ".linear_attn.in_proj_q.") || strings.Contains(name, ".linear_attn.in_proj_k.") ||
 		strings.Contains(name, ".linear_attn.in_proj_v.")
 	if ok && moreBits && useMoreBits(layer, c.NumHiddenLayers) {

@@ -66,6 +66,9 @@ var Presets = map[string]Preset{
 	// under Qwen3-MoE's mlp_only_layers; every layer under Qwen3.5-MoE), a shared expert of 48.
 	"tiny-moe": {Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024,
 		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 32, SharedFFN: 48, DenseLayers: []int{1}},
+	// tiny-quant-moe: tiny-moe with rows of whole Q4_K blocks (256), 4 experts.
+	"tiny-quant-moe": {Hidden: 256, Layers: 3, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024,
+		Experts: 4, ExpertsPerTok: 2, ExpertFFN: 256, SharedFFN: 256, DenseLayers: []int{1}},
 	// qwen3-30b-a3b: Qwen3-30B-A3B's shape (--arch qwen3_moe): 48 layers of 128 experts of 768,
 	// 8 a token; 30.5B parameters, a 61 GB bf16 file written a chunk at a time.
 	"qwen3-30b-a3b": {Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128, FFN: 6144, Vocab: 151936, Context: 40960,
@@ -118,7 +121,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-moe, small, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-moe, tiny-quant-moe, small, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {

@@ -140,7 +140,8 @@ func ReadAdapterConfig(dir string) (LoraConfig, error) {
 		case "q_proj", "k_proj", "v_proj", "o_proj",
 			"in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj": // Qwen3.5's DeltaNet layers
 			c.TrainAttn = true
-		case "gate_proj", "up_proj", "down_proj":
+		case "gate_proj", "up_proj", "down_proj",
+			"w1", "w2", "w3": // a mixture of experts' experts, Tinker's names (moe.go)
 			c.TrainMLP = true
 		case "lm_head":
 			c.TrainUnembed = true

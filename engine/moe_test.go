@@ -348,3 +348,78 @@ func TestMoELogitsMatchReference(t *testing.T) {
 		}
 	}
 }
+
+// A MoE adapter saved with its optimizer state (Tinker's 3-D expert files) loads back to the
+// same numbers and trains on as the one that never left memory; its PEFT export expands each
+// expert's LoRA onto the expert's own modules (the form vLLM loads), slice for slice.
+func TestMoEAdapterSavesLoadsAndExportsExpanded(t *testing.T) {
+	e := loadTiny(t, ArchQwen3_5MoE, Options{})
+	a := adapterWithB(t, e, "s", LoraConfig{Rank: 3, Seed: 4, TrainAttn: true, TrainMLP: true},
+		func(i, j int) float64 { return 0.02 * math.Sin(float64(7*j+i)) })
+	ids := e.Tokenizer.Encode("Experts in a row, each with its own adapter.")
+	trainSteps(t, e, "s", ids, 2)
+	dir := t.TempDir()
+	if err := e.SaveAdapter(context.Background(), "s", dir, true); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.ReadFile(filepath.Join(dir, AdapterWeightsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := "base_model.model." + e.Config.layerPrefix(0) + "mlp.experts."
+	E, I, D, r := e.Config.NumExperts, e.Config.MoeIntermediateSize, e.Config.HiddenSize, 3
+	for name, shape := range map[string][]int{"w1.lora_A": {1, r, D}, "w1.lora_B": {E, I, r}, "w3.lora_A": {1, r, D},
+		"w2.lora_A": {E, r, I}, "w2.lora_B": {1, D, r}} {
+		if got := f.Tensors[p+name+".weight"].Shape; !slices.Equal(got, shape) {
+			t.Fatalf("%s saved as %v, Tinker's layout is %v", name, got, shape)
+		}
+	}
+	if err := e.LoadAdapter(context.Background(), "back", dir, true); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.adapter("back")
+	for i, q := range a.params {
+		if !slices.Equal(q.float64s('w'), b.params[i].float64s('w')) || !slices.Equal(q.float64s('v'), b.params[i].float64s('v')) {
+			t.Fatalf("%s: loaded numbers differ", q.name)
+		}
+	}
+	trainSteps(t, e, "s", ids, 1)
+	trainSteps(t, e, "back", ids, 1)
+	for i, q := range a.params {
+		if !slices.Equal(q.float64s('w'), b.params[i].float64s('w')) {
+			t.Fatalf("%s: a step after the reload differs", q.name)
+		}
+	}
+	out := t.TempDir()
+	if err := ExportAdapterPEFT(dir, e.Config, out); err != nil {
+		t.Fatal(err)
+	}
+	x, err := safetensors.ReadFile(filepath.Join(out, AdapterWeightsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f32 := func(tt safetensors.Tensor) []float32 { v, _ := tt.Float32(); return v }
+	w1B, w2A, w1A, w2B := f32(f.Tensors[p+"w1.lora_B.weight"]), f32(f.Tensors[p+"w2.lora_A.weight"]), f32(f.Tensors[p+"w1.lora_A.weight"]), f32(f.Tensors[p+"w2.lora_B.weight"])
+	for _, ex := range []int{0, E - 1} {
+		q := p + strconv.Itoa(ex) + "."
+		if got := f32(x.Tensors[q+"gate_proj.lora_B.weight"]); !slices.Equal(got, w1B[ex*I*r:(ex+1)*I*r]) {
+			t.Fatalf("expert %d gate_proj B is not w1.B[%d]", ex, ex)
+		}
+		if got := f32(x.Tensors[q+"gate_proj.lora_A.weight"]); !slices.Equal(got, w1A) {
+			t.Fatalf("expert %d gate_proj A is not the shared w1.A", ex)
+		}
+		if got := f32(x.Tensors[q+"down_proj.lora_A.weight"]); !slices.Equal(got, w2A[ex*r*I:(ex+1)*r*I]) || !slices.Equal(x.Tensors[q+"down_proj.lora_A.weight"].Shape, []int{r, I}) {
+			t.Fatalf("expert %d down_proj A is not w2.A[%d]", ex, ex)
+		}
+		if got := f32(x.Tensors[q+"down_proj.lora_B.weight"]); !slices.Equal(got, w2B) {
+			t.Fatalf("expert %d down_proj B is not the shared w2.B", ex)
+		}
+	}
+	if _, ok := x.Tensors[p+"w1.lora_A.weight"]; ok {
+		t.Fatal("the expanded export kept Tinker's 3-D tensors")
+	}
+	cfg, err := ReadAdapterConfig(out)
+	if err != nil || !cfg.TrainMLP || !cfg.TrainAttn || cfg.Rank != r {
+		t.Fatalf("exported adapter config %+v, %v", cfg, err)
+	}
+}

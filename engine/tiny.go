@@ -66,6 +66,11 @@ var Presets = map[string]Preset{
 	// under Qwen3-MoE's mlp_only_layers; every layer under Qwen3.5-MoE), a shared expert of 48.
 	"tiny-moe": {Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024,
 		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 32, SharedFFN: 48, DenseLayers: []int{1}},
+	// small-moe: the small preset with its MLP as 8 experts of half the width, 2 a token: the same
+	// active parameters a token, for comparing a mixture's step with a dense one's
+	// (skein bench engine on each).
+	"small-moe": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true,
+		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 768, SharedFFN: 768},
 	// tiny-quant-moe: tiny-moe with rows of whole Q4_K blocks (256), 4 experts.
 	"tiny-quant-moe": {Hidden: 256, Layers: 3, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024,
 		Experts: 4, ExpertsPerTok: 2, ExpertFFN: 256, SharedFFN: 256, DenseLayers: []int{1}},
@@ -121,7 +126,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-moe, tiny-quant-moe, small, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-moe, tiny-quant-moe, small, small-moe, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {

@@ -289,8 +289,14 @@ func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 	out := s.op.MixRows(y, w, r.pos)
 	for _, run := range runs {
 		if lm := run.lm[2]; lm != nil {
-			hac := s.op.MixRows(run.ha, w, r.pos)
-			s.op.MatMulAdd(out, s.op.Scale(hac, run.scale), lm.b, true)
+			// The run's rows only: its tokens' experts' rank-r rows mixed, then its shared B.
+			wr := w
+			if run.r0 != 0 || run.r1 != N {
+				wr = s.op.Rows(w, run.r0, run.r1)
+			}
+			hac := s.op.MixRows(run.ha, wr, r.pos[run.r0*f.k:run.r1*f.k])
+			t := s.op.MatMul(s.op.Scale(hac, run.scale), lm.b, 0, true)
+			s.op.ScatterAdd(out, t, span(run.r0, run.r1))
 			if a != nil {
 				a.hac = hac
 			}

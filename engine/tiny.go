@@ -44,6 +44,9 @@ type Preset struct {
 	// and the layers kept dense (Qwen3-MoE's mlp_only_layers).
 	Experts, ExpertsPerTok, ExpertFFN, SharedFFN int
 	DenseLayers                                  []int
+	// Vision: a vision tower where the family's is optional (Qwen3.5's VL class; Qwen3-VL
+	// always has one).
+	Vision bool
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
@@ -62,6 +65,8 @@ var Presets = map[string]Preset{
 	// 8b: Llama-3.1-8B's shape with --arch llama (8.0B parameters, a 16 GB bf16 file), for
 	// measuring training memory at 8B; written a chunk at a time, so generating it takes a few MB.
 	"8b": {Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192, BF16: true, FillVocab: true},
+	// tiny-vl: tiny with a vision tower (Qwen3.5's VL class: its tower and interleaved mRoPE).
+	"tiny-vl": {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024, Vision: true},
 	// tiny-moe: tiny with 8 experts of width 32, 2 a token, on layers 0 and 2 of 3 (layer 1 dense
 	// under Qwen3-MoE's mlp_only_layers; every layer under Qwen3.5-MoE), a shared expert of 48.
 	"tiny-moe": {Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024,
@@ -113,6 +118,11 @@ type tinyExtras interface {
 	tinyFiles(dir string, c *Config) error
 }
 
+// optionalExtras is a tinyExtras family whose extras only some presets ask for.
+type optionalExtras interface {
+	hasExtras(p Preset) bool
+}
+
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
 // config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
 // tokenizer_config.json with a ChatML chat template.
@@ -126,7 +136,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-moe, tiny-quant-moe, small, small-moe, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-vl, tiny-moe, tiny-quant-moe, small, small-moe, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {
@@ -137,6 +147,9 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 		return fmt.Errorf("architecture %q has no generated models", arch)
 	}
 	extras, _ := a.(tinyExtras)
+	if o, ok := a.(optionalExtras); ok && !o.hasExtras(p) {
+		extras = nil
+	}
 	specials := slices.Clone(SpecialTokens)
 	if extras != nil {
 		specials = append(specials, extras.tinySpecials()...)

@@ -65,6 +65,7 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	}
 	text["layer_types"] = types
 	text["head_dim"] = hd
+	visionKeys := p.Vision && f.lmPrefix != ""
 	kd, vd, hk, hv := p.Hidden/8, p.Hidden/8+p.Hidden/32, p.Heads/2, p.Heads
 	if p.LinearKeyHeads > 0 {
 		kd, vd, hk, hv = p.LinearKeyDim, p.LinearValueDim, p.LinearKeyHeads, p.LinearValueHeads
@@ -74,7 +75,17 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	text["linear_conv_kernel_dim"] = 4
 	text["mamba_ssm_dtype"] = "float32"
 	delete(text, "rope_theta")
-	text["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+	rope := map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+	if visionKeys {
+		// Interleaved mRoPE over the rotating quarter: Qwen3.5's [11, 11, 10] of 32, scaled.
+		half := int(float64(hd)*0.25) / 2
+		hs := half * 11 / 32
+		rope["mrope_interleaved"], rope["mrope_section"] = true, []int{half - 2*hs, hs, hs}
+		if hs == 0 {
+			rope["mrope_section"] = []int{half - 2, 1, 1}
+		}
+	}
+	text["rope_parameters"] = rope
 	if f.lmPrefix == "" {
 		// The text-only class generates the untied shape (Qwen3.5-9B's), the VL one the tied (4B's).
 		text["tie_word_embeddings"] = false
@@ -95,6 +106,35 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	}
 	cfg["text_config"] = text
 	cfg["tie_word_embeddings"] = true
+	if visionKeys {
+		vc := tinyVision
+		vc.OutHiddenSize = p.Hidden
+		cfg["vision_config"] = map[string]any{"model_type": "qwen3_5", "depth": vc.Depth, "hidden_size": vc.HiddenSize,
+			"hidden_act": vc.HiddenAct, "intermediate_size": vc.IntermediateSize, "num_heads": vc.NumHeads,
+			"in_channels": vc.InChannels, "patch_size": vc.PatchSize, "spatial_merge_size": vc.SpatialMergeSize,
+			"temporal_patch_size": vc.TemporalPatchSize, "out_hidden_size": vc.OutHiddenSize,
+			"num_position_embeddings": vc.NumPositionEmbeddings, "deepstack_visual_indexes": []int{},
+			"initializer_range": 0.02}
+	}
+}
+
+// The VL class's generated model with a vision tower (the tiny-vl preset) has Qwen3-VL's extras:
+// vision tokens, their ids, the image processor's config and a chat template for images.
+var (
+	_ tinyExtras     = (*qwen3_5Family)(nil)
+	_ optionalExtras = (*qwen3_5Family)(nil)
+)
+
+func (f *qwen3_5Family) hasExtras(p Preset) bool { return p.Vision && f.lmPrefix != "" }
+
+func (*qwen3_5Family) tinySpecials() []string { return (*qwen3VLFamily)(nil).tinySpecials() }
+
+func (*qwen3_5Family) tinyTokens(cfg map[string]any, id func(string) int) {
+	(*qwen3VLFamily)(nil).tinyTokens(cfg, id)
+}
+
+func (*qwen3_5Family) tinyFiles(dir string, c *Config) error {
+	return (*qwen3VLFamily)(nil).tinyFiles(dir, c)
 }
 
 // Tiny VL tower: 16×16 patches over 2 frames as real checkpoints have, a 4×4 table of learned

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/safetensors"
 )
 
@@ -113,34 +114,35 @@ func (f *moeFFN[E]) linears() []*linear[E] {
 	return out
 }
 
-// routing is where each token's experts' rows are: tokens grouped by expert, in expert order and
-// within an expert by token, so that each expert's rows are one block of the grouped tensors.
+// routing is where each token's experts' rows are: the (token, slot) pairs grouped by expert, in
+// expert order and within an expert by token, so that each expert's rows are one block of the
+// grouped tensors [P, ·] (P = N·k), the same size every pass.
 type routing struct {
 	k       int
 	experts []int   // [N·k]: token n's j-th expert
 	tokens  [][]int // by expert: its tokens, ascending
-	off     []int   // by expert: its first row in the grouped tensors
+	offs    []int   // [E+1]: expert e's rows are [offs[e], offs[e+1])
+	order   []int   // [P]: the token of each grouped row
 	pos     []int   // [N·k]: the grouped row of (n, j)
 }
 
 func groupByExpert(experts []int, N, k, numExperts int) *routing {
-	r := &routing{k: k, experts: experts, tokens: make([][]int, numExperts), off: make([]int, numExperts), pos: make([]int, N*k)}
+	r := &routing{k: k, experts: experts, tokens: make([][]int, numExperts), offs: make([]int, numExperts+1), pos: make([]int, N*k)}
 	for n := range N {
 		for j := range k {
 			e := experts[n*k+j]
 			r.tokens[e] = append(r.tokens[e], n)
 		}
 	}
-	at := 0
 	for e, toks := range r.tokens {
-		r.off[e] = at
-		at += len(toks)
+		r.offs[e+1] = r.offs[e] + len(toks)
+		r.order = append(r.order, toks...)
 	}
 	seen := make([]int, numExperts)
 	for n := range N {
 		for j := range k {
 			e := experts[n*k+j]
-			r.pos[n*k+j] = r.off[e] + seen[e]
+			r.pos[n*k+j] = r.offs[e] + seen[e]
 			seen[e]++
 		}
 	}
@@ -152,13 +154,16 @@ type expertRun[E float] struct {
 	r0, r1 int
 	lm     [3]*loraMats[E]
 	scale  E
-	xas    [2]mat[E] // scale·x·Aᵀ of gate and up over the run's rows [r1−r0, r]
-	ha     mat[E]    // down's act_e·A_eᵀ rows, grouped [P, r]
+	// The run's grouped rows: which of the grouped tensors' rows are its tokens' (rows), and
+	// each expert's part of them (offs).
+	rows, offs []int
+	xag        [2]mat[E] // scale·x·Aᵀ of gate and up at the run's grouped rows [len(rows), r]
+	ha         mat[E]    // down's act·A_eᵀ over every grouped row (zero outside the run) [P, r]
 }
 
 // expertRuns are the runs of rows whose experts carry a LoRA: the whole pass's adapter, or each
 // adapter of a pass over rows of several (segments.go).
-func (s *pass[E]) expertRuns(f *moeFFN[E], N int) []*expertRun[E] {
+func (s *pass[E]) expertRuns(f *moeFFN[E], N int, r *routing) []*expertRun[E] {
 	pick := func(lora []*loraMats[E]) (lm [3]*loraMats[E], any bool) {
 		for j, id := range f.lora {
 			if id < len(lora) && lora[id] != nil {
@@ -167,37 +172,51 @@ func (s *pass[E]) expertRuns(f *moeFFN[E], N int) []*expertRun[E] {
 		}
 		return lm, any
 	}
+	var runs []*expertRun[E]
 	if s.segs == nil {
 		if lm, ok := pick(s.lora); ok {
-			return []*expertRun[E]{{r0: 0, r1: N, lm: lm, scale: s.scale}}
+			runs = append(runs, &expertRun[E]{r0: 0, r1: N, lm: lm, scale: s.scale})
 		}
-		return nil
+	} else {
+		for _, g := range s.rowRuns(N) {
+			if g.seg < 0 {
+				continue
+			}
+			if lm, ok := pick(s.segs[g.seg].lora); ok {
+				runs = append(runs, &expertRun[E]{r0: g.r0, r1: g.r1, lm: lm, scale: s.segs[g.seg].scale})
+			}
+		}
 	}
-	var runs []*expertRun[E]
-	for _, g := range s.rowRuns(N) {
-		if g.seg < 0 {
-			continue
-		}
-		if lm, ok := pick(s.segs[g.seg].lora); ok {
-			runs = append(runs, &expertRun[E]{r0: g.r0, r1: g.r1, lm: lm, scale: s.segs[g.seg].scale})
+	for _, run := range runs {
+		run.offs = make([]int, len(r.tokens)+1)
+		for e, toks := range r.tokens {
+			lo, hi := sort.SearchInts(toks, run.r0), sort.SearchInts(toks, run.r1)
+			for i := lo; i < hi; i++ {
+				run.rows = append(run.rows, r.offs[e]+i)
+			}
+			run.offs[e+1] = run.offs[e] + hi - lo
 		}
 	}
 	return runs
-}
-
-// within is the part [a, b) of an expert's sorted tokens that lies in rows [r0, r1).
-func within(toks []int, r0, r1 int) (a, b int) {
-	return sort.SearchInts(toks, r0), sort.SearchInts(toks, r1)
 }
 
 // moeActs are what the block's backward reads.
 type moeActs[E float] struct {
 	x, logits, w, y mat[E]
 	r               *routing
-	g, u, sig, act  []mat[E] // by expert (empty: no token)
+	g, u, sig, act  mat[E] // grouped [P, I]
 	run             *expertRun[E]
 	hac             mat[E] // down's LoRA rows mixed [N, r]
 	sh, sg          mat[E] // the shared expert's output before its gate, and the gate's logit [N, 1]
+}
+
+// weights are the experts' projections of one kind (0 gate, 1 up, 2 down), by expert.
+func (f *moeFFN[E]) weights(kind int) []backend.Weight {
+	ws := make([]backend.Weight, len(f.experts))
+	for e, x := range f.experts {
+		ws[e] = [3]*linear[E]{x.gate, x.up, x.down}[kind].w
+	}
+	return ws
 }
 
 func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
@@ -208,102 +227,71 @@ func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 		return s.op.Zeros(N, D)
 	}
 	r := groupByExpert(experts, N, f.k, len(f.experts))
-	runs := s.expertRuns(f, N)
-	for _, run := range runs {
-		xr := x
-		if run.r0 != 0 || run.r1 != N {
-			xr = s.op.Rows(x, run.r0, run.r1)
-		}
-		for j := range 2 {
-			if lm := run.lm[j]; lm != nil {
-				xa := s.op.MatMul(xr, lm.a, 0, true)
-				run.xas[j] = s.op.Scale(xa, run.scale)
-				s.op.ReleaseOne(xa)
-			}
-		}
-		if lm := run.lm[2]; lm != nil {
-			run.ha = s.op.Zeros(N*f.k, lm.a.Dims[0]/len(f.experts))
-		}
-	}
+	P := N * f.k
+	runs := s.expertRuns(f, N, r)
 	var a *moeActs[E]
 	if la != nil {
-		a = &moeActs[E]{x: x, logits: logits, w: w, r: r, g: make([]mat[E], len(f.experts)), u: make([]mat[E], len(f.experts)),
-			sig: make([]mat[E], len(f.experts)), act: make([]mat[E], len(f.experts))}
+		a = &moeActs[E]{x: x, logits: logits, w: w, r: r}
 		if len(runs) > 0 {
 			a.run = runs[0] // a training pass has one adapter
 		}
 		la.moe = a
 	}
-	y := s.op.Alloc(N*f.k, D)
-	for e, toks := range r.tokens {
-		n := len(toks)
-		if n == 0 {
+	xg := s.op.GatherRows(x, r.order)
+	g := s.op.ProductGrouped(xg, f.weights(0), r.offs, false)
+	u := s.op.ProductGrouped(xg, f.weights(1), r.offs, false)
+	s.op.ReleaseOne(xg)
+	for _, run := range runs {
+		if len(run.rows) == 0 {
 			continue
 		}
-		m0 := s.op.Mark()
-		ex := &f.experts[e]
-		xe := s.op.GatherRows(x, toks)
-		g := s.op.Product(xe, ex.gate.w, false)
-		u := s.op.Product(xe, ex.up.w, false)
-		for _, run := range runs {
-			lo, hi := within(toks, run.r0, run.r1)
-			if lo == hi {
+		// gate and up += scale·(x·Aᵀ)·B_eᵀ: x·Aᵀ once for the run's tokens, then each expert's B.
+		toks := make([]int, len(run.rows))
+		for i, p := range run.rows {
+			toks[i] = r.order[p]
+		}
+		for j, proj := range []mat[E]{g, u} {
+			lm := run.lm[j]
+			if lm == nil {
 				continue
 			}
-			for j, proj := range []mat[E]{g, u} {
-				if lm := run.lm[j]; lm != nil {
-					rows := make([]int, hi-lo)
-					for i := range rows {
-						rows[i] = toks[lo+i] - run.r0
-					}
-					be := s.op.Rows(lm.b, e*I, (e+1)*I)
-					t := s.op.MatMul(s.op.GatherRows(run.xas[j], rows), be, 0, true)
-					s.op.ScatterAdd(proj, t, span(lo, hi))
-				}
-			}
+			xt := s.op.GatherRows(x, toks)
+			xa := s.op.MatMul(xt, lm.a, 0, true)
+			run.xag[j] = s.op.Scale(xa, run.scale)
+			s.op.ReleaseOne(xt)
+			s.op.ReleaseOne(xa)
+			t := s.op.MatMulGrouped(run.xag[j], lm.b, run.offs, I, true)
+			s.op.ScatterAdd(proj, t, run.rows)
+			s.op.ReleaseOne(t)
 		}
-		act, sig := s.op.Alloc(n, I), s.op.Alloc(n, I)
-		s.op.SiluGate(g, u, sig, act, s.e.ggmlNorms())
-		ye := s.op.Product(act, ex.down.w, false)
-		s.op.SetRows(y, ye, r.off[e])
-		for _, run := range runs {
-			lm := run.lm[2]
-			lo, hi := within(toks, run.r0, run.r1)
-			if lm == nil || lo == hi {
-				continue
-			}
-			rank := run.ha.Dims[1]
-			ae := s.op.Rows(lm.a, e*rank, (e+1)*rank)
-			part := act
-			if lo != 0 || hi != n {
-				part = s.op.Rows(act, lo, hi)
-			}
-			s.op.SetRows(run.ha, s.op.MatMul(part, ae, 0, true), r.off[e]+lo)
-		}
-		if a != nil {
-			a.g[e], a.u[e], a.sig[e], a.act[e] = g, u, sig, act
-			continue
-		}
-		s.op.Release(m0, s.op.Mark())
 	}
+	act, sig := s.op.Alloc(P, I), s.op.Alloc(P, I)
+	s.op.SiluGate(g, u, sig, act, s.e.ggmlNorms())
+	y := s.op.ProductGrouped(act, f.weights(2), r.offs, false)
 	out := s.op.MixRows(y, w, r.pos)
 	for _, run := range runs {
-		if lm := run.lm[2]; lm != nil {
-			// The run's rows only: its tokens' experts' rank-r rows mixed, then its shared B.
-			wr := w
-			if run.r0 != 0 || run.r1 != N {
-				wr = s.op.Rows(w, run.r0, run.r1)
-			}
-			hac := s.op.MixRows(run.ha, wr, r.pos[run.r0*f.k:run.r1*f.k])
-			t := s.op.MatMul(s.op.Scale(hac, run.scale), lm.b, 0, true)
-			s.op.ScatterAdd(out, t, span(run.r0, run.r1))
-			if a != nil {
-				a.hac = hac
-			}
+		lm := run.lm[2]
+		if lm == nil || len(run.rows) == 0 {
+			continue
 		}
-	}
-	if a != nil {
-		a.y = y
+		// down += scale·B·Σ_j w_j·A_e·act: each expert's rank-r rows, mixed per token, then B.
+		rank := lm.a.Dims[0] / len(f.experts)
+		at := s.op.GatherRows(act, run.rows)
+		ha := s.op.MatMulGrouped(at, lm.a, run.offs, rank, true)
+		run.ha = s.op.Zeros(P, rank)
+		s.op.ScatterAdd(run.ha, ha, run.rows)
+		s.op.ReleaseOne(at)
+		s.op.ReleaseOne(ha)
+		wr := w
+		if run.r0 != 0 || run.r1 != N {
+			wr = s.op.Rows(w, run.r0, run.r1)
+		}
+		hac := s.op.MixRows(run.ha, wr, r.pos[run.r0*f.k:run.r1*f.k])
+		t := s.op.MatMul(s.op.Scale(hac, run.scale), lm.b, 0, true)
+		s.op.ScatterAdd(out, t, span(run.r0, run.r1))
+		if a != nil {
+			a.hac = hac
+		}
 	}
 	if f.shared != nil {
 		sh := f.shared.forward(s, x, la)
@@ -312,6 +300,9 @@ func (f *moeFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 		if a != nil {
 			a.sh, a.sg = sh, sg
 		}
+	}
+	if a != nil {
+		a.y, a.g, a.u, a.sig, a.act = y, g, u, sig, act
 	}
 	return out
 }
@@ -328,6 +319,7 @@ func span(lo, hi int) []int {
 func (f *moeFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 	a := la.moe
 	N, D, I := dy.Dims[0], s.c.HiddenSize, f.width
+	r := a.r
 	var lm [3]*loraMats[E]
 	if a.run != nil {
 		lm = a.run.lm
@@ -342,71 +334,41 @@ func (f *moeFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
 		dxShared = f.shared.backward(s, dsh, la)
 		s.op.Add(dxShared, *s.linearBack(dsg, f.sharedGate, true))
 	}
-	dY, dw := s.op.MixRowsBack(dy, a.y, a.w, a.r.pos)
-	var dHA, dA2 mat[E]
+	dY, dw := s.op.MixRowsBack(dy, a.y, a.w, r.pos)
+	dact := s.op.ProductGrouped(dY, f.weights(2), r.offs, true)
+	s.op.ReleaseOne(dY)
 	if lm[2] != nil {
-		// out += scale·hac·Bᵀ: dB = scale·dyᵀ·hac, d hac = scale·dy·B, then through the mix.
+		// out += scale·hac·Bᵀ: dB = scale·dyᵀ·hac, d hac = scale·dy·B, then through the mix to
+		// each expert's rank-r rows: dA_e = dHA_eᵀ·act_e, d act += dHA·A_e.
 		dB := s.op.MatMul(s.op.Transpose(a.hac, s.scale), dy, 0, false) // [r, D]
 		s.op.AddGrad(grads[lm[2].bi], dB, true)
 		dhac := s.op.Scale(s.op.MatMul(dy, lm[2].b, 0, false), s.scale)
-		var dw2 mat[E]
-		dHA, dw2 = s.op.MixRowsBack(dhac, a.run.ha, a.w, a.r.pos)
+		dHA, dw2 := s.op.MixRowsBack(dhac, a.run.ha, a.w, r.pos)
 		s.op.Add(dw, dw2)
-		dA2 = s.op.Zeros(lm[2].a.Dims...)
+		s.op.AddGrad(grads[lm[2].ai], s.op.MatMulGroupedTN(dHA, a.act, r.offs), false)
+		rank := lm[2].a.Dims[0] / len(f.experts)
+		s.op.Add(dact, s.op.MatMulGrouped(dHA, lm[2].a, r.offs, rank, false))
 	}
-	var dGB, dB [2]mat[E]
-	for j := range 2 {
-		if lm[j] != nil {
-			dGB[j], dB[j] = s.op.Zeros(N, lm[j].a.Dims[0]), s.op.Zeros(lm[j].b.Dims...)
-		}
-	}
+	dg, du := s.op.Alloc(N*f.k, I), s.op.Alloc(N*f.k, I)
+	s.op.SiluGateBack(dact, a.g, a.u, a.sig, dg, du)
+	dxg := s.op.ProductGrouped(dg, f.weights(0), r.offs, true)
+	s.op.Add(dxg, s.op.ProductGrouped(du, f.weights(1), r.offs, true))
 	dx := s.op.Zeros(N, D)
-	for e, toks := range a.r.tokens {
-		n := len(toks)
-		if n == 0 {
-			continue
-		}
-		m0 := s.op.Mark()
-		ex := &f.experts[e]
-		off := a.r.off[e]
-		dact := s.op.Product(s.op.Rows(dY, off, off+n), ex.down.w, true)
-		if lm[2] != nil {
-			rank := dHA.Dims[1]
-			ae := s.op.Rows(lm[2].a, e*rank, (e+1)*rank)
-			dha := s.op.Rows(dHA, off, off+n)
-			s.op.MatMulAdd(dact, dha, ae, false)
-			s.op.SetRows(dA2, s.op.MatMul(s.op.Transpose(dha, 1), a.act[e], 0, false), e*rank)
-		}
-		dg, du := s.op.Alloc(n, I), s.op.Alloc(n, I)
-		s.op.SiluGateBack(dact, a.g[e], a.u[e], a.sig[e], dg, du)
-		dxe := s.op.Product(dg, ex.gate.w, true)
-		s.op.Add(dxe, s.op.Product(du, ex.up.w, true))
-		for j, dproj := range []mat[E]{dg, du} {
-			if lm[j] == nil {
-				continue
-			}
-			be := s.op.Rows(lm[j].b, e*I, (e+1)*I)
-			s.op.ScatterAdd(dGB[j], s.op.MatMul(dproj, be, 0, false), toks)
-			xas := s.op.GatherRows(a.run.xas[j], toks)
-			s.op.SetRows(dB[j], s.op.MatMul(s.op.Transpose(dproj, 1), xas, 0, false), e*I)
-		}
-		s.op.ScatterAdd(dx, dxe, toks)
-		s.op.Release(m0, s.op.Mark())
-	}
-	for j := range 2 {
+	s.op.ScatterAdd(dx, dxg, r.order)
+	for j, dproj := range []mat[E]{dg, du} {
 		if lm[j] == nil {
 			continue
 		}
-		// gate/up += scale·(x·Aᵀ)·B_eᵀ: dA = scale·(Σ_e dproj·B_e)ᵀ·x, dx += scale·(Σ_e dproj·B_e)·A.
-		s.op.AddGrad(grads[lm[j].ai], s.op.MatMul(s.op.Transpose(dGB[j], s.scale), a.x, 0, false), false)
-		s.op.AddGrad(grads[lm[j].bi], dB[j], false)
-		s.op.MatMulAdd(dx, s.op.Scale(dGB[j], s.scale), lm[j].a, false)
-	}
-	if lm[2] != nil {
-		s.op.AddGrad(grads[lm[2].ai], dA2, false)
+		// gate/up += scale·(x·Aᵀ)·B_eᵀ: dB_e = dproj_eᵀ·(scale·x·Aᵀ)_e; with dGB the rows
+		// Σ_e dproj·B_e per token, dA = scale·dGBᵀ·x and dx += scale·dGB·A.
+		s.op.AddGrad(grads[lm[j].bi], s.op.MatMulGroupedTN(dproj, a.run.xag[j], r.offs), false)
+		dGB := s.op.Zeros(N, lm[j].a.Dims[0])
+		s.op.ScatterAdd(dGB, s.op.MatMulGrouped(dproj, lm[j].b, r.offs, I, false), r.order)
+		s.op.AddGrad(grads[lm[j].ai], s.op.MatMul(s.op.Transpose(dGB, s.scale), a.x, 0, false), false)
+		s.op.MatMulAdd(dx, s.op.Scale(dGB, s.scale), lm[j].a, false)
 	}
 	// The router is frozen, but its path carries gradient to x all the same.
-	dlogits := s.op.RouteBack(a.logits, a.w, a.r.experts, dw, f.renorm)
+	dlogits := s.op.RouteBack(a.logits, a.w, r.experts, dw, f.renorm)
 	s.op.Add(dx, *s.linearBack(dlogits, f.router, true))
 	if f.shared != nil {
 		s.op.Add(dx, dxShared)

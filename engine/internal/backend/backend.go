@@ -228,6 +228,16 @@ type Ops[E Float] interface {
 	MixRowsBack(dOut, y, w Tensor[E], pos []int) (dy, dw Tensor[E])
 	// ScatterAdd adds row i of src to row rows[i] of dst, i in order.
 	ScatterAdd(dst, src Tensor[E], rows []int)
+	// Grouped products: rows of x in groups g = [offs[g], offs[g+1]) (a mixture's rows grouped
+	// by expert), each group multiplied by its own matrix into its rows of one output.
+	// ProductGrouped multiplies group g by ws[g] (x·W, or x·Wᵀ when transposed).
+	ProductGrouped(x Tensor[E], ws []Weight, offs []int, transposed bool) Tensor[E]
+	// MatMulGrouped multiplies group g by block g of y, y's rows [g·block, (g+1)·block):
+	// x_g·y_gᵀ when transB (the output block wide), else x_g·y_g.
+	MatMulGrouped(x, y Tensor[E], offs []int, block int, transB bool) Tensor[E]
+	// MatMulGroupedTN returns [G·a, b] whose block g is x_gᵀ·y_g for x [P, a], y [P, b] (zero
+	// for an empty group): an expert-stacked LoRA factor's gradient.
+	MatMulGroupedTN(x, y Tensor[E], offs []int) Tensor[E]
 
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output

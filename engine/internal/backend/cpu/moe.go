@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
+	"github.com/skein-ai/skein/engine/internal/kernels"
 )
 
 // Mixtures of experts: routing, and each token's experts' outputs mixed by their weights. The
@@ -159,4 +160,116 @@ func (s *step[E]) ScatterAdd(dst, src backend.Tensor[E], rows []int) {
 			d[j] += x
 		}
 	}
+}
+
+// Grouped products: a mixture of experts' rows grouped by expert, each group multiplied by its
+// own matrix, in one tensor. Where the step's products read Go memory (float32 on the kernels'
+// GEMM) a group's rows are a view of the grouped tensor and each product writes into its rows
+// of the output: a step allocates a few tensors of the grouped size, the same every pass,
+// rather than one per expert whose sizes change with the routing (the pool keeps buffers by
+// shape: a training step of the small-moe preset left 1.3 GB to the collector). Elsewhere
+// (float64, the scalar path) the groups are copied out and back.
+
+// views reports whether this step's products take views of a tensor's rows.
+func (s *step[E]) views() bool {
+	var zero E
+	_, f32 := any(zero).(float32)
+	return f32 && kernels.HaveGEMM()
+}
+
+// rowsOf is rows [r0, r1) of a 2-D x: a view where products take them, else a copy.
+func (s *step[E]) rowsOf(x backend.Tensor[E], r0, r1 int, view bool) backend.Tensor[E] {
+	if view {
+		c := x.Dims[1]
+		return backend.Tensor[E]{Dims: []int{r1 - r0, c}, V: x.V[r0*c : r1*c]}
+	}
+	return s.Rows(x, r0, r1)
+}
+
+// into runs op, whose result has out's rows [r0, r1), writing it there: straight into them
+// where the step can (AllocInto), else copied.
+func (s *step[E]) into(out backend.Tensor[E], r0, r1 int, view bool, op func() backend.Tensor[E]) {
+	c := out.Dims[1]
+	dst := out.V[r0*c : r1*c]
+	if view {
+		s.AllocInto(dst)
+	}
+	y := op()
+	s.AllocInto(nil)
+	if s.Err() != nil || len(y.V) == 0 || &y.V[0] == &dst[0] {
+		return
+	}
+	copy(dst, y.V)
+	s.ReleaseOne(y)
+}
+
+// ProductGrouped: rows [offs[g], offs[g+1]) of x times ws[g].
+func (s *step[E]) ProductGrouped(x backend.Tensor[E], ws []backend.Weight, offs []int, transposed bool) backend.Tensor[E] {
+	in, out := ws[0].Shape()
+	if transposed {
+		out = in
+	}
+	res := s.Alloc(x.Dims[0], out)
+	view := s.views()
+	for g, w := range ws {
+		r0, r1 := offs[g], offs[g+1]
+		if r0 == r1 || s.Err() != nil {
+			continue
+		}
+		part := s.rowsOf(x, r0, r1, view)
+		s.into(res, r0, r1, view, func() backend.Tensor[E] { return s.Product(part, w, transposed) })
+		if !view {
+			s.ReleaseOne(part)
+		}
+	}
+	return res
+}
+
+// MatMulGrouped: group g's rows of x times block g of y (its rows [g·block, (g+1)·block)),
+// transposed when transB.
+func (s *step[E]) MatMulGrouped(x, y backend.Tensor[E], offs []int, block int, transB bool) backend.Tensor[E] {
+	n := y.Dims[1]
+	if transB {
+		n = block
+	}
+	res := s.Alloc(x.Dims[0], n)
+	view := s.views()
+	for g := range len(offs) - 1 {
+		r0, r1 := offs[g], offs[g+1]
+		if r0 == r1 || s.Err() != nil {
+			continue
+		}
+		part := s.rowsOf(x, r0, r1, view)
+		yg := s.rowsOf(y, g*block, (g+1)*block, view)
+		s.into(res, r0, r1, view, func() backend.Tensor[E] { return s.MatMul(part, yg, 0, transB) })
+		if !view {
+			s.ReleaseOne(part)
+			s.ReleaseOne(yg)
+		}
+	}
+	return res
+}
+
+// MatMulGroupedTN: block g of the result [G·a, b] is x_gᵀ·y_g over group g's rows (zero for an
+// empty group).
+func (s *step[E]) MatMulGroupedTN(x, y backend.Tensor[E], offs []int) backend.Tensor[E] {
+	G, a := len(offs)-1, x.Dims[1]
+	res := s.Zeros(G*a, y.Dims[1])
+	view := s.views()
+	for g := range G {
+		r0, r1 := offs[g], offs[g+1]
+		if r0 == r1 || s.Err() != nil {
+			continue
+		}
+		xg := s.rowsOf(x, r0, r1, view)
+		xt := s.Transpose(xg, 1) // [a, n_g]
+		yg := s.rowsOf(y, r0, r1, view)
+		s.into(res, g*a, (g+1)*a, view, func() backend.Tensor[E] { return s.MatMul(xt, yg, 0, false) })
+		s.ReleaseOne(xt)
+		if !view {
+			s.ReleaseOne(xg)
+			s.ReleaseOne(yg)
+		}
+	}
+	return res
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/skein-ai/skein/engine/internal/backend"
 )
 
 // Route picks the k most probable experts in decreasing order, a tie to the lower expert, with
@@ -162,5 +164,61 @@ func TestGateOfOneNumberARow(t *testing.T) {
 		if want *= sg * (1 - sg); math.Abs(dg.V[n]-want) > 1e-14 {
 			t.Fatalf("row %d: dgate %v, want %v", n, dg.V[n], want)
 		}
+	}
+}
+
+// The grouped products equal their groups multiplied one by one (the same bits: each group's
+// rows go through the same product), in float32 (views of the grouped tensors, outputs written
+// in place) and float64 (groups copied out and back), an empty group included.
+func TestGroupedProductsEqualEachGroupAlone(t *testing.T) {
+	testGrouped[float32](t)
+	testGrouped[float64](t)
+}
+
+func testGrouped[E interface{ float32 | float64 }](t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	s := newTestStep[E](t)
+	const in, out, r = 24, 40, 3
+	offs := []int{0, 5, 5, 17, 80} // 4 groups, group 1 empty, group 3 past the GEMM's row blocks
+	P, G := offs[len(offs)-1], len(offs)-1
+	var ws []backend.Weight
+	for range G {
+		wt, _, err := NewValues[E](randn(rng, in*out), in, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, NewWeight(Host[E]{F: wt}))
+	}
+	x := s.From(randn(rng, P*in), P, in)
+	dy := s.From(randn(rng, P*out), P, out)
+	same := func(name string, got []E, g int, want []E) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Fatalf("%T %s group %d: not the group's own product", got, name, g)
+		}
+	}
+	fwd := s.ProductGrouped(x, ws, offs, false)
+	back := s.ProductGrouped(dy, ws, offs, true)
+	yb := s.From(randn(rng, G*out*r), G*out, r) // blocks [out, r]
+	mg := s.MatMulGrouped(fwd, yb, offs, out, false)
+	ya := s.From(randn(rng, G*r*in), G*r, in) // blocks [r, in], multiplied transposed
+	mt := s.MatMulGrouped(x, ya, offs, r, true)
+	tn := s.MatMulGroupedTN(x, dy, offs)
+	for g := range G {
+		r0, r1 := offs[g], offs[g+1]
+		if r0 == r1 {
+			for _, v := range tn.V[g*in*out : (g+1)*in*out] {
+				if v != 0 {
+					t.Fatal("an empty group's TN block is not zero")
+				}
+			}
+			continue
+		}
+		xg, dyg := s.Rows(x, r0, r1), s.Rows(dy, r0, r1)
+		same("x·W", fwd.V[r0*out:r1*out], g, s.Product(xg, ws[g], false).V)
+		same("x·Wᵀ", back.V[r0*in:r1*in], g, s.Product(dyg, ws[g], true).V)
+		same("x·y_g", mg.V[r0*r:r1*r], g, s.MatMul(s.Rows(fwd, r0, r1), s.Rows(yb, g*out, (g+1)*out), 0, false).V)
+		same("xᵀ·y", tn.V[g*in*out:(g+1)*in*out], g, s.MatMul(s.Transpose(xg, 1), dyg, 0, false).V)
+		same("x·y_gᵀ", mt.V[r0*r:r1*r], g, s.MatMul(xg, s.Rows(ya, g*r, (g+1)*r), 0, true).V)
 	}
 }

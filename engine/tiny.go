@@ -76,9 +76,10 @@ var Presets = map[string]Preset{
 	// (skein bench engine on each).
 	"small-moe": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true,
 		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 768, SharedFFN: 768},
-	// tiny-quant-moe: tiny-moe with rows of whole Q4_K blocks (256), 4 experts.
+	// tiny-quant-moe: rows of whole Q4_K blocks (256), 4 experts, every layer a mixture (as llama.cpp's
+	// qwen3moe needs: the GGUF tests).
 	"tiny-quant-moe": {Hidden: 256, Layers: 3, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024,
-		Experts: 4, ExpertsPerTok: 2, ExpertFFN: 256, SharedFFN: 256, DenseLayers: []int{1}},
+		Experts: 4, ExpertsPerTok: 2, ExpertFFN: 256, SharedFFN: 256},
 	// qwen3-30b-a3b: Qwen3-30B-A3B's shape (--arch qwen3_moe): 48 layers of 128 experts of 768,
 	// 8 a token; 30.5B parameters, a 61 GB bf16 file written a chunk at a time.
 	"qwen3-30b-a3b": {Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128, FFN: 6144, Vocab: 151936, Context: 40960,

@@ -287,3 +287,13 @@ func (c *Config) rotaryDim() int {
 
 // isDeltaNet reports whether layer l is a Gated DeltaNet layer (else softmax attention).
 func (c *Config) isDeltaNet(l int) bool { return l < len(c.deltaNet) && c.deltaNet[l] }
+
+// hasDeltaNet reports whether any layer is a Gated DeltaNet layer (a hybrid model).
+func (c *Config) hasDeltaNet() bool {
+	for _, d := range c.deltaNet {
+		if d {
+			return true
+		}
+	}
+	return false
+}

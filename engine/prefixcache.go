@@ -1,0 +1,435 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/skein-ai/skein/engine/internal/backend"
+)
+
+// The sampler's prefix cache across requests (issue 39): keys and values of prompts' leading
+// blocks of kvBlockTokens positions, kept after a request's prefill so that a later request
+// whose prompt starts with the same tokens, on the same weights, copies them into its rows and
+// prefills only the rest. A block is every attention layer's keys and values of its positions,
+// one pair of tensors (KV over L·KVH heads × kvBlockTokens slots) in a step of its own, freed
+// when the block is evicted. Blocks form chains: a block's key is its parent block (the prompt
+// before it), the weights' key and its own tokens, so one block stands for the whole prefix up
+// to its end. This is a block-granular prefix cache copied into a row's contiguous cache at
+// admission, not paged attention: rows still own contiguous caches (kv.go).
+//
+// References: a block is held by each of its children in the cache and by each request between
+// its lookup and the end of its prefill (lookup, release). Only a block nobody holds can be
+// evicted, least recently used first; so a parent outlives its children, and every chain in the
+// cache is whole from its root. The bytes of every block together never pass the cap: a block
+// that would pass it is not stored (its request is served all the same).
+
+// kvBlockTokens is the positions of one block: the prefill's padding unit, so a prompt's hit
+// leaves its remaining positions in whole 16-position chunks.
+const kvBlockTokens = 16
+
+// weightsKey names the weights a prefix was computed with: the base model (0, 0) or an
+// adapter's identity and version (its weights change with every optimizer step, and an
+// adapter's keys and values differ from the base's at every layer).
+type weightsKey struct{ adapter, version uint64 }
+
+// blockKey is a block's place: the block before it (0: the prompt's start), the weights and
+// its tokens (kvBlockTokens int32s as a string: an exact key, no hash to collide).
+type blockKey struct {
+	parent  uint64
+	weights weightsKey
+	tokens  string
+}
+
+// kvBlock is one cached block.
+type kvBlock struct {
+	id     uint64
+	key    blockKey
+	parent *kvBlock
+	refs   int // children in the cache + requests holding it
+	kv     any // backend.KV[E] of the engine's dtype: [L·KVH, hd, kvBlockTokens], [L·KVH, kvBlockTokens, hd]
+	free   func()
+	// The LRU list of unreferenced blocks (prev, next nil and not the head: not on it).
+	prev, next *kvBlock
+	onLRU      bool
+}
+
+// prefixCache is one base model's cache, shared by the engine's forks (each replica's adapters
+// have identities of their own, so one cap bounds them all).
+type prefixCache struct {
+	mu         sync.Mutex
+	capBytes   int64
+	blockBytes int64 // one block's keys and values (0 until the first block is stored)
+	bytes      int64
+	blocks     map[blockKey]*kvBlock
+	lruHead    *kvBlock // least recently used unreferenced block
+	lruTail    *kvBlock
+	nextID     uint64
+	stats      sampleCounters
+}
+
+// sampleCounters are the sampler's counters (SamplerStats), kept whether or not a prefix cache
+// is on, so a benchmark can compare.
+type sampleCounters struct {
+	promptTokens, prefillTokens, cachedTokens atomic.Int64
+	lookups, hits, stored, evicted            atomic.Int64
+	loopKVBytes                               atomic.Int64
+}
+
+func newPrefixCache(capBytes int64) *prefixCache {
+	return &prefixCache{capBytes: capBytes, blocks: map[blockKey]*kvBlock{}}
+}
+
+// on reports whether the cache keeps anything.
+func (c *prefixCache) on() bool { return c != nil && c.capBytes > 0 }
+
+// tokensKey is a block's tokens as an exact map key.
+func tokensKey(toks []int) string {
+	b := make([]byte, 4*len(toks))
+	for i, t := range toks {
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+	}
+	return string(b)
+}
+
+// lookup returns the cached blocks that begin prompt, at most maxBlocks of them, each held for
+// the caller (release them when done).
+func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int) []*kvBlock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*kvBlock
+	var parent uint64
+	for i := 0; i < maxBlocks && (i+1)*kvBlockTokens <= len(prompt); i++ {
+		b := c.blocks[blockKey{parent: parent, weights: w, tokens: tokensKey(prompt[i*kvBlockTokens : (i+1)*kvBlockTokens])}]
+		if b == nil {
+			break
+		}
+		c.hold(b)
+		out = append(out, b)
+		parent = b.id
+	}
+	return out
+}
+
+// release gives back the caller's hold on blocks.
+func (c *prefixCache) release(blocks []*kvBlock) {
+	if len(blocks) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, b := range blocks {
+		c.drop(b)
+	}
+}
+
+// hold takes a reference (c.mu held): a held block leaves the LRU list.
+func (c *prefixCache) hold(b *kvBlock) {
+	if b.onLRU {
+		c.unlink(b)
+	}
+	b.refs++
+}
+
+// drop gives a reference back (c.mu held): a block nobody holds becomes the most recently used
+// of the evictable ones.
+func (c *prefixCache) drop(b *kvBlock) {
+	b.refs--
+	if b.refs < 0 {
+		panic("engine: a prefix cache block's references went negative")
+	}
+	if b.refs == 0 {
+		c.pushTail(b)
+	}
+}
+
+// store stores prompt's whole blocks, each taken from the caller's row by fill (which copies
+// keys and values into the new block's KV; false: it failed); alloc makes a block's tensors,
+// returning them and the function that frees them. A block already cached is shared (and made
+// the most recently used), not stored twice; storing stops at the first block that does not fit
+// under the cap with every evictable block evicted (the blocks this call walks are held while
+// it does, so it never evicts its own chain).
+func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parent *kvBlock
+	var chain []*kvBlock // the blocks this call holds while it walks the prompt
+	defer func() {
+		for _, b := range chain {
+			c.drop(b)
+		}
+	}()
+	for i := 0; (i+1)*kvBlockTokens <= len(prompt); i++ {
+		var pid uint64
+		if parent != nil {
+			pid = parent.id
+		}
+		key := blockKey{parent: pid, weights: w, tokens: tokensKey(prompt[i*kvBlockTokens : (i+1)*kvBlockTokens])}
+		b := c.blocks[key]
+		if b == nil {
+			kv, free := alloc()
+			if kv == nil {
+				return
+			}
+			size := kvBytes(kv)
+			c.blockBytes = size
+			if !c.makeRoom(size) {
+				free()
+				return
+			}
+			if !fill(i, kv) {
+				free()
+				return
+			}
+			c.nextID++
+			b = &kvBlock{id: c.nextID, key: key, parent: parent, kv: kv, free: free}
+			if parent != nil {
+				parent.refs++ // the child's hold on its parent
+			}
+			c.blocks[key] = b
+			c.bytes += size
+			c.stats.stored.Add(1)
+		}
+		c.hold(b)
+		chain = append(chain, b)
+		parent = b
+	}
+}
+
+// makeRoom evicts unreferenced blocks, least recently used first, until size more bytes fit
+// under the cap (c.mu held); it reports whether they do.
+func (c *prefixCache) makeRoom(size int64) bool {
+	for c.bytes+size > c.capBytes {
+		b := c.lruHead
+		if b == nil {
+			return false
+		}
+		c.evict(b)
+	}
+	return true
+}
+
+// evict removes an unreferenced block (c.mu held); its parent loses the child's hold and, if
+// nobody else holds it, becomes the next to go (it was used no later than its child).
+func (c *prefixCache) evict(b *kvBlock) {
+	c.unlink(b)
+	delete(c.blocks, b.key)
+	c.bytes -= kvBytes(b.kv)
+	b.free()
+	b.kv, b.free = nil, nil
+	c.stats.evicted.Add(1)
+	if p := b.parent; p != nil {
+		p.refs--
+		if p.refs < 0 {
+			panic("engine: a prefix cache block's references went negative")
+		}
+		if p.refs == 0 {
+			c.pushHead(p)
+		}
+	}
+}
+
+func (c *prefixCache) unlink(b *kvBlock) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		c.lruHead = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		c.lruTail = b.prev
+	}
+	b.prev, b.next, b.onLRU = nil, nil, false
+}
+
+func (c *prefixCache) pushTail(b *kvBlock) {
+	b.prev, b.next, b.onLRU = c.lruTail, nil, true
+	if c.lruTail != nil {
+		c.lruTail.next = b
+	} else {
+		c.lruHead = b
+	}
+	c.lruTail = b
+}
+
+func (c *prefixCache) pushHead(b *kvBlock) {
+	b.prev, b.next, b.onLRU = nil, c.lruHead, true
+	if c.lruHead != nil {
+		c.lruHead.prev = b
+	} else {
+		c.lruTail = b
+	}
+	c.lruHead = b
+}
+
+// kvBytes is a block's size: its tensors' elements times the element's bytes.
+func kvBytes(kv any) int64 {
+	switch k := kv.(type) {
+	case backend.KV[float32]:
+		return int64(4 * (elems(k.KeysT.Dims) + elems(k.Values.Dims)))
+	case backend.KV[float64]:
+		return int64(8 * (elems(k.KeysT.Dims) + elems(k.Values.Dims)))
+	}
+	return 0
+}
+
+func elems(dims []int) int {
+	n := 1
+	for _, d := range dims {
+		n *= d
+	}
+	return n
+}
+
+// SamplerStats are the sampler's counters since the base model was loaded (every fork's
+// sampling together), for a benchmark and the metrics endpoint.
+type SamplerStats struct {
+	// PromptTokens are the prompt positions requested: each sample's prompt, counted once per
+	// sample (what prefilling every sample's row would compute).
+	PromptTokens int64
+	// PrefillTokens are the prompt positions the sampler computed (a prompt once for all its
+	// samples, less the positions its cached prefix served).
+	PrefillTokens int64
+	// CachedTokens are the prompt positions copied from the prefix cache.
+	CachedTokens int64
+	// Lookups are the prompts looked up in the prefix cache; Hits those that found a block.
+	Lookups, Hits int64
+	// StoredBlocks and EvictedBlocks count the prefix cache's blocks stored and evicted.
+	StoredBlocks, EvictedBlocks int64
+	// CacheBytes is the prefix cache's keys and values now, CacheCapBytes its cap (0: off),
+	// CacheBlocks its blocks.
+	CacheBytes, CacheCapBytes, CacheBlocks int64
+	// LoopKVBytes are the keys and values of the decode loops running now (their rows' caches).
+	LoopKVBytes int64
+}
+
+// SamplerStats reads the sampler's counters.
+func (e *Engine) SamplerStats() SamplerStats {
+	c := e.base.prefix
+	s := SamplerStats{
+		PromptTokens: c.stats.promptTokens.Load(), PrefillTokens: c.stats.prefillTokens.Load(),
+		CachedTokens: c.stats.cachedTokens.Load(), Lookups: c.stats.lookups.Load(), Hits: c.stats.hits.Load(),
+		StoredBlocks: c.stats.stored.Load(), EvictedBlocks: c.stats.evicted.Load(), LoopKVBytes: c.stats.loopKVBytes.Load(),
+	}
+	c.mu.Lock()
+	s.CacheBytes, s.CacheCapBytes, s.CacheBlocks = c.bytes, c.capBytes, int64(len(c.blocks))
+	c.mu.Unlock()
+	return s
+}
+
+// prefixPlan is one decode loop's use of the prefix cache: per request, the weights' key, the
+// blocks its lookup found (held until release) and whether it may use and feed the cache.
+type prefixPlan struct {
+	c        *prefixCache
+	adapters []*Adapter
+	reqs     []SampleRequest
+	keys     []weightsKey
+	ok       []bool
+	held     [][]*kvBlock
+}
+
+// planPrefixes looks up each request's prompt in the prefix cache. Nothing is used or stored
+// when the cache is off, for a hybrid model (a DeltaNet layer's state at a block's end is not
+// kept: only attention layers' keys and values are), for prompts with images (their keys and
+// values depend on the pixels, not only on the tokens), or for weights an optimizer step is
+// writing. A request asking for prompt logprobs is not served from the cache (the logits of
+// cached positions are not kept; its prompt is computed whole, so they come out as without a
+// cache) but feeds it. A lookup never covers a prompt's last position: its logits draw the
+// first token.
+func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images []*imageRow) *prefixPlan {
+	p := &prefixPlan{c: e.base.prefix, adapters: adapters, reqs: reqs, keys: make([]weightsKey, len(reqs)),
+		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs))}
+	if !p.c.on() || images != nil || e.Config.hasDeltaNet() {
+		return p
+	}
+	for ri, r := range reqs {
+		p.keys[ri], p.ok[ri] = weightsKeyOf(adapters[ri])
+		if !p.ok[ri] || r.PromptLogprobs || r.TopKPromptLogprobs > 0 {
+			continue
+		}
+		p.held[ri] = p.c.lookup(p.keys[ri], r.Prompt, (len(r.Prompt)-1)/kvBlockTokens)
+		p.c.stats.lookups.Add(1)
+		if len(p.held[ri]) > 0 {
+			p.c.stats.hits.Add(1)
+		}
+	}
+	return p
+}
+
+// confirm drops what a request looked up when its adapter's weights changed since (after the
+// loop copied them: the cached keys and values would not be of the weights it samples).
+func (p *prefixPlan) confirm() {
+	for ri, a := range p.adapters {
+		if k, settled := weightsKeyOf(a); p.ok[ri] && (!settled || k != p.keys[ri]) {
+			p.c.release(p.held[ri])
+			p.held[ri], p.ok[ri] = nil, false
+		}
+	}
+}
+
+// starts is where each prefill row's prompt computation starts (reqOf[b]: the row's request):
+// after its cached blocks, but no later than S less the span of the positions left (the longest
+// rest rounded up to a multiple of 16, as prefill pads it), so
+// that every position of the prefill's passes (a row's padding too) lies in the loop's S slots.
+// nil: every row starts at 0.
+func (p *prefixPlan) starts(reqOf []int, S int) []int {
+	start := make([]int, len(reqOf))
+	span, hit := 0, false
+	for b, ri := range reqOf {
+		start[b] = len(p.held[ri]) * kvBlockTokens
+		span = max(span, len(p.reqs[ri].Prompt)-start[b])
+		hit = hit || start[b] > 0
+	}
+	if !hit {
+		return nil
+	}
+	limit := (S - padLen(span)) / kvBlockTokens * kvBlockTokens
+	hit = false
+	for b := range start {
+		start[b] = max(0, min(start[b], limit))
+		hit = hit || start[b] > 0
+	}
+	if !hit {
+		return nil // as without a cache
+	}
+	return start
+}
+
+// load copies each prefill row's cached blocks before its start into the loop's cache, and
+// counts the positions computed and served.
+func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
+	for b, ri := range reqOf {
+		s := 0
+		if start != nil {
+			s = start[b]
+		}
+		if s > 0 {
+			loop.loadPrefix(b, p.held[ri][:s/kvBlockTokens])
+		}
+		p.c.stats.prefillTokens.Add(int64(len(p.reqs[ri].Prompt) - s))
+		p.c.stats.cachedTokens.Add(int64(s))
+	}
+}
+
+// store feeds the cache from a prefilled loop: each request's whole blocks, from row rowOf[ri]
+// (its first prefill row), unless its weights changed during the prefill.
+func (p *prefixPlan) store(loop decodeLoop, rowOf []int) {
+	if !p.c.on() {
+		return
+	}
+	for ri, r := range p.reqs {
+		if k, settled := weightsKeyOf(p.adapters[ri]); !p.ok[ri] || !settled || k != p.keys[ri] {
+			continue
+		}
+		b := rowOf[ri]
+		p.c.store(p.keys[ri], r.Prompt, loop.newBlock, func(i int, kv any) bool { return loop.saveBlock(b, i, kv) })
+	}
+}
+
+// release gives back every block the plan holds.
+func (p *prefixPlan) release() {
+	for ri := range p.held {
+		p.c.release(p.held[ri])
+		p.held[ri] = nil
+	}
+}

@@ -294,6 +294,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
+	if err := checkKVCacheMB(cfg.KVCacheMB); err != nil {
+		return err
+	}
 	return cfg.Limits.check()
 }
 
@@ -327,7 +330,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, KVCacheMB: cfg.KVCacheMB, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -398,6 +398,9 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	if err != nil {
 		return nil, err
 	}
+	for ri, res := range results {
+		res.CachedTokens = plan.served[ri]
+	}
 	stopFailed(rows)
 
 	// next[b] holds the logits that predict row b's next token.

@@ -326,6 +326,7 @@ type prefixPlan struct {
 	keys     []weightsKey
 	ok       []bool
 	held     [][]*kvBlock
+	served   []int // per request: the positions its prefill took from the cache
 }
 
 // planPrefixes looks up each request's prompt in the prefix cache. Nothing is used or stored
@@ -338,7 +339,7 @@ type prefixPlan struct {
 // first token.
 func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images []*imageRow) *prefixPlan {
 	p := &prefixPlan{c: e.base.prefix, adapters: adapters, reqs: reqs, keys: make([]weightsKey, len(reqs)),
-		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs))}
+		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs)), served: make([]int, len(reqs))}
 	if !p.c.on() || images != nil || e.Config.hasDeltaNet() {
 		return p
 	}
@@ -406,6 +407,7 @@ func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 		if s > 0 {
 			loop.loadPrefix(b, p.held[ri][:s/kvBlockTokens])
 		}
+		p.served[ri] = s
 		p.c.stats.prefillTokens.Add(int64(len(p.reqs[ri].Prompt) - s))
 		p.c.stats.cachedTokens.Add(int64(s))
 	}

@@ -268,8 +268,8 @@ func TestPrefixCacheStartFitsTheLoopsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cached := e.SamplerStats().CachedTokens - before.CachedTokens; cached != 32 {
-		t.Fatalf("%d positions served, want 32 (the start held back to fit the slots)", cached)
+	if cached := e.SamplerStats().CachedTokens - before.CachedTokens; cached != 32 || got[0].CachedTokens != 32 || got[1].CachedTokens != 0 {
+		t.Fatalf("%d positions served (%d and %d by request), want 32 to the first (the start held back to fit the slots)", cached, got[0].CachedTokens, got[1].CachedTokens)
 	}
 	for i, r := range reqs {
 		var alone []*SampleResult
@@ -318,7 +318,7 @@ func TestPrefixCacheKeysByAdapterAndVersion(t *testing.T) {
 		t.Fatalf("the adapter's first sample was served %d positions of the base model's blocks", hit)
 	}
 	got, hit := sample("a")
-	if hit != 32 {
+	if hit != 32 || got.CachedTokens != 32 {
 		t.Fatalf("the adapter's second sample served %d positions, want its 2 blocks (32)", hit)
 	}
 	var want []*SampleResult

@@ -36,6 +36,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k|q6_k|q4_k_m] [--name NAME]
   skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
+  skein bench serve --workload FILE [--url http://127.0.0.1:8000] [--key KEY] [--json]   (loads a running server: workloads/*.json)
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
   skein version
 
@@ -99,11 +100,14 @@ func runCommand(args []string) error {
 		return initTiny(args[2:])
 	case "bench":
 		if len(args) == 2 && isHelp(args[1]) {
-			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)")
+			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)\n       skein bench serve --workload FILE [--url URL] [flags] (see skein bench serve --help)")
 			return nil
 		}
+		if len(args) >= 2 && args[1] == "serve" {
+			return benchServe(args[2:])
+		}
 		if len(args) < 2 || args[1] != "engine" {
-			return errors.New("usage: skein bench engine --model DIR")
+			return errors.New("usage: skein bench engine --model DIR, or skein bench serve --workload FILE")
 		}
 		return benchEngine(args[2:])
 	case "keys":

@@ -381,3 +381,56 @@ func TestPrefixCacheStaysUnderItsCap(t *testing.T) {
 		t.Fatalf("hybrid model: %+v, want no lookups, no blocks, 2 × 40 positions computed of 2 × 80 requested", st)
 	}
 }
+
+// Forks of an engine (replicas of one model) share its prefix cache; sampling on several at once,
+// prompts overlapping, leaves the blocks' references exactly their children's (no request holds
+// one after it returns), and every answer is what the request samples without the cache.
+func TestPrefixCacheSharedByForksSamplingAtOnce(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{KVCacheMB: 16})
+	forks := []*Engine{e, e.Fork(), e.Fork()}
+	seed := int64(8)
+	params := SampleParams{MaxTokens: 3, Temperature: 1, Seed: &seed}
+	prompt := func(g, i int) []int { // a shared stem, then a part of its own
+		return append(tokensFrom(9, 24+16*(i%3)), tokensFrom(g*10+i, 9)...)
+	}
+	type outcome struct {
+		req SampleRequest
+		got *SampleResult
+	}
+	results := make([][]outcome, len(forks))
+	done := make(chan error, len(forks))
+	for g, f := range forks {
+		go func() {
+			for i := range 6 {
+				req := SampleRequest{Prompt: prompt(g, i), NumSamples: 1 + i%2, Params: params}
+				res, err := f.SampleBatch(context.Background(), "", []SampleRequest{req})
+				if err != nil {
+					done <- err
+					return
+				}
+				results[g] = append(results[g], outcome{req, res[0]})
+			}
+			done <- nil
+		}()
+	}
+	for range forks {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkBlocks(t, e.base.prefix, nil)
+	if st := e.SamplerStats(); st.CachedTokens == 0 || st.LoopKVBytes != 0 {
+		t.Fatalf("%+v: want positions served across the forks, no loop left", st)
+	}
+	for g, rs := range results {
+		for i, r := range rs {
+			var alone []*SampleResult
+			var err error
+			withoutCache(e, func() { alone, err = e.SampleBatch(context.Background(), "", []SampleRequest{r.req}) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			sameSamples(t, fmt.Sprintf("fork %d request %d", g, i), alone[0], r.got, 1e-4)
+		}
+	}
+}

@@ -70,6 +70,11 @@ type decodeLoop interface {
 	loadPrefix(b int, blocks []*kvBlock)
 	newBlock() (kv any, free func())
 	saveBlock(b, i int, kv any) bool
+	// takeState is a copy of row b's DeltaNet states (every such layer's conv history and
+	// recurrent state), in a step of its own, with its bytes (st nil: none could be had);
+	// loadState puts such a copy back into row b.
+	takeState(b int) (st any, free func(), bytes int64)
+	loadState(b int, st any)
 	free()
 }
 
@@ -125,6 +130,39 @@ func (d *kvDecoder[E]) newBlock() (any, func()) {
 		return nil, nil
 	}
 	return kv, st.Free
+}
+
+func (d *kvDecoder[E]) takeState(b int) (any, func(), int64) {
+	st := newStep[E](d.e)
+	var out []backend.DeltaState[E]
+	var n int
+	for _, ds := range d.cache.dn {
+		if ds == nil {
+			continue
+		}
+		c := backend.DeltaState[E]{Conv: st.Alloc(append([]int{1}, ds.Conv.Dims[1:]...)...), S: st.Alloc(append([]int{1}, ds.S.Dims[1:]...)...)}
+		st.CopyRows(c.Conv, 0, ds.Conv, b, 1)
+		st.CopyRows(c.S, 0, ds.S, b, 1)
+		out = append(out, c)
+		n += elems(c.Conv.Dims) + elems(c.S.Dims)
+	}
+	if st.Err() != nil {
+		st.Free()
+		return nil, nil, 0
+	}
+	return out, st.Free, int64(n * d.e.elemSize())
+}
+
+func (d *kvDecoder[E]) loadState(b int, st any) {
+	saved, j := st.([]backend.DeltaState[E]), 0
+	for _, ds := range d.cache.dn {
+		if ds == nil {
+			continue
+		}
+		d.long.CopyRows(ds.Conv, b, saved[j].Conv, 0, 1)
+		d.long.CopyRows(ds.S, b, saved[j].S, 0, 1)
+		j++
+	}
 }
 
 func (d *kvDecoder[E]) saveBlock(b, i int, kv any) bool {
@@ -377,20 +415,20 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 		for b, r := range rows {
 			reqOf[b] = r.req
 		}
+		rowOf := make([]int, len(reqs))
+		for ri := range reqs {
+			rowOf[ri] = first[ri]
+		}
 		start := plan.starts(reqOf, S)
 		plan.load(loop, reqOf, start)
 		prompts := e.newPromptLogprobs(reqs, first)
-		chunk := 0
 		if images == nil {
-			chunk = e.prefillChunk(B, leftToPrefill(rows, start))
+			logits, T, err = plan.prefillRows(e, loop, reqs, rows, first, rowOf, maxPrompt, prompts.take, start)
+		} else { // in one pass (vlpass.go); the plan is off
+			logits, T, err = prefill(step, reqs, rows, first, maxPrompt, 0, prompts.take, nil)
 		}
-		logits, T, err = prefill(step, reqs, rows, first, maxPrompt, chunk, prompts.take, start)
 		results = prompts.finish(rows)
 		if err == nil {
-			rowOf := make([]int, len(reqs))
-			for ri := range reqs {
-				rowOf[ri] = first[ri]
-			}
 			plan.store(loop, rowOf)
 		}
 	}
@@ -434,7 +472,7 @@ func (e *Engine) prefillOnce(ctx context.Context, loop decodeLoop, adapters []*A
 	start := plan.starts(reqOf, S)
 	plan.load(pre, reqOf, start)
 	prompts := e.newPromptLogprobs(reqs, firstOnce)
-	preLogits, T, err := prefill(pre.step, reqs, once, firstOnce, maxPrompt, e.prefillChunk(len(reqs), leftToPrefill(once, start)), prompts.take, start)
+	preLogits, T, err := plan.prefillRows(e, pre, reqs, once, firstOnce, reqOf, maxPrompt, prompts.take, start)
 	if err != nil {
 		return nil, 0, nil, err
 	}

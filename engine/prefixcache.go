@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -48,6 +49,12 @@ type kvBlock struct {
 	refs   int // children in the cache + requests holding it
 	kv     any // backend.KV[E] of the engine's dtype: [L·KVH, hd, kvBlockTokens], [L·KVH, kvBlockTokens, hd]
 	free   func()
+	// A hybrid model's DeltaNet states after the block's last position (nil: none kept; set
+	// once, under the cache's lock, never changed after): a prefix ending at this block can
+	// serve a hybrid model's prompt only with them.
+	state     any
+	stateFree func()
+	size      int64 // the bytes of kv and state
 	// The LRU list of unreferenced blocks (prev, next nil and not the head: not on it).
 	prev, next *kvBlock
 	onLRU      bool
@@ -92,22 +99,49 @@ func tokensKey(toks []int) string {
 }
 
 // lookup returns the cached blocks that begin prompt, at most maxBlocks of them, each held for
-// the caller (release them when done).
-func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int) []*kvBlock {
+// the caller (release them when done); withState: only as far as the last block with DeltaNet
+// states (a hybrid model's prompt can start only there).
+func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int, withState bool) []*kvBlock {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*kvBlock
 	var parent uint64
+	cut := 0
 	for i := 0; i < maxBlocks && (i+1)*kvBlockTokens <= len(prompt); i++ {
 		b := c.blocks[blockKey{parent: parent, weights: w, tokens: tokensKey(prompt[i*kvBlockTokens : (i+1)*kvBlockTokens])}]
 		if b == nil {
 			break
 		}
-		c.hold(b)
 		out = append(out, b)
 		parent = b.id
+		if !withState || b.state != nil {
+			cut = len(out)
+		}
 	}
-	return out
+	for _, b := range out[:cut] {
+		c.hold(b)
+	}
+	return out[:cut]
+}
+
+// statefulDepth is how many of blocks (a held chain, as lookup gave it) to use at most n of
+// for a hybrid model: up to the last one with DeltaNet states.
+func (c *prefixCache) statefulDepth(blocks []*kvBlock, n int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n > 0 && blocks[n-1].state == nil {
+		n--
+	}
+	return n
+}
+
+// blockState is a hybrid model's DeltaNet states taken from a row after a block, to be kept
+// with block at (the block's index in its prompt), unless that block already has some.
+type blockState struct {
+	at    int
+	st    any
+	free  func()
+	bytes int64
 }
 
 // release gives back the caller's hold on blocks.
@@ -148,7 +182,11 @@ func (c *prefixCache) drop(b *kvBlock) {
 // the most recently used), not stored twice; storing stops at the first block that does not fit
 // under the cap with every evictable block evicted (the blocks this call walks are held while
 // it does, so it never evicts its own chain).
-func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool) {
+//
+// With a state (a hybrid model's), the block it was taken after keeps it, if that block is
+// stored or cached without one and the state fits under the cap; store reports whether it
+// took the state (else the caller frees it).
+func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool, state *blockState) (took bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var parent *kvBlock
@@ -168,20 +206,20 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 		if b == nil {
 			kv, free := alloc()
 			if kv == nil {
-				return
+				return took
 			}
 			size := kvBytes(kv)
 			c.blockBytes = size
 			if !c.makeRoom(size) {
 				free()
-				return
+				return took
 			}
 			if !fill(i, kv) {
 				free()
-				return
+				return took
 			}
 			c.nextID++
-			b = &kvBlock{id: c.nextID, key: key, parent: parent, kv: kv, free: free}
+			b = &kvBlock{id: c.nextID, key: key, parent: parent, kv: kv, free: free, size: size}
 			if parent != nil {
 				parent.refs++ // the child's hold on its parent
 			}
@@ -192,7 +230,13 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 		c.hold(b)
 		chain = append(chain, b)
 		parent = b
+		if state != nil && state.at == i && b.state == nil && c.makeRoom(state.bytes) {
+			b.state, b.stateFree, took = state.st, state.free, true
+			b.size += state.bytes
+			c.bytes += state.bytes
+		}
 	}
+	return took
 }
 
 // makeRoom evicts unreferenced blocks, least recently used first, until size more bytes fit
@@ -213,9 +257,12 @@ func (c *prefixCache) makeRoom(size int64) bool {
 func (c *prefixCache) evict(b *kvBlock) {
 	c.unlink(b)
 	delete(c.blocks, b.key)
-	c.bytes -= kvBytes(b.kv)
+	c.bytes -= b.size
 	b.free()
-	b.kv, b.free = nil, nil
+	if b.stateFree != nil {
+		b.stateFree()
+	}
+	b.kv, b.free, b.state, b.stateFree = nil, nil, nil, nil
 	c.stats.evicted.Add(1)
 	if p := b.parent; p != nil {
 		p.refs--
@@ -327,20 +374,24 @@ type prefixPlan struct {
 	ok       []bool
 	held     [][]*kvBlock
 	served   []int // per request: the positions its prefill took from the cache
+	// hybrid: the model has DeltaNet layers, whose state at a block's end is kept with the block
+	// (prefill stops each row there once: prefillRows) and put back with its keys and values.
+	hybrid bool
+	states []*blockState // per request: the DeltaNet states taken for store (nil: none)
 }
 
 // planPrefixes looks up each request's prompt in the prefix cache. Nothing is used or stored
-// when the cache is off, for a hybrid model (a DeltaNet layer's state at a block's end is not
-// kept: only attention layers' keys and values are), for prompts with images (their keys and
-// values depend on the pixels, not only on the tokens), or for weights an optimizer step is
-// writing. A request asking for prompt logprobs is not served from the cache (the logits of
-// cached positions are not kept; its prompt is computed whole, so they come out as without a
-// cache) but feeds it. A lookup never covers a prompt's last position: its logits draw the
-// first token.
+// when the cache is off, for prompts with images (their keys and values depend on the pixels,
+// not only on the tokens), or for weights an optimizer step is writing. A request asking for
+// prompt logprobs is not served from the cache (the logits of cached positions are not kept;
+// its prompt is computed whole, so they come out as without a cache) but feeds it. A lookup
+// never covers a prompt's last position: its logits draw the first token. A hybrid model's
+// prompt starts only after a block kept with its DeltaNet states.
 func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images []*imageRow) *prefixPlan {
 	p := &prefixPlan{c: e.base.prefix, adapters: adapters, reqs: reqs, keys: make([]weightsKey, len(reqs)),
-		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs)), served: make([]int, len(reqs))}
-	if !p.c.on() || images != nil || e.Config.hasDeltaNet() {
+		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs)), served: make([]int, len(reqs)),
+		hybrid: e.Config.hasDeltaNet(), states: make([]*blockState, len(reqs))}
+	if !p.c.on() || images != nil {
 		return p
 	}
 	for ri, r := range reqs {
@@ -348,13 +399,23 @@ func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images 
 		if !p.ok[ri] || r.PromptLogprobs || r.TopKPromptLogprobs > 0 {
 			continue
 		}
-		p.held[ri] = p.c.lookup(p.keys[ri], r.Prompt, (len(r.Prompt)-1)/kvBlockTokens)
+		p.held[ri] = p.c.lookup(p.keys[ri], r.Prompt, (len(r.Prompt)-1)/kvBlockTokens, p.hybrid)
 		p.c.stats.lookups.Add(1)
 		if len(p.held[ri]) > 0 {
 			p.c.stats.hits.Add(1)
 		}
 	}
 	return p
+}
+
+// feeds reports whether any request may feed the cache.
+func (p *prefixPlan) feeds() bool {
+	for _, ok := range p.ok {
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // confirm drops what a request looked up when its adapter's weights changed since (after the
@@ -370,9 +431,9 @@ func (p *prefixPlan) confirm() {
 
 // starts is where each prefill row's prompt computation starts (reqOf[b]: the row's request):
 // after its cached blocks, but no later than S less the span of the positions left (the longest
-// rest rounded up to a multiple of 16, as prefill pads it), so
-// that every position of the prefill's passes (a row's padding too) lies in the loop's S slots.
-// nil: every row starts at 0.
+// rest rounded up to a multiple of 16, as prefill pads it), so that every position of the
+// prefill's passes (a row's padding too) lies in the loop's S slots; for a hybrid model, after
+// a block with DeltaNet states. nil: every row starts at 0.
 func (p *prefixPlan) starts(reqOf []int, S int) []int {
 	start := make([]int, len(reqOf))
 	span, hit := 0, false
@@ -386,8 +447,11 @@ func (p *prefixPlan) starts(reqOf []int, S int) []int {
 	}
 	limit := (S - padLen(span)) / kvBlockTokens * kvBlockTokens
 	hit = false
-	for b := range start {
+	for b, ri := range reqOf {
 		start[b] = max(0, min(start[b], limit))
+		if p.hybrid && start[b] > 0 {
+			start[b] = p.c.statefulDepth(p.held[ri], start[b]/kvBlockTokens) * kvBlockTokens
+		}
 		hit = hit || start[b] > 0
 	}
 	if !hit {
@@ -396,8 +460,9 @@ func (p *prefixPlan) starts(reqOf []int, S int) []int {
 	return start
 }
 
-// load copies each prefill row's cached blocks before its start into the loop's cache, and
-// counts the positions computed and served.
+// load copies each prefill row's cached blocks before its start into the loop's cache (and a
+// hybrid model's DeltaNet states kept with the last of them), and counts the positions
+// computed and served.
 func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 	for b, ri := range reqOf {
 		s := 0
@@ -405,7 +470,11 @@ func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 			s = start[b]
 		}
 		if s > 0 {
-			loop.loadPrefix(b, p.held[ri][:s/kvBlockTokens])
+			blocks := p.held[ri][:s/kvBlockTokens]
+			loop.loadPrefix(b, blocks)
+			if p.hybrid {
+				loop.loadState(b, blocks[len(blocks)-1].state)
+			}
 		}
 		p.served[ri] = s
 		p.c.stats.prefillTokens.Add(int64(len(p.reqs[ri].Prompt) - s))
@@ -413,9 +482,64 @@ func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 	}
 }
 
+// prefillRows is prefill over loop's rows (reqOf[b]: row b's request; rowOf[ri]: request ri's
+// first row) from start. A hybrid model feeding the cache prefills in two parts: each row up to
+// its prompt's last block boundary, where its DeltaNet states are taken for the cache (states),
+// then the rest (under 16 positions a row). Logits are prefill's, positions of both parts.
+func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleRequest, rows []*sampleRow, first map[int]int, rowOf []int, maxPrompt int, sink rowSink, start []int) ([][]float64, int, error) {
+	if !p.hybrid || !p.c.on() || !p.feeds() {
+		return prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(len(rows), leftToPrefill(rows, start)), sink, start)
+	}
+	B := len(rows)
+	from, edge := make([]int, B), make([]int, B)
+	trunc := make([]*sampleRow, B)
+	part1 := false
+	for b, r := range rows {
+		if start != nil {
+			from[b] = start[b]
+		}
+		edge[b] = max(from[b], len(r.prompt)/kvBlockTokens*kvBlockTokens)
+		t := *r
+		t.prompt = r.prompt[:edge[b]]
+		trunc[b] = &t
+		part1 = part1 || edge[b] > from[b]
+	}
+	var logits1 [][]float64
+	if part1 {
+		// from, not nil, even when all 0: every row's lens are given, so a row with no whole
+		// block keeps its zero state instead of one over padding.
+		var err error
+		if logits1, _, err = prefill(loop.step, reqs, trunc, first, maxPrompt, e.prefillChunk(B, leftToPrefill(trunc, from)), sink, from); err != nil {
+			return nil, 0, err
+		}
+		for ri, b := range rowOf {
+			if p.ok[ri] && edge[b] > 0 {
+				if st, free, bytes := loop.takeState(b); st != nil {
+					p.states[ri] = &blockState{at: edge[b]/kvBlockTokens - 1, st: st, free: free, bytes: bytes}
+				}
+			}
+		}
+	}
+	if !slices.ContainsFunc(edge, func(q int) bool { return q > 0 }) {
+		edge = nil // no row has a whole block: the plain prefill from 0
+	}
+	logits, T, err := prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(B, leftToPrefill(rows, edge)), sink, edge)
+	if err != nil {
+		return nil, 0, err
+	}
+	for i, l := range logits1 {
+		if logits[i] == nil {
+			logits[i] = l // a prompt ending at its block boundary: its last logits came first
+		}
+	}
+	return logits, T, nil
+}
+
 // store feeds the cache from a prefilled loop: each request's whole blocks, from row rowOf[ri]
-// (its first prefill row), unless its weights changed during the prefill.
+// (its first prefill row), unless its weights changed during the prefill; and a hybrid model's
+// states taken at its last block boundary (freed here when the cache does not take them).
 func (p *prefixPlan) store(loop decodeLoop, rowOf []int) {
+	defer p.freeStates()
 	if !p.c.on() {
 		return
 	}
@@ -423,15 +547,31 @@ func (p *prefixPlan) store(loop decodeLoop, rowOf []int) {
 		if k, settled := weightsKeyOf(p.adapters[ri]); !p.ok[ri] || !settled || k != p.keys[ri] {
 			continue
 		}
+		if p.hybrid && p.states[ri] == nil {
+			continue // the keys and values alone could serve no hybrid prompt
+		}
 		b := rowOf[ri]
-		p.c.store(p.keys[ri], r.Prompt, loop.newBlock, func(i int, kv any) bool { return loop.saveBlock(b, i, kv) })
+		if p.c.store(p.keys[ri], r.Prompt, loop.newBlock, func(i int, kv any) bool { return loop.saveBlock(b, i, kv) }, p.states[ri]) {
+			p.states[ri] = nil
+		}
 	}
 }
 
-// release gives back every block the plan holds.
+// freeStates frees the DeltaNet states the cache did not take.
+func (p *prefixPlan) freeStates() {
+	for ri, st := range p.states {
+		if st != nil {
+			st.free()
+			p.states[ri] = nil
+		}
+	}
+}
+
+// release gives back every block the plan holds, and states not stored.
 func (p *prefixPlan) release() {
 	for ri := range p.held {
 		p.c.release(p.held[ri])
 		p.held[ri] = nil
 	}
+	p.freeStates()
 }

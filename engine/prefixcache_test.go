@@ -83,7 +83,10 @@ func checkBlocks(t *testing.T, c *prefixCache, holds map[*kvBlock]int) {
 			}
 			children[b.parent]++
 		}
-		bytes += kvBytes(b.kv)
+		if b.size != kvBytes(b.kv) && b.state == nil {
+			t.Fatalf("block %d of %d bytes holds %d of keys and values and no state", b.id, b.size, kvBytes(b.kv))
+		}
+		bytes += b.size
 	}
 	onLRU := 0
 	for b := c.lruHead; b != nil; b = b.next {
@@ -149,13 +152,13 @@ func TestPrefixCacheReferencesUnderRandomSchedules(t *testing.T) {
 			switch op := rng.IntN(3); {
 			case op == 0:
 				p := prompt()
-				got := c.lookup(weights[rng.IntN(2)], p, rng.IntN(8))
+				got := c.lookup(weights[rng.IntN(2)], p, rng.IntN(8), false)
 				for _, b := range got {
 					holds[b]++
 				}
 				live = append(live, got)
 			case op == 1:
-				c.store(weights[rng.IntN(2)], prompt(), alloc, fill)
+				c.store(weights[rng.IntN(2)], prompt(), alloc, fill, nil)
 			case len(live) > 0:
 				i := rng.IntN(len(live))
 				for _, b := range live[i] {
@@ -343,8 +346,7 @@ func TestPrefixCacheKeysByAdapterAndVersion(t *testing.T) {
 }
 
 // The cache never holds more bytes than its cap: many different prompts through a cap of three
-// blocks evict the least recently used, and what is left is within the cap with nothing held;
-// a hybrid model (DeltaNet states are not cached) looks nothing up and stores nothing.
+// blocks evict the least recently used, and what is left is within the cap with nothing held.
 func TestPrefixCacheStaysUnderItsCap(t *testing.T) {
 	e := loadTiny(t, ArchQwen3, Options{KVCacheMB: 1})
 	c := e.base.prefix
@@ -371,15 +373,6 @@ func TestPrefixCacheStaysUnderItsCap(t *testing.T) {
 		t.Fatalf("%+v: want evictions, the bytes within the cap and no loop's keys and values left", st)
 	}
 
-	h := loadTiny(t, ArchQwen3_5, Options{KVCacheMB: 16})
-	for range 2 {
-		if _, err := h.SampleBatch(context.Background(), "", []SampleRequest{{Prompt: tokensFrom(1, 40), NumSamples: 2, Params: params}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if st := h.SamplerStats(); st.Lookups != 0 || st.CacheBlocks != 0 || st.PrefillTokens != 80 || st.PromptTokens != 160 {
-		t.Fatalf("hybrid model: %+v, want no lookups, no blocks, 2 × 40 positions computed of 2 × 80 requested", st)
-	}
 }
 
 // Forks of an engine (replicas of one model) share its prefix cache; sampling on several at once,
@@ -432,5 +425,59 @@ func TestPrefixCacheSharedByForksSamplingAtOnce(t *testing.T) {
 			}
 			sameSamples(t, fmt.Sprintf("fork %d request %d", g, i), alone[0], r.got, 1e-4)
 		}
+	}
+}
+
+// A hybrid model's prompt served from the cache starts after a block kept with the DeltaNet
+// states a row had there (the prefill stops each row at its last block boundary once to take
+// them), and samples what it samples without the cache, in float32 and float64: prompts
+// extending a cached one, the cached one itself, one of a single sample (no fork) and a new one
+// in one batch; then a prompt extending the extension (its states kept at its own last block).
+func TestPrefixCacheHybridKeepsDeltaNetStates(t *testing.T) {
+	for _, c := range []struct {
+		f64 bool
+		tol float64
+	}{{false, 1e-4}, {true, 1e-9}} {
+		t.Run(fmt.Sprintf("f64=%v", c.f64), func(t *testing.T) {
+			e := loadTiny(t, ArchQwen3_5, Options{KVCacheMB: 16, Float64: c.f64})
+			seed := int64(6)
+			params := SampleParams{MaxTokens: 6, Temperature: 1, Seed: &seed}
+			base := tokensFrom(1, 50)
+			if _, err := e.SampleBatch(context.Background(), "", []SampleRequest{{Prompt: base, NumSamples: 2, Params: params}}); err != nil {
+				t.Fatal(err)
+			}
+			longer := append(slices.Clone(base), tokensFrom(2, 30)...)
+			longest := append(slices.Clone(longer), tokensFrom(3, 5)...)
+			for _, step := range []struct {
+				reqs   []SampleRequest
+				cached int64
+			}{
+				{[]SampleRequest{
+					{Prompt: longer, NumSamples: 3, Params: params},
+					{Prompt: base, NumSamples: 2, Params: SampleParams{MaxTokens: 5, Temperature: 0.7, TopK: 20, Seed: &seed}},
+					{Prompt: tokensFrom(4, 37), NumSamples: 2, Params: params},
+				}, 48 + 48},
+				{[]SampleRequest{{Prompt: base, Params: params}}, 48},
+				{[]SampleRequest{{Prompt: longest, NumSamples: 2, Params: params}}, 80},
+			} {
+				before := e.SamplerStats()
+				got, err := e.SampleBatch(context.Background(), "", step.reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cached := e.SamplerStats().CachedTokens - before.CachedTokens; cached != step.cached {
+					t.Fatalf("%d positions served, want %d", cached, step.cached)
+				}
+				for i, r := range step.reqs {
+					var alone []*SampleResult
+					withoutCache(e, func() { alone, err = e.SampleBatch(context.Background(), "", []SampleRequest{r}) })
+					if err != nil {
+						t.Fatal(err)
+					}
+					sameSamples(t, fmt.Sprintf("request %d of %d", i, len(step.reqs)), alone[0], got[i], c.tol)
+				}
+			}
+			checkBlocks(t, e.base.prefix, nil)
+		})
 	}
 }

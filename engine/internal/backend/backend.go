@@ -178,6 +178,10 @@ type Ops[E Float] interface {
 	// block from[i] of src (blocks of the same size): a sampler's rows of a cache forked from a
 	// prefill's.
 	CopyBlocks(dst, src Tensor[E], from []int)
+	// CopyRows sets rows [d0, d0+n) of dst's leading dimension to rows [s0, s0+n) of src (rows of
+	// the same size): one sampler row's DeltaNet state kept with a prefix cache's block, or put
+	// back into a row.
+	CopyRows(dst Tensor[E], d0 int, src Tensor[E], s0, n int)
 	// CopySlots copies n slots of heads heads from src to dst, both a store of keys and values
 	// (KV: keys transposed [heads, HD, S], values [heads, S, HD], each with its own S): src's
 	// heads srcHead… at slots srcSlot…srcSlot+n-1 to dst's heads dstHead… at slots dstSlot….

@@ -227,3 +227,30 @@ func TestCopySlotsMovesOnlyTheNamedSlots(t *testing.T) {
 		t.Fatal("a copy past the destination's slots was not refused")
 	}
 }
+
+// CopyRows sets exactly the named rows of the destination from the source's (tensors of
+// different row counts, rows of the same size), and refuses rows past either end.
+func TestCopyRowsSetsOnlyTheNamedRows(t *testing.T) {
+	s := newTestStep[float64](t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	src, dst := s.From(randn(rng, 2*3*4), 2, 3, 4), s.From(randn(rng, 5*12), 5, 12)
+	before := append([]float64(nil), s.Download(dst)...)
+	s.CopyRows(dst, 3, src, 0, 2)
+	if s.Err() != nil {
+		t.Fatal(s.Err())
+	}
+	got, sv := s.Download(dst), s.Download(src)
+	for i, v := range got {
+		want := before[i]
+		if r := i / 12; r >= 3 {
+			want = sv[(r-3)*12+i%12]
+		}
+		if v != want {
+			t.Fatalf("element %d (row %d): %v, want %v", i, i/12, v, want)
+		}
+	}
+	s.CopyRows(dst, 4, src, 0, 2)
+	if s.Err() == nil {
+		t.Fatal("a copy past the destination's rows was not refused")
+	}
+}

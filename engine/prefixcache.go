@@ -430,31 +430,36 @@ func (p *prefixPlan) confirm() {
 }
 
 // starts is where each prefill row's prompt computation starts (reqOf[b]: the row's request):
-// after its cached blocks, but no later than S less the span of the positions left (the longest
-// rest rounded up to a multiple of 16, as prefill pads it), so that every position of the
-// prefill's passes (a row's padding too) lies in the loop's S slots; for a hybrid model, after
-// a block with DeltaNet states. nil: every row starts at 0.
+// after its cached blocks (for a hybrid model, after a block with DeltaNet states), but no later
+// than S less the span of the positions left (the longest rest rounded up to a multiple of 16,
+// as prefill pads it), so that every position of the prefill's passes (a row's padding too)
+// lies in the loop's S slots. Holding a row back lengthens its rest, and so the span, and for a
+// hybrid model may move it further back (to a block with states): the rule is applied until no
+// start moves (each round only moves starts back, so it ends). nil: every row starts at 0.
 func (p *prefixPlan) starts(reqOf []int, S int) []int {
 	start := make([]int, len(reqOf))
-	span, hit := 0, false
+	hit := false
 	for b, ri := range reqOf {
 		start[b] = len(p.held[ri]) * kvBlockTokens
-		span = max(span, len(p.reqs[ri].Prompt)-start[b])
 		hit = hit || start[b] > 0
 	}
-	if !hit {
-		return nil
-	}
-	limit := (S - padLen(span)) / kvBlockTokens * kvBlockTokens
-	hit = false
-	for b, ri := range reqOf {
-		start[b] = max(0, min(start[b], limit))
-		if p.hybrid && start[b] > 0 {
-			start[b] = p.c.statefulDepth(p.held[ri], start[b]/kvBlockTokens) * kvBlockTokens
+	for moved := hit; moved; {
+		span := 0
+		for b, ri := range reqOf {
+			span = max(span, len(p.reqs[ri].Prompt)-start[b])
 		}
-		hit = hit || start[b] > 0
+		limit := (S - padLen(span)) / kvBlockTokens * kvBlockTokens
+		moved = false
+		for b, ri := range reqOf {
+			s := max(0, min(start[b], limit))
+			if p.hybrid && s > 0 && s < start[b] {
+				s = p.c.statefulDepth(p.held[ri], s/kvBlockTokens) * kvBlockTokens
+			}
+			moved = moved || s != start[b]
+			start[b] = s
+		}
 	}
-	if !hit {
+	if !slices.ContainsFunc(start, func(s int) bool { return s > 0 }) {
 		return nil // as without a cache
 	}
 	return start
@@ -513,7 +518,8 @@ func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleReques
 			return nil, 0, err
 		}
 		for ri, b := range rowOf {
-			if p.ok[ri] && edge[b] > 0 {
+			// A row that started at its edge came with the states of the block there.
+			if p.ok[ri] && edge[b] > from[b] {
 				if st, free, bytes := loop.takeState(b); st != nil {
 					p.states[ri] = &blockState{at: edge[b]/kvBlockTokens - 1, st: st, free: free, bytes: bytes}
 				}

@@ -481,3 +481,41 @@ func TestPrefixCacheHybridKeepsDeltaNetStates(t *testing.T) {
 		})
 	}
 }
+
+// Holding a hybrid row's start back to fit the loop's slots moves it to a block with DeltaNet
+// states, which lengthens the longest rest and so holds other rows back in turn: a 120-position
+// prompt with states kept at 112 beside a new 60-position one (a span of 64, so starts ≤ 64)
+// goes back to 0, and with it the span to 128, so a 50-position prompt cached to 48 starts at
+// 0 too, instead of running its padding past the 128 slots. All sample as without the cache.
+func TestPrefixCacheHybridStartsFitTheSlots(t *testing.T) {
+	e := loadTiny(t, ArchQwen3_5, Options{KVCacheMB: 16})
+	seed := int64(3)
+	params := SampleParams{MaxTokens: 4, Temperature: 1, Seed: &seed}
+	long, short := tokensFrom(5, 120), tokensFrom(6, 50)
+	for _, p := range [][]int{long, short} {
+		if _, err := e.SampleBatch(context.Background(), "", []SampleRequest{{Prompt: p, Params: params}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := []SampleRequest{{Prompt: long, Params: params}, {Prompt: tokensFrom(7, 60), Params: params}, {Prompt: short, Params: params}}
+	got, err := e.SampleBatch(context.Background(), "", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range reqs {
+		if got[i].CachedTokens != 0 {
+			t.Fatalf("request %d started at %d, want 0 (held back to fit the slots)", i, got[i].CachedTokens)
+		}
+		var alone []*SampleResult
+		withoutCache(e, func() { alone, err = e.SampleBatch(context.Background(), "", []SampleRequest{r}) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameSamples(t, fmt.Sprintf("request %d", i), alone[0], got[i], 1e-4)
+	}
+	// Alone, the short prompt is served to its block with states.
+	res, err := e.SampleBatch(context.Background(), "", []SampleRequest{{Prompt: short, Params: params}})
+	if err != nil || res[0].CachedTokens != 48 {
+		t.Fatalf("alone: %v, %d positions served, want 48", err, res[0].CachedTokens)
+	}
+}

@@ -15,8 +15,10 @@ import (
 // one pair of tensors (KV over L·KVH heads × kvBlockTokens slots) in a step of its own, freed
 // when the block is evicted. Blocks form chains: a block's key is its parent block (the prompt
 // before it), the weights' key and its own tokens, so one block stands for the whole prefix up
-// to its end. This is a block-granular prefix cache copied into a row's contiguous cache at
-// admission, not paged attention: rows still own contiguous caches (kv.go).
+// to its end. A hybrid model's block may also keep the DeltaNet states a row had after it
+// (prefillRows), without which no hybrid prompt can start there. This is a block-granular prefix
+// cache copied into a row's contiguous cache at admission, not paged attention: rows still own
+// contiguous caches (kv.go).
 //
 // References: a block is held by each of its children in the cache and by each request between
 // its lookup and the end of its prefill (lookup, release). Only a block nobody holds can be

@@ -270,9 +270,12 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 // DeleteAdapter forgets an adapter; it reports whether it existed.
 func (e *Engine) DeleteAdapter(ctx context.Context, id string) bool {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, ok := e.adapters[id]
+	a, ok := e.adapters[id]
 	delete(e.adapters, id)
+	e.mu.Unlock()
+	if ok { // no request can name its weights again: its cached prefixes go now, not by LRU
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid })
+	}
 	return ok
 }
 
@@ -408,7 +411,11 @@ func adamStep[E float](e *Engine, a *Adapter, p AdamParams) (map[string]float64,
 	// even version after (weightsKeyOf), so no cached keys and values of the old weights serve
 	// the new ones.
 	a.version.Add(1)
-	defer a.version.Add(1)
+	defer func() {
+		now := a.version.Add(1)
+		// The old weights' cached prefixes can serve no request again: they go now, not by LRU.
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid && w.version < now })
+	}()
 	updSq, bad, w, m, v := st.AdamW(ps, h)
 	if bad >= 0 {
 		return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",

@@ -241,6 +241,28 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 	return took
 }
 
+// forget evicts every unreferenced block of the weights stale names (an adapter deleted, or its
+// weights before an optimizer step: no request can name them again), children before parents;
+// a block in use goes when its last holder lets go, by LRU like any other.
+func (c *prefixCache) forget(stale func(weightsKey) bool) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for evicted := true; evicted; {
+		evicted = false
+		for b := c.lruHead; b != nil; {
+			next := b.next
+			if stale(b.key.weights) {
+				c.evict(b) // may put its parent at the head: the next round sees it
+				evicted = true
+			}
+			b = next
+		}
+	}
+}
+
 // makeRoom evicts unreferenced blocks, least recently used first, until size more bytes fit
 // under the cap (c.mu held); it reports whether they do.
 func (c *prefixCache) makeRoom(size int64) bool {

@@ -117,8 +117,8 @@ func checkBlocks(t *testing.T, c *prefixCache, holds map[*kvBlock]int) {
 	}
 }
 
-// Many random schedules of lookups, stores and releases over prompts sharing prefixes, under a
-// cap of a few blocks: after every operation the references are exactly the children and the
+// Many random schedules of lookups, stores, releases and one weights' blocks forgotten, over
+// prompts sharing prefixes, under a cap of a few blocks: after every operation the references are exactly the children and the
 // live holds, the bytes stay under the cap; at the end, with every hold released and every
 // block evicted, each block allocated was freed once and the cache is empty.
 func TestPrefixCacheReferencesUnderRandomSchedules(t *testing.T) {
@@ -149,15 +149,25 @@ func TestPrefixCacheReferencesUnderRandomSchedules(t *testing.T) {
 		holds := map[*kvBlock]int{}
 		var live [][]*kvBlock
 		for range 300 {
-			switch op := rng.IntN(3); {
-			case op == 0:
+			switch op := rng.IntN(7); {
+			case op == 6:
+				// An adapter's weights dropped (an optimizer step, a delete): its unheld blocks go.
+				c.forget(func(w weightsKey) bool { return w == weights[1] })
+				c.mu.Lock()
+				for _, b := range c.blocks {
+					if b.key.weights == weights[1] && b.refs == 0 {
+						t.Fatalf("block %d of forgotten weights left unreferenced", b.id)
+					}
+				}
+				c.mu.Unlock()
+			case op < 2:
 				p := prompt()
 				got := c.lookup(weights[rng.IntN(2)], p, rng.IntN(8), false)
 				for _, b := range got {
 					holds[b]++
 				}
 				live = append(live, got)
-			case op == 1:
+			case op < 4:
 				c.store(weights[rng.IntN(2)], prompt(), alloc, fill, nil)
 			case len(live) > 0:
 				i := rng.IntN(len(live))
@@ -285,9 +295,10 @@ func TestPrefixCacheStartFitsTheLoopsSlots(t *testing.T) {
 }
 
 // An adapter's prompts are cached under its identity and the version of its weights: the base
-// model's blocks do not serve it, its own do until an optimizer step changes its weights, and
-// what it samples from a hit is what it samples without the cache (its weights trained away
-// from the base's, so a wrong hit would show).
+// model's blocks do not serve it, its own do until an optimizer step changes its weights (which
+// drops them: no request can name those weights again, nor a deleted adapter's), and what it
+// samples from a hit is what it samples without the cache (its weights trained away from the
+// base's, so a wrong hit would show).
 func TestPrefixCacheKeysByAdapterAndVersion(t *testing.T) {
 	e := loadTiny(t, ArchQwen3, Options{KVCacheMB: 16})
 	if _, err := e.CreateAdapter("a", LoraConfig{Rank: 4, Seed: 1, TrainAttn: true, TrainMLP: true}); err != nil {
@@ -339,10 +350,36 @@ func TestPrefixCacheKeysByAdapterAndVersion(t *testing.T) {
 	if slices.Equal(baseRes[0].Sequences[0].Logprobs, want[0].Sequences[0].Logprobs) {
 		t.Fatal("the trained adapter samples the base model's logprobs: the test cannot tell their blocks apart")
 	}
+	blocks := func() (base, adapter int) {
+		c := e.base.prefix
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for k := range c.blocks {
+			if k.weights.adapter == 0 {
+				base++
+			} else {
+				adapter++
+			}
+		}
+		return base, adapter
+	}
+	if b, a := blocks(); b != 2 || a != 2 {
+		t.Fatalf("%d base and %d adapter blocks cached, want 2 and 2", b, a)
+	}
 	train()
+	if b, a := blocks(); b != 2 || a != 0 {
+		t.Fatalf("after an optimizer step %d base and %d adapter blocks are cached, want the old weights' gone", b, a)
+	}
 	if _, hit := sample("a"); hit != 0 {
 		t.Fatalf("after an optimizer step the adapter was served %d positions of its old weights' blocks", hit)
 	}
+	if !e.DeleteAdapter(context.Background(), "a") {
+		t.Fatal("adapter a was not deleted")
+	}
+	if b, a := blocks(); b != 2 || a != 0 {
+		t.Fatalf("after deleting the adapter %d base and %d adapter blocks are cached, want its blocks gone", b, a)
+	}
+	checkBlocks(t, e.base.prefix, nil)
 }
 
 // The cache never holds more bytes than its cap: many different prompts through a cap of three

@@ -373,6 +373,25 @@ func TestPrefixCacheKeysByAdapterAndVersion(t *testing.T) {
 	if _, hit := sample("a"); hit != 0 {
 		t.Fatalf("after an optimizer step the adapter was served %d positions of its old weights' blocks", hit)
 	}
+	// A sampler's weights loaded again under the same name are other weights.
+	dir := t.TempDir()
+	if err := e.SaveAdapter(context.Background(), "a", dir, false); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		if err := e.LoadSnapshot(context.Background(), "s", dir); err != nil {
+			t.Fatal(err)
+		}
+		if b, a := blocks(); b != 2 || a != 2 {
+			t.Fatalf("snapshot loaded (round %d): %d base and %d adapter blocks, want the replaced snapshot's gone", round, b, a)
+		}
+		if _, hit := sample("s"); hit != 0 {
+			t.Fatalf("a freshly loaded snapshot was served %d positions", hit)
+		}
+	}
+	if !e.DeleteAdapter(context.Background(), "s") {
+		t.Fatal("snapshot s was not deleted")
+	}
 	if !e.DeleteAdapter(context.Background(), "a") {
 		t.Fatal("adapter a was not deleted")
 	}

@@ -357,21 +357,46 @@ func elems(dims []int) int {
 type SamplerStats struct {
 	// PromptTokens are the prompt positions requested: each sample's prompt, counted once per
 	// sample (what prefilling every sample's row would compute).
-	PromptTokens int64
+	PromptTokens int64 `json:"prompt_tokens"`
 	// PrefillTokens are the prompt positions the sampler computed (a prompt once for all its
 	// samples, less the positions its cached prefix served).
-	PrefillTokens int64
+	PrefillTokens int64 `json:"prefill_tokens"`
 	// CachedTokens are the prompt positions copied from the prefix cache.
-	CachedTokens int64
+	CachedTokens int64 `json:"cached_tokens"`
 	// Lookups are the prompts looked up in the prefix cache; Hits those that found a block.
-	Lookups, Hits int64
+	Lookups int64 `json:"lookups"`
+	Hits    int64 `json:"hits"`
 	// StoredBlocks and EvictedBlocks count the prefix cache's blocks stored and evicted.
-	StoredBlocks, EvictedBlocks int64
+	StoredBlocks  int64 `json:"stored_blocks"`
+	EvictedBlocks int64 `json:"evicted_blocks"`
 	// CacheBytes is the prefix cache's keys and values now, CacheCapBytes its cap (0: off),
 	// CacheBlocks its blocks.
-	CacheBytes, CacheCapBytes, CacheBlocks int64
+	CacheBytes    int64 `json:"cache_bytes"`
+	CacheCapBytes int64 `json:"cache_cap_bytes"`
+	CacheBlocks   int64 `json:"cache_blocks"`
 	// LoopKVBytes are the keys and values of the decode loops running now (their rows' caches).
-	LoopKVBytes int64
+	LoopKVBytes int64 `json:"loop_kv_bytes"`
+}
+
+// Add is the sum of two processes' counters (a model served by several workers).
+func (s SamplerStats) Add(o SamplerStats) SamplerStats {
+	return SamplerStats{PromptTokens: s.PromptTokens + o.PromptTokens, PrefillTokens: s.PrefillTokens + o.PrefillTokens,
+		CachedTokens: s.CachedTokens + o.CachedTokens, Lookups: s.Lookups + o.Lookups, Hits: s.Hits + o.Hits,
+		StoredBlocks: s.StoredBlocks + o.StoredBlocks, EvictedBlocks: s.EvictedBlocks + o.EvictedBlocks,
+		CacheBytes: s.CacheBytes + o.CacheBytes, CacheCapBytes: s.CacheCapBytes + o.CacheCapBytes,
+		CacheBlocks: s.CacheBlocks + o.CacheBlocks, LoopKVBytes: s.LoopKVBytes + o.LoopKVBytes}
+}
+
+// Valid reports whether every counter is in [0, 2⁶²]: a worker's report, checked before the
+// gateway shows it.
+func (s SamplerStats) Valid() bool {
+	for _, v := range []int64{s.PromptTokens, s.PrefillTokens, s.CachedTokens, s.Lookups, s.Hits, s.StoredBlocks,
+		s.EvictedBlocks, s.CacheBytes, s.CacheCapBytes, s.CacheBlocks, s.LoopKVBytes} {
+		if v < 0 || v > 1<<62 {
+			return false
+		}
+	}
+	return true
 }
 
 // SamplerStats reads the sampler's counters.

@@ -8,24 +8,32 @@ import (
 	"github.com/skein-ai/skein/engine"
 )
 
-// writeSamplerMetrics writes each in-process base model's sampler counters (issue 39): prompt
-// positions requested, computed and served from the prefix cache, the cache's lookups, blocks
-// and bytes, and the running decode loops' keys and values. The replicas of a model share its
-// base and so one cache: the first in-process replica of each model speaks for it. A remote
-// worker's counters stay in its process.
+// writeSamplerMetrics writes each base model's sampler counters (issue 39): prompt positions
+// requested, computed and served from the prefix cache, the cache's lookups, blocks and bytes,
+// and the running decode loops' keys and values. The in-process replicas of a model share its
+// base and so one cache: the first of them speaks for them; each worker (a process, a cache of
+// its own) adds what its last heartbeat reported.
 func (s *Server) writeSamplerMetrics(b *strings.Builder) {
 	reps := s.allReplicas()
 	sort.Slice(reps, func(i, j int) bool { return reps[i].ID() < reps[j].ID() })
 	byModel := map[string]engine.SamplerStats{}
-	var models []string
+	local := map[string]bool{}
 	for _, r := range reps {
-		if _, seen := byModel[r.BaseModel()]; seen {
+		m := r.BaseModel()
+		if st, ok := r.SamplerStats(); ok {
+			if !local[m] {
+				local[m] = true
+				byModel[m] = byModel[m].Add(st)
+			}
 			continue
 		}
-		if st, ok := r.SamplerStats(); ok {
-			byModel[r.BaseModel()] = st
-			models = append(models, r.BaseModel())
+		if hb, ok := s.reported(r.ID()); ok && hb.Sampler != nil {
+			byModel[m] = byModel[m].Add(*hb.Sampler)
 		}
+	}
+	models := make([]string, 0, len(byModel))
+	for m := range byModel {
+		models = append(models, m)
 	}
 	sort.Strings(models)
 	for _, m := range []struct {

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/worker"
 )
 
 // With a prefix cache, a prompt sampled again is answered with its cached positions counted in
@@ -58,5 +60,33 @@ func TestPromptCacheHitsReachTheAnswerAndMetrics(t *testing.T) {
 	}
 	if v := metricValue(t, body, fmt.Sprintf(`skein_prefix_cache_cap_bytes{base_model=%q}`, base)); v != 16<<20 {
 		t.Fatalf("/metrics shows a cap of %v bytes, want 16 MiB", v)
+	}
+}
+
+// A worker's sampler counters reach /metrics through its heartbeat, summed per base model; a
+// heartbeat with a counter out of range is refused and changes nothing.
+func TestWorkerSamplerCountersReachMetrics(t *testing.T) {
+	ts, e, data := newWorkerGateway(t)
+	w := newTestWorker(t, e, data)
+	code, reply := postWorker(t, ts.URL, "register", clusterToken, registration("w", w.URL, e))
+	secret, _ := reply["secret"].(string)
+	if code != http.StatusOK || secret == "" {
+		t.Fatalf("registration: %d %v", code, reply)
+	}
+	st := engine.SamplerStats{PromptTokens: 700, PrefillTokens: 300, CachedTokens: 400, CacheCapBytes: 1 << 30}
+	if code, _ := postWorker(t, ts.URL, "heartbeat", clusterToken, worker.Heartbeat{ID: "w", Secret: secret, Sampler: &st}); code != http.StatusOK {
+		t.Fatalf("heartbeat: %d", code)
+	}
+	bad := st
+	bad.CachedTokens = -5
+	if code, _ := postWorker(t, ts.URL, "heartbeat", clusterToken, worker.Heartbeat{ID: "w", Secret: secret, Sampler: &bad}); code != http.StatusBadRequest {
+		t.Fatalf("heartbeat with a negative counter: %d", code)
+	}
+	body := metricsText(t, ts.URL)
+	for name, want := range map[string]float64{"skein_sampler_prompt_tokens_total": 700, "skein_sampler_prefill_tokens_total": 300,
+		"skein_sampler_cached_tokens_total": 400, "skein_prefix_cache_cap_bytes": 1 << 30} {
+		if v := metricValue(t, body, fmt.Sprintf(`%s{base_model=%q}`, name, base)); v != want {
+			t.Errorf("%s: %v, want %v", name, v, want)
+		}
 	}
 }

@@ -44,6 +44,9 @@ type Heartbeat struct {
 	FreeSlots  int      `json:"free_slots"`         // max_loras minus those
 	QueueDepth int      `json:"queue_depth"`        // calls running or waiting
 	Draining   bool     `json:"draining,omitempty"` // leaving (SIGTERM): place nothing new here
+	// Sampler is its engine's sampler counters (prompt positions requested, computed and served
+	// from its prefix cache; the cache's bytes), for the gateway's /metrics.
+	Sampler *engine.SamplerStats `json:"sampler,omitempty"`
 }
 
 // Description is a discovered worker's answer to describe: what a registration says, less the

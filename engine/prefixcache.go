@@ -103,7 +103,11 @@ func tokensKey(toks []int) string {
 // lookup returns the cached blocks that begin prompt, at most maxBlocks of them, each held for
 // the caller (release them when done); withState: only as far as the last block with DeltaNet
 // states (a hybrid model's prompt can start only there).
-func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int, withState bool) []*kvBlock {
+//
+// matched is how many blocks of prompt are cached, states or not: for a hybrid model, where the
+// prompt leaves what is cached, likely the end of a prefix it shares with others (a system
+// prompt), where its prefill takes states for the next such prompt.
+func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int, withState bool) (held []*kvBlock, matched int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*kvBlock
@@ -123,7 +127,7 @@ func (c *prefixCache) lookup(w weightsKey, prompt []int, maxBlocks int, withStat
 	for _, b := range out[:cut] {
 		c.hold(b)
 	}
-	return out[:cut]
+	return out[:cut], len(out)
 }
 
 // statefulDepth is how many of blocks (a held chain, as lookup gave it) to use at most n of
@@ -144,6 +148,7 @@ type blockState struct {
 	st    any
 	free  func()
 	bytes int64
+	taken bool // by the cache (which frees it on eviction)
 }
 
 // release gives back the caller's hold on blocks.
@@ -185,10 +190,10 @@ func (c *prefixCache) drop(b *kvBlock) {
 // under the cap with every evictable block evicted (the blocks this call walks are held while
 // it does, so it never evicts its own chain).
 //
-// With a state (a hybrid model's), the block it was taken after keeps it, if that block is
-// stored or cached without one and the state fits under the cap; store reports whether it
-// took the state (else the caller frees it).
-func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool, state *blockState) (took bool) {
+// With states (a hybrid model's), the block each was taken after keeps it, if that block is
+// stored or cached without one and the state fits under the cap; store marks the states it
+// took (the caller frees the others).
+func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool, states []*blockState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var parent *kvBlock
@@ -208,17 +213,17 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 		if b == nil {
 			kv, free := alloc()
 			if kv == nil {
-				return took
+				return
 			}
 			size := kvBytes(kv)
 			c.blockBytes = size
 			if !c.makeRoom(size) {
 				free()
-				return took
+				return
 			}
 			if !fill(i, kv) {
 				free()
-				return took
+				return
 			}
 			c.nextID++
 			b = &kvBlock{id: c.nextID, key: key, parent: parent, kv: kv, free: free, size: size}
@@ -232,13 +237,14 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 		c.hold(b)
 		chain = append(chain, b)
 		parent = b
-		if state != nil && state.at == i && b.state == nil && c.makeRoom(state.bytes) {
-			b.state, b.stateFree, took = state.st, state.free, true
-			b.size += state.bytes
-			c.bytes += state.bytes
+		for _, st := range states {
+			if st.at == i && !st.taken && b.state == nil && c.makeRoom(st.bytes) {
+				b.state, b.stateFree, st.taken = st.st, st.free, true
+				b.size += st.bytes
+				c.bytes += st.bytes
+			}
 		}
 	}
-	return took
 }
 
 // forget evicts every unreferenced block of the weights stale names (an adapter deleted, or its
@@ -426,7 +432,10 @@ type prefixPlan struct {
 	// hybrid: the model has DeltaNet layers, whose state at a block's end is kept with the block
 	// (prefill stops each row there once: prefillRows) and put back with its keys and values.
 	hybrid bool
-	states []*blockState // per request: the DeltaNet states taken for store (nil: none)
+	states [][]*blockState // per request: the DeltaNet states taken for store
+	// branch: per request, the blocks of its prompt cached without states past those it was
+	// served (a hybrid model's; 0: none): its prefill takes states there too.
+	branch []int
 }
 
 // planPrefixes looks up each request's prompt in the prefix cache. Nothing is used or stored
@@ -439,7 +448,7 @@ type prefixPlan struct {
 func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images []*imageRow) *prefixPlan {
 	p := &prefixPlan{c: e.base.prefix, adapters: adapters, reqs: reqs, keys: make([]weightsKey, len(reqs)),
 		ok: make([]bool, len(reqs)), held: make([][]*kvBlock, len(reqs)), served: make([]int, len(reqs)),
-		hybrid: e.Config.hasDeltaNet(), states: make([]*blockState, len(reqs))}
+		hybrid: e.Config.hasDeltaNet(), states: make([][]*blockState, len(reqs)), branch: make([]int, len(reqs))}
 	if !p.c.on() || images != nil {
 		return p
 	}
@@ -448,7 +457,11 @@ func (e *Engine) planPrefixes(adapters []*Adapter, reqs []SampleRequest, images 
 		if !p.ok[ri] || r.PromptLogprobs || r.TopKPromptLogprobs > 0 {
 			continue
 		}
-		p.held[ri] = p.c.lookup(p.keys[ri], r.Prompt, (len(r.Prompt)-1)/kvBlockTokens, p.hybrid)
+		var matched int
+		p.held[ri], matched = p.c.lookup(p.keys[ri], r.Prompt, (len(r.Prompt)-1)/kvBlockTokens, p.hybrid)
+		if p.hybrid && matched > len(p.held[ri]) {
+			p.branch[ri] = matched
+		}
 		p.c.stats.lookups.Add(1)
 		if len(p.held[ri]) > 0 {
 			p.c.stats.hits.Add(1)
@@ -537,62 +550,84 @@ func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 }
 
 // prefillRows is prefill over loop's rows (reqOf[b]: row b's request; rowOf[ri]: request ri's
-// first row) from start. A hybrid model feeding the cache prefills in two parts: each row up to
-// its prompt's last block boundary, where its DeltaNet states are taken for the cache (states),
-// then the rest (under 16 positions a row). Logits are prefill's, positions of both parts.
+// first row) from start. A hybrid model feeding the cache prefills in parts, taking each row's
+// DeltaNet states (states) where a part stops it at a block boundary: first where its prompt
+// leaves what is cached without states (its branch: likely the end of a prefix it shares with
+// others, so the next such prompt starts there), then its prompt's last boundary, then the rest
+// (under 16 positions a row). A part in which no row moves is skipped. Logits are prefill's,
+// positions of every part.
 func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleRequest, rows []*sampleRow, first map[int]int, rowOf []int, maxPrompt int, sink rowSink, start []int) ([][]float64, int, error) {
 	if !p.hybrid || !p.c.on() || !p.feeds() {
 		return prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(len(rows), leftToPrefill(rows, start)), sink, start)
 	}
 	B := len(rows)
-	from, edge := make([]int, B), make([]int, B)
-	trunc := make([]*sampleRow, B)
-	part1 := false
-	for b, r := range rows {
-		if start != nil {
-			from[b] = start[b]
-		}
-		edge[b] = max(from[b], len(r.prompt)/kvBlockTokens*kvBlockTokens)
-		t := *r
-		t.prompt = r.prompt[:edge[b]]
-		trunc[b] = &t
-		part1 = part1 || edge[b] > from[b]
+	at, branch, edge := make([]int, B), make([]int, B), make([]int, B)
+	if start != nil {
+		copy(at, start)
 	}
-	var logits1 [][]float64
-	if part1 {
-		// from, not nil, even when all 0: every row's lens are given, so a row with no whole
-		// block keeps its zero state instead of one over padding.
-		var err error
-		if logits1, _, err = prefill(loop.step, reqs, trunc, first, maxPrompt, e.prefillChunk(B, leftToPrefill(trunc, from)), sink, from); err != nil {
-			return nil, 0, err
+	for b, r := range rows {
+		edge[b] = max(at[b], len(r.prompt)/kvBlockTokens*kvBlockTokens)
+		branch[b] = at[b]
+		if k := p.branch[r.req] * kvBlockTokens; k > at[b] && k < edge[b] {
+			branch[b] = k
 		}
-		for ri, b := range rowOf {
-			// A row that started at its edge came with the states of the block there.
-			if p.ok[ri] && edge[b] > from[b] {
-				if st, free, bytes := loop.takeState(b); st != nil {
-					p.states[ri] = &blockState{at: edge[b]/kvBlockTokens - 1, st: st, free: free, bytes: bytes}
-				}
+	}
+	var logits [][]float64
+	merge := func(part [][]float64) {
+		if logits == nil {
+			logits = part
+			return
+		}
+		for i, l := range part {
+			if l != nil { // each position is computed by one part
+				logits[i] = l
 			}
 		}
 	}
-	if !slices.ContainsFunc(edge, func(q int) bool { return q > 0 }) {
-		edge = nil // no row has a whole block: the plain prefill from 0
+	for _, stop := range [][]int{branch, edge} {
+		moves := false
+		trunc := make([]*sampleRow, B)
+		for b, r := range rows {
+			t := *r
+			t.prompt = r.prompt[:stop[b]]
+			trunc[b] = &t
+			moves = moves || stop[b] > at[b]
+		}
+		if !moves {
+			continue
+		}
+		// at, not nil, even when all 0: every row's lens are given, so a row that does not move
+		// keeps its state instead of taking one over padding.
+		part, _, err := prefill(loop.step, reqs, trunc, first, maxPrompt, e.prefillChunk(B, leftToPrefill(trunc, at)), sink, slices.Clone(at))
+		if err != nil {
+			return nil, 0, err
+		}
+		merge(part)
+		for ri, b := range rowOf {
+			// A row that does not move came with the states of the block it stands at.
+			if p.ok[ri] && stop[b] > at[b] {
+				if st, free, bytes := loop.takeState(b); st != nil {
+					p.states[ri] = append(p.states[ri], &blockState{at: stop[b]/kvBlockTokens - 1, st: st, free: free, bytes: bytes})
+				}
+			}
+		}
+		copy(at, stop)
 	}
-	logits, T, err := prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(B, leftToPrefill(rows, edge)), sink, edge)
+	rest := at
+	if !slices.ContainsFunc(rest, func(q int) bool { return q > 0 }) {
+		rest = nil // no row has a whole block: the plain prefill from 0
+	}
+	part, T, err := prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(B, leftToPrefill(rows, rest)), sink, rest)
 	if err != nil {
 		return nil, 0, err
 	}
-	for i, l := range logits1 {
-		if logits[i] == nil {
-			logits[i] = l // a prompt ending at its block boundary: its last logits came first
-		}
-	}
+	merge(part)
 	return logits, T, nil
 }
 
 // store feeds the cache from a prefilled loop: each request's whole blocks, from row rowOf[ri]
 // (its first prefill row), unless its weights changed during the prefill; and a hybrid model's
-// states taken at its last block boundary (freed here when the cache does not take them).
+// states taken at block boundaries (freed here when the cache does not take them).
 func (p *prefixPlan) store(loop decodeLoop, rowOf []int) {
 	defer p.freeStates()
 	if !p.c.on() {
@@ -602,23 +637,23 @@ func (p *prefixPlan) store(loop decodeLoop, rowOf []int) {
 		if k, settled := weightsKeyOf(p.adapters[ri]); !p.ok[ri] || !settled || k != p.keys[ri] {
 			continue
 		}
-		if p.hybrid && p.states[ri] == nil {
+		if p.hybrid && len(p.states[ri]) == 0 {
 			continue // the keys and values alone could serve no hybrid prompt
 		}
 		b := rowOf[ri]
-		if p.c.store(p.keys[ri], r.Prompt, loop.newBlock, func(i int, kv any) bool { return loop.saveBlock(b, i, kv) }, p.states[ri]) {
-			p.states[ri] = nil
-		}
+		p.c.store(p.keys[ri], r.Prompt, loop.newBlock, func(i int, kv any) bool { return loop.saveBlock(b, i, kv) }, p.states[ri])
 	}
 }
 
 // freeStates frees the DeltaNet states the cache did not take.
 func (p *prefixPlan) freeStates() {
-	for ri, st := range p.states {
-		if st != nil {
-			st.free()
-			p.states[ri] = nil
+	for ri, sts := range p.states {
+		for _, st := range sts {
+			if !st.taken {
+				st.free()
+			}
 		}
+		p.states[ri] = nil
 	}
 }
 

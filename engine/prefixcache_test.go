@@ -162,7 +162,7 @@ func TestPrefixCacheReferencesUnderRandomSchedules(t *testing.T) {
 				c.mu.Unlock()
 			case op < 2:
 				p := prompt()
-				got := c.lookup(weights[rng.IntN(2)], p, rng.IntN(8), false)
+				got, _ := c.lookup(weights[rng.IntN(2)], p, rng.IntN(8), false)
 				for _, b := range got {
 					holds[b]++
 				}
@@ -573,5 +573,40 @@ func TestPrefixCacheHybridStartsFitTheSlots(t *testing.T) {
 	res, err := e.SampleBatch(context.Background(), "", []SampleRequest{{Prompt: short, Params: params}})
 	if err != nil || res[0].CachedTokens != 48 {
 		t.Fatalf("alone: %v, %d positions served, want 48", err, res[0].CachedTokens)
+	}
+}
+
+// A hybrid model's chat turns over a shared system prompt: the first turn keeps states only at
+// its own last boundary, so the second finds the system prompt's blocks without states; its
+// prefill stops there too (where its prompt leaves what is cached) and keeps the states, so the
+// third turn is served the system prompt. Every turn samples as without the cache.
+func TestPrefixCacheHybridKeepsStatesWherePromptsBranch(t *testing.T) {
+	for _, c := range []struct {
+		f64 bool
+		tol float64
+	}{{false, 1e-4}, {true, 1e-9}} {
+		t.Run(fmt.Sprintf("f64=%v", c.f64), func(t *testing.T) {
+			e := loadTiny(t, ArchQwen3_5, Options{KVCacheMB: 16, Float64: c.f64})
+			seed := int64(12)
+			params := SampleParams{MaxTokens: 5, Temperature: 1, Seed: &seed}
+			system := tokensFrom(8, 64)
+			for turn, want := range []int{0, 0, 64, 64} {
+				req := SampleRequest{Prompt: append(slices.Clone(system), tokensFrom(20+turn, 20)...), NumSamples: 1 + turn%2, Params: params}
+				got, err := e.SampleBatch(context.Background(), "", []SampleRequest{req})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got[0].CachedTokens != want {
+					t.Fatalf("turn %d: %d positions served, want %d", turn, got[0].CachedTokens, want)
+				}
+				var alone []*SampleResult
+				withoutCache(e, func() { alone, err = e.SampleBatch(context.Background(), "", []SampleRequest{req}) })
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameSamples(t, fmt.Sprintf("turn %d", turn), alone[0], got[0], c.tol)
+			}
+			checkBlocks(t, e.base.prefix, nil)
+		})
 	}
 }

@@ -430,7 +430,8 @@ type prefixPlan struct {
 	held     [][]*kvBlock
 	served   []int // per request: the positions its prefill took from the cache
 	// hybrid: the model has DeltaNet layers, whose state at a block's end is kept with the block
-	// (prefill stops each row there once: prefillRows) and put back with its keys and values.
+	// (prefillRows stops rows at block boundaries to take it) and put back with its keys and
+	// values.
 	hybrid bool
 	states [][]*blockState // per request: the DeltaNet states taken for store
 	// branch: per request, the blocks of its prompt cached without states past those it was
@@ -486,7 +487,7 @@ func (p *prefixPlan) confirm() {
 	for ri, a := range p.adapters {
 		if k, settled := weightsKeyOf(a); p.ok[ri] && (!settled || k != p.keys[ri]) {
 			p.c.release(p.held[ri])
-			p.held[ri], p.ok[ri] = nil, false
+			p.held[ri], p.ok[ri], p.branch[ri] = nil, false, 0
 		}
 	}
 }

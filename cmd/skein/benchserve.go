@@ -69,6 +69,10 @@ const (
 	maxWorkloadPrompts  = 1024
 	maxWorkloadTokens   = 1 << 17
 	maxWorkloadInterval = 3_600_000 // an hour, in ms
+	// The whole run's requests and prompt tokens: every prompt is drawn before the run starts
+	// and every request waits in a goroutine of its own.
+	maxWorkloadRequests     = 200_000
+	maxWorkloadPromptTokens = 1 << 25
 )
 
 // readWorkload reads and checks a workload file, filling defaults.
@@ -109,6 +113,7 @@ func (w *serveWorkload) check() error {
 	}
 	names := map[string]bool{}
 	in := func(v, lo, hi int) bool { return v >= lo && v <= hi }
+	requests, tokens := 0, 0
 	for i := range w.Tenants {
 		t := &w.Tenants[i]
 		if t.Name == "" || names[t.Name] || strings.ContainsFunc(t.Name, func(r rune) bool { return r < '!' || r > '~' }) {
@@ -139,6 +144,11 @@ func (w *serveWorkload) check() error {
 		case math.IsNaN(t.Temperature) || t.Temperature < 0 || t.Temperature > 100:
 			return fmt.Errorf("tenant %s: temperature %v outside [0, 100]", t.Name, t.Temperature)
 		}
+		requests += t.Arrivals * t.Prompts
+		tokens += t.Arrivals * t.Prompts * t.PromptTokens
+	}
+	if requests > maxWorkloadRequests || tokens > maxWorkloadPromptTokens {
+		return fmt.Errorf("%d requests and %d prompt tokens of their own in all, at most %d and %d", requests, tokens, maxWorkloadRequests, maxWorkloadPromptTokens)
 	}
 	return nil
 }

@@ -106,6 +106,8 @@ func TestWorkloadFilesAreChecked(t *testing.T) {
 		{`{"tenants": [{` + tenant + `, "temperature": -1}]}`, "temperature"},
 		{`{"tenants": [{` + tenant + `, "interval": 5}]}`, "unknown field"},
 		{`{"vocab": -4, "tenants": [{` + tenant + `}]}`, "vocab -4"},
+		{`{"tenants": [{"name": "a", "kind": "rl", "arrivals": 1000, "prompts": 1000, "prompt_tokens": 8, "max_tokens": 4}]}`, "1000000 requests"},
+		{`{"tenants": [{"name": "a", "kind": "rl", "arrivals": 10000, "prompts": 10, "prompt_tokens": 1000, "max_tokens": 4}]}`, "100000000 prompt tokens"},
 	} {
 		f := filepath.Join(t.TempDir(), "w.json")
 		if err := os.WriteFile(f, []byte(c.body), 0o644); err != nil {

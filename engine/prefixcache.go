@@ -188,55 +188,36 @@ func (c *prefixCache) drop(b *kvBlock) {
 // returning them and the function that frees them. A block already cached is shared (and made
 // the most recently used), not stored twice; storing stops at the first block that does not fit
 // under the cap with every evictable block evicted (the blocks this call walks are held while
-// it does, so it never evicts its own chain).
+// it does, so it never evicts its own chain). The copies are made without the cache's lock, at
+// most storeRound blocks between two holds of it (a long prompt's would hold up every other
+// sampler's lookup), each placed under it; a block another request stored meanwhile is shared
+// and the copy freed.
 //
 // With states (a hybrid model's), the block each was taken after keeps it, if that block is
 // stored or cached without one and the state fits under the cap; store marks the states it
 // took (the caller frees the others).
 func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, free func()), fill func(i int, kv any) bool, states []*blockState) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var parent *kvBlock
-	var chain []*kvBlock // the blocks this call holds while it walks the prompt
+	n := len(prompt) / kvBlockTokens
+	var chain []*kvBlock // the blocks this call holds: block i of the prompt is chain[i]
 	defer func() {
+		c.mu.Lock()
 		for _, b := range chain {
 			c.drop(b)
 		}
+		c.mu.Unlock()
 	}()
-	for i := 0; (i+1)*kvBlockTokens <= len(prompt); i++ {
-		var pid uint64
-		if parent != nil {
-			pid = parent.id
+	key := func(i int) blockKey {
+		var parent uint64
+		if i > 0 {
+			parent = chain[i-1].id
 		}
-		key := blockKey{parent: pid, weights: w, tokens: tokensKey(prompt[i*kvBlockTokens : (i+1)*kvBlockTokens])}
-		b := c.blocks[key]
-		if b == nil {
-			kv, free := alloc()
-			if kv == nil {
-				return
-			}
-			size := kvBytes(kv)
-			c.blockBytes = size
-			if !c.makeRoom(size) {
-				free()
-				return
-			}
-			if !fill(i, kv) {
-				free()
-				return
-			}
-			c.nextID++
-			b = &kvBlock{id: c.nextID, key: key, parent: parent, kv: kv, free: free, size: size}
-			if parent != nil {
-				parent.refs++ // the child's hold on its parent
-			}
-			c.blocks[key] = b
-			c.bytes += size
-			c.stats.stored.Add(1)
-		}
+		return blockKey{parent: parent, weights: w, tokens: tokensKey(prompt[i*kvBlockTokens : (i+1)*kvBlockTokens])}
+	}
+	// place makes b the prompt's next block (c.mu held), giving it a state taken there.
+	place := func(b *kvBlock) {
+		i := len(chain)
 		c.hold(b)
 		chain = append(chain, b)
-		parent = b
 		for _, st := range states {
 			if st.at == i && !st.taken && b.state == nil && c.makeRoom(st.bytes) {
 				b.state, b.stateFree, st.taken = st.st, st.free, true
@@ -245,7 +226,70 @@ func (c *prefixCache) store(w weightsKey, prompt []int, alloc func() (kv any, fr
 			}
 		}
 	}
+	c.mu.Lock()
+	for len(chain) < n {
+		b := c.blocks[key(len(chain))]
+		if b == nil {
+			break
+		}
+		place(b)
+	}
+	c.mu.Unlock()
+	for len(chain) < n {
+		i0, want := len(chain), min(n-len(chain), storeRound)
+		var kvs []any
+		var frees []func()
+		for i := i0; i < i0+want; i++ {
+			kv, free := alloc()
+			if kv == nil {
+				break
+			}
+			if !fill(i, kv) {
+				free()
+				break
+			}
+			kvs, frees = append(kvs, kv), append(frees, free)
+		}
+		placed := 0
+		c.mu.Lock()
+		for j, kv := range kvs {
+			k := key(i0 + j)
+			b := c.blocks[k]
+			if b != nil {
+				frees[j]() // stored meanwhile by another request
+			} else {
+				size := kvBytes(kv)
+				c.blockBytes = size
+				if !c.makeRoom(size) {
+					break
+				}
+				var parent *kvBlock
+				if i0+j > 0 {
+					parent = chain[i0+j-1]
+					parent.refs++ // the child's hold on its parent
+				}
+				c.nextID++
+				b = &kvBlock{id: c.nextID, key: k, parent: parent, kv: kv, free: frees[j], size: size}
+				c.blocks[k] = b
+				c.bytes += size
+				c.stats.stored.Add(1)
+			}
+			place(b)
+			placed++
+		}
+		c.mu.Unlock()
+		for _, free := range frees[placed:] {
+			free()
+		}
+		if placed < want {
+			return // no room, or a copy failed
+		}
+	}
 }
+
+// storeRound is how many blocks store copies between two holds of the cache's lock: at most
+// this many wait beyond the cap for their places.
+const storeRound = 16
 
 // forget evicts every unreferenced block of the weights stale names (an adapter deleted, or its
 // weights before an optimizer step: no request can name them again), children before parents;

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
@@ -608,5 +609,60 @@ func TestPrefixCacheHybridKeepsStatesWherePromptsBranch(t *testing.T) {
 			}
 			checkBlocks(t, e.base.prefix, nil)
 		})
+	}
+}
+
+// Stores of the same and overlapping prompts from many goroutines at once (their copies made
+// outside the cache's lock, so two may copy one block): each block is stored once, a duplicate
+// copy is freed, every copy is either in the cache or freed exactly once, and the references
+// are exactly the children's when all are done.
+func TestPrefixCacheConcurrentStoresShareBlocks(t *testing.T) {
+	const blockBytes = 2 * 4 * 2 * kvBlockTokens * 3
+	c := newPrefixCache(blockBytes * 40)
+	var mu sync.Mutex
+	allocated, freed := 0, map[int]int{}
+	alloc := func() (any, func()) {
+		mu.Lock()
+		allocated++
+		id := allocated
+		mu.Unlock()
+		return backend.KV[float32]{KeysT: backend.Tensor[float32]{Dims: []int{2, 3, kvBlockTokens}}, Values: backend.Tensor[float32]{Dims: []int{2, kvBlockTokens, 3}}},
+			func() { mu.Lock(); freed[id]++; mu.Unlock() }
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				p := tokensFrom(i%3, (1+(g+i)%4)*kvBlockTokens*5)
+				c.store(weightsKey{}, p, alloc, func(int, any) bool { return true }, nil)
+				held, _ := c.lookup(weightsKey{}, p, 100, false)
+				c.release(held)
+			}
+		}()
+	}
+	wg.Wait()
+	checkBlocks(t, c, nil)
+	c.mu.Lock()
+	inCache := map[*kvBlock]bool{}
+	for _, b := range c.blocks {
+		inCache[b] = true
+	}
+	c.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	nFreed := 0
+	for id, n := range freed {
+		if n != 1 {
+			t.Fatalf("copy %d freed %d times", id, n)
+		}
+		nFreed++
+	}
+	if nFreed+len(inCache) != allocated {
+		t.Fatalf("%d copies made, %d freed and %d in the cache", allocated, nFreed, len(inCache))
+	}
+	if st := c.stats.stored.Load(); st != int64(len(inCache))+c.stats.evicted.Load() {
+		t.Fatalf("%d blocks stored, %d in the cache and %d evicted", st, len(inCache), c.stats.evicted.Load())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
@@ -187,6 +188,25 @@ type Adapter struct {
 	// adapter's weights, it would otherwise be garbage every accumulated batch.
 	scratchMu sync.Mutex
 	scratch   any
+	// uid is the adapter's identity in the sampler's prefix cache (unique in the process, never
+	// reused: a deleted and recreated adapter of the same name is another), and version counts
+	// changes of its weights as a sequence lock: odd while an optimizer step writes them. Cached
+	// keys and values are named by both (prefixcache.go).
+	uid     uint64
+	version atomic.Uint64
+}
+
+// adapterUIDs hands out Adapter.uid (0 is the base model's).
+var adapterUIDs atomic.Uint64
+
+// weightsKey is the prefix cache's name for the weights a pass of a (nil: the base model) runs
+// with now, and whether they are settled (no optimizer step writing them).
+func weightsKeyOf(a *Adapter) (weightsKey, bool) {
+	if a == nil {
+		return weightsKey{}, true
+	}
+	v := a.version.Load()
+	return weightsKey{adapter: a.uid, version: v}, v%2 == 0
 }
 
 // batchGrads is zeroed gradient sums for one forward_backward over a (given back by putGrads).
@@ -244,7 +264,7 @@ func (e *Engine) CreateAdapter(id string, cfg LoraConfig) (*Adapter, error) {
 }
 
 func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
-	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec())}
+	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec()), uid: adapterUIDs.Add(1)}
 	for _, m := range a.mods {
 		for _, p := range []struct {
 			suffix      string
@@ -261,9 +281,12 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 // DeleteAdapter forgets an adapter; it reports whether it existed.
 func (e *Engine) DeleteAdapter(ctx context.Context, id string) bool {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, ok := e.adapters[id]
+	a, ok := e.adapters[id]
 	delete(e.adapters, id)
+	e.mu.Unlock()
+	if ok { // no request can name its weights again: its cached prefixes go now, not by LRU
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid })
+	}
 	return ok
 }
 
@@ -395,6 +418,15 @@ func adamStep[E float](e *Engine, a *Adapter, p AdamParams) (map[string]float64,
 	t := float64(a.Step + 1)
 	h := backend.AdamW{LR: p.LearningRate, Beta1: p.Beta1, Beta2: p.Beta2, Eps: p.Eps, WeightDecay: p.WeightDecay,
 		Clip: clip, BC1: 1 - math.Pow(p.Beta1, t), BC2: 1 - math.Pow(p.Beta2, t)}
+	// The weights change under the prefix cache's name for them: odd while they do, and a new
+	// even version after (weightsKeyOf), so no cached keys and values of the old weights serve
+	// the new ones.
+	a.version.Add(1)
+	defer func() {
+		now := a.version.Add(1)
+		// The old weights' cached prefixes can serve no request again: they go now, not by LRU.
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid && w.version < now })
+	}()
 	updSq, bad, w, m, v := st.AdamW(ps, h)
 	if bad >= 0 {
 		return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",

@@ -243,8 +243,12 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		}
 	}
 	e.mu.Lock()
+	old := e.adapters[id]
 	e.adapters[id] = a
 	e.mu.Unlock()
+	if old != nil { // replaced (a sampler's weights loaded again): no request can name the old ones
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == old.uid })
+	}
 	return nil
 }
 

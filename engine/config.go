@@ -319,3 +319,13 @@ func (c *Config) isDeltaNet(l int) bool { return l < len(c.deltaNet) && c.deltaN
 
 // isMoE reports whether layer l's feed-forward block is a mixture of experts.
 func (c *Config) isMoE(l int) bool { return l < len(c.moe) && c.moe[l] }
+
+// hasDeltaNet reports whether any layer is a Gated DeltaNet layer (a hybrid model).
+func (c *Config) hasDeltaNet() bool {
+	for _, d := range c.deltaNet {
+		if d {
+			return true
+		}
+	}
+	return false
+}

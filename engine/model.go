@@ -20,6 +20,9 @@ type baseModel struct {
 	weights any // *model[float32] or *model[float64], the engine's dtype
 	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
+	// prefix is the sampler's prefix cache across requests and its counters (never nil; off
+	// when its cap is 0), shared by the forks: adapters' identities are process-wide.
+	prefix *prefixCache
 }
 
 // modelOf is the base model's weights in the pass's element type.

@@ -37,6 +37,7 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
   skein model export-peft CHECKPOINT_DIR OUT_DIR --base MODEL    (experts' LoRAs expanded per expert, for PEFT / vLLM)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
+  skein bench serve --workload FILE [--url http://127.0.0.1:8000] [--key KEY] [--json]   (loads a running server: workloads/*.json)
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
   skein version
 
@@ -103,11 +104,14 @@ func runCommand(args []string) error {
 		return initTiny(args[2:])
 	case "bench":
 		if len(args) == 2 && isHelp(args[1]) {
-			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)")
+			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)\n       skein bench serve --workload FILE [--url URL] [flags] (see skein bench serve --help)")
 			return nil
 		}
+		if len(args) >= 2 && args[1] == "serve" {
+			return benchServe(args[2:])
+		}
 		if len(args) < 2 || args[1] != "engine" {
-			return errors.New("usage: skein bench engine --model DIR")
+			return errors.New("usage: skein bench engine --model DIR, or skein bench serve --workload FILE")
 		}
 		return benchEngine(args[2:])
 	case "keys":
@@ -298,6 +302,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
+	if err := checkKVCacheMB(cfg.KVCacheMB); err != nil {
+		return err
+	}
 	return cfg.Limits.check()
 }
 
@@ -331,7 +338,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, KVCacheMB: cfg.KVCacheMB, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
 		if err != nil {
 			return nil, err
 		}

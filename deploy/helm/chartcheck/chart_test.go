@@ -159,6 +159,9 @@ func TestPoolsDefaultTheirOptionalFields(t *testing.T) {
 	if v, _ := arg(w.Containers[0], "--step-memory-mb"); v != "4096" {
 		t.Errorf("--step-memory-mb=%q", v)
 	}
+	if v, _ := arg(w.Containers[0], "--kv-cache-mb"); v != "1024" {
+		t.Errorf("--kv-cache-mb=%q", v)
+	}
 	if w.Volumes[0].Name != "model" || w.Volumes[0].EmptyDir == nil || w.Volumes[0].EmptyDir.SizeLimit != nil {
 		t.Errorf("model volume %+v", w.Volumes[0])
 	}
@@ -421,5 +424,25 @@ func TestDataIsSharedOrTheChartRefuses(t *testing.T) {
 				t.Errorf("%s: data volume %+v with storage.url set", name, v)
 			}
 		}
+	}
+}
+
+// A pool's kvCacheMB reaches its workers as given: 0 (off) is not taken for absent, and the
+// largest allowed is written as an integer, not in a float's exponent form; past it the schema
+// refuses the values.
+func TestPoolKVCacheMB(t *testing.T) {
+	for _, c := range []struct {
+		mb   any
+		want string
+	}{{0, "0"}, {1048576, "1048576"}} {
+		pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": c.mb}
+		o := render(t, map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}})
+		if v, _ := arg(o.deployments["skein-worker-p"].Spec.Template.Spec.Containers[0], "--kv-cache-mb"); v != c.want {
+			t.Errorf("kvCacheMB %v: --kv-cache-mb=%q, want %q", c.mb, v, c.want)
+		}
+	}
+	pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": 1048577}
+	if _, _, err := Render(map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}}, nil); err == nil || !strings.Contains(err.Error(), "kvCacheMB") {
+		t.Errorf("a kvCacheMB past 1 TiB: %v, want the schema's refusal", err)
 	}
 }

@@ -179,6 +179,15 @@ type Ops[E Float] interface {
 	// block from[i] of src (blocks of the same size): a sampler's rows of a cache forked from a
 	// prefill's.
 	CopyBlocks(dst, src Tensor[E], from []int)
+	// CopyRows sets rows [d0, d0+n) of dst's leading dimension to rows [s0, s0+n) of src (rows of
+	// the same size): one sampler row's DeltaNet state kept with a prefix cache's block, or put
+	// back into a row.
+	CopyRows(dst Tensor[E], d0 int, src Tensor[E], s0, n int)
+	// CopySlots copies n slots of heads heads from src to dst, both a store of keys and values
+	// (KV: keys transposed [heads, HD, S], values [heads, S, HD], each with its own S): src's
+	// heads srcHead… at slots srcSlot…srcSlot+n-1 to dst's heads dstHead… at slots dstSlot….
+	// A sampler's row of a cache filled from a prefix cache's block, or a block taken from a row.
+	CopySlots(dst, src KV[E], dstHead, dstSlot, srcHead, srcSlot, heads, n int)
 	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
 	Rows(x Tensor[E], r0, r1 int) Tensor[E]
 	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in
@@ -252,6 +261,11 @@ type Ops[E Float] interface {
 // [B·KVH, G·T, HD] (a group's queries, head after head, each T rows), keys transposed
 // [B·KVH, HD, S] and values [B·KVH, S, HD] over S slots.
 type Heads struct{ B, T, H, KVH, HD int }
+
+// KV is a store of attention keys and values over S slots: keys transposed [heads, HD, S] (so
+// scores are a plain product) and values [heads, S, HD], the layout of a sampler's cache
+// (heads = rows × KVH) and of a prefix cache's block (heads = attention layers × KVH).
+type KV[E Float] struct{ KeysT, Values Tensor[E] }
 
 // Rotation is RoPE (or mRoPE) for every token of a pass: token n (row n/T, position n%T)
 // rotates by row Angle[n] of the tables Cos and Sin [rows, Half] (Half = the rotary dims / 2;

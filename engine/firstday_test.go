@@ -21,7 +21,11 @@ func TestArchitecturesMustBeSupported(t *testing.T) {
 		`"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"rope_theta":10000}`
 	finish := func(class, modelType string) error {
 		var c Config
-		if err := parseConfig([]byte(fmt.Sprintf(base, class, modelType)), &c); err != nil {
+		js := fmt.Sprintf(base, class, modelType)
+		if strings.Contains(modelType, "moe") { // a mixture of experts' sizes
+			js = strings.TrimSuffix(js, "}") + `,"num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":32}`
+		}
+		if err := parseConfig([]byte(js), &c); err != nil {
 			t.Fatal(err)
 		}
 		return c.finish()

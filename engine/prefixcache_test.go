@@ -214,7 +214,7 @@ func TestPrefixCacheSamplesAsWithoutIt(t *testing.T) {
 		arch Arch
 		f64  bool
 		tol  float64
-	}{{ArchQwen3, false, 1e-4}, {ArchLlama, false, 1e-4}, {ArchQwen3, true, 1e-9}} {
+	}{{ArchQwen3, false, 1e-4}, {ArchLlama, false, 1e-4}, {ArchQwen3, true, 1e-9}, {ArchQwen3MoE, false, 1e-4}, {ArchQwen3MoE, true, 1e-9}} {
 		t.Run(fmt.Sprintf("%s/f64=%v", c.arch, c.f64), func(t *testing.T) {
 			e := loadTiny(t, c.arch, Options{KVCacheMB: 16, Float64: c.f64})
 			seed := int64(5)

@@ -244,8 +244,9 @@ func encodeGGUF(v []float32, shape []int, t gguf.GGMLType) ([]byte, error) {
 // trained on: general.type adapter, adapter.type lora, adapter.lora.alpha, and per adapted module
 // <GGUF weight name>.lora_a [r, in] and .lora_b [out, r] in float32 (torch order: ggml's ne are
 // the reverse), llama's q/k lora_b rows permuted as the base's q/k rows are. llama.cpp scales the
-// product by alpha/r, as PEFT does. A LoRA on the head of a tied model is refused: llama.cpp's
-// model has no output weight to put it on.
+// product by alpha/r, as PEFT does. A mixture's expert LoRAs become LoRAs of its stacked expert
+// tensors (addExpertLoRA). A LoRA on the head of a tied model is refused: llama.cpp's model has
+// no output weight to put it on.
 func ExportAdapterGGUF(adapterDir string, base *Config, out string) error {
 	w, err := adapterGGUF(adapterDir, base)
 	if err != nil {
@@ -287,9 +288,9 @@ func adapterGGUF(adapterDir string, base *Config) (*gguf.Writer, error) {
 	want := map[string][]int{}
 	for _, m := range mods {
 		if m.Experts > 0 {
-			// llama.cpp reads expert LoRAs as per-expert 3-D tensors (ffn_*_exps.lora_a/b, its
-			// build_lora_mm_id); skein does not write them yet.
-			return nil, fmt.Errorf("engine: the adapter has a LoRA on a mixture of experts' experts (%s), which skein's GGUF export does not write yet; export it as PEFT (the cookbook's build_lora_adapter expands it for vLLM)", m.Path)
+			want["base_model.model."+m.Path+".lora_A.weight"] = m.aFile(lc.Rank)
+			want["base_model.model."+m.Path+".lora_B.weight"] = m.bFile(lc.Rank)
+			continue
 		}
 		if m.Path == "lm_head" && base.TieWordEmbeddings {
 			return nil, fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
@@ -307,6 +308,10 @@ func adapterGGUF(adapterDir string, base *Config) (*gguf.Writer, error) {
 	w.Set("adapter.type", "lora")
 	w.Set("adapter.lora.alpha", float32(alpha))
 	for _, m := range mods {
+		if m.Experts > 0 {
+			addExpertLoRA(w, m, lc.Rank, tensors)
+			continue
+		}
 		g, ok := ggufName(m.Path + ".weight")
 		if !ok {
 			return nil, fmt.Errorf("engine: module %s has no GGUF name", m.Path)
@@ -349,4 +354,38 @@ func LoadModelConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("engine: %s: %w", path, err)
 	}
 	return configFromGGUF(f)
+}
+
+// addExpertLoRA writes a mixture's expert LoRA (Tinker's shared-outer layout, moe.go) as
+// llama.cpp's LoRA of a stacked expert tensor (its build_lora_mm_id): lora_a [E, r, in] and
+// lora_b [E, out, r] in torch order, the shared factor repeated for every expert.
+func addExpertLoRA(w *gguf.Writer, m loraModule, r int, tensors map[string][]float64) {
+	E := m.Experts
+	a, b := tensors["base_model.model."+m.Path+".lora_A.weight"], tensors["base_model.model."+m.Path+".lora_B.weight"]
+	in, out := m.In, m.Out
+	if !m.ExpertA {
+		out = m.Out / E // gate, up: A [r, D] shared, B_e [I, r]
+	}
+	af, bf := make([]float32, E*r*in), make([]float32, E*out*r)
+	for e := range E {
+		for i := range r * in {
+			if m.ExpertA {
+				af[e*r*in+i] = float32(a[e*r*in+i])
+			} else {
+				af[e*r*in+i] = float32(a[i])
+			}
+		}
+		for i := range out * r {
+			if m.ExpertA {
+				bf[e*out*r+i] = float32(b[i])
+			} else {
+				bf[e*out*r+i] = float32(b[e*out*r+i])
+			}
+		}
+	}
+	_, name, _ := cutLast(m.Path, ".")
+	layer := strings.TrimSuffix(strings.TrimPrefix(m.Path, "model.layers."), ".mlp.experts."+name)
+	g := "blk." + layer + "." + map[string]string{"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}[name] + ".weight"
+	w.AddF32(g+".lora_a", []int{E, r, in}, af)
+	w.AddF32(g+".lora_b", []int{E, out, r}, bf)
 }

@@ -27,7 +27,7 @@ func ggufArchOf(c *Config) (string, error) {
 			return arch, nil
 		}
 	}
-	return "", fmt.Errorf("engine: a %s model has no GGUF architecture skein writes (llama, qwen2, qwen3)", c.Arch)
+	return "", fmt.Errorf("engine: a %s model has no GGUF architecture skein writes (llama, qwen2, qwen3, qwen3moe)", c.Arch)
 }
 
 // GGUFTypes are the tensor types WriteGGUF writes projections in, by name.

@@ -65,7 +65,7 @@ type serveConfig struct {
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8000", "listen address")
 	fs.StringVar(&c.Data, "data", "./skein-data", "data directory")
-	fs.Var(&c.Models, "model", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), a GGUF file (llama, qwen2, qwen3) or an Ollama manifest (repeatable; a comma-separated list in the variable); default: a generated tiny model")
+	fs.Var(&c.Models, "model", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), a GGUF file (llama, qwen2, qwen3, qwen3moe) or an Ollama manifest (repeatable; a comma-separated list in the variable); default: a generated tiny model")
 	fs.Var(&c.Names, "name", "base-model name clients use for the matching --model (repeatable; default: directory name, Org/Name for a hub cache entry or snapshot, a GGUF file's name without .gguf, name:tag for an Ollama manifest)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body")
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of each base model in this process (they share one copy of the base weights)")

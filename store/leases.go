@@ -137,6 +137,25 @@ func (s *SQL) FinishFutureFenced(ctx context.Context, id, state string, result [
 	return false, nil // already terminal
 }
 
+// PutRunFenced is PutRun for a run's sequencer: the row is written only while fence's holder
+// still holds the run at fence's epoch (else ErrFenced), so a gateway that lost the run cannot
+// write its stale view of it over the new holder's.
+func (s *SQL) PutRunFenced(ctx context.Context, r Run, fence Fence) error {
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE runs SET last_request = ?, live = ?, data = ? WHERE id = ?
+		AND EXISTS (SELECT 1 FROM run_leases WHERE run_id = ? AND holder = ? AND epoch = ?)`),
+		ms(r.LastRequest), r.Live, r.Data, r.ID, fence.Run, fence.Holder, fence.Epoch)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	if _, err := s.GetRun(ctx, r.ID); errors.Is(err, ErrNotFound) {
+		return s.PutRun(ctx, r) // not written yet (or forgotten): nothing to overwrite
+	}
+	return fmt.Errorf("%w: not writing run %s at epoch %d", ErrFenced, r.ID, fence.Epoch)
+}
+
 // PendingOps lists a run's pending futures that carry their request (so that the run's new
 // holder can run them), in no particular order.
 func (s *SQL) PendingOps(ctx context.Context, run string) ([]Future, error) {

@@ -203,5 +203,22 @@ func TestStaleEpochIsRefused(t *testing.T) {
 		if _, err := s.GetRun(ctx, "r"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("GetRun of a missing run: %v", err)
 		}
+		// The run's row: written (created) under any fence while it has none, then only by the
+		// holder at its epoch.
+		run := Run{ID: "r", Tenant: "t", SessionID: "s", BaseModel: "m", Created: time.Now(), LastRequest: time.Now(), Live: true, Data: []byte(`{"step":1}`)}
+		if err := s.PutRunFenced(ctx, run, Fence{"r", "g1", l1.Epoch}); err != nil {
+			t.Fatalf("creating a run's row: %v", err)
+		}
+		run.Data = []byte(`{"step":2}`)
+		if err := s.PutRunFenced(ctx, run, Fence{"r", "g2", l2.Epoch}); err != nil {
+			t.Fatalf("the holder's write: %v", err)
+		}
+		run.Data = []byte(`{"step":1}`)
+		if err := s.PutRunFenced(ctx, run, Fence{"r", "g1", l1.Epoch}); !errors.Is(err, ErrFenced) {
+			t.Fatalf("a stale epoch's row write: %v", err)
+		}
+		if got, err := s.GetRun(ctx, "r"); err != nil || string(got.Data) != `{"step":2}` {
+			t.Fatalf("run row %s %v, want the holder's", got.Data, err)
+		}
 	})
 }

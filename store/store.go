@@ -228,6 +228,8 @@ type RunLeases interface {
 	RunLeaseOf(ctx context.Context, run string) (RunLease, error)
 	// FinishFutureFenced is FinishFuture only while fence still holds its run (ErrFenced if not).
 	FinishFutureFenced(ctx context.Context, id, state string, result []byte, category string, fence Fence) (bool, error)
+	// PutRunFenced is PutRun only while fence still holds its run (ErrFenced if not).
+	PutRunFenced(ctx context.Context, r Run, fence Fence) error
 	// PendingOps lists a run's pending futures that carry their request.
 	PendingOps(ctx context.Context, run string) ([]Future, error)
 	// OrphanedRuns lists runs with pending futures carrying their request and no live lease.

@@ -1,0 +1,262 @@
+package gateway_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/store"
+)
+
+// stoppableCompute is an engine whose forward_backwards wait at a gate while it is shut, so that a
+// test can kill a gateway while one of its ops is on the replica.
+type stoppableCompute struct {
+	engine.Compute
+	mu      sync.Mutex
+	gate    chan struct{} // nil: open
+	entered chan struct{} // gets a value when an op reaches a shut gate
+	left    chan struct{} // gets a value when such an op has computed
+}
+
+func (g *stoppableCompute) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil && backward {
+		g.entered <- struct{}{}
+		<-gate
+		defer func() { g.left <- struct{}{} }()
+	}
+	return g.Compute.ForwardBatch(ctx, id, b, backward)
+}
+
+func (g *stoppableCompute) shut() {
+	g.mu.Lock()
+	g.gate, g.entered, g.left = make(chan struct{}), make(chan struct{}, 16), make(chan struct{}, 16)
+	g.mu.Unlock()
+}
+
+type pgGateway struct {
+	gw      *gateway.Server
+	ts      *httptest.Server
+	rep     *replica.Replica
+	compute *stoppableCompute
+	st      *store.Postgres
+}
+
+// startPGGateways starts n gateways on one fresh PostgreSQL schema and one shared data directory
+// (as pods sharing a ReadWriteMany claim), each with its own in-process replica and an
+// advertised URL for forwarding, at default lease settings.
+func startPGGateways(t *testing.T, n int) []*pgGateway {
+	return startPGGatewaysWith(t, n, nil)
+}
+
+// startPGGatewaysWith is startPGGateways with options changed by opt.
+func startPGGatewaysWith(t testing.TB, n int, opt func(*gateway.Options)) []*pgGateway {
+	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("fo_%d", time.Now().UnixNano())
+	if _, err := db.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	data := t.TempDir()
+	var out []*pgGateway
+	for i := range n {
+		st, err := store.OpenPostgres(dsn + "&search_path=" + schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Load(modelDir(), engine.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &pgGateway{compute: &stoppableCompute{Compute: e}, st: st}
+		g.rep = replica.New(fmt.Sprintf("r%d", i), base, g.compute, 4)
+		var h http.Handler = http.NotFoundHandler()
+		var mu sync.Mutex
+		g.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			hh := h
+			mu.Unlock()
+			hh.ServeHTTP(w, r)
+		}))
+		o := gateway.Options{DataDir: data, Store: st, AdvertiseURL: g.ts.URL, LongPoll: 5 * time.Second}
+		if opt != nil {
+			opt(&o)
+		}
+		g.gw, err = gateway.New(o, g.rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		h = g.gw
+		mu.Unlock()
+		t.Cleanup(func() { g.ts.Close(); g.gw.Close(); g.rep.Close(); st.Close() })
+		out = append(out, g)
+	}
+	return out
+}
+
+func timeDuration(ns int64) time.Duration { return time.Duration(ns) }
+
+// stepOf is an optim_step result's step.
+func stepOf(t *testing.T, f *client.Future, ctx context.Context) int {
+	t.Helper()
+	var out api.OptimStepResponse
+	if err := f.Result(ctx, &out); err != nil {
+		t.Fatalf("optim_step %s: %v", f.RequestID, err)
+	}
+	return int(out.Metrics["step:max"])
+}
+
+// Two gateways on one PostgreSQL; the one that sequences a run (it created it) is killed while
+// one of the run's ops is on its replica and five more are queued behind it. The other gateway
+// takes the run over once the lease lapses, runs every acknowledged op without a stored result
+// once, in seq_id order: each optim_step's step is exactly its number, and no future stays
+// pending. The dead gateway's op, released afterwards as a zombie's, changes nothing: its
+// result is refused (stale epoch) and its replica never writes the state again. A request sent
+// to the other gateway while the owner lived was forwarded to the owner.
+func TestFailoverRunsAcknowledgedOpsOnceInOrder(t *testing.T) {
+	gws := startPGGateways(t, 2)
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ca, cb := client.New(a.ts.URL, "tml-failover"), client.New(b.ts.URL, "tml-failover")
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	submitStep := func() (*client.Future, *client.Future) {
+		t.Helper()
+		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := tc.OptimStep(ctx, 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fb, op
+	}
+	for want := 1; want <= 2; want++ {
+		fb, op := submitStep()
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := stepOf(t, op, ctx); got != want {
+			t.Fatalf("step %d, want %d", got, want)
+		}
+	}
+	// Through B while A lives: forwarded to A, which runs it on its replica; B's holds nothing.
+	tc.Via(cb)
+	fb, op := submitStep()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 3 {
+		t.Fatalf("step through B: %d, want 3", got)
+	}
+	if ids := b.rep.AdapterIDs(ctx); len(ids) != 0 {
+		t.Fatalf("B's replica holds %v: the request was not forwarded to the run's gateway", ids)
+	}
+	if ids := a.rep.AdapterIDs(ctx); len(ids) != 1 {
+		t.Fatalf("A's replica holds %v", ids)
+	}
+
+	// Three more steps through A; the first forward_backward stops on A's replica; A dies.
+	tc.Via(ca)
+	a.compute.shut()
+	var fbs, ops []*client.Future
+	for range 3 {
+		fb, op := submitStep()
+		fbs, ops = append(fbs, fb), append(ops, op)
+	}
+	select {
+	case <-a.compute.entered:
+	case <-ctx.Done():
+		t.Fatal("the op never reached A's replica")
+	}
+	a.ts.CloseClientConnections()
+	a.ts.Close()
+	a.gw.Crash()
+	killed := time.Now()
+
+	// The client goes on through B: every future of the dead gateway ends, each once.
+	first := fbs[0]
+	if err := cb.Future(first.RequestID).Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatalf("the forward_backward A was running: %v", err)
+	}
+	took := time.Since(killed)
+	t.Logf("first op after the kill done in %s", took.Round(time.Millisecond))
+	if took > 15*time.Second {
+		t.Errorf("failover's first op took %s after the kill, want ≤ 15 s", took)
+	}
+	for i := range 3 {
+		if err := cb.Future(fbs[i].RequestID).Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatalf("forward_backward %d: %v", i+4, err)
+		}
+		if got := stepOf(t, cb.Future(ops[i].RequestID), ctx); got != 4+i {
+			t.Fatalf("step %d after the failover, want %d", got, 4+i)
+		}
+	}
+	// The zombie: A's stopped forward_backward goes on now. Its result is refused and it is not
+	// run again; the run's next step through B is 7.
+	close(a.compute.gate)
+	<-a.compute.left
+	time.Sleep(300 * time.Millisecond) // its gradient ledger's write and its result's
+	run, err := b.st.GetRun(ctx, tc.ModelID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Step    int      `json:"step"`
+		Pending []string `json:"pending_forward_backwards"`
+	}
+	if err := json.Unmarshal(run.Data, &d); err != nil || d.Step != 6 || len(d.Pending) != 0 {
+		t.Fatalf("the run's row after the zombie's op: %s (%v), want step 6 and no pending forward_backward", run.Data, err)
+	}
+	tc.Via(cb)
+	fb, op = submitStep()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 7 {
+		t.Fatalf("step after the zombie: %d, want 7", got)
+	}
+	// The first forward_backward's one result is B's (the zombie's write was refused).
+	row, err := b.st.GetFuture(ctx, first.RequestID)
+	if err != nil || row.State != store.FutureComplete || row.Owner == "" {
+		t.Fatalf("the zombie's op's future: %+v %v", row, err)
+	}
+	if ops, err := b.st.PendingOps(ctx, tc.ModelID); err != nil || len(ops) != 0 {
+		t.Fatalf("pending after the failover: %d %v", len(ops), err)
+	}
+	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch != 2 || !strings.HasPrefix(l.Addr, b.ts.URL) {
+		t.Fatalf("the run's lease: %+v %v", l, err)
+	}
+}

@@ -260,3 +260,52 @@ func TestFailoverRunsAcknowledgedOpsOnceInOrder(t *testing.T) {
 		t.Fatalf("the run's lease: %+v %v", l, err)
 	}
 }
+
+// A gateway that stops gracefully (Close, as on SIGTERM) hands its runs over: the other gateway
+// takes the run at its next request at once, not after the lease lapses, and the steps go on.
+func TestGracefulStopHandsRunsOver(t *testing.T) {
+	gws := startPGGateways(t, 2)
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, cb := client.New(a.ts.URL, "tml-handover"), client.New(b.ts.URL, "tml-handover")
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	step := func(c *client.Client) int {
+		tc.Via(c)
+		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := tc.OptimStep(ctx, 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		return stepOf(t, op, ctx)
+	}
+	if got := step(ca); got != 1 {
+		t.Fatalf("step %d", got)
+	}
+	a.ts.Close()
+	a.gw.Close()
+	start := time.Now()
+	if got := step(cb); got != 2 {
+		t.Fatalf("step after the handover: %d, want 2", got)
+	}
+	if took := time.Since(start); took > gateway.DefaultRunLeaseTTL/2 {
+		t.Fatalf("the step after a graceful stop took %s: the lease was left to lapse", took)
+	}
+	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch != 2 || l.Addr != b.ts.URL {
+		t.Fatalf("lease %+v %v", l, err)
+	}
+}

@@ -56,13 +56,27 @@ type leaseTable struct {
 type heldLease struct {
 	epoch int64
 	until time.Time // by this process's clock: a margin before the store's expiry
+	// ready: the run is taken over (its pending ops queued again); until then new requests
+	// wait for the takeover (ownRun), while the ops it queues already run under the epoch.
+	ready bool
 }
 
 func newLeaseTable(on bool, ttl time.Duration, addr string) *leaseTable {
 	return &leaseTable{on: on, ttl: ttl, addr: addr, held: map[string]heldLease{}, last: map[string]int64{}, turns: map[string]*sync.Mutex{}}
 }
 
-// valid is the hot path: the epoch this gateway holds run at, from memory.
+// serving is the hot path: the epoch this gateway holds run at and serves it under, from memory.
+func (t *leaseTable) serving(run string) (int64, bool) {
+	t.mu.Lock()
+	h, ok := t.held[run]
+	t.mu.Unlock()
+	if !ok || !h.ready || !time.Now().Before(h.until) {
+		return 0, false
+	}
+	return h.epoch, true
+}
+
+// valid is the epoch this gateway holds run at (taken over or still being taken over).
 func (t *leaseTable) valid(run string) (int64, bool) {
 	t.mu.Lock()
 	h, ok := t.held[run]
@@ -81,9 +95,13 @@ func (t *leaseTable) lastEpoch(run string) (int64, bool) {
 	return e, ok
 }
 
-// hold records a lease taken or renewed at sent.
-func (t *leaseTable) hold(run string, epoch int64, sent time.Time) {
-	t.held[run] = heldLease{epoch: epoch, until: t.localUntil(sent)}
+// hold records a lease taken or renewed at sent (call with t.mu held); a renewal keeps whether
+// the run is ready.
+func (t *leaseTable) hold(run string, epoch int64, sent time.Time, ready bool) {
+	if h, ok := t.held[run]; ok && h.epoch == epoch {
+		ready = ready || h.ready
+	}
+	t.held[run] = heldLease{epoch: epoch, until: t.localUntil(sent), ready: ready}
 	t.last[run] = epoch
 }
 
@@ -115,13 +133,13 @@ func (s *Server) self() string { return s.futures.prefix }
 // the store if it was another's or lapsed), or says who does. A lease another gateway holds is
 // returned as it is, for forwarding.
 func (s *Server) ownRun(ctx context.Context, runID string) (store.RunLease, error) {
-	if e, ok := s.leases.valid(runID); ok {
+	if e, ok := s.leases.serving(runID); ok {
 		return store.RunLease{Run: runID, Holder: s.self(), Epoch: e}, nil
 	}
 	m := s.leases.turn(runID)
 	m.Lock()
 	defer m.Unlock()
-	if e, ok := s.leases.valid(runID); ok { // taken while this one waited
+	if e, ok := s.leases.serving(runID); ok { // taken while this one waited
 		return store.RunLease{Run: runID, Holder: s.self(), Epoch: e}, nil
 	}
 	sent := time.Now()
@@ -134,11 +152,14 @@ func (s *Server) ownRun(ctx context.Context, runID string) (store.RunLease, erro
 	}
 	s.leases.mu.Lock()
 	prev, had := s.leases.held[runID]
-	s.leases.hold(runID, l.Epoch, sent)
+	current := had && prev.epoch == l.Epoch && prev.ready
+	s.leases.hold(runID, l.Epoch, sent, current) // renewed in time: this gateway's view is current
 	s.leases.mu.Unlock()
-	if had && prev.epoch == l.Epoch {
-		return l, nil // renewed in time: this gateway's view of the run is current
+	if current {
+		return l, nil
 	}
+	// Not ready yet: requests of the run wait on its turn, while the ops the takeover queues
+	// run under the new epoch.
 	if err := s.takeOver(ctx, runID, l.Epoch); err != nil {
 		s.leases.mu.Lock()
 		delete(s.leases.held, runID)
@@ -146,6 +167,12 @@ func (s *Server) ownRun(ctx context.Context, runID string) (store.RunLease, erro
 		_ = s.st.ReleaseRunLease(context.WithoutCancel(ctx), runID, s.self(), l.Epoch)
 		return store.RunLease{}, err
 	}
+	s.leases.mu.Lock()
+	if h, ok := s.leases.held[runID]; ok && h.epoch == l.Epoch {
+		h.ready = true
+		s.leases.held[runID] = h
+	}
+	s.leases.mu.Unlock()
 	return l, nil
 }
 
@@ -161,7 +188,7 @@ func (s *Server) holdNew(runID string) {
 		return
 	}
 	s.leases.mu.Lock()
-	s.leases.hold(runID, l.Epoch, sent)
+	s.leases.hold(runID, l.Epoch, sent, true)
 	s.leases.mu.Unlock()
 }
 
@@ -517,7 +544,7 @@ func (s *Server) renewLeases(ctx context.Context) {
 	s.leases.mu.Lock()
 	for run, h := range s.leases.held {
 		if e, ok := now[run]; ok && e == h.epoch {
-			s.leases.hold(run, h.epoch, sent)
+			s.leases.hold(run, h.epoch, sent, h.ready)
 			continue
 		}
 		delete(s.leases.held, run)
@@ -529,11 +556,33 @@ func (s *Server) renewLeases(ctx context.Context) {
 	}
 }
 
-// releaseLeases hands every held lease back (a graceful stop): other gateways take the runs at
-// their next request instead of waiting for the leases to lapse.
+// releaseLeases hands every held lease back (a graceful stop, item 4): the ops already queued
+// finish first (for at most handoverWait together), then the leases end, and other gateways
+// take the runs at their next request instead of waiting for the leases to lapse. An op still
+// running after that is fenced like a dead gateway's.
 func (s *Server) releaseLeases() {
 	if !s.leases.on {
 		return
+	}
+	deadline := time.Now().Add(handoverWait)
+	s.leases.mu.Lock()
+	runs := make([]string, 0, len(s.leases.held))
+	for run := range s.leases.held {
+		runs = append(runs, run)
+	}
+	s.leases.mu.Unlock()
+	for _, id := range runs {
+		if run := s.runs.get(id); run != nil && run.queue != nil {
+			for time.Now().Before(deadline) {
+				run.queue.mu.Lock()
+				busy := run.queue.running
+				run.queue.mu.Unlock()
+				if !busy {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	}
 	s.leases.mu.Lock()
 	held := s.leases.held
@@ -545,6 +594,10 @@ func (s *Server) releaseLeases() {
 		s.logErr("releasing a run lease", s.st.ReleaseRunLease(ctx, run, s.self(), h.epoch))
 	}
 }
+
+// handoverWait bounds how long a stopping gateway lets its queued ops finish before it hands
+// their runs over.
+const handoverWait = 10 * time.Second
 
 // stateHolds reports whether the run's saved state already holds the effect of a request: the
 // gradients of forward_backward fb, or the step of optim_step step (and which step that is).

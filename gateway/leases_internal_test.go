@@ -27,7 +27,7 @@ func TestStateClaimBelowThePointersEpochIsRefused(t *testing.T) {
 	}
 	hold := func(epoch int64) {
 		s.leases.mu.Lock()
-		s.leases.hold(run, epoch, time.Now())
+		s.leases.hold(run, epoch, time.Now(), true)
 		s.leases.mu.Unlock()
 	}
 	hold(1)

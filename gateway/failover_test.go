@@ -309,3 +309,56 @@ func TestGracefulStopHandsRunsOver(t *testing.T) {
 		t.Fatalf("lease %+v %v", l, err)
 	}
 }
+
+// Sessions across gateways: a session created on one gateway after the other started is found
+// by the other (heartbeat, create_model), and a gateway whose own copy of a session stopped
+// hearing heartbeats does not expire it while its client heartbeats through the other gateway
+// (the store's heartbeat counts); once no gateway hears it, it expires.
+func TestSessionsLiveAcrossGateways(t *testing.T) {
+	timeout := 800 * time.Millisecond
+	gws := startPGGatewaysWith(t, 2, func(o *gateway.Options) { o.SessionTimeout = timeout })
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ca, cb := client.New(a.ts.URL, "tml-sessions"), client.New(b.ts.URL, "tml-sessions")
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := func(c *client.Client) error {
+		return c.Do(ctx, "POST", "session_heartbeat", api.SessionHeartbeatRequest{SessionID: sess}, nil)
+	}
+	if err := beat(cb); err != nil {
+		t.Fatalf("a heartbeat through the other gateway: %v", err)
+	}
+	tc, err := cb.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatalf("create_model through the other gateway: %v", err)
+	}
+	// Heartbeats through A only, for several timeouts: B (which created the run) keeps it.
+	for end := time.Now().Add(3 * timeout); time.Now().Before(end); {
+		if err := beat(ca); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(timeout / 4)
+	}
+	row, err := b.st.GetSession(ctx, sess)
+	if err != nil || row.Closed {
+		t.Fatalf("the session was expired while its client heartbeated through the other gateway: %+v %v", row, err)
+	}
+	if run, err := b.st.GetRun(ctx, tc.ModelID); err != nil || !run.Live {
+		t.Fatalf("its run: %+v %v", run, err)
+	}
+	// No heartbeats at all: it expires.
+	deadline := time.Now().Add(10 * timeout)
+	for {
+		row, err := b.st.GetSession(ctx, sess)
+		if err == nil && row.Closed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session never expired: %+v %v", row, err)
+		}
+		time.Sleep(timeout / 4)
+	}
+}

@@ -219,3 +219,17 @@ func (s *SQL) GetRun(ctx context.Context, id string) (Run, error) {
 	r.Created, r.LastRequest = fromMS(c), fromMS(l)
 	return r, err
 }
+
+// GetSession reads one session (ErrNotFound if none): a gateway finds a session another one
+// created after it started.
+func (s *SQL) GetSession(ctx context.Context, id string) (Session, error) {
+	var x Session
+	var c, h int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, tenant, created, heartbeat, closed, data FROM sessions WHERE id = ?`), id).
+		Scan(&x.ID, &x.Tenant, &c, &h, &x.Closed, &x.Data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Session{}, ErrNotFound
+	}
+	x.Created, x.Heartbeat = fromMS(c), fromMS(h)
+	return x, err
+}

@@ -222,3 +222,24 @@ func TestStaleEpochIsRefused(t *testing.T) {
 		}
 	})
 }
+
+// GetSession reads one session's row, heartbeat included; a missing one is ErrNotFound.
+func TestGetSession(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		if err := s.PutSession(ctx, Session{ID: "s1", Tenant: "a", Created: now, Heartbeat: now, Data: []byte(`{"runs":["r"]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.TouchSession(ctx, "s1", now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetSession(ctx, "s1")
+		if err != nil || got.Tenant != "a" || !got.Heartbeat.Equal(now.Add(time.Minute)) || got.Closed || string(got.Data) != `{"runs":["r"]}` {
+			t.Fatalf("session %+v %v", got, err)
+		}
+		if _, err := s.GetSession(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("missing session: %v", err)
+		}
+	})
+}

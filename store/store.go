@@ -238,6 +238,8 @@ type RunLeases interface {
 	AdoptFuture(ctx context.Context, id, owner string) (bool, error)
 	// GetRun reads one run (ErrNotFound if none).
 	GetRun(ctx context.Context, id string) (Run, error)
+	// GetSession reads one session (ErrNotFound if none).
+	GetSession(ctx context.Context, id string) (Session, error)
 }
 
 // FutureListener is a Store that reports futures finished by other gateways. listening is

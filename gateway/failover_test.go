@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -256,7 +255,7 @@ func TestFailoverRunsAcknowledgedOpsOnceInOrder(t *testing.T) {
 	if ops, err := b.st.PendingOps(ctx, tc.ModelID); err != nil || len(ops) != 0 {
 		t.Fatalf("pending after the failover: %d %v", len(ops), err)
 	}
-	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch != 2 || !strings.HasPrefix(l.Addr, b.ts.URL) {
+	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch < 2 || l.Addr != b.ts.URL {
 		t.Fatalf("the run's lease: %+v %v", l, err)
 	}
 }
@@ -305,7 +304,7 @@ func TestGracefulStopHandsRunsOver(t *testing.T) {
 	if took := time.Since(start); took > gateway.DefaultRunLeaseTTL/2 {
 		t.Fatalf("the step after a graceful stop took %s: the lease was left to lapse", took)
 	}
-	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch != 2 || l.Addr != b.ts.URL {
+	if l, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || l.Epoch < 2 || l.Addr != b.ts.URL {
 		t.Fatalf("lease %+v %v", l, err)
 	}
 }

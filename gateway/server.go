@@ -128,8 +128,10 @@ type Options struct {
 	// RunLeaseTTL is how long a run's lease lasts unrenewed when several gateways share the
 	// store (default DefaultRunLeaseTTL; negative: no leases). A single gateway on SQLite has none.
 	RunLeaseTTL time.Duration
-	// AdvertiseURL is where the other gateways reach this one, to forward requests for the runs
-	// it sequences (e.g. http://10.0.0.5:8000); empty: they answer 503 for those instead.
+	// AdvertiseURL is where the other gateways reach this one (its own address, not a load
+	// balancer's), to forward requests for the runs it sequences (e.g. http://10.0.0.5:8000); a
+	// gateway restarted at the same address takes its predecessor's leases at once. Empty: the
+	// others answer 503 for its runs until their leases lapse.
 	AdvertiseURL string
 }
 

@@ -55,7 +55,9 @@ func (s *SQL) leaseRow(ctx context.Context, q interface {
 
 // AcquireRunLease takes or renews a run's lease for holder (serving at addr) for ttl, and
 // returns the lease as it is afterwards: held by holder, or (live) by another gateway, which
-// the caller forwards to. A taking raises the epoch; a renewal of a live lease keeps it.
+// the caller forwards to. A taking raises the epoch; a renewal of a live lease keeps it. A live
+// lease of another holder at the same (non-empty) address is taken at once: two live gateways
+// cannot serve at one address, so that holder is this gateway's dead predecessor (a restart).
 func (s *SQL) AcquireRunLease(ctx context.Context, run, holder, addr string, ttl time.Duration) (RunLease, error) {
 	if run == "" || holder == "" {
 		return RunLease{}, fmt.Errorf("store: a run lease needs a run and a holder")
@@ -67,7 +69,8 @@ func (s *SQL) AcquireRunLease(ctx context.Context, run, holder, addr string, ttl
 	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO run_leases (run_id, holder, addr, epoch, until) VALUES (?, ?, ?, 1, ?)
 		ON CONFLICT(run_id) DO UPDATE SET holder = excluded.holder, addr = excluded.addr, until = excluded.until,
 			epoch = CASE WHEN run_leases.holder = excluded.holder AND run_leases.until >= ? THEN run_leases.epoch ELSE run_leases.epoch + 1 END
-		WHERE run_leases.holder = excluded.holder OR run_leases.until < ?`), run, holder, addr, until, ms(now), ms(now))
+		WHERE run_leases.holder = excluded.holder OR run_leases.until < ? OR (run_leases.addr = excluded.addr AND excluded.addr != '')`),
+		run, holder, addr, until, ms(now), ms(now))
 	if err != nil {
 		return RunLease{}, err
 	}
@@ -118,7 +121,7 @@ func (s *SQL) FinishFutureFenced(ctx context.Context, id, state string, result [
 	if state != FutureComplete && state != FutureFailed {
 		return false, fmt.Errorf("store: %q is not a terminal state", state)
 	}
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ? WHERE id = ? AND state = ?
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ?, request = NULL WHERE id = ? AND state = ?
 		AND EXISTS (SELECT 1 FROM run_leases WHERE run_id = ? AND holder = ? AND epoch = ?)`),
 		state, result, category, id, FuturePending, fence.Run, fence.Holder, fence.Epoch)
 	if err != nil {

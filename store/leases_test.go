@@ -65,6 +65,14 @@ func TestRunLeaseExpiryRenewalTakeover(t *testing.T) {
 		if _, err := s.AcquireRunLease(ctx, "", "g1", "", time.Minute); err == nil {
 			t.Fatal("a lease of no run")
 		}
+		// A restarted gateway (a new holder name at the same address) takes its dead
+		// predecessor's live lease at once, at a new epoch; another address still cannot.
+		if l, _ = s.AcquireRunLease(ctx, "r1", "g1-restarted", "http://g1", time.Minute); l.Holder != "g1-restarted" || l.Epoch != 5 {
+			t.Fatalf("restart at the same address: %+v", l)
+		}
+		if l, _ = s.AcquireRunLease(ctx, "r1", "g3", "", time.Minute); l.Holder != "g1-restarted" {
+			t.Fatalf("a gateway with no address took a live lease: %+v", l)
+		}
 	})
 }
 
@@ -186,6 +194,12 @@ func TestStaleEpochIsRefused(t *testing.T) {
 		}
 		if ok, err := s.FinishFutureFenced(ctx, "f2", FutureComplete, []byte(`{"new":1}`), "", Fence{"r", "g2", l2.Epoch}); err != nil || !ok {
 			t.Fatalf("the new holder's write: %v %v", ok, err)
+		}
+		if ops, _ := s.PendingOps(ctx, "r"); len(ops) != 0 {
+			t.Fatalf("still pending: %+v", ops)
+		}
+		if f, _ := s.GetFuture(ctx, "f2"); f.Request != nil {
+			t.Fatalf("a finished op keeps its request (%d bytes)", len(f.Request))
 		}
 		if f, _ := s.GetFuture(ctx, "f2"); f.State != FutureComplete || string(f.Result) != `{"new":1}` || f.Owner != "g2" {
 			t.Fatalf("f2: %+v", f)

@@ -318,7 +318,8 @@ func (s *SQL) FinishFuture(ctx context.Context, id, state string, result []byte,
 	if state != FutureComplete && state != FutureFailed {
 		return false, fmt.Errorf("store: %q is not a terminal state", state)
 	}
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ? WHERE id = ? AND state = ?`),
+	// A finished op's request is never run again: it is not kept (it may be megabytes).
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ?, request = NULL WHERE id = ? AND state = ?`),
 		state, result, category, id, FuturePending)
 	if err != nil {
 		return false, err

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/skein-ai/skein/gateway"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/store"
+	"github.com/skein-ai/skein/worker"
 )
 
 // stoppableCompute is an engine whose forward_backwards wait at a gate while it is shut, so that a
@@ -65,6 +67,13 @@ func startPGGateways(t *testing.T, n int) []*pgGateway {
 
 // startPGGatewaysWith is startPGGateways with options changed by opt.
 func startPGGatewaysWith(t testing.TB, n int, opt func(*gateway.Options)) []*pgGateway {
+	gws, _ := startPGGatewaysOn(t, n, opt, false)
+	return gws
+}
+
+// startPGGatewaysOn is startPGGatewaysWith, without local replicas if noLocalReplicas (workers
+// then serve the model); it also returns the shared data directory.
+func startPGGatewaysOn(t testing.TB, n int, opt func(*gateway.Options), noLocalReplicas bool) ([]*pgGateway, string) {
 	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
 	if dsn == "" {
 		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
@@ -90,7 +99,11 @@ func startPGGatewaysWith(t testing.TB, n int, opt func(*gateway.Options)) []*pgG
 			t.Fatal(err)
 		}
 		g := &pgGateway{compute: &stoppableCompute{Compute: e}, st: st}
-		g.rep = replica.New(fmt.Sprintf("r%d", i), base, g.compute, 4)
+		var reps []*replica.Replica
+		if !noLocalReplicas {
+			g.rep = replica.New(fmt.Sprintf("r%d", i), base, g.compute, 4)
+			reps = append(reps, g.rep)
+		}
 		var h http.Handler = http.NotFoundHandler()
 		var mu sync.Mutex
 		g.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -103,17 +116,24 @@ func startPGGatewaysWith(t testing.TB, n int, opt func(*gateway.Options)) []*pgG
 		if opt != nil {
 			opt(&o)
 		}
-		g.gw, err = gateway.New(o, g.rep)
+		g.gw, err = gateway.New(o, reps...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
 		h = g.gw
 		mu.Unlock()
-		t.Cleanup(func() { g.ts.Close(); g.gw.Close(); g.rep.Close(); st.Close() })
+		t.Cleanup(func() {
+			g.ts.Close()
+			g.gw.Close()
+			if g.rep != nil {
+				g.rep.Close()
+			}
+			st.Close()
+		})
 		out = append(out, g)
 	}
-	return out
+	return out, data
 }
 
 func timeDuration(ns int64) time.Duration { return time.Duration(ns) }
@@ -359,5 +379,116 @@ func TestSessionsLiveAcrossGateways(t *testing.T) {
 			t.Fatalf("the session never expired: %+v %v", row, err)
 		}
 		time.Sleep(timeout / 4)
+	}
+}
+
+// countingCompute counts the forward_backwards that reach an engine.
+type countingCompute struct {
+	engine.Compute
+	backward atomic.Int64
+}
+
+func (c *countingCompute) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if backward {
+		c.backward.Add(1)
+	}
+	return c.Compute.ForwardBatch(ctx, id, b, backward)
+}
+
+// A worker still holding a dead gateway's call (it was in flight when the gateway died) gets it
+// after the run's new gateway has driven the adapter: the call carries the old epoch and the
+// worker refuses it before it reaches the engine, so its gradients are not added to the adapter
+// the new gateway trains. Two gateways on PostgreSQL, one worker registered with both.
+func TestAWorkerRefusesTheDeadGatewaysCallInFlight(t *testing.T) {
+	gws, data := startPGGatewaysOn(t, 2, func(o *gateway.Options) {
+		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
+	}, true)
+	a, b := gws[0], gws[1]
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &countingCompute{Compute: e}
+	ws := worker.NewServer(eng, clusterToken, data)
+	var held atomic.Pointer[chan struct{}] // shut: the next forward_backward waits here, not yet at the worker
+	entered, left := make(chan struct{}, 1), make(chan struct{}, 1)
+	w := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if gate := held.Load(); gate != nil && r.URL.Path == "/worker/v1/forward_backward" && held.CompareAndSwap(gate, nil) {
+			entered <- struct{}{}
+			<-*gate
+			defer func() { left <- struct{}{} }()
+		}
+		ws.ServeHTTP(rw, r)
+	}))
+	t.Cleanup(w.Close)
+	for _, g := range gws {
+		if code, ans := postWorker(t, g.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
+			t.Fatalf("register: %d %v", code, ans)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ca, cb := client.New(a.ts.URL, "tml-zombie"), client.New(b.ts.URL, "tml-zombie")
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	submit := func() (*client.Future, *client.Future) {
+		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := tc.OptimStep(ctx, 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fb, op
+	}
+	fb, op := submit()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 1 {
+		t.Fatalf("step %d", got)
+	}
+	gate := make(chan struct{})
+	held.Store(&gate)
+	fb, op = submit()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("A's forward_backward never left for the worker")
+	}
+	a.ts.CloseClientConnections()
+	a.ts.Close()
+	a.gw.Crash()
+	// B takes the run over and runs both ops on the worker.
+	if err := cb.Future(fb.RequestID).Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, cb.Future(op.RequestID), ctx); got != 2 {
+		t.Fatalf("step after the takeover: %d, want 2", got)
+	}
+	before := eng.backward.Load()
+	close(gate) // A's call, in flight all along, reaches the worker now
+	<-left
+	if got := eng.backward.Load(); got != before {
+		t.Fatalf("the dead gateway's forward_backward reached the engine (%d forward_backwards, want %d)", got, before)
+	}
+	if before != 2 {
+		t.Fatalf("%d forward_backwards ran on the engine, want 2 (one per acknowledged request)", before)
+	}
+	tc.Via(cb)
+	fb, op = submit()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 3 {
+		t.Fatalf("next step %d, want 3", got)
 	}
 }

@@ -36,6 +36,9 @@ type future struct {
 	fence *store.Fence
 	// replayed: the op was acknowledged by a gateway that died, and runs again here.
 	replayed bool
+	// stored: its request is in the store, so the run's next holder can run it (a sequenced op
+	// under a lease); without it, a refused result ends the future as an error instead.
+	stored bool
 }
 
 type futureTable struct {
@@ -72,7 +75,8 @@ func (t *futureTable) createOp(tenant, kind, opKey, run string, request []byte, 
 	t.mu.Unlock()
 	now := time.Now()
 	row := store.Future{ID: id, Tenant: tenant, Kind: kind, OpKey: opKey, Owner: t.prefix, Created: now}
-	if fence != nil && opKey != "" {
+	stored := fence != nil && opKey != "" && request != nil
+	if stored {
 		row.Run, row.Request = run, request
 	}
 	row, fresh, err := t.st.CreateFuture(context.Background(), row)
@@ -90,7 +94,7 @@ func (t *futureTable) createOp(tenant, kind, opKey, run string, request []byte, 
 		}
 		return f, false, nil
 	}
-	f := &future{id: id, tenant: tenant, kind: kind, created: now, done: make(chan struct{}), queueState: "active", fence: fence}
+	f := &future{id: id, tenant: tenant, kind: kind, created: now, done: make(chan struct{}), queueState: "active", fence: fence, stored: stored}
 	t.mu.Lock()
 	t.byID[id] = f
 	t.mu.Unlock()
@@ -114,13 +118,21 @@ func (t *futureTable) adopt(row store.Future, fence *store.Fence) (*future, erro
 		f = &future{id: row.ID, tenant: row.Tenant, kind: row.Kind, created: row.Created, done: make(chan struct{}), queueState: "active"}
 		t.byID[row.ID] = f
 	}
-	f.fence, f.replayed = fence, true
+	f.fence, f.replayed, f.stored = fence, true, true
 	return f, nil
 }
 
+// movedMsg ends a request of a run another gateway took while it was queued or running here,
+// when its request was not kept for the new gateway to run.
+const movedMsg = "another gateway took this model over while the request ran; submit it again"
+
 // handOver leaves a pending future to the gateway that now holds its run: it is waited on as
-// another gateway's.
+// another gateway's. One whose request was not kept ends as an error instead.
 func (t *futureTable) handOver(f *future) {
+	if !f.stored {
+		t.fail(f, "server", movedMsg)
+		return
+	}
 	t.mu.Lock()
 	if f.finishing {
 		t.mu.Unlock()
@@ -276,6 +288,12 @@ func (t *futureTable) finish(f *future, state string, payload []byte, category s
 	// The durable write comes first: a result a client has seen must survive a crash.
 	if fence != nil {
 		_, err := t.st.FinishFutureFenced(context.Background(), f.id, state, payload, category, *fence)
+		if errors.Is(err, store.ErrFenced) && !f.stored {
+			// Nobody can run it again (its request was not kept): it ends as an error.
+			state, payload, category = store.FutureFailed, []byte(movedMsg), "server"
+			set = func() { f.category, f.errMsg = category, movedMsg }
+			_, err = t.st.FinishFuture(context.Background(), f.id, state, payload, category)
+		}
 		if errors.Is(err, store.ErrFenced) {
 			// Another gateway took the run: its holder runs this op again and stores the one
 			// result; waiters here wait for it as for any other gateway's.

@@ -197,14 +197,6 @@ func (s *Server) holdNew(runID string) {
 // dropped (a newer holder may have stepped it since), and the run's acknowledged ops without a
 // result are queued again, in seq_id order, under the new epoch.
 func (s *Server) takeOver(ctx context.Context, runID string, epoch int64) error {
-	row, err := s.st.GetRun(ctx, runID)
-	if errors.Is(err, store.ErrNotFound) {
-		s.failPendingOps(ctx, runID, fmt.Sprintf("model %s no longer exists", runID))
-		return errf(http.StatusNotFound, "model %q not found", runID)
-	}
-	if err != nil {
-		return fmt.Errorf("reading model %s: %w", runID, err)
-	}
 	if old := s.runs.get(runID); old != nil {
 		// Ops this gateway queued under an earlier epoch do nothing now (see submitOrderedSized);
 		// one still running must end before the run's ops are queued again.
@@ -215,6 +207,16 @@ func (s *Server) takeOver(ctx context.Context, runID string, epoch int64) error 
 			}
 		}
 		s.router.Forget(runID)
+	}
+	// Read after that copy is gone: its save (if no other gateway claimed the state since, it is
+	// the latest) may have written the row.
+	row, err := s.st.GetRun(ctx, runID)
+	if errors.Is(err, store.ErrNotFound) {
+		s.failPendingOps(ctx, runID, fmt.Sprintf("model %s no longer exists", runID))
+		return errf(http.StatusNotFound, "model %q not found", runID)
+	}
+	if err != nil {
+		return fmt.Errorf("reading model %s: %w", runID, err)
 	}
 	run := runFromRow(row)
 	ops, err := s.st.PendingOps(ctx, runID)
@@ -243,7 +245,12 @@ func (s *Server) takeOver(ctx context.Context, runID string, epoch int64) error 
 		}
 		next = seq + 1
 		if ok, err := s.st.AdoptFuture(ctx, f.ID, s.self()); err != nil || !ok {
-			continue // finished meanwhile (its old gateway's write got there first)
+			// Finished meanwhile (its old gateway's write got there first): its seq_id is
+			// consumed, so the ops after it run.
+			if q.reserve(seq, 0) == nil {
+				q.skip(seq, 0)
+			}
+			continue
 		}
 		if err := s.replayOp(row.Tenant, f); err != nil {
 			s.log.Warn("a taken-over request failed again", "run", runID, "request", f.ID, "err", err)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,5 +498,90 @@ func TestAWorkerRefusesTheDeadGatewaysCallInFlight(t *testing.T) {
 	}
 	if got := stepOf(t, op, ctx); got != 3 {
 		t.Fatalf("next step %d, want 3", got)
+	}
+}
+
+// resultStallStore stalls the storing of an optim_step's result while shut: its gateway saved the
+// step and dies before the result is stored.
+type resultStallStore struct {
+	*store.Postgres
+	shut    atomic.Bool
+	stalled chan struct{}
+	release chan struct{}
+}
+
+func (s *resultStallStore) FinishFutureFenced(ctx context.Context, id, state string, result []byte, category string, fence store.Fence) (bool, error) {
+	if s.shut.Load() && strings.Contains(string(result), `"optim_step"`) && s.shut.CompareAndSwap(true, false) {
+		s.stalled <- struct{}{}
+		<-s.release
+	}
+	return s.Postgres.FinishFutureFenced(ctx, id, state, result, category, fence)
+}
+
+// A gateway that saved an optim_step's state and died before storing its result: the gateway
+// taking the run over finds the step in the saved state (gradients.json names the request) and
+// answers it from there, at the saved step, instead of stepping again (which would take a
+// second, gradient-less step). The dead gateway's late result is refused.
+func TestAStepSavedButNotAnsweredIsNotTakenTwice(t *testing.T) {
+	var stall *resultStallStore
+	gws, _ := startPGGatewaysOn(t, 2, func(o *gateway.Options) {
+		if stall == nil { // the first gateway's store stalls
+			pg := o.Store.(*store.Postgres)
+			stall = &resultStallStore{Postgres: pg, stalled: make(chan struct{}, 1), release: make(chan struct{})}
+			o.Store = stall
+		}
+	}, false)
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ca, cb := client.New(a.ts.URL, "tml-saved"), client.New(b.ts.URL, "tml-saved")
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	step := func() (*client.Future, *client.Future) {
+		fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := tc.OptimStep(ctx, 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fb, op
+	}
+	fb, op := step()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 1 {
+		t.Fatalf("step %d", got)
+	}
+	stall.shut.Store(true)
+	fb, op = step()
+	select {
+	case <-stall.stalled: // step 2 is saved; its result is not stored
+	case <-ctx.Done():
+		t.Fatal("the optim_step's result was never stored")
+	}
+	a.ts.CloseClientConnections()
+	a.ts.Close()
+	a.gw.Crash()
+	if got := stepOf(t, cb.Future(op.RequestID), ctx); got != 2 {
+		t.Fatalf("the saved step answered by the new gateway: step %d, want 2 (not taken twice)", got)
+	}
+	close(stall.release) // the dead gateway's result arrives late: refused
+	tc.Via(cb)
+	fb, op = step()
+	if err := fb.Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 3 {
+		t.Fatalf("the next step: %d, want 3", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -505,13 +506,18 @@ func TestAWorkerRefusesTheDeadGatewaysCallInFlight(t *testing.T) {
 // step and dies before the result is stored.
 type resultStallStore struct {
 	*store.Postgres
-	shut    atomic.Bool
-	stalled chan struct{}
-	release chan struct{}
+	forwardBackward bool // stall a forward_backward's result instead
+	shut            atomic.Bool
+	stalled         chan struct{}
+	release         chan struct{}
 }
 
 func (s *resultStallStore) FinishFutureFenced(ctx context.Context, id, state string, result []byte, category string, fence store.Fence) (bool, error) {
-	if s.shut.Load() && strings.Contains(string(result), `"optim_step"`) && s.shut.CompareAndSwap(true, false) {
+	kind := `"optim_step"`
+	if s.forwardBackward {
+		kind = `"loss_fn_outputs"`
+	}
+	if s.shut.Load() && strings.Contains(string(result), kind) && s.shut.CompareAndSwap(true, false) {
 		s.stalled <- struct{}{}
 		<-s.release
 	}
@@ -583,5 +589,93 @@ func TestAStepSavedButNotAnsweredIsNotTakenTwice(t *testing.T) {
 	}
 	if got := stepOf(t, op, ctx); got != 3 {
 		t.Fatalf("the next step: %d, want 3", got)
+	}
+}
+
+// A forward_backward whose gradients were saved with the adapter (an eviction between its run
+// and its result) when its gateway died: the gateway taking over only runs it forward, for its
+// outputs, and does not accumulate its gradients a second time. The next optim_step's gradient
+// norm is exactly that of the same two steps on a run that saw no failure.
+func TestAForwardBackwardWhoseGradientsWereSavedIsNotAccumulatedTwice(t *testing.T) {
+	var stall *resultStallStore
+	gws, _ := startPGGatewaysOn(t, 2, func(o *gateway.Options) {
+		if stall == nil {
+			stall = &resultStallStore{Postgres: o.Store.(*store.Postgres), forwardBackward: true,
+				stalled: make(chan struct{}, 1), release: make(chan struct{})}
+			o.Store = stall
+		}
+	}, false)
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	batch := []api.Datum{datum([]int{3, 14, 15, 92, 65, 35}, true)}
+	newRunOn := func(c *client.Client) *client.TrainingClient {
+		sess, err := c.CreateSession(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := c.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	fbOf := func(tc *client.TrainingClient) *client.Future {
+		f, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	optOf := func(tc *client.TrainingClient) map[string]float64 {
+		f, err := tc.OptimStep(ctx, 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out api.OptimStepResponse
+		if err := f.Result(ctx, &out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Metrics
+	}
+	// The reference: the same two steps, no failure, on B.
+	cb := client.New(b.ts.URL, "tml-ref")
+	ref := newRunOn(cb)
+	var want map[string]float64
+	for range 2 {
+		if err := fbOf(ref).Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+			t.Fatal(err)
+		}
+		want = optOf(ref)
+	}
+	ca := client.New(a.ts.URL, "tml-saved-grads")
+	tc := newRunOn(ca)
+	if err := fbOf(tc).Result(ctx, &api.ForwardBackwardOutput{}); err != nil {
+		t.Fatal(err)
+	}
+	optOf(tc)
+	stall.shut.Store(true)
+	fb := fbOf(tc)
+	select {
+	case <-stall.stalled: // its gradients are in the adapter; its result is not stored
+	case <-ctx.Done():
+		t.Fatal("the forward_backward's result was never stored")
+	}
+	// An eviction saves the adapter with those gradients before the gateway dies.
+	if err := a.rep.Evict(ctx, a.gw.AdapterOf(tc.ModelID)); err != nil {
+		t.Fatal(err)
+	}
+	a.ts.CloseClientConnections()
+	a.ts.Close()
+	a.gw.Crash()
+	var out api.ForwardBackwardOutput
+	if err := client.New(b.ts.URL, "tml-saved-grads").Future(fb.RequestID).Result(ctx, &out); err != nil || len(out.LossFnOutputs) != 1 {
+		t.Fatalf("the forward_backward taken over: %+v %v", out, err)
+	}
+	close(stall.release)
+	tc.Via(client.New(b.ts.URL, "tml-saved-grads"))
+	got := optOf(tc)
+	if got["step:max"] != 2 || math.Abs(got["grad_norm:mean"]-want["grad_norm:mean"]) > 1e-6*want["grad_norm:mean"] {
+		t.Fatalf("step 2 after the takeover: %v; the same steps without a failure: %v (gradients counted twice?)", got, want)
 	}
 }

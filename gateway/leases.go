@@ -423,11 +423,21 @@ func (s *Server) runScoped(fn handlerFunc) handlerFunc {
 			return nil, errf(http.StatusServiceUnavailable, "%v; retry", err)
 		}
 		if l.Holder != s.self() {
+			unreachable := fmt.Sprintf("model %s is sequenced by gateway %s, which this gateway cannot reach (its lease moves within %s if it is gone); retry", id, l.Holder, s.leases.ttl)
 			if by := r.Header.Get(forwardedHeader); by != "" || l.Addr == "" {
-				return nil, errf(http.StatusServiceUnavailable, "model %s is sequenced by gateway %s, which this gateway cannot reach (its lease moves within %s if it is gone); retry", id, l.Holder, s.leases.ttl)
+				return nil, errf(http.StatusServiceUnavailable, "%s", unreachable)
 			}
-			s.forward(w, r, body, l.Addr)
-			return nil, nil
+			err := s.forward(w, r, body, l.Addr)
+			if err == nil {
+				return nil, nil
+			}
+			// The holder did not answer: if its lease lapsed meanwhile, this gateway takes the run
+			// and serves the request itself (a sequenced one that did reach the holder is found
+			// by its op key, not run twice); else the client retries.
+			if l, oerr := s.ownRun(r.Context(), id); oerr != nil || l.Holder != s.self() {
+				return nil, errf(http.StatusServiceUnavailable, "%s (%v)", unreachable, err)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		ctx := context.WithValue(r.Context(), opRequestKey{}, opRequest{Path: r.URL.Path, ContentType: r.Header.Get("Content-Type"), Body: body})
 		return fn(w, r.WithContext(ctx), tenant)
@@ -468,12 +478,12 @@ func peekModelID(contentType string, body []byte) string {
 	return v.ModelID
 }
 
-// forward sends a request to the gateway that holds its run and copies the answer back.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, addr string) {
+// forward sends a request to the gateway that holds its run and copies the answer back. An error
+// means nothing was written (the holder did not answer).
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, addr string) error {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("forwarding to the model's gateway: %v", err))
-		return
+		return err
 	}
 	for k, v := range r.Header {
 		switch http.CanonicalHeaderKey(k) {
@@ -485,8 +495,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, ad
 	req.Header.Set(forwardedHeader, s.self())
 	resp, err := s.forwarder.Do(req)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the model's gateway did not answer (%v); retry", err))
-		return
+		return err
 	}
 	defer resp.Body.Close()
 	for k, v := range resp.Header {
@@ -498,6 +507,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, ad
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
+	return nil
 }
 
 // leaseLoop renews this gateway's leases (one statement for all of them), drops those it lost,

@@ -11,9 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/skein-ai/skein/discovery"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/skein-ai/skein/discovery"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -258,7 +260,10 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
 		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.leases = newLeaseTable(s.shared() && opts.RunLeaseTTL > 0, opts.RunLeaseTTL, opts.AdvertiseURL)
-	s.forwarder = &http.Client{Timeout: opts.LongPoll + time.Minute}
+	// Gateways forward to each other inside one cluster: a holder that does not take the
+	// connection within 2 s is treated as unreachable (a partitioned host black-holes it).
+	s.forwarder = &http.Client{Timeout: opts.LongPoll + time.Minute, Transport: &http.Transport{
+		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}}
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)

@@ -74,13 +74,16 @@ func bigBatch() []api.Datum {
 	return out
 }
 
-// Two gateway processes on one PostgreSQL and one bucket, each its own host, and a worker both
-// discover. A run created on gw1 is trained through gw1, then through gw2 (forwarded to gw1);
-// then three more steps are sent to gw1 and gw1 is killed (SIGKILL) at once. Through gw2 every
-// one of those requests ends: each optim_step's step is exactly its number, the first answer
-// within 15 s of the kill, and a seventh step follows. The seven losses are those of the same
-// steps on an in-process replica, bit for bit: nothing ran twice, nothing was lost.
-func TestLabGatewayKilledItsRunsGoOn(t *testing.T) {
+// gatewayLab is two gateway processes (gw1, gw2) on one PostgreSQL (pg) and one bucket (s3),
+// a worker both discover (w1), and the test's client host (cl).
+type gatewayLab struct {
+	*lab
+	model   string
+	gws     map[string]*exec.Cmd
+	clients map[string]*client.Client
+}
+
+func newGatewayLab(t *testing.T) *gatewayLab {
 	if os.Getenv("SKEIN_LAB") != "1" {
 		t.Skip("SKEIN_LAB=1 is not set (the network-namespace lab needs root and iproute2; .ci/run sets it when it can create a namespace)")
 	}
@@ -115,26 +118,21 @@ func TestLabGatewayKilledItsRunsGoOn(t *testing.T) {
 		t.Fatalf("keys create printed %q", key)
 	}
 	workerAddr := l.hosts["w1"] + ":9000"
-	gws := map[string]*exec.Cmd{}
-	urls := map[string]string{}
-	for _, g := range []string{"gw1", "gw2"} {
-		urls[g] = "http://" + l.hosts[g] + ":8000"
-		gws[g] = l.start(g, g, awsEnv, bin, append([]string{"gateway", "--addr", l.hosts[g] + ":8000", "--data", filepath.Join(dir, g),
-			"--auth", "keys", "--worker-token", token, "--public-url", urls[g], "--state", dsn, "--advertise-url", urls[g],
+	g := &gatewayLab{lab: l, model: model, gws: map[string]*exec.Cmd{}, clients: map[string]*client.Client{}}
+	for _, name := range []string{"gw1", "gw2"} {
+		url := "http://" + l.hosts[name] + ":8000"
+		g.gws[name] = l.start(name, name, awsEnv, bin, append([]string{"gateway", "--addr", l.hosts[name] + ":8000", "--data", filepath.Join(dir, name),
+			"--auth", "keys", "--worker-token", token, "--public-url", url, "--state", dsn, "--advertise-url", url,
 			"--discover", "static", "--discover-workers", workerAddr}, storageFlags...)...)
+		c := client.New(url, key)
+		c.HTTP = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DialContext: l.dialer("cl")}}
+		g.clients[name] = c
 	}
 	l.start("w1", "w1", awsEnv, bin, append([]string{"worker", "--model", model, "--worker-token", token,
 		// The default step memory, as the in-process reference's: the same chunks, the same bits.
 		"--data", filepath.Join(dir, "w1"), "--addr", workerAddr}, storageFlags...)...)
-
-	clientOf := func(g string) *client.Client {
-		c := client.New(urls[g], key)
-		c.HTTP = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DialContext: l.dialer("cl")}}
-		return c
-	}
-	c1, c2 := clientOf("gw1"), clientOf("gw2")
 	ctx := context.Background()
-	for _, c := range []*client.Client{c1, c2} {
+	for _, c := range g.clients {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			var out api.ReplicasResponse
@@ -147,6 +145,20 @@ func TestLabGatewayKilledItsRunsGoOn(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
+	return g
+}
+
+// Two gateway processes on one PostgreSQL and one bucket, each its own host, and a worker both
+// discover. A run created on gw1 is trained through gw1, then through gw2 (forwarded to gw1);
+// then three more steps are sent to gw1 and gw1 is killed (SIGKILL) at once. Through gw2 every
+// one of those requests ends: each optim_step's step is exactly its number, the first answer
+// within 15 s of the kill, and a seventh step follows. The seven losses are those of the same
+// steps on an in-process replica, bit for bit: nothing ran twice, nothing was lost.
+func TestLabGatewayKilledItsRunsGoOn(t *testing.T) {
+	g := newGatewayLab(t)
+	c1, c2 := g.clients["gw1"], g.clients["gw2"]
+	gws, model := g.gws, g.model
+	ctx := context.Background()
 	sess, err := c1.CreateSession(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -212,6 +224,85 @@ func TestLabGatewayKilledItsRunsGoOn(t *testing.T) {
 	tc.Via(c2)
 	losses = append(losses, stepWith(t, tc, len(losses)+1, big))
 	want := referenceWith(t, model, len(losses), big)
+	for i := range want {
+		if losses[i] != want[i] {
+			t.Fatalf("step %d: loss %v in the lab, %v uninterrupted (lab %v, reference %v)", i+1, losses[i], want[i], losses, want)
+		}
+	}
+}
+
+// A gateway cut off the network (alive: a partition, not a crash) while it sequences a run: the
+// client goes to the other gateway, which forwards to the cut one until its lease lapses (a 503
+// to retry: the cut host black-holes the connection, given up after 2 s), then takes the run over
+// and trains it. When the cut gateway comes back it has lost the lease: a request sent to it is
+// forwarded to the new holder. Every step is exact and the losses are an in-process replica's.
+func TestLabGatewayCutOffItsRunsMoveAndStay(t *testing.T) {
+	g := newGatewayLab(t)
+	c1, c2 := g.clients["gw1"], g.clients["gw2"]
+	ctx := context.Background()
+	sess, err := c1.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := c1.CreateLoraTrainingClient(ctx, sess, 0, modelName, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var losses []float64
+	for range 2 {
+		losses = append(losses, step(t, tc, len(losses)+1))
+	}
+	g.cut("gw1")
+	cutAt := time.Now()
+	tc.Via(c2)
+	// Retried while the lease lives (as the SDK retries a 503): a refused request consumes no
+	// seq_id, so the same one is sent again.
+	var fb *client.Future
+	seq := tc.NextSeq()
+	for {
+		fb, err = tc.ForwardBackwardSeq(ctx, seq, batch, "cross_entropy", nil, false)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "503") || time.Since(cutAt) > time.Minute {
+			t.Fatalf("forward_backward through gw2 while gw1 is cut: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("gw2 took the run %.1f s after gw1 was cut", time.Since(cutAt).Seconds())
+	var out api.ForwardBackwardOutput
+	if err := fb.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	losses = append(losses, out.Metrics["loss:sum"])
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Metrics map[string]float64 `json:"metrics"`
+	}
+	if err := op.Result(ctx, &res); err != nil || res.Metrics["step:max"] != 3 {
+		t.Fatalf("step 3 through gw2: %v %v", res.Metrics, err)
+	}
+	losses = append(losses, step(t, tc, len(losses)+1))
+	g.heal("gw1")
+	// Back, gw1 finds its lease gone; a request it gets is forwarded to gw2.
+	tc.Via(c1)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var info api.GetInfoResponse
+		err := c1.Do(ctx, "POST", "get_info", api.ModelIDRequest{ModelID: tc.ModelID}, &info)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gw1 after the heal: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	losses = append(losses, step(t, tc, len(losses)+1))
+	want := reference(t, g.model, len(losses))
 	for i := range want {
 		if losses[i] != want[i] {
 			t.Fatalf("step %d: loss %v in the lab, %v uninterrupted (lab %v, reference %v)", i+1, losses[i], want[i], losses, want)

@@ -463,11 +463,7 @@ func (s *Server) knowRun(ctx context.Context, tenant, id string) error {
 // peekModelID finds the model_id of a run's request without decoding the rest ("" if none).
 func peekModelID(contentType string, body []byte) string {
 	if strings.Contains(contentType, "protobuf") {
-		req, err := api.DecodeForwardBackwardRequest(body)
-		if err != nil {
-			return ""
-		}
-		return req.ModelID
+		return api.ForwardBackwardModelID(body) // the data is decoded once, by the handler
 	}
 	var v struct {
 		ModelID string `json:"model_id"`

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/backend/cpu"
@@ -32,6 +33,7 @@ func (c LoraConfig) spec() loraSpec {
 type param struct {
 	name  string // PEFT key
 	shape []int
+	file  []int // its shape in a file: shape, or Tinker's 3-D one of an expert LoRA
 	s32   *paramState[float32]
 	s64   *paramState[float64]
 }
@@ -71,6 +73,14 @@ func newParamState[E float](shape []int, withState bool) *paramState[E] {
 func backendParam[E float](p *param) backend.Param[E] {
 	q := numbersOf[E](p)
 	return backend.Param[E]{W: q.w, G: q.g, M: q.m, V: q.v}
+}
+
+// fileShape is p's shape in an adapter file.
+func (p *param) fileShape() []int {
+	if p.file != nil {
+		return p.file
+	}
+	return p.shape
 }
 
 // size is the number of the param's weights.
@@ -178,6 +188,25 @@ type Adapter struct {
 	// adapter's weights, it would otherwise be garbage every accumulated batch.
 	scratchMu sync.Mutex
 	scratch   any
+	// uid is the adapter's identity in the sampler's prefix cache (unique in the process, never
+	// reused: a deleted and recreated adapter of the same name is another), and version counts
+	// changes of its weights as a sequence lock: odd while an optimizer step writes them. Cached
+	// keys and values are named by both (prefixcache.go).
+	uid     uint64
+	version atomic.Uint64
+}
+
+// adapterUIDs hands out Adapter.uid (0 is the base model's).
+var adapterUIDs atomic.Uint64
+
+// weightsKey is the prefix cache's name for the weights a pass of a (nil: the base model) runs
+// with now, and whether they are settled (no optimizer step writing them).
+func weightsKeyOf(a *Adapter) (weightsKey, bool) {
+	if a == nil {
+		return weightsKey{}, true
+	}
+	v := a.version.Load()
+	return weightsKey{adapter: a.uid, version: v}, v%2 == 0
 }
 
 // batchGrads is zeroed gradient sums for one forward_backward over a (given back by putGrads).
@@ -235,13 +264,15 @@ func (e *Engine) CreateAdapter(id string, cfg LoraConfig) (*Adapter, error) {
 }
 
 func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
-	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec())}
+	a := &Adapter{ID: id, Config: cfg, mods: e.Config.loraModules(cfg.spec()), uid: adapterUIDs.Add(1)}
 	for _, m := range a.mods {
 		for _, p := range []struct {
-			suffix string
-			shape  []int
-		}{{"lora_A", []int{cfg.Rank, m.In}}, {"lora_B", []int{m.Out, cfg.Rank}}} {
-			a.params = append(a.params, e.newParam("base_model.model."+m.Path+"."+p.suffix+".weight", p.shape, true))
+			suffix      string
+			shape, file []int
+		}{{"lora_A", m.aShape(cfg.Rank), m.aFile(cfg.Rank)}, {"lora_B", m.bShape(cfg.Rank), m.bFile(cfg.Rank)}} {
+			q := e.newParam("base_model.model."+m.Path+"."+p.suffix+".weight", p.shape, true)
+			q.file = p.file
+			a.params = append(a.params, q)
 		}
 	}
 	return a
@@ -250,9 +281,12 @@ func (e *Engine) newAdapter(id string, cfg LoraConfig) *Adapter {
 // DeleteAdapter forgets an adapter; it reports whether it existed.
 func (e *Engine) DeleteAdapter(ctx context.Context, id string) bool {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, ok := e.adapters[id]
+	a, ok := e.adapters[id]
 	delete(e.adapters, id)
+	e.mu.Unlock()
+	if ok { // no request can name its weights again: its cached prefixes go now, not by LRU
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid })
+	}
 	return ok
 }
 
@@ -384,6 +418,15 @@ func adamStep[E float](e *Engine, a *Adapter, p AdamParams) (map[string]float64,
 	t := float64(a.Step + 1)
 	h := backend.AdamW{LR: p.LearningRate, Beta1: p.Beta1, Beta2: p.Beta2, Eps: p.Eps, WeightDecay: p.WeightDecay,
 		Clip: clip, BC1: 1 - math.Pow(p.Beta1, t), BC2: 1 - math.Pow(p.Beta2, t)}
+	// The weights change under the prefix cache's name for them: odd while they do, and a new
+	// even version after (weightsKeyOf), so no cached keys and values of the old weights serve
+	// the new ones.
+	a.version.Add(1)
+	defer func() {
+		now := a.version.Add(1)
+		// The old weights' cached prefixes can serve no request again: they go now, not by LRU.
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == a.uid && w.version < now })
+	}()
 	updSq, bad, w, m, v := st.AdamW(ps, h)
 	if bad >= 0 {
 		return nil, inputErr(-1, "adam_params", "%v: the update of %s is not finite (weight %v, moments %v, %v) with learning_rate %v; step refused, nothing changed",
@@ -416,6 +459,49 @@ func (s loraSpec) any() bool { return s.Attn || s.MLP || s.Unembed }
 type loraModule struct {
 	Path    string // e.g. "model.layers.0.self_attn.q_proj", or "lm_head"
 	In, Out int
+	// Experts > 0: a mixture of experts' projection in Tinker's shared-outer layout (moe.go):
+	// gate and up (In D, Out E·I) share A [r, D] and stack B_e into [E·I, r]; down (ExpertA;
+	// In I, Out D) stacks A_e into [E·r, I] and shares B [D, r].
+	Experts int
+	ExpertA bool
+}
+
+// aShape and bShape are the module's A and B as the engine keeps them, at rank r.
+func (m loraModule) aShape(r int) []int {
+	if m.ExpertA {
+		return []int{m.Experts * r, m.In}
+	}
+	return []int{r, m.In}
+}
+
+func (m loraModule) bShape(r int) []int { return []int{m.Out, r} }
+
+// aFile and bFile are their shapes in an adapter file: Tinker's 3-D ones for experts (a size-1
+// leading axis on the shared factor), the plain ones otherwise.
+func (m loraModule) aFile(r int) []int {
+	switch {
+	case m.ExpertA:
+		return []int{m.Experts, r, m.In}
+	case m.Experts > 0:
+		return []int{1, r, m.In}
+	}
+	return m.aShape(r)
+}
+
+func (m loraModule) bFile(r int) []int {
+	switch {
+	case m.ExpertA:
+		return []int{1, m.Out, r}
+	case m.Experts > 0:
+		return []int{m.Experts, m.Out / m.Experts, r}
+	}
+	return m.bShape(r)
+}
+
+// params is how many numbers the module's LoRA has at rank r.
+func (m loraModule) params(r int) int {
+	a, b := m.aShape(r), m.bShape(r)
+	return a[0]*a[1] + b[0]*b[1]
 }
 
 // loraModules lists the adapted layers of a spec, in parameter order.
@@ -434,27 +520,29 @@ func (c *Config) loraModules(s loraSpec) []loraModule {
 			d := c.dnDims()
 			a := p + "linear_attn."
 			mods = append(mods,
-				loraModule{a + "in_proj_q", D, d.Kd},
-				loraModule{a + "in_proj_k", D, d.Kd},
-				loraModule{a + "in_proj_v", D, d.Vd},
-				loraModule{a + "in_proj_z", D, d.Vd},
-				loraModule{a + "out_proj", d.Vd, D})
+				loraModule{Path: a + "in_proj_q", In: D, Out: d.Kd},
+				loraModule{Path: a + "in_proj_k", In: D, Out: d.Kd},
+				loraModule{Path: a + "in_proj_v", In: D, Out: d.Vd},
+				loraModule{Path: a + "in_proj_z", In: D, Out: d.Vd},
+				loraModule{Path: a + "out_proj", In: d.Vd, Out: D})
 		} else if s.Attn {
 			mods = append(mods,
-				loraModule{p + "self_attn.q_proj", D, qd},
-				loraModule{p + "self_attn.k_proj", D, kvd},
-				loraModule{p + "self_attn.v_proj", D, kvd},
-				loraModule{p + "self_attn.o_proj", c.NumAttentionHeads * hd, D})
+				loraModule{Path: p + "self_attn.q_proj", In: D, Out: qd},
+				loraModule{Path: p + "self_attn.k_proj", In: D, Out: kvd},
+				loraModule{Path: p + "self_attn.v_proj", In: D, Out: kvd},
+				loraModule{Path: p + "self_attn.o_proj", In: c.NumAttentionHeads * hd, Out: D})
 		}
-		if s.MLP {
+		if s.MLP && c.isMoE(l) {
+			mods = append(mods, c.expertLoRAModules(l)...)
+		} else if s.MLP {
 			mods = append(mods,
-				loraModule{p + "mlp.gate_proj", D, F},
-				loraModule{p + "mlp.up_proj", D, F},
-				loraModule{p + "mlp.down_proj", F, D})
+				loraModule{Path: p + "mlp.gate_proj", In: D, Out: F},
+				loraModule{Path: p + "mlp.up_proj", In: D, Out: F},
+				loraModule{Path: p + "mlp.down_proj", In: F, Out: D})
 		}
 	}
 	if s.Unembed {
-		mods = append(mods, loraModule{"lm_head", D, c.VocabSize})
+		mods = append(mods, loraModule{Path: "lm_head", In: D, Out: c.VocabSize})
 	}
 	return mods
 }

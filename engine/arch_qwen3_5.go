@@ -19,9 +19,10 @@ const ArchQwen3_5Text Arch = "qwen3_5_text"
 type qwen3_5Family struct{ family }
 
 var (
-	_ finisher   = (*qwen3_5Family)(nil)
-	_ validator  = (*qwen3_5Family)(nil)
-	_ tinyFamily = (*qwen3_5Family)(nil)
+	_ finisher      = (*qwen3_5Family)(nil)
+	_ extraWeighter = (*qwen3_5Family)(nil)
+	_ validator     = (*qwen3_5Family)(nil)
+	_ tinyFamily    = (*qwen3_5Family)(nil)
 )
 
 func init() {
@@ -31,10 +32,15 @@ func init() {
 		headNorm: true, statedRopeTheta: true, zeroCentredNorms: true, gatedAttention: true}})
 }
 
-// finish fills HF's defaults (Qwen3_5TextConfig) and marks the DeltaNet layers. The vision
-// tower is not served: its config is dropped, so nothing treats the model as vision-language.
-func (*qwen3_5Family) finish(c *Config) {
-	c.VisionConfig, c.ImageTokenID = nil, nil
+// finish fills HF's defaults (Qwen3_5TextConfig) and marks the DeltaNet layers. The VL class's
+// vision tower is Qwen3-VL's without DeepStack (reference §1.3: Qwen3_5VisionModel has no
+// deepstack_merger_list); the text-only class, and a VL config without vision_config, have none.
+func (fam *qwen3_5Family) finish(c *Config) {
+	if fam.lmPrefix == "" || c.VisionConfig == nil {
+		c.VisionConfig, c.ImageTokenID = nil, nil
+	} else {
+		c.VisionConfig.DeepstackVisualIndexes = nil
+	}
 	if c.FullAttentionInterval == 0 {
 		c.FullAttentionInterval = 4
 	}
@@ -80,8 +86,13 @@ func (*qwen3_5Family) finish(c *Config) {
 
 func (*qwen3_5Family) validate(c *Config) error {
 	if c.NumExperts > 0 {
-		return fmt.Errorf("qwen3_5: num_experts %d: the mixture-of-experts variants are not supported (dense Qwen3.5 only)", c.NumExperts)
+		return fmt.Errorf("qwen3_5: num_experts %d in a dense Qwen3.5 config (the mixture-of-experts checkpoints name Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe)", c.NumExperts)
 	}
+	return validateHybrid(c)
+}
+
+// validateHybrid checks what a Qwen3.5 config (dense or MoE) adds to config.json.
+func validateHybrid(c *Config) error {
 	if len(c.LayerTypes) != c.NumHiddenLayers {
 		return fmt.Errorf("qwen3_5: layer_types has %d entries for %d layers", len(c.LayerTypes), c.NumHiddenLayers)
 	}
@@ -122,6 +133,15 @@ func (*qwen3_5Family) validate(c *Config) error {
 	if !(c.PartialRotaryFactor > 0 && c.PartialRotaryFactor <= 1) || c.RotaryDim%2 != 0 || c.RotaryDim == 0 {
 		return fmt.Errorf("qwen3_5: partial_rotary_factor %v of head_dim %d gives rotary dim %d (must be even and positive)", c.PartialRotaryFactor, c.HeadDim, c.RotaryDim)
 	}
+	if c.VisionConfig != nil {
+		// Images: the tower, and interleaved mRoPE over the rotating quarter of each head.
+		if err := validateVision(c, string(c.Arch)); err != nil {
+			return err
+		}
+		if err := validateMrope(c, string(c.Arch)); err != nil {
+			return err
+		}
+	}
 	if rs := c.RopeScaling; rs != nil && len(rs.MropeSection) > 0 {
 		sum := 0
 		for _, s := range rs.MropeSection {
@@ -138,4 +158,20 @@ func (*qwen3_5Family) validate(c *Config) error {
 // vision tower and the multi-token-prediction draft block.
 func skippedWeight(name string) bool {
 	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "mtp.")
+}
+
+// extraWeights are the vision tower's weights (Qwen3-VL's names, no DeepStack mergers), when the
+// model has one.
+func (*qwen3_5Family) extraWeights(c *Config) []string {
+	if c.VisionConfig == nil {
+		return nil
+	}
+	return (*qwen3VLFamily)(nil).extraWeights(c)
+}
+
+func (*qwen3_5Family) extraShape(c *Config, name string) []int {
+	if c.VisionConfig == nil {
+		return nil
+	}
+	return (*qwen3VLFamily)(nil).extraShape(c, name)
 }

@@ -43,56 +43,71 @@ const (
 
 // validate checks the vision tower's config and the LM's multimodal RoPE.
 func (*qwen3VLFamily) validate(c *Config) error {
-	v := c.VisionConfig
-	if v == nil {
+	if c.VisionConfig == nil {
 		return fmt.Errorf("qwen3_vl: vision_config missing")
 	}
+	if err := validateVision(c, "qwen3_vl"); err != nil {
+		return err
+	}
+	return validateMrope(c, "qwen3_vl")
+}
+
+// validateVision checks a Qwen3-VL-style vision tower's config (Qwen3-VL's, Qwen3.5's) against
+// the LM it feeds.
+func validateVision(c *Config, arch string) error {
+	v := c.VisionConfig
 	if c.ImageTokenID == nil || *c.ImageTokenID < 0 || *c.ImageTokenID >= c.VocabSize {
-		return fmt.Errorf("qwen3_vl: image_token_id missing or outside the vocabulary")
+		return fmt.Errorf("%s: image_token_id missing or outside the vocabulary", arch)
 	}
 	const most = 1 << 16 // far beyond any released tower; keeps allocations bounded
 	for _, d := range []int{v.Depth, v.HiddenSize, v.IntermediateSize, v.NumHeads, v.InChannels, v.PatchSize,
 		v.SpatialMergeSize, v.TemporalPatchSize, v.OutHiddenSize, v.NumPositionEmbeddings} {
 		if d <= 0 || d > most {
-			return fmt.Errorf("qwen3_vl: vision_config sizes must be in 1…%d", most)
+			return fmt.Errorf("%s: vision_config sizes must be in 1…%d", arch, most)
 		}
 	}
 	if v.HiddenSize%v.NumHeads != 0 || (v.HiddenSize/v.NumHeads)%4 != 0 {
-		return fmt.Errorf("qwen3_vl: vision head dim must be a multiple of 4 (2D rotary)")
+		return fmt.Errorf("%s: vision head dim must be a multiple of 4 (2D rotary)", arch)
 	}
 	if v.OutHiddenSize != c.HiddenSize {
-		return fmt.Errorf("qwen3_vl: vision out_hidden_size %d differs from the LM's hidden_size %d", v.OutHiddenSize, c.HiddenSize)
+		return fmt.Errorf("%s: vision out_hidden_size %d differs from the LM's hidden_size %d", arch, v.OutHiddenSize, c.HiddenSize)
 	}
 	side := int(math.Sqrt(float64(v.NumPositionEmbeddings)))
 	if side*side != v.NumPositionEmbeddings {
-		return fmt.Errorf("qwen3_vl: num_position_embeddings %d is not a square", v.NumPositionEmbeddings)
+		return fmt.Errorf("%s: num_position_embeddings %d is not a square", arch, v.NumPositionEmbeddings)
 	}
 	for i, l := range v.DeepstackVisualIndexes {
 		if l < 0 || l >= v.Depth || i >= c.NumHiddenLayers || (i > 0 && l <= v.DeepstackVisualIndexes[i-1]) {
-			return fmt.Errorf("qwen3_vl: deepstack_visual_indexes %v must rise within the tower's %d blocks, at most one per LM layer", v.DeepstackVisualIndexes, v.Depth)
+			return fmt.Errorf("%s: deepstack_visual_indexes %v must rise within the tower's %d blocks, at most one per LM layer", arch, v.DeepstackVisualIndexes, v.Depth)
 		}
 	}
 	switch v.HiddenAct {
 	case "gelu_pytorch_tanh", "gelu":
 	default:
-		return fmt.Errorf("qwen3_vl: unsupported vision hidden_act %q", v.HiddenAct)
+		return fmt.Errorf("%s: unsupported vision hidden_act %q", arch, v.HiddenAct)
 	}
+	return nil
+}
+
+// validateMrope checks the LM's interleaved multimodal RoPE: three sections over the rotary
+// half (all of head_dim in Qwen3-VL; Qwen3.5 rotates a quarter).
+func validateMrope(c *Config, arch string) error {
 	rs := c.RopeScaling
 	if rs == nil || len(rs.MropeSection) != 3 {
-		return fmt.Errorf("qwen3_vl: rope_scaling.mrope_section must have 3 entries")
+		return fmt.Errorf("%s: rope_scaling.mrope_section must have 3 entries", arch)
 	}
 	if !rs.MropeInterleaved {
-		return fmt.Errorf("qwen3_vl: only interleaved mRoPE (rope_scaling.mrope_interleaved) is supported")
+		return fmt.Errorf("%s: only interleaved mRoPE (rope_scaling.mrope_interleaved) is supported", arch)
 	}
 	sum := 0
 	for _, s := range rs.MropeSection {
 		if s < 0 {
-			return fmt.Errorf("qwen3_vl: negative mrope_section")
+			return fmt.Errorf("%s: negative mrope_section", arch)
 		}
 		sum += s
 	}
-	if sum != c.HeadDim/2 {
-		return fmt.Errorf("qwen3_vl: mrope_section %v must sum to head_dim/2 = %d", rs.MropeSection, c.HeadDim/2)
+	if sum != c.rotaryDim()/2 {
+		return fmt.Errorf("%s: mrope_section %v must sum to the rotary dims/2 = %d", arch, rs.MropeSection, c.rotaryDim()/2)
 	}
 	return nil
 }

@@ -108,9 +108,9 @@ func (e *Engine) SaveAdapter(ctx context.Context, id, dir string, withOptimizer 
 // Loads take either (readTensors), so checkpoints of float64 state load on the float32 engine.
 func (p *param) tensor(which byte) safetensors.Tensor {
 	if p.s64 != nil {
-		return safetensors.FromFloat64(hostOf(pick(p.s64, which)), p.shape...)
+		return safetensors.FromFloat64(hostOf(pick(p.s64, which)), p.fileShape()...)
 	}
-	return safetensors.FromFloat32(hostOf(pick(p.s32, which)), p.shape...)
+	return safetensors.FromFloat32(hostOf(pick(p.s32, which)), p.fileShape()...)
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -140,7 +140,8 @@ func ReadAdapterConfig(dir string) (LoraConfig, error) {
 		case "q_proj", "k_proj", "v_proj", "o_proj",
 			"in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj": // Qwen3.5's DeltaNet layers
 			c.TrainAttn = true
-		case "gate_proj", "up_proj", "down_proj":
+		case "gate_proj", "up_proj", "down_proj",
+			"w1", "w2", "w3": // a mixture of experts' experts, Tinker's names (moe.go)
 			c.TrainMLP = true
 		case "lm_head":
 			c.TrainUnembed = true
@@ -176,7 +177,7 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 	a := e.newAdapter(id, cfg)
 	want := map[string][]int{}
 	for _, p := range a.params {
-		want[p.name] = p.shape
+		want[p.name] = p.fileShape()
 	}
 	weights, err := readTensors(filepath.Join(dir, AdapterWeightsFile), want, nil)
 	if errors.Is(err, ErrTensorMismatch) && e.Config.lm() != "model." {
@@ -204,8 +205,8 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		want := map[string][]int{}
 		optional := map[string]bool{}
 		for _, p := range a.params {
-			want[p.name+".exp_avg"], want[p.name+".exp_avg_sq"] = p.shape, p.shape
-			want[p.name+".grad_accum"] = p.shape
+			want[p.name+".exp_avg"], want[p.name+".exp_avg_sq"] = p.fileShape(), p.fileShape()
+			want[p.name+".grad_accum"] = p.fileShape()
 			optional[p.name+".grad_accum"] = true // saved with an empty accumulator
 		}
 		opt, err := readTensors(filepath.Join(dir, OptimizerFile), want, optional)
@@ -242,8 +243,12 @@ func (e *Engine) load(ctx context.Context, id, dir string, withOptimizer, snapsh
 		}
 	}
 	e.mu.Lock()
+	old := e.adapters[id]
 	e.adapters[id] = a
 	e.mu.Unlock()
+	if old != nil { // replaced (a sampler's weights loaded again): no request can name the old ones
+		e.base.prefix.forget(func(w weightsKey) bool { return w.adapter == old.uid })
+	}
 	return nil
 }
 

@@ -77,7 +77,18 @@ type Config struct {
 	LinearConvKernelDim   int      `json:"linear_conv_kernel_dim,omitempty"`
 	AttnOutputGate        *bool    `json:"attn_output_gate,omitempty"`
 	PartialRotaryFactor   float64  `json:"partial_rotary_factor,omitempty"`
-	NumExperts            int      `json:"num_experts,omitempty"` // refused: no mixture of experts
+
+	// Mixtures of experts (moe.go, arch_qwen3_moe.go): num_experts routed experts of width
+	// moe_intermediate_size, each token's num_experts_per_tok of them; which layers are sparse
+	// (decoder_sparse_step, mlp_only_layers: Qwen3-MoE's; every layer in Qwen3.5-MoE); a shared
+	// expert of width shared_expert_intermediate_size behind a sigmoid gate (Qwen3.5-MoE).
+	NumExperts                   int   `json:"num_experts,omitempty"`
+	NumExpertsPerTok             int   `json:"num_experts_per_tok,omitempty"`
+	MoeIntermediateSize          int   `json:"moe_intermediate_size,omitempty"`
+	NormTopkProb                 *bool `json:"norm_topk_prob,omitempty"`
+	DecoderSparseStep            int   `json:"decoder_sparse_step,omitempty"`
+	MlpOnlyLayers                []int `json:"mlp_only_layers,omitempty"`
+	SharedExpertIntermediateSize int   `json:"shared_expert_intermediate_size,omitempty"`
 
 	Arch Arch `json:"-"`
 	// RopeFreqFactors divide the rotary inverse frequencies one by one (a GGUF's rope_freqs
@@ -88,6 +99,10 @@ type Config struct {
 	RotaryDim int `json:"-"`
 	// deltaNet marks the Gated DeltaNet layers (nil: none; set by the family's finish).
 	deltaNet []bool
+	// moe marks the mixture-of-experts layers (nil: none; set by the family's finish), and
+	// moeRenorm says whether a token's k routing weights are renormalised to sum 1.
+	moe       []bool
+	moeRenorm bool
 }
 
 // LoadConfig reads and validates DIR/config.json.
@@ -149,7 +164,8 @@ func (c *Config) finish() error {
 	if c.NumKeyValueHeads == 0 {
 		c.NumKeyValueHeads = c.NumAttentionHeads
 	}
-	if c.VocabSize <= 0 || c.HiddenSize <= 0 || c.NumHiddenLayers <= 0 || c.NumAttentionHeads <= 0 || c.IntermediateSize <= 0 {
+	if c.VocabSize <= 0 || c.HiddenSize <= 0 || c.NumHiddenLayers <= 0 || c.NumAttentionHeads <= 0 || (c.IntermediateSize <= 0 && c.NumExperts == 0) {
+		// A mixture of experts on every layer needs no dense width (checkDenseWidth).
 		return fmt.Errorf("vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads must be positive")
 	}
 	// Sizes become allocations and loop bounds: bound them far above any real model, so that a
@@ -195,7 +211,20 @@ func (c *Config) finish() error {
 		fi.finish(c)
 	}
 	if v, ok := a.(validator); ok {
-		return v.validate(c)
+		if err := v.validate(c); err != nil {
+			return err
+		}
+	}
+	return c.checkDenseWidth()
+}
+
+// checkDenseWidth: every layer that is not a mixture of experts runs the dense MLP, whose
+// width intermediate_size must then be positive.
+func (c *Config) checkDenseWidth() error {
+	for l := range c.NumHiddenLayers {
+		if !c.isMoE(l) && c.IntermediateSize <= 0 {
+			return fmt.Errorf("intermediate_size %d: layer %d is dense and needs a positive width", c.IntermediateSize, l)
+		}
 	}
 	return nil
 }
@@ -287,3 +316,16 @@ func (c *Config) rotaryDim() int {
 
 // isDeltaNet reports whether layer l is a Gated DeltaNet layer (else softmax attention).
 func (c *Config) isDeltaNet(l int) bool { return l < len(c.deltaNet) && c.deltaNet[l] }
+
+// isMoE reports whether layer l's feed-forward block is a mixture of experts.
+func (c *Config) isMoE(l int) bool { return l < len(c.moe) && c.moe[l] }
+
+// hasDeltaNet reports whether any layer is a Gated DeltaNet layer (a hybrid model).
+func (c *Config) hasDeltaNet() bool {
+	for _, d := range c.deltaNet {
+		if d {
+			return true
+		}
+	}
+	return false
+}

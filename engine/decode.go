@@ -64,6 +64,17 @@ type decodeLoop interface {
 	// forkFrom sets every row b's cache (keys, values, DeltaNet states) to row from[b]'s of src,
 	// a loop of the same dtype and slots: a prompt prefilled once serves all its samples.
 	forkFrom(src decodeLoop, from []int)
+	// loadPrefix sets row b's keys and values at positions [0, len(blocks)·kvBlockTokens) to the
+	// prefix cache's blocks (prefixcache.go); newBlock makes a block's tensors, in a step of
+	// their own (kv nil: none could be had), and saveBlock copies row b's block i into one.
+	loadPrefix(b int, blocks []*kvBlock)
+	newBlock() (kv any, free func())
+	saveBlock(b, i int, kv any) bool
+	// takeState is a copy of row b's DeltaNet states (every such layer's conv history and
+	// recurrent state), in a step of its own, with its bytes (st nil: none could be had);
+	// loadState puts such a copy back into row b.
+	takeState(b int) (st any, free func(), bytes int64)
+	loadState(b int, st any)
 	free()
 }
 
@@ -78,7 +89,89 @@ func (e *Engine) newDecodeLoop(ctx context.Context, rowAdapters []*Adapter, B, S
 	return d
 }
 
-func (d *kvDecoder[E]) free() { d.long.Free() }
+func (d *kvDecoder[E]) free() {
+	d.e.base.prefix.stats.loopKVBytes.Add(-d.kvBytes)
+	d.long.Free()
+}
+
+// attention is the cache's keys and values of attention layer l (a row's heads b·KVH…).
+func (d *kvDecoder[E]) attention(l int) backend.KV[E] {
+	return backend.KV[E]{KeysT: d.cache.keysT[l], Values: d.cache.values[l]}
+}
+
+// attnLayers are the indices of the attention layers, in order: the j-th one's heads are
+// j·KVH… of a prefix cache block.
+func (d *kvDecoder[E]) attnLayers() []int {
+	var out []int
+	for l, st := range d.cache.dn {
+		if st == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func (d *kvDecoder[E]) loadPrefix(b int, blocks []*kvBlock) {
+	KVH := d.cache.KVH
+	for i, blk := range blocks {
+		kv := blk.kv.(backend.KV[E])
+		for j, l := range d.attnLayers() {
+			d.long.CopySlots(d.attention(l), kv, b*KVH, i*kvBlockTokens, j*KVH, 0, KVH, kvBlockTokens)
+		}
+	}
+}
+
+func (d *kvDecoder[E]) newBlock() (any, func()) {
+	st := newStep[E](d.e)
+	heads := len(d.attnLayers()) * d.cache.KVH
+	kv := backend.KV[E]{KeysT: st.Alloc(heads, d.cache.hd, kvBlockTokens), Values: st.Alloc(heads, kvBlockTokens, d.cache.hd)}
+	if st.Err() != nil {
+		st.Free()
+		return nil, nil
+	}
+	return kv, st.Free
+}
+
+func (d *kvDecoder[E]) takeState(b int) (any, func(), int64) {
+	st := newStep[E](d.e)
+	var out []backend.DeltaState[E]
+	var n int
+	for _, ds := range d.cache.dn {
+		if ds == nil {
+			continue
+		}
+		c := backend.DeltaState[E]{Conv: st.Alloc(append([]int{1}, ds.Conv.Dims[1:]...)...), S: st.Alloc(append([]int{1}, ds.S.Dims[1:]...)...)}
+		st.CopyRows(c.Conv, 0, ds.Conv, b, 1)
+		st.CopyRows(c.S, 0, ds.S, b, 1)
+		out = append(out, c)
+		n += elems(c.Conv.Dims) + elems(c.S.Dims)
+	}
+	if st.Err() != nil {
+		st.Free()
+		return nil, nil, 0
+	}
+	return out, st.Free, int64(n * d.e.elemSize())
+}
+
+func (d *kvDecoder[E]) loadState(b int, st any) {
+	saved, j := st.([]backend.DeltaState[E]), 0
+	for _, ds := range d.cache.dn {
+		if ds == nil {
+			continue
+		}
+		d.long.CopyRows(ds.Conv, b, saved[j].Conv, 0, 1)
+		d.long.CopyRows(ds.S, b, saved[j].S, 0, 1)
+		j++
+	}
+}
+
+func (d *kvDecoder[E]) saveBlock(b, i int, kv any) bool {
+	dst, KVH := kv.(backend.KV[E]), d.cache.KVH
+	for j, l := range d.attnLayers() {
+		d.long.CopySlots(dst, d.attention(l), j*KVH, 0, b*KVH, i*kvBlockTokens, KVH, kvBlockTokens)
+	}
+	return d.long.Err() == nil
+}
 
 func (d *kvDecoder[E]) forkFrom(src decodeLoop, from []int) {
 	s := src.(*kvDecoder[E])
@@ -105,6 +198,7 @@ type kvDecoder[E float] struct {
 	images   []*imageRow  // per row; nil: no row has images
 	shift    []int        // per row: decode positions' mRoPE delta (set at the first decode step)
 	ctx      context.Context
+	kvBytes  int64 // the cache's keys, values and DeltaNet states (SamplerStats.LoopKVBytes)
 }
 
 func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
@@ -119,6 +213,7 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 			// prefill writes it before a decode step reads it.
 			dd := c.dnDims()
 			d.cache.dn[l] = &backend.DeltaState[E]{Conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
+			d.kvBytes += int64(B * (dd.C*max(dd.K-1, 1) + dd.Hv*dd.dk*dd.dv))
 			d.cache.keysT, d.cache.values = append(d.cache.keysT, mat[E]{}), append(d.cache.values, mat[E]{})
 			continue
 		}
@@ -126,14 +221,17 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 		// reused buffer out of the masked-off products (0 × NaN would still be NaN).
 		d.cache.keysT = append(d.cache.keysT, d.long.Zeros(BK, c.HeadDim, S))
 		d.cache.values = append(d.cache.values, d.long.Zeros(BK, S, c.HeadDim))
+		d.kvBytes += int64(2 * BK * S * c.HeadDim)
 	}
+	d.kvBytes *= int64(e.elemSize())
+	e.base.prefix.stats.loopKVBytes.Add(d.kvBytes)
 	if runs := adapterRuns(rowAdapters); len(runs) == 1 {
 		// One adapter: the pass chooses how to apply it (merged or added) as training does.
 		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base), false)
 	} else {
 		for _, r := range runs {
-			lora, _ := loraOf(d.long, r.a, modelOf[E](e.base), false)
-			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora})
+			lora, scale := loraOf(d.long, r.a, modelOf[E](e.base), false)
+			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora, scale: scale})
 		}
 	}
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)
@@ -296,6 +394,11 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	for b, r := range rows {
 		rowAdapters[b] = adapters[r.req]
 	}
+	for _, r := range rows {
+		e.base.prefix.stats.promptTokens.Add(int64(len(r.prompt)))
+	}
+	plan := e.planPrefixes(adapters, reqs, images)
+	defer plan.release()
 	loop := e.newDecodeLoop(ctx, rowAdapters, B, S, images)
 	defer loop.free()
 	step := loop.step
@@ -305,18 +408,36 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	var T int
 	var results []*SampleResult
 	if images == nil && B > len(reqs) && !e.noPrefixShare {
-		logits, T, results, err = e.prefillOnce(ctx, loop, adapters, reqs, rows, first, S, maxPrompt)
+		logits, T, results, err = e.prefillOnce(ctx, loop, adapters, reqs, rows, first, S, maxPrompt, plan)
 	} else {
-		prompts := e.newPromptLogprobs(reqs, first)
-		chunk := 0
-		if images == nil {
-			chunk = e.prefillChunk(B, maxPrompt)
+		plan.confirm()
+		reqOf := make([]int, B)
+		for b, r := range rows {
+			reqOf[b] = r.req
 		}
-		logits, T, err = prefill(step, reqs, rows, first, maxPrompt, chunk, prompts.take)
+		rowOf := make([]int, len(reqs))
+		for ri := range reqs {
+			rowOf[ri] = first[ri]
+		}
+		start := plan.starts(reqOf, S)
+		plan.load(loop, reqOf, start)
+		prompts := e.newPromptLogprobs(reqs, first)
+		if images == nil {
+			logits, T, err = plan.prefillRows(e, loop, reqs, rows, first, rowOf, maxPrompt, prompts.take, start)
+		} else { // in one pass (vlpass.go); the plan is off
+			logits, T, err = prefill(step, reqs, rows, first, maxPrompt, 0, prompts.take, nil)
+		}
 		results = prompts.finish(rows)
+		if err == nil {
+			plan.store(loop, rowOf)
+		}
 	}
+	plan.release() // the blocks are in the rows' caches now
 	if err != nil {
 		return nil, err
+	}
+	for ri, res := range results {
+		res.CachedTokens = plan.served[ri]
 	}
 	stopFailed(rows)
 
@@ -336,20 +457,26 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 // its prompt once, not 16 times); each sample's first token is drawn from its request's row of
 // logits (read only). It returns the logits indexed b·T+t as prefill does (only each row's last
 // prompt position is set) and the results with the prompt logprobs.
-func (e *Engine) prefillOnce(ctx context.Context, loop decodeLoop, adapters []*Adapter, reqs []SampleRequest, rows []*sampleRow, first map[int]int, S, maxPrompt int) ([][]float64, int, []*SampleResult, error) {
+func (e *Engine) prefillOnce(ctx context.Context, loop decodeLoop, adapters []*Adapter, reqs []SampleRequest, rows []*sampleRow, first map[int]int, S, maxPrompt int, plan *prefixPlan) ([][]float64, int, []*SampleResult, error) {
 	once := make([]*sampleRow, len(reqs)) // each request's first row stands for it
 	firstOnce := make(map[int]int, len(reqs))
+	reqOf := make([]int, len(reqs))
 	for ri := range reqs {
-		once[ri], firstOnce[ri] = rows[first[ri]], ri
+		once[ri], firstOnce[ri], reqOf[ri] = rows[first[ri]], ri, ri
 	}
 	e.prefilled.Add(int64(len(reqs)))
 	pre := e.newDecodeLoop(ctx, adapters, len(reqs), S, nil)
 	defer pre.free()
+	// A prompt starting with cached blocks (prefixcache.go) computes only the rest.
+	plan.confirm()
+	start := plan.starts(reqOf, S)
+	plan.load(pre, reqOf, start)
 	prompts := e.newPromptLogprobs(reqs, firstOnce)
-	preLogits, T, err := prefill(pre.step, reqs, once, firstOnce, maxPrompt, e.prefillChunk(len(reqs), maxPrompt), prompts.take)
+	preLogits, T, err := plan.prefillRows(e, pre, reqs, once, firstOnce, reqOf, maxPrompt, prompts.take, start)
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	plan.store(pre, reqOf)
 	results := prompts.finish(once)
 	from := make([]int, len(rows))
 	logits := make([][]float64, len(rows)*T)
@@ -407,10 +534,26 @@ func firstRows(rows []*sampleRow) map[int]int {
 // hybrid model's recurrent state stops at its own prompt's end. Each chunk is a pass whose layers
 // give turns to others' work, so one long prefill does not hold every other tenant's sample for
 // its whole length (a DeltaNet layer over 64 rows × 128 tokens took seconds).
-func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt, chunk int, sink rowSink) ([][]float64, int, error) {
+//
+// start (nil: every row from 0) is where each row's computation starts, its positions before
+// it already in the cache (a prefix cache's blocks): every pass then runs over the cache, row b
+// from position start[b], and the passes cover the longest rest rounded up to a multiple of 16
+// (padLen); logits stay indexed by position. The caller keeps start[b] plus that span within
+// the cache's slots.
+func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[int]int, maxPrompt, chunk int, sink rowSink, start []int) ([][]float64, int, error) {
 	B, T := len(rows), bucket(maxPrompt, 16)
-	if chunk <= 0 || chunk >= T {
-		chunk = T
+	from := func(b int) int {
+		if start == nil {
+			return 0
+		}
+		return start[b]
+	}
+	span := T // with a start: the longest rest rounded up to a multiple of 16, not a power of 2
+	if start != nil {
+		span = padLen(leftToPrefill(rows, start))
+	}
+	if chunk <= 0 || chunk >= span {
+		chunk = span
 	}
 	want := func(b, t int) bool {
 		r := rows[b]
@@ -421,40 +564,57 @@ func prefill(step stepFunc, reqs []SampleRequest, rows []*sampleRow, first map[i
 		return first[r.req] == b && t < len(r.prompt)-1 && (req.PromptLogprobs || req.TopKPromptLogprobs > 0)
 	}
 	logits := make([][]float64, B*T)
-	for c0 := 0; c0 < T; c0 += chunk {
-		c1 := min(T, c0+chunk)
+	for c0 := 0; c0 < span; c0 += chunk {
+		c1 := min(span, c0+chunk)
 		tok, pos := make([][]int, B), make([][]int, B)
 		var lens []int
-		if c1 < T || c0 > 0 {
+		if c1 < span || c0 > 0 || start != nil {
 			lens = make([]int, B)
 		}
 		for b := range B {
+			s0 := from(b)
 			tok[b], pos[b] = make([]int, c1-c0), make([]int, c1-c0)
-			if p := rows[b].prompt; c0 < len(p) {
-				copy(tok[b], p[c0:min(c1, len(p))])
+			if p := rows[b].prompt; s0+c0 < len(p) {
+				copy(tok[b], p[s0+c0:min(s0+c1, len(p))])
 			}
 			for t := range c1 - c0 {
-				pos[b][t] = c0 + t
+				pos[b][t] = s0 + c0 + t
 			}
 			if lens != nil {
-				lens[b] = max(0, min(c1, len(rows[b].prompt))-c0)
+				lens[b] = max(0, min(c1, len(rows[b].prompt)-s0)-c0)
 			}
 		}
 		var take rowSink
 		if sink != nil {
-			take = func(b, t int, row []float64) bool { return sink(b, c0+t, row) }
+			take = func(b, t int, row []float64) bool { return sink(b, from(b)+c0+t, row) }
 		}
-		part, err := step(tok, pos, func(b, t int) bool { return want(b, c0+t) }, lens, take)
+		part, err := step(tok, pos, func(b, t int) bool { return want(b, from(b)+c0+t) }, lens, take)
 		if err != nil {
 			return nil, 0, err
 		}
 		for b := range B {
 			for t := range c1 - c0 {
-				logits[b*T+c0+t] = part[b*(c1-c0)+t]
+				if q := from(b) + c0 + t; q < T {
+					logits[b*T+q] = part[b*(c1-c0)+t]
+				}
 			}
 		}
 	}
 	return logits, T, nil
+}
+
+// leftToPrefill is the most prompt positions a row has left to compute from its start (nil:
+// 0).
+func leftToPrefill(rows []*sampleRow, start []int) int {
+	n := 0
+	for b, r := range rows {
+		s := 0
+		if start != nil {
+			s = start[b]
+		}
+		n = max(n, len(r.prompt)-s)
+	}
+	return n
 }
 
 // promptLogprobs starts each request's result and fills in its prompt logprobs where it asked

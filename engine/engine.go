@@ -58,6 +58,11 @@ type Options struct {
 	// Logger gets Load's progress lines (what it loads, how far it has read, the total and
 	// the time taken); nil: none.
 	Logger *slog.Logger
+	// KVCacheMB bounds the sampler's prefix cache across requests (prefixcache.go): keys and
+	// values of prompts' leading blocks, kept so that a later prompt starting with the same
+	// tokens on the same weights prefills only the rest. 0: no cache (the zero value, so a
+	// library user and the tests opt in); serve and worker set it from --kv-cache-mb.
+	KVCacheMB int
 	// weightFormats, set by tests only, picks each projection's block format under a quantized
 	// precision in place of the precision's rule (weightFormat), e.g. to quantize only the MLP.
 	weightFormats func(name string) *quant.Format
@@ -98,6 +103,9 @@ type Engine struct {
 	// noPrefixShare, set by benchmarks only, prefills every sample's row (as before sharing).
 	noPrefixShare bool
 }
+
+// MaxKVCacheMB bounds Options.KVCacheMB (1 TiB): a larger cap is a typo, not a plan.
+const MaxKVCacheMB = 1 << 20
 
 // Device says where the engine computes, and for --device auto why there.
 func (e *Engine) Device() string { return e.device }
@@ -225,6 +233,9 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 	if err := CheckPrecision(opts.Precision); err != nil {
 		return nil, err
 	}
+	if opts.KVCacheMB < 0 || opts.KVCacheMB > MaxKVCacheMB {
+		return nil, fmt.Errorf("engine: a prefix cache of %d MB, outside [0, %d]", opts.KVCacheMB, MaxKVCacheMB)
+	}
 	device, err := chooseDevice(opts)
 	if err != nil {
 		return nil, err
@@ -243,7 +254,7 @@ func newEngine(dir string, cfg *Config, host map[string]safetensors.Tensor, tok 
 		adapters: map[string]*Adapter{}, invFreq: cfg.invFreq(),
 		recomputeProbs: cfg.recomputesProbs}
 	// Free step buffers are kept up to one step budget (MaxStepBytes).
-	e.base = &baseModel{cpu: cpuBackend}
+	e.base = &baseModel{cpu: cpuBackend, prefix: newPrefixCache(int64(opts.KVCacheMB) << 20)}
 	if e.opts.Float64 {
 		e.base.weights, e.base.bytes, err = loadModel[float64](opts, cfg, host)
 	} else {

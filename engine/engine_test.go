@@ -20,7 +20,11 @@ func tinyModel(t testing.TB, arch Arch) string {
 		return d.(string)
 	}
 	dir := filepath.Join(tempRoot(t), string(arch))
-	if err := InitTiny(dir, arch, "tiny", 1); err != nil {
+	preset := "tiny"
+	if isMoEArch(arch) {
+		preset = "tiny-moe"
+	}
+	if err := InitTiny(dir, arch, preset, 1); err != nil {
 		t.Fatal(err)
 	}
 	tinyDirs.Store(arch, dir)
@@ -62,7 +66,7 @@ func textDatum(ids []int) Datum {
 }
 
 func TestTrainingLowersLoss(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			ids := e.Tokenizer.Encode("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.")
@@ -114,7 +118,8 @@ func rlDatum(ids []int, oldLP, adv float64) Datum {
 func TestGradientsMatchFiniteDifferences(t *testing.T) {
 	// qwen3_5: every LoRA kind of a DeltaNet layer (split in_proj q/k/v, z, out_proj) and of a
 	// gated attention layer, through the hand-written backward of the delta rule.
-	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2, ArchQwen3_5} {
+	// qwen3_moe, qwen3_5_moe: the experts' shared-outer LoRA and the router's path (moe.go).
+	for _, arch := range []Arch{ArchQwen3, ArchLlama, ArchQwen2, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		t.Run(string(arch), func(t *testing.T) { checkGradients(t, arch) })
 	}
 }

@@ -1,9 +1,8 @@
 package engine
 
 // ffn is a decoder layer's feed-forward block: what the layer runs on the post-attention norm's
-// output before adding the residual (pass.feedForward). The models served today have one kind,
-// the dense SwiGLU MLP (denseFFN); a mixture of experts would be one more implementation, set
-// as decoderLayer.ffn for the layers that have one.
+// output before adding the residual (pass.feedForward): the dense SwiGLU MLP (denseFFN), or a
+// sparse mixture of experts (moeFFN, moe.go) on the layers a MoE config marks.
 type ffn[E float] interface {
 	// forward returns the block's output [N, D] for x [N, D], keeping in la what backward
 	// reads (la nil: a forward-only pass).
@@ -34,7 +33,7 @@ type denseActs[E float] struct {
 }
 
 func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
-	N, F := s.B*s.T, s.c.IntermediateSize
+	N, F := x.Dims[0], f.gate.out // the model's MLP, or a shared expert's
 	gate := s.linear(x, f.gate)
 	up := s.linear(x, f.up)
 	act, sig := s.op.Alloc(N, F), s.op.Alloc(N, F)
@@ -51,7 +50,7 @@ func (f denseFFN[E]) forward(s *pass[E], x mat[E], la *layerActs[E]) mat[E] {
 // own: [tokens, F] buffers, 7F a token (an 8B shape at 1024 tokens: 0.39 GB, the largest part
 // of a recomputed layer). The numbers are the same; only when the memory is reused changes.
 func (f denseFFN[E]) backward(s *pass[E], dy mat[E], la *layerActs[E]) mat[E] {
-	N, F := s.B*s.T, s.c.IntermediateSize
+	N, F := dy.Dims[0], f.gate.out
 	a := &la.dense
 	release := s.op.ReleaseOne
 	if s.e.keepFFNActs {

@@ -23,7 +23,8 @@ import (
 // otherwise (and then quantized to --precision's format if it names another).
 
 // ggufArchs are the GGUF architectures skein loads, with their Hugging Face class.
-var ggufArchs = map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+var ggufArchs = map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+	"qwen3moe": "Qwen3MoeForCausalLM"}
 
 // IsGGUF reports whether path is a regular file that starts with GGUF's magic.
 func IsGGUF(path string) bool {
@@ -112,7 +113,7 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	}
 	class, ok := ggufArchs[arch]
 	if !ok {
-		return nil, fmt.Errorf("general.architecture %q: skein loads llama, qwen2 and qwen3 GGUFs", arch)
+		return nil, fmt.Errorf("general.architecture %q: skein loads llama, qwen2, qwen3 and qwen3moe GGUFs", arch)
 	}
 	if t, _, _ := f.String("general.type"); t != "" && t != "model" {
 		return nil, fmt.Errorf("general.type is %q: not a model (an adapter loads as one, not as a base)", t)
@@ -144,8 +145,14 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if vl := num("attention.value_length", false); vl != 0 && vl != c.HeadDim {
 		firstErr = cmpErr(firstErr, fmt.Errorf("%s.attention.value_length %d differs from key_length %d", arch, vl, c.HeadDim))
 	}
-	if n := num("expert_count", false); n > 0 {
+	if n := num("expert_count", false); n > 0 && arch != "qwen3moe" {
 		firstErr = cmpErr(firstErr, fmt.Errorf("%s.expert_count is %d: mixture-of-experts GGUFs (Mixtral-style) are not served", arch, n))
+	} else if arch == "qwen3moe" {
+		// Every layer a mixture, its weights renormalised (llama.cpp's qwen3moe graph: norm_w).
+		c.NumExperts, c.NumExpertsPerTok = num("expert_count", true), num("expert_used_count", true)
+		c.MoeIntermediateSize = num("expert_feed_forward_length", true)
+		renorm := true
+		c.NormTopkProb = &renorm
 	}
 	if firstErr != nil {
 		return nil, firstErr
@@ -210,21 +217,27 @@ func cmpErr(first, err error) error {
 
 // ggufNames maps GGUF tensor names to Hugging Face ones ("blk.N." prefixes stripped first).
 var ggufLayerNames = map[string]string{
-	"attn_norm.weight":   "input_layernorm.weight",
-	"attn_q.weight":      "self_attn.q_proj.weight",
-	"attn_k.weight":      "self_attn.k_proj.weight",
-	"attn_v.weight":      "self_attn.v_proj.weight",
-	"attn_output.weight": "self_attn.o_proj.weight",
-	"attn_q.bias":        "self_attn.q_proj.bias",
-	"attn_k.bias":        "self_attn.k_proj.bias",
-	"attn_v.bias":        "self_attn.v_proj.bias",
-	"attn_q_norm.weight": "self_attn.q_norm.weight",
-	"attn_k_norm.weight": "self_attn.k_norm.weight",
-	"ffn_norm.weight":    "post_attention_layernorm.weight",
-	"ffn_gate.weight":    "mlp.gate_proj.weight",
-	"ffn_up.weight":      "mlp.up_proj.weight",
-	"ffn_down.weight":    "mlp.down_proj.weight",
+	"attn_norm.weight":    "input_layernorm.weight",
+	"attn_q.weight":       "self_attn.q_proj.weight",
+	"attn_k.weight":       "self_attn.k_proj.weight",
+	"attn_v.weight":       "self_attn.v_proj.weight",
+	"attn_output.weight":  "self_attn.o_proj.weight",
+	"attn_q.bias":         "self_attn.q_proj.bias",
+	"attn_k.bias":         "self_attn.k_proj.bias",
+	"attn_v.bias":         "self_attn.v_proj.bias",
+	"attn_q_norm.weight":  "self_attn.q_norm.weight",
+	"attn_k_norm.weight":  "self_attn.k_norm.weight",
+	"ffn_norm.weight":     "post_attention_layernorm.weight",
+	"ffn_gate.weight":     "mlp.gate_proj.weight",
+	"ffn_up.weight":       "mlp.up_proj.weight",
+	"ffn_down.weight":     "mlp.down_proj.weight",
+	"ffn_gate_inp.weight": "mlp.gate.weight", // a mixture's router
 }
+
+// ggufExpertNames are a mixture's stacked expert tensors [E, out, in], by the per-expert
+// projection skein keeps (mlp.experts.N.<proj>.weight).
+var ggufExpertNames = map[string]string{"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+	"ffn_down_exps.weight": "down_proj"}
 
 var ggufTopNames = map[string]string{
 	"token_embd.weight":  "model.embed_tokens.weight",
@@ -287,6 +300,12 @@ func hostFromGGUF(f *gguf.File, c *Config) (map[string]safetensors.Tensor, error
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		if t.Name == "rope_freqs.weight" {
+			continue
+		}
+		if ok, err := expertsFromGGUF(t, c, want, host); ok || err != nil {
+			if err != nil {
+				return nil, err
+			}
 			continue
 		}
 		name, _ := hfName(t.Name)
@@ -411,4 +430,49 @@ func keptGGUFFormat(typ string, qf *quant.Format, mixed bool) *quant.Format {
 		}
 	}
 	return nil
+}
+
+// expertsFromGGUF splits a stacked expert tensor (blk.L.ffn_*_exps.weight: ggml dims [in, out,
+// E], torch [E, out, in]) into one host tensor per expert, views of its bytes (a block type's
+// rows are whole blocks, so each expert's rows are too); it reports whether t was one.
+func expertsFromGGUF(t *gguf.TensorInfo, c *Config, want map[string]bool, host map[string]safetensors.Tensor) (bool, error) {
+	rest, ok := strings.CutPrefix(t.Name, "blk.")
+	if !ok {
+		return false, nil
+	}
+	num, suffix, _ := strings.Cut(rest, ".")
+	proj, ok := ggufExpertNames[suffix]
+	if !ok {
+		return false, nil
+	}
+	l, err := strconv.Atoi(num)
+	if err != nil || l < 0 || l >= c.NumHiddenLayers || !c.isMoE(l) || strconv.Itoa(l) != num {
+		return true, fmt.Errorf("tensor %s is not one of a %s model's (config: %d layers)", t.Name, c.Arch, c.NumHiddenLayers)
+	}
+	shape := t.Shape()
+	first := fmt.Sprintf("model.layers.%d.mlp.experts.0.%s.weight", l, proj)
+	exp := c.expectedShape(first)
+	if len(shape) != 3 || shape[0] != c.NumExperts || !slices.Equal(shape[1:], exp) || len(t.Data)%c.NumExperts != 0 {
+		return true, fmt.Errorf("tensor %s has shape %v, the metadata implies [%d %d %d]", t.Name, shape, c.NumExperts, exp[0], exp[1])
+	}
+	dtype := ""
+	switch t.Type {
+	case gguf.F32:
+		dtype = "F32"
+	case gguf.F16:
+		dtype = "F16"
+	case gguf.BF16:
+		dtype = "BF16"
+	default:
+		dtype = ggufDType + t.Type.String()
+	}
+	per := len(t.Data) / c.NumExperts
+	for e := range c.NumExperts {
+		name := fmt.Sprintf("model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj)
+		if !want[name] {
+			return true, fmt.Errorf("tensor %s: %s is not one of the model's", t.Name, name)
+		}
+		host[name] = safetensors.Tensor{DType: dtype, Shape: slices.Clone(exp), Data: t.Data[e*per : (e+1)*per]}
+	}
+	return true, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -48,9 +49,13 @@ var ggufTestTokens = []int{5, 77, 301, 12, 9, 410, 33, 200, 1, 64}
 // llama q/k row permutation (written and undone), biases, head norms and the tied/untied head all
 // come back where they were.
 func TestGGUFRoundTripSameLogits(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3MoE} {
 		t.Run(string(arch), func(t *testing.T) {
-			dir, file := ggufPair(t, arch, "tiny", gguf.F32)
+			preset := "tiny"
+			if arch == ArchQwen3MoE {
+				preset = "tiny-quant-moe" // every layer a mixture, as llama.cpp's qwen3moe has
+			}
+			dir, file := ggufPair(t, arch, preset, gguf.F32)
 			st, err := Load(dir, Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -103,9 +108,15 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 		tol  float64 // dequantized (f32 engine) vs the float model, mean |Δ logit|
 		arch Arch
 	}{{gguf.Q8_0, PrecisionQ8_0, 0.05, ArchQwen3}, {gguf.Q4_K, PrecisionQ4_K, 0.5, ArchQwen3},
-		{gguf.Q6_K, PrecisionQ6_K, 0.1, ArchQwen3}, {GGUFQ4_K_M, PrecisionQ4_K_M, 0.5, ArchLlama}} {
-		t.Run(c.prec, func(t *testing.T) {
-			dir, file := ggufPair(t, c.arch, "tiny-quant", c.typ)
+		{gguf.Q6_K, PrecisionQ6_K, 0.1, ArchQwen3}, {GGUFQ4_K_M, PrecisionQ4_K_M, 0.5, ArchLlama},
+		// A mixture's stacked experts, split back into each expert's blocks (and a router in float32).
+		{gguf.Q4_K, PrecisionQ4_K, 0.5, ArchQwen3MoE}, {GGUFQ4_K_M, PrecisionQ4_K_M, 0.5, ArchQwen3MoE}} {
+		t.Run(c.prec+"/"+string(c.arch), func(t *testing.T) {
+			preset := "tiny-quant"
+			if c.arch == ArchQwen3MoE {
+				preset = "tiny-quant-moe"
+			}
+			dir, file := ggufPair(t, c.arch, preset, c.typ)
 			st, err := Load(dir, Options{Precision: c.prec})
 			if err != nil {
 				t.Fatal(err)
@@ -127,8 +138,12 @@ func TestGGUFQuantizedTensorsKeptAsBlocks(t *testing.T) {
 					t.Fatalf("%s: the GGUF's blocks are not the ones quantized at load", l.path)
 				}
 				if c.typ == GGUFQ4_K_M {
+					// The head, and the last layer's v and down projections (every expert's down too): on
+					// 2 and 3 layers, llama.cpp's use_more_bits picks only the last.
+					last := fmt.Sprintf("model.layers.%d.", st.Config.NumHiddenLayers-1)
 					want := quant.Q4_K
-					if l.path == "lm_head" || l.path == "model.layers.1.self_attn.v_proj" || l.path == "model.layers.1.mlp.down_proj" {
+					if l.path == "lm_head" || strings.HasPrefix(l.path, last) &&
+						(strings.HasSuffix(l.path, "self_attn.v_proj") || strings.HasSuffix(l.path, "down_proj")) {
 						want = quant.Q6_K
 					}
 					if lw.Format != want {

@@ -7,12 +7,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/skein-ai/skein/engine/gguf"
 	"github.com/skein-ai/skein/engine/internal/num"
 	"github.com/skein-ai/skein/engine/internal/quant"
 	"github.com/skein-ai/skein/internal/filebound"
+	"github.com/skein-ai/skein/safetensors"
 )
 
 // Writing GGUF: a base model from a Hugging Face directory (for llama.cpp, Ollama and skein's own
@@ -82,6 +84,20 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	u("attention.value_length", c.HeadDim)
 	u("rope.dimension_count", c.HeadDim)
 	u("vocab_size", c.VocabSize)
+	if c.NumExperts > 0 {
+		// llama.cpp's qwen3moe: a mixture on every layer, its weights renormalised.
+		if !c.moeRenorm {
+			return fmt.Errorf("engine: llama.cpp's qwen3moe renormalises the routing weights; this model's norm_topk_prob is false")
+		}
+		for l := range c.NumHiddenLayers {
+			if !c.isMoE(l) {
+				return fmt.Errorf("engine: layer %d is dense (mlp_only_layers or decoder_sparse_step): llama.cpp's qwen3moe has a mixture of experts on every layer", l)
+			}
+		}
+		u("expert_count", c.NumExperts)
+		u("expert_used_count", c.NumExpertsPerTok)
+		u("expert_feed_forward_length", c.MoeIntermediateSize)
+	}
 	w.Set(arch+".rope.freq_base", float32(c.RopeTheta))
 	w.Set(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
 	tokJSON, err := filebound.Read(filepath.Join(dir, "tokenizer.json"), maxTokenizerBytes)
@@ -110,6 +126,9 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		return fmt.Errorf("engine: rope_scaling %+v is not written to GGUF", *rs)
 	}
 	for _, hf := range c.weightNames() {
+		if strings.Contains(hf, ".mlp.experts.") {
+			continue // written stacked, after the layer's router
+		}
 		g, ok := ggufName(hf)
 		if !ok {
 			return fmt.Errorf("engine: weight %s has no GGUF name", hf)
@@ -122,6 +141,7 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		shape := t.Shape
 		tt := gguf.F32
 		switch {
+		case isRouterWeight(hf): // float32, as llama.cpp keeps ffn_gate_inp
 		case isLinearWeight(hf) && typ == GGUFQ4_K_M:
 			tt = ggufTypeOfFormat[q4KMFormat(c, hf)]
 		case isLinearWeight(hf):
@@ -147,8 +167,45 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 			dims[len(shape)-1-i] = d
 		}
 		w.AddTensor(g, tt, dims, data)
+		if strings.HasSuffix(hf, ".mlp.gate.weight") {
+			if err := addStackedExperts(w, c, host, hf, typ); err != nil {
+				return err
+			}
+		}
 	}
 	return w.WriteFile(out)
+}
+
+// addStackedExperts writes a layer's experts (after its router routerName) as llama.cpp's
+// stacked tensors: ffn_{gate,up,down}_exps [E, out, in] in torch's order (ggml dims [in, out, E]),
+// each expert's rows in typ (under Q4_K_M, the down projections' type by layer).
+func addStackedExperts(w *gguf.Writer, c *Config, host map[string]safetensors.Tensor, routerName string, typ gguf.GGMLType) error {
+	p := strings.TrimSuffix(routerName, "gate.weight") + "experts."
+	blk := strings.TrimSuffix(strings.TrimPrefix(routerName, "model.layers."), ".mlp.gate.weight")
+	for _, gp := range [][2]string{{"ffn_gate_exps.weight", "gate_proj"}, {"ffn_up_exps.weight", "up_proj"}, {"ffn_down_exps.weight", "down_proj"}} {
+		g, proj := gp[0], gp[1]
+		var all []float32
+		var shape []int
+		for e := range c.NumExperts {
+			name := p + strconv.Itoa(e) + "." + proj + ".weight"
+			v, err := host[name].Float32()
+			if err != nil {
+				return fmt.Errorf("engine: weight %s: %w", name, err)
+			}
+			all = append(all, v...)
+			shape = host[name].Shape
+		}
+		tt := typ
+		if typ == GGUFQ4_K_M {
+			tt = ggufTypeOfFormat[q4KMFormat(c, p+"0."+proj+".weight")]
+		}
+		data, err := encodeGGUF(all, []int{c.NumExperts * shape[0], shape[1]}, tt)
+		if err != nil {
+			return fmt.Errorf("engine: %s experts: %w", p+proj, err)
+		}
+		w.AddTensor("blk."+blk+"."+g, tt, []int{shape[1], shape[0], c.NumExperts}, data)
+	}
+	return nil
 }
 
 // encodeGGUF writes float32 values of a tensor (rows along its last dimension) as type t.
@@ -229,6 +286,11 @@ func adapterGGUF(adapterDir string, base *Config) (*gguf.Writer, error) {
 	}
 	want := map[string][]int{}
 	for _, m := range mods {
+		if m.Experts > 0 {
+			// llama.cpp reads expert LoRAs as per-expert 3-D tensors (ffn_*_exps.lora_a/b, its
+			// build_lora_mm_id); skein does not write them yet.
+			return nil, fmt.Errorf("engine: the adapter has a LoRA on a mixture of experts' experts (%s), which skein's GGUF export does not write yet; export it as PEFT (the cookbook's build_lora_adapter expands it for vLLM)", m.Path)
+		}
 		if m.Path == "lm_head" && base.TieWordEmbeddings {
 			return nil, fmt.Errorf("engine: the adapter has a LoRA on lm_head, which a tied-embedding model does not have in GGUF (llama.cpp refuses it too)")
 		}

@@ -108,7 +108,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 	}
 	var images *Images
 	if gc.arch == ArchQwen3VL {
-		ref := loadVLReference(t)
+		ref := loadVLReference(t, "testdata/reference_vl.json")
 		images = referenceImages(e.Config, ref.Grids)
 		data = append(data, vlDatum(e.Config, ref.Tokens, images))
 	}
@@ -217,7 +217,7 @@ func goldenRun(t *testing.T, gc goldenCase) map[string]string {
 		Params: SampleParams{MaxTokens: 6, Temperature: 1, TopK: 20, TopP: 0.9, Seed: &seed}}
 	reqs := []SampleRequest{req}
 	if images != nil {
-		ref := loadVLReference(t)
+		ref := loadVLReference(t, "testdata/reference_vl.json")
 		vl := req
 		vl.Prompt, vl.Images, vl.PromptLogprobs = ref.Tokens, images, false
 		reqs = append(reqs, vl)

@@ -26,13 +26,30 @@ type loraTap[E float] struct{ x, xa mat[E] }
 // generations outlive an optim_step) they are copied into the arena, with scale·Bᵀ for the
 // few-row products. The scale is applied to the rank-r products instead (addedLoRA).
 func loraOf[E float](ar step[E], a *Adapter, m *model[E], alias bool) ([]*loraMats[E], E) {
-	out := make([]*loraMats[E], len(m.linears))
+	out := make([]*loraMats[E], m.loraSlots())
 	if a == nil {
 		return out, 0
 	}
 	r := a.Config.Rank
 	scale := E(a.Config.Alpha / float64(r))
 	for i, mod := range a.mods {
+		if mod.Experts > 0 {
+			// A mixture of experts' projection: read as its A and B (moe.go), never merged.
+			x, ok := m.expertMods[mod.Path]
+			if !ok || x.in != mod.In || x.out != mod.Out {
+				ar.Fail(fmt.Errorf("engine: adapter module %s [%d→%d] does not fit the model", mod.Path, mod.In, mod.Out))
+				continue
+			}
+			pa, pb := a.params[2*i], a.params[2*i+1]
+			lm := &loraMats[E]{ai: 2 * i, bi: 2*i + 1}
+			if alias && ar.ReadsInPlace() {
+				lm.a, lm.b = numbersOf[E](pa).w, numbersOf[E](pb).w
+			} else {
+				lm.a, lm.b = ar.Copy(numbersOf[E](pa).w), ar.Copy(numbersOf[E](pb).w)
+			}
+			out[x.id] = lm
+			continue
+		}
 		lin := m.byPath[mod.Path]
 		if lin == nil || lin.in != mod.In || lin.out != mod.Out {
 			ar.Fail(fmt.Errorf("engine: adapter module %s [%d→%d] does not fit the model", mod.Path, mod.In, mod.Out))

@@ -30,7 +30,7 @@ func TestTokenLossGradients(t *testing.T) {
 }
 
 func TestFloat32GradientsMatchFloat64(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		var grads [2][][]float64
 		var lps [2][]float64
 		for k, f64 := range []bool{false, true} {

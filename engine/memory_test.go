@@ -17,7 +17,7 @@ func TestStepMemoryMatchesEstimate(t *testing.T) {
 	for _, c := range []struct {
 		arch Arch
 		n    int // tokens of the longest sequence
-	}{{ArchLlama, 300}, {ArchQwen3, 300}, {ArchQwen3, 1000}, {ArchQwen3_5, 300}, {ArchQwen3_5, 1000}} {
+	}{{ArchLlama, 300}, {ArchQwen3, 300}, {ArchQwen3, 1000}, {ArchQwen3_5, 300}, {ArchQwen3_5, 1000}, {ArchQwen3MoE, 300}, {ArchQwen3_5MoE, 1000}} {
 		arch := c.arch
 		e := loadTiny(t, arch, Options{})
 		if _, err := e.CreateAdapter("m", LoraConfig{Rank: 4, TrainAttn: true, TrainMLP: true, TrainUnembed: true}); err != nil {
@@ -96,7 +96,7 @@ func TestRecomputedLayersMatchKept(t *testing.T) {
 		ids[i] = (i*53)%400 + 3
 	}
 	data := []Datum{textDatum(ids), textDatum(ids[:250])}
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5, ArchQwen3MoE} {
 		for _, f64 := range []bool{false, true} {
 			var grads [2][]float64
 			var peaks [2]int

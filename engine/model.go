@@ -20,6 +20,9 @@ type baseModel struct {
 	weights any // *model[float32] or *model[float64], the engine's dtype
 	vision  any // *visionTower[float32] or [float64]: a vision-language model's frozen tower (nil: a text model)
 	bytes   int // resident size of the weights
+	// prefix is the sampler's prefix cache across requests and its counters (never nil; off
+	// when its cap is 0), shared by the forks: adapters' identities are process-wide.
+	prefix *prefixCache
 }
 
 // modelOf is the base model's weights in the pass's element type.
@@ -34,6 +37,9 @@ type model[E float] struct {
 	head    *linear[E]
 	linears []*linear[E]          // every linear module, by id
 	byPath  map[string]*linear[E] // by HF module path, the names LoRA modules use
+	// Mixtures of experts (moe.go): every MoE block, and its experts' LoRA modules by path.
+	moes       []*moeFFN[E]
+	expertMods map[string]expertSlot
 }
 
 // decoderLayer is one transformer block's weights: a token mixer and a feed-forward block, each
@@ -41,7 +47,7 @@ type model[E float] struct {
 type decoderLayer[E float] struct {
 	inputNorm, postNorm mat[E]
 	mix                 mixer[E] // *attentionLayer (softmax attention) or *deltaNetLayer (Gated DeltaNet)
-	ffn                 ffn[E]   // denseFFN (SwiGLU)
+	ffn                 ffn[E]   // denseFFN (SwiGLU) or *moeFFN (a mixture of experts)
 }
 
 // attentionLayer is a softmax attention mixer's weights (transformer.go, backward.go).
@@ -265,10 +271,15 @@ func resolveModel[E float](c *Config, w map[string]mat[E], w16 map[string][]uint
 			}
 			L.mix = A
 		}
-		L.ffn = denseFFN[E]{gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj")}
+		if c.isMoE(l) {
+			L.ffn = m.moeBlock(c, p+"mlp.", lin)
+		} else {
+			L.ffn = denseFFN[E]{gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"), down: lin(p + "mlp.down_proj")}
+		}
 		m.layers = append(m.layers, L)
 	}
 	m.head = lin("lm_head")
+	m.finishExperts(c)
 	return m
 }
 
@@ -277,7 +288,8 @@ func (c *Config) layerPrefix(l int) string { return fmt.Sprintf("%slayers.%d.", 
 
 // isLinearWeight reports the weights stored transposed to [in, out] (all projections and an untied lm_head).
 func isLinearWeight(name string) bool {
-	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight" || strings.Contains(name, ".linear_attn.in_proj_")
+	return strings.HasSuffix(name, "_proj.weight") || name == "lm_head.weight" || strings.Contains(name, ".linear_attn.in_proj_") ||
+		isRouterWeight(name)
 }
 
 func transpose2D(t hostTensor) hostTensor {

@@ -71,7 +71,8 @@ type layerActs[E float] struct {
 	p                mat[E]       // attention probabilities [B·KVH, G·T, T]; buf nil: recomputed
 	o                mat[E]       // attention output, token layout [N, H·hd]
 	h2, x2, inv2     mat[E]       // residual after attention, its norm, 1/rms
-	dense            denseActs[E] // the feed-forward block's (denseFFN)
+	dense            denseActs[E] // the feed-forward block's (denseFFN; a MoE block's shared expert)
+	moe              *moeActs[E]  // a mixture of experts' (moeFFN)
 	gate             mat[E]       // gated attention: the gate rows of q_proj [N, H·hd] (o above is before σ(gate))
 	dn               any          // a DeltaNet layer's core, as the backend kept it (DeltaNet)
 }

@@ -179,7 +179,7 @@ func (e *Engine) PlanTraining(B, T int, cfg LoraConfig) TrainingPlan {
 	a := &Adapter{Config: cfg, mods: e.Config.loraModules(cfg.spec())}
 	params := 0
 	for _, m := range a.mods {
-		params += cfg.Rank * (m.In + m.Out)
+		params += m.params(cfg.Rank)
 	}
 	size := int64(e.elemSize())
 	T = padLen(T)
@@ -215,6 +215,10 @@ func (e *Engine) loraPassElems(a *Adapter) int {
 	}
 	n := 0
 	for _, m := range a.mods {
+		if m.Experts > 0 { // never merged: A and B copied where copied at all
+			n += min(copiesA, 1)*m.aShape(a.Config.Rank)[0]*m.In + min(copiesB, 1)*m.Out*a.Config.Rank
+			continue
+		}
 		n += a.Config.Rank * (copiesA*m.In + copiesB*m.Out)
 	}
 	return n
@@ -253,9 +257,14 @@ func (c *Config) allLayerWeightElems() int {
 	return n
 }
 
-// layerWeightElemsOf is the size of layer l's linear weights, by its kind.
+// layerWeightElemsOf is the size of layer l's linear weights that a LoRA may merge into, by its
+// kind: a mixture of experts' experts add theirs (moe.go) and its router has none, so of its
+// block only the shared expert counts.
 func (c *Config) layerWeightElemsOf(l int) int {
 	D, mlp := c.HiddenSize, 3*c.HiddenSize*c.IntermediateSize
+	if c.isMoE(l) {
+		mlp = 3 * D * c.SharedExpertIntermediateSize
+	}
 	if c.isDeltaNet(l) {
 		d := c.dnDims()
 		return D*(d.C+2*d.Vd+2*d.Hv) + mlp // q, k, v, z, a, b in; out_proj
@@ -294,7 +303,10 @@ func (c *Config) stepElemsPerToken(T int) int {
 	// A layer's backward runs in two phases (backward.go, layerBack): the feed-forward block's,
 	// holding d(act), d(gate), d(up) and d(x2), then attention's, after the block has given back
 	// those and its own activations (4F, counted in the layer's: ffn.go).
-	ffnPhase := 3*F + D
+	ffnPhase := 0
+	for l := range c.NumHiddenLayers {
+		ffnPhase = max(ffnPhase, c.ffnBackElemsPerToken(l))
+	}
 	attnPhase := 6*D + 6*q + 4*kv + probs - 4*F
 	if c.recomputesProbs(T) {
 		attnPhase += probs // recomputed while the layer's backward runs
@@ -340,12 +352,34 @@ func (c *Config) layerElemsPerToken() int {
 // and a state of Hv·dk·dv per deltaChunk tokens (reference §3's table).
 func (c *Config) layerElemsPerTokenOf(l int) int {
 	if !c.isDeltaNet(l) {
-		return c.layerElemsPerToken()
+		return c.layerElemsPerToken() - 4*c.IntermediateSize + c.ffnElemsPerToken(l)
 	}
 	d := c.dnDims()
-	D, F := c.HiddenSize, c.IntermediateSize
+	D := c.HiddenSize
 	mixer := 2*d.C + 2*d.Kd + 4*d.Vd + 6*d.Hv + (d.Hv*d.dk*d.dv+deltaChunk-1)/deltaChunk
-	return 4*D + mixer + 4*F + 4
+	return 4*D + mixer + c.ffnElemsPerToken(l) + 4
+}
+
+// ffnElemsPerToken is what layer l's feed-forward block keeps per token for its backward pass:
+// the dense MLP's gate, up, σ(gate) and activation (4F); a mixture of experts' router logits and
+// weights, and per routed row its gathered input, gate, up, σ, activation and output (plus a
+// LoRA's rank-sized rows, within the margin), and its shared expert's.
+func (c *Config) ffnElemsPerToken(l int) int {
+	if !c.isMoE(l) {
+		return 4 * c.IntermediateSize
+	}
+	k, D := c.NumExpertsPerTok, c.HiddenSize
+	return c.NumExperts + 2*k + k*(4*c.MoeIntermediateSize+2*D) + 4*c.SharedExpertIntermediateSize + 2*D
+}
+
+// ffnBackElemsPerToken is what the block's backward holds per token at once beside the kept
+// activations: d(act), d(gate), d(up) and d(x2) (dense); a mixture's gradients of its routed rows.
+func (c *Config) ffnBackElemsPerToken(l int) int {
+	if !c.isMoE(l) {
+		return 3*c.IntermediateSize + c.HiddenSize
+	}
+	k, D := c.NumExpertsPerTok, c.HiddenSize
+	return c.NumExperts + k*(3*c.MoeIntermediateSize+2*D) + 3*c.SharedExpertIntermediateSize + 3*D
 }
 
 // allLayersElemsPerToken is layerElemsPerTokenOf summed over the layers.

@@ -89,8 +89,8 @@ const PrecisionQ4_K_M = "q4_k_m"
 // precision). Options.weightFormats (tests) overrides it.
 func weightFormat(opts Options, c *Config, name string) *quant.Format {
 	qf := quantFormat(opts.Precision)
-	if qf == nil || !isLinearWeight(name) {
-		return nil
+	if qf == nil || !isLinearWeight(name) || isRouterWeight(name) {
+		return nil // routers stay as they are, as llama.cpp keeps ffn_gate_inp: a rounding would move tokens between experts
 	}
 	if opts.weightFormats != nil {
 		return opts.weightFormats(name)
@@ -115,7 +115,9 @@ func q4KMFormat(c *Config, name string) *quant.Format {
 		return quant.Q6_K
 	}
 	layer, ok := layerOf(c, name)
-	moreBits := strings.HasSuffix(name, ".self_attn.v_proj.weight") || strings.HasSuffix(name, ".mlp.down_proj.weight") ||
+	// Every down_proj: the dense MLP's, each expert's and the shared expert's (llama.cpp gives
+	// every ffn_down* tensor more bits by the layer its name gives).
+	moreBits := strings.HasSuffix(name, ".self_attn.v_proj.weight") || strings.HasSuffix(name, "down_proj.weight") ||
 		strings.Contains(name, ".linear_attn.in_proj_q.") || strings.Contains(name, ".linear_attn.in_proj_k.") ||
 		strings.Contains(name, ".linear_attn.in_proj_v.")
 	if ok && moreBits && useMoreBits(layer, c.NumHiddenLayers) {

@@ -60,7 +60,7 @@ func TestPromptLogprobsInHeadTiles(t *testing.T) {
 	defer done()
 	first := firstRows(rows)
 	prompts := tiled.newPromptLogprobs(reqs, first)
-	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, 0, prompts.take)
+	logits, T, err := prefill(step, reqs, rows, first, maxPrompt, 0, prompts.take, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -228,12 +228,17 @@ func TestQwen35LogitsMatchReference(t *testing.T) {
 // checkQwen35Reference compares one fixture case, in the float64 engine or the float32 one
 // (tolerances: qwen35RefTol).
 func checkQwen35Reference(t *testing.T, c referenceCase, f64 bool) {
-	tol := qwen35RefTol[f64]
+	e := loadTinyFresh(t, c.Arch, Options{Float64: f64})
+	if d := e.Config.dnDims(); d.Hk >= d.Hv || d.dk == d.dv {
+		t.Fatalf("the generated model must have fewer key than value heads and dk ≠ dv: %+v", d)
+	}
+	checkReferenceCase(t, e, c, f64, qwen35RefTol[f64])
+}
+
+// checkReferenceCase compares engine e's logits (the sampler's prefill) and its training pass's
+// logprobs with one fixture case's, within tol.
+func checkReferenceCase(t *testing.T, e *Engine, c referenceCase, f64 bool, tol float64) {
 	{
-		e := loadTinyFresh(t, c.Arch, Options{Float64: f64})
-		if d := e.Config.dnDims(); d.Hk >= d.Hv || d.dk == d.dv {
-			t.Fatalf("the generated model must have fewer key than value heads and dk ≠ dv: %+v", d)
-		}
 		id := ""
 		if c.Adapter {
 			if !e.HasAdapter(context.Background(), "ref") {
@@ -403,10 +408,13 @@ func qwen35Config(edit func(text map[string]any)) []byte {
 	text := map[string]any{"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
 		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
 		"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 10,
-		"rope_parameters": map[string]any{"rope_theta": 1e7, "partial_rotary_factor": 0.25}}
+		"rope_parameters": map[string]any{"rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_interleaved": true, "mrope_section": []int{2, 1, 1}}}
 	edit(text)
+	vision := map[string]any{"depth": 2, "hidden_size": 32, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 64,
+		"num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+		"out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": []int{0}}
 	b, _ := json.Marshal(map[string]any{"architectures": []string{"Qwen3_5ForConditionalGeneration"}, "model_type": "qwen3_5",
-		"text_config": text, "vision_config": map[string]any{"depth": 2}, "image_token_id": 5})
+		"text_config": text, "vision_config": vision, "image_token_id": 5})
 	return b
 }
 
@@ -426,7 +434,9 @@ func TestQwen35ConfigIsReadAndChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []bool{true, true, true, false}; !slices.Equal(c.deltaNet, want) || c.RotaryDim != 8 || c.VisionConfig != nil {
+	if want := []bool{true, true, true, false}; !slices.Equal(c.deltaNet, want) || c.RotaryDim != 8 ||
+		c.VisionConfig == nil || c.VisionConfig.DeepstackVisualIndexes != nil {
+		// The VL class keeps its tower, without DeepStack (Qwen3.5's has none, whatever the config says).
 		t.Fatalf("deltaNet %v, rotary %d, vision %v", c.deltaNet, c.RotaryDim, c.VisionConfig)
 	}
 	if inv := c.invFreq(); len(inv) != 4 || math.Abs(inv[1]-math.Pow(1e7, -2.0/8)) > 1e-15 {
@@ -455,6 +465,10 @@ func TestQwen35ConfigIsReadAndChecked(t *testing.T) {
 			m["rope_parameters"] = map[string]any{"rope_theta": 1e7, "mrope_section": []int{11, 11, 10}}
 		},
 		"no rope_theta": func(m map[string]any) { m["rope_parameters"] = map[string]any{"partial_rotary_factor": 0.25} },
+		// With a vision tower, mRoPE must be the interleaved kind over the rotating dims.
+		"plain mrope": func(m map[string]any) {
+			m["rope_parameters"] = map[string]any{"rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": []int{2, 1, 1}}
+		},
 	} {
 		if _, err := parseQwen35(qwen35Config(edit)); err == nil {
 			t.Errorf("%s: accepted", name)

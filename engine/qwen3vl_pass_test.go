@@ -29,7 +29,7 @@ func vlDatum(c *Config, tokens []int, im *Images) Datum {
 // Forward with pixel_values and image_grid_thw in loss_fn_inputs gives the reference's
 // logprobs, alone and batched beside a text-only datum.
 func TestQwen3VLForwardWithImagesMatchesReference(t *testing.T) {
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	e := loadTiny(t, ArchQwen3VL, Options{})
 	c := e.Config
 	d := vlDatum(c, ref.Tokens, referenceImages(c, ref.Grids))
@@ -77,7 +77,7 @@ func refLogSoftmax(row []float64, target int) float64 {
 // LoRA gradients through a pass with images (placed features, DeepStack, mRoPE angles in the
 // backward RoPE) match central finite differences in float64.
 func TestQwen3VLGradientsWithImages(t *testing.T) {
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	e := loadTiny(t, ArchQwen3VL, Options{Float64: true})
 	c := e.Config
 	data := []Datum{vlDatum(c, ref.Tokens, referenceImages(c, ref.Grids))}
@@ -110,9 +110,21 @@ func TestQwen3VLGradientsWithImages(t *testing.T) {
 // Sampling from a prompt with images: the KV-cache decode steps continue from the
 // image-adjusted positions, so each sampled token's logprob is what a full forward pass over
 // prompt and continuation gives it; the prompt's logprobs are the reference's.
+// Qwen3.5 with images too (its DeltaNet states carried from the prefill with images).
 func TestQwen3VLSampleDecodesFromMultimodalPositions(t *testing.T) {
-	ref := loadVLReference(t)
-	e := loadTiny(t, ArchQwen3VL, Options{})
+	q35, err := Load(tinyPresetModel(t, ArchQwen3_5, "tiny-vl"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		e   *Engine
+		ref string
+	}{"qwen3_vl": {loadTiny(t, ArchQwen3VL, Options{}), "testdata/reference_vl.json"}, "qwen3_5": {q35, "testdata/reference_qwen35_vl.json"}} {
+		t.Run(name, func(t *testing.T) { checkSampleWithImages(t, c.e, loadVLReference(t, c.ref)) })
+	}
+}
+
+func checkSampleWithImages(t *testing.T, e *Engine, ref vlReference) {
 	c := e.Config
 	im := referenceImages(c, ref.Grids)
 	seed := int64(3)
@@ -149,7 +161,7 @@ func TestQwen3VLSampleDecodesFromMultimodalPositions(t *testing.T) {
 // Images that do not fit their tokens or their model are a typed input error naming datum and
 // field, before any compute; nothing changes.
 func TestQwen3VLRejectsBadImages(t *testing.T) {
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	e := loadTiny(t, ArchQwen3VL, Options{})
 	c := e.Config
 	good := func() Datum { return vlDatum(c, ref.Tokens, referenceImages(c, ref.Grids)) }
@@ -256,7 +268,7 @@ func TestQwen3VLRejectsBadImages(t *testing.T) {
 // Images sent to a text model are refused, naming the field.
 func TestImagesToTextModelAreRefused(t *testing.T) {
 	vl := loadTiny(t, ArchQwen3VL, Options{})
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	d := vlDatum(vl.Config, []int{5, 6, 7, 8}, referenceImages(vl.Config, ref.Grids))
 	e := loadTiny(t, ArchQwen3, Options{})
 	_, err := e.Forward(context.Background(), "", []Datum{d}, "cross_entropy", nil)
@@ -281,7 +293,7 @@ func TestQwen3VLBF16(t *testing.T) {
 	if err := InitTiny(dir, ArchQwen3VL, "tiny-vl-bf16-test", 1); err != nil {
 		t.Fatal(err)
 	}
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	var lps [][]float64
 	for _, prec := range []string{PrecisionF32, PrecisionBF16} {
 		e, err := Load(dir, Options{Precision: prec})
@@ -312,7 +324,7 @@ func TestQwen3VLBF16(t *testing.T) {
 // the other rows decode; its negative mRoPE delta must not take that dummy slot out of the
 // rotary table.
 func TestQwen3VLRowFinishingFirstInABatch(t *testing.T) {
-	ref := loadVLReference(t)
+	ref := loadVLReference(t, "testdata/reference_vl.json")
 	e := loadTiny(t, ArchQwen3VL, Options{})
 	im := referenceImages(e.Config, ref.Grids)
 	seed := int64(5)

@@ -18,8 +18,8 @@ type vlReference struct {
 	Logits    []float64 `json:"logits"`
 }
 
-func loadVLReference(t testing.TB) vlReference {
-	b, err := os.ReadFile("testdata/reference_vl.json")
+func loadVLReference(t testing.TB, path string) vlReference {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +97,14 @@ func vlLogits(t testing.TB, e *Engine, tokens []int, im *Images) []float64 {
 // torch transcription of HF's Qwen3-VL forward (vision tower, DeepStack, interleaved mRoPE),
 // to 1e-4 in float32; so do the multimodal position ids.
 func TestQwen3VLMatchesReference(t *testing.T) {
-	ref := loadVLReference(t)
+	checkVLReference(t, tinyModel(t, ArchQwen3VL), loadVLReference(t, "testdata/reference_vl.json"), 1e-4)
+}
+
+// checkVLReference compares the model in dir, in float32 (within tol) and float64, with a
+// fixture of a prompt with two images: position ids, delta and logits.
+func checkVLReference(t *testing.T, dir string, ref vlReference, tol32 float64) {
 	for _, f64 := range []bool{false, true} {
-		e, err := Load(tinyModel(t, ArchQwen3VL), Options{Float64: f64})
+		e, err := Load(dir, Options{Float64: f64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +124,7 @@ func TestQwen3VLMatchesReference(t *testing.T) {
 			t.Fatalf("delta %d, want %d", delta, ref.Delta)
 		}
 		got := vlLogits(t, e, ref.Tokens, referenceImages(c, ref.Grids))
-		tol := 1e-4
+		tol := tol32
 		if f64 {
 			tol = 1e-6 // the fixture is rounded to 7 digits
 		}

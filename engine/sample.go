@@ -67,6 +67,10 @@ type SampleResult struct {
 	Sequences      []SampledSequence
 	PromptLogprobs []float64        // NaN for the first token; nil unless asked
 	TopKPrompt     [][]TokenLogprob // nil row for the first token; nil unless asked
+	// CachedTokens are the prompt positions served from the sampler's prefix cache (keys and
+	// values of an earlier request's prompt on the same weights) instead of computed: Tinker's
+	// prompt_cache_hit_tokens.
+	CachedTokens int `json:",omitempty"`
 	// Err is set, and nothing else, when this request failed on its own (non-finite logits,
 	// ErrNonFinite) while the other requests of its batch were served.
 	Err error

@@ -35,7 +35,7 @@ func trainSteps(t *testing.T, e *Engine, id string, ids []int, steps int) {
 // The KV-cache sampler and the training forward pass are one model: the logprobs the sampler
 // reports for its tokens equal those forward computes for the same sequence.
 func TestSampleLogprobsMatchForwardAndAreReproducible(t *testing.T) {
-	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchLlama, ArchQwen2, ArchQwen3, ArchQwen3_5, ArchQwen3MoE, ArchQwen3_5MoE} {
 		t.Run(string(arch), func(t *testing.T) {
 			e := loadTiny(t, arch, Options{})
 			prompt := e.Tokenizer.Encode("The quick brown fox")
@@ -445,7 +445,7 @@ func halfToFloat32(h uint16) float32 {
 // what it would get alone.
 func TestSampleBatchMatchesSeparateRequests(t *testing.T) {
 	// qwen3_5: rows of different lengths each keep their own DeltaNet state.
-	for _, arch := range []Arch{ArchQwen3, ArchQwen3_5} {
+	for _, arch := range []Arch{ArchQwen3, ArchQwen3_5, ArchQwen3MoE} {
 		t.Run(string(arch), func(t *testing.T) { checkSampleBatch(t, arch) })
 	}
 }

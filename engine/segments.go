@@ -14,6 +14,7 @@ import "github.com/skein-ai/skein/engine/internal/backend"
 type loraSeg[E float] struct {
 	b0, b1 int
 	lora   []*loraMats[E]
+	scale  E // its adapter's alpha/rank (the linears' few-row products fold it into bTs)
 }
 
 // adapterRun is a run of batch rows [b0, b1) that read one adapter (nil: the base model).

@@ -15,11 +15,14 @@ import (
 func TestSampleBatchAcrossAdapters(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		arch Arch
 		opts Options
 		tol  float64
-	}{{"f32", Options{}, 1e-4}, {"f64", Options{Float64: true}, 1e-9}} {
+	}{{"f32", ArchQwen3, Options{}, 1e-4}, {"f64", ArchQwen3, Options{Float64: true}, 1e-9},
+		// A mixture of experts: each row's experts add its own adapter's expert LoRA (moe.go's runs).
+		{"moe-f32", ArchQwen3MoE, Options{}, 1e-4}, {"moe-f64", ArchQwen3_5MoE, Options{Float64: true}, 1e-9}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := loadTiny(t, ArchQwen3, tc.opts)
+			e := loadTiny(t, tc.arch, tc.opts)
 			prompts := []string{"The quick brown fox", "A language model reads", "Once upon a time"}
 			ids := []string{"a", "b", "c"}
 			for i, id := range ids {

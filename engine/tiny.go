@@ -39,6 +39,14 @@ type Preset struct {
 	// explicit head_dim, and a Gated DeltaNet's heads and head dims (arch_qwen3_5.go).
 	HeadDim                                                        int
 	LinearKeyHeads, LinearValueHeads, LinearKeyDim, LinearValueDim int
+	// A mixture of experts (the MoE families; 0: their defaults for a tiny model): routed
+	// experts, how many a token takes, each one's width, the shared expert's width (Qwen3.5-MoE),
+	// and the layers kept dense (Qwen3-MoE's mlp_only_layers).
+	Experts, ExpertsPerTok, ExpertFFN, SharedFFN int
+	DenseLayers                                  []int
+	// Vision: a vision tower where the family's is optional (Qwen3.5's VL class; Qwen3-VL
+	// always has one).
+	Vision bool
 }
 
 // Presets: tiny for tests, small for benchmarks, 1b for the shape of a 1B-parameter model
@@ -57,6 +65,30 @@ var Presets = map[string]Preset{
 	// 8b: Llama-3.1-8B's shape with --arch llama (8.0B parameters, a 16 GB bf16 file), for
 	// measuring training memory at 8B; written a chunk at a time, so generating it takes a few MB.
 	"8b": {Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192, BF16: true, FillVocab: true},
+	// tiny-vl: tiny with a vision tower (Qwen3.5's VL class: its tower and interleaved mRoPE).
+	"tiny-vl": {Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024, Vision: true},
+	// tiny-moe: tiny with 8 experts of width 32, 2 a token, on layers 0 and 2 of 3 (layer 1 dense
+	// under Qwen3-MoE's mlp_only_layers; every layer under Qwen3.5-MoE), a shared expert of 48.
+	"tiny-moe": {Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 512, Context: 1024,
+		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 32, SharedFFN: 48, DenseLayers: []int{1}},
+	// small-moe: the small preset with its MLP as 8 experts of half the width, 2 a token: the same
+	// active parameters a token, for comparing a mixture's step with a dense one's
+	// (skein bench engine on each).
+	"small-moe": {Hidden: 512, Layers: 8, Heads: 8, KVHeads: 2, FFN: 1536, Vocab: 8192, Context: 2048, FillVocab: true,
+		Experts: 8, ExpertsPerTok: 2, ExpertFFN: 768, SharedFFN: 768},
+	// tiny-quant-moe: rows of whole Q4_K blocks (256), 4 experts, every layer a mixture (as llama.cpp's
+	// qwen3moe needs: the GGUF tests).
+	"tiny-quant-moe": {Hidden: 256, Layers: 3, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 512, Context: 1024,
+		Experts: 4, ExpertsPerTok: 2, ExpertFFN: 256, SharedFFN: 256},
+	// qwen3-30b-a3b: Qwen3-30B-A3B's shape (--arch qwen3_moe): 48 layers of 128 experts of 768,
+	// 8 a token; 30.5B parameters, a 61 GB bf16 file written a chunk at a time.
+	"qwen3-30b-a3b": {Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128, FFN: 6144, Vocab: 151936, Context: 40960,
+		BF16: true, FillVocab: true, Experts: 128, ExpertsPerTok: 8, ExpertFFN: 768},
+	// qwen3_5-35b-a3b: Qwen3.5/3.6-35B-A3B's text shape (--arch qwen3_5_moe): 40 layers (30
+	// DeltaNet, 10 gated attention), 256 experts of 512, 8 a token, a shared expert of 512.
+	"qwen3_5-35b-a3b": {Hidden: 2048, Layers: 40, Heads: 16, KVHeads: 2, HeadDim: 256, FFN: 512, Vocab: 248320, Context: 8192,
+		BF16: true, FillVocab: true, LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128,
+		Experts: 256, ExpertsPerTok: 8, ExpertFFN: 512, SharedFFN: 512},
 }
 
 // SpecialTokens of generated tokenizers (ChatML, as Qwen uses).
@@ -87,6 +119,11 @@ type tinyExtras interface {
 	tinyFiles(dir string, c *Config) error
 }
 
+// optionalExtras is a tinyExtras family whose extras only some presets ask for.
+type optionalExtras interface {
+	hasExtras(p Preset) bool
+}
+
 // InitTiny writes a deterministic random model in Hugging Face format to dir:
 // config.json, model.safetensors (f32), a byte-level BPE tokenizer.json trained on corpus.txt and a
 // tokenizer_config.json with a ChatML chat template.
@@ -100,7 +137,7 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 	start := time.Now()
 	p, ok := Presets[presetName]
 	if !ok {
-		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, small, 1b, 8b, qwen3_5-4b)", presetName)
+		return fmt.Errorf("unknown preset %q (tiny, tiny-quant, tiny-vl, tiny-moe, tiny-quant-moe, small, small-moe, 1b, 8b, qwen3_5-4b, qwen3-30b-a3b, qwen3_5-35b-a3b)", presetName)
 	}
 	a, ok := families[arch]
 	if !ok {
@@ -111,6 +148,9 @@ func InitTinyLogged(dir string, arch Arch, presetName string, seed uint64, log *
 		return fmt.Errorf("architecture %q has no generated models", arch)
 	}
 	extras, _ := a.(tinyExtras)
+	if o, ok := a.(optionalExtras); ok && !o.hasExtras(p) {
+		extras = nil
+	}
 	specials := slices.Clone(SpecialTokens)
 	if extras != nil {
 		specials = append(specials, extras.tinySpecials()...)

@@ -65,6 +65,7 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	}
 	text["layer_types"] = types
 	text["head_dim"] = hd
+	visionKeys := p.Vision && f.lmPrefix != ""
 	kd, vd, hk, hv := p.Hidden/8, p.Hidden/8+p.Hidden/32, p.Heads/2, p.Heads
 	if p.LinearKeyHeads > 0 {
 		kd, vd, hk, hv = p.LinearKeyDim, p.LinearValueDim, p.LinearKeyHeads, p.LinearValueHeads
@@ -74,8 +75,18 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	text["linear_conv_kernel_dim"] = 4
 	text["mamba_ssm_dtype"] = "float32"
 	delete(text, "rope_theta")
-	text["rope_parameters"] = map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
-	if f.arch == ArchQwen3_5Text {
+	rope := map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+	if visionKeys {
+		// Interleaved mRoPE over the rotating quarter: Qwen3.5's [11, 11, 10] of 32, scaled.
+		half := int(float64(hd)*0.25) / 2
+		hs := half * 11 / 32
+		rope["mrope_interleaved"], rope["mrope_section"] = true, []int{half - 2*hs, hs, hs}
+		if hs == 0 {
+			rope["mrope_section"] = []int{half - 2, 1, 1}
+		}
+	}
+	text["rope_parameters"] = rope
+	if f.lmPrefix == "" {
 		// The text-only class generates the untied shape (Qwen3.5-9B's), the VL one the tied (4B's).
 		text["tie_word_embeddings"] = false
 		for k := range cfg {
@@ -95,6 +106,35 @@ func (f *qwen3_5Family) tinyConfig(cfg map[string]any, p Preset) {
 	}
 	cfg["text_config"] = text
 	cfg["tie_word_embeddings"] = true
+	if visionKeys {
+		vc := tinyVision
+		vc.OutHiddenSize = p.Hidden
+		cfg["vision_config"] = map[string]any{"model_type": "qwen3_5", "depth": vc.Depth, "hidden_size": vc.HiddenSize,
+			"hidden_act": vc.HiddenAct, "intermediate_size": vc.IntermediateSize, "num_heads": vc.NumHeads,
+			"in_channels": vc.InChannels, "patch_size": vc.PatchSize, "spatial_merge_size": vc.SpatialMergeSize,
+			"temporal_patch_size": vc.TemporalPatchSize, "out_hidden_size": vc.OutHiddenSize,
+			"num_position_embeddings": vc.NumPositionEmbeddings, "deepstack_visual_indexes": []int{},
+			"initializer_range": 0.02}
+	}
+}
+
+// The VL class's generated model with a vision tower (the tiny-vl preset) has Qwen3-VL's extras:
+// vision tokens, their ids, the image processor's config and a chat template for images.
+var (
+	_ tinyExtras     = (*qwen3_5Family)(nil)
+	_ optionalExtras = (*qwen3_5Family)(nil)
+)
+
+func (f *qwen3_5Family) hasExtras(p Preset) bool { return p.Vision && f.lmPrefix != "" }
+
+func (*qwen3_5Family) tinySpecials() []string { return (*qwen3VLFamily)(nil).tinySpecials() }
+
+func (*qwen3_5Family) tinyTokens(cfg map[string]any, id func(string) int) {
+	(*qwen3VLFamily)(nil).tinyTokens(cfg, id)
+}
+
+func (*qwen3_5Family) tinyFiles(dir string, c *Config) error {
+	return (*qwen3VLFamily)(nil).tinyFiles(dir, c)
 }
 
 // Tiny VL tower: 16×16 patches over 2 frames as real checkpoints have, a 4×4 table of learned
@@ -186,4 +226,46 @@ func (*qwen3VLFamily) tinyFiles(dir string, c *Config) error {
 	}
 	tb, _ := json.MarshalIndent(tc, "", "  ")
 	return os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tb, 0o644)
+}
+
+// moeTinyKeys are a generated mixture of experts' config keys: the preset's sizes, or a tiny
+// model's (8 experts of a quarter of the dense width, 2 a token).
+func moeTinyKeys(cfg map[string]any, p Preset) {
+	e, k, f := p.Experts, p.ExpertsPerTok, p.ExpertFFN
+	if e == 0 {
+		e, k, f = 8, 2, max(p.FFN/4, 1)
+	}
+	cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"] = e, k, f
+	cfg["norm_topk_prob"] = true // the released checkpoints'
+	cfg["router_aux_loss_coef"] = 0.001
+	cfg["output_router_logits"] = false
+}
+
+// tinyConfig is Qwen3's with a mixture of experts on every layer but the preset's dense ones.
+func (*qwen3MoEFamily) tinyConfig(cfg map[string]any, p Preset) {
+	(*qwen3Family)(nil).tinyConfig(cfg, p)
+	if p.HeadDim > 0 {
+		cfg["head_dim"] = p.HeadDim
+	}
+	cfg["tie_word_embeddings"] = false // Qwen3-30B-A3B's
+	moeTinyKeys(cfg, p)
+	cfg["decoder_sparse_step"] = 1
+	cfg["mlp_only_layers"] = append([]int{}, p.DenseLayers...)
+}
+
+// tinyConfig is dense Qwen3.5's with a mixture of experts and a shared expert on every layer.
+func (f *qwen3_5MoEFamily) tinyConfig(cfg map[string]any, p Preset) {
+	f.qwen3_5Family.tinyConfig(cfg, p)
+	text := cfg
+	if t, ok := cfg["text_config"].(map[string]any); ok {
+		text = t
+		text["model_type"] = "qwen3_5_moe_text"
+	}
+	moeTinyKeys(text, p)
+	delete(text, "norm_topk_prob") // Qwen3.5-MoE always renormalises; its config has no such key
+	s := p.SharedFFN
+	if s == 0 {
+		s = max(p.FFN/2, 1)
+	}
+	text["shared_expert_intermediate_size"] = s
 }

@@ -32,9 +32,7 @@ func (c *Config) weightNames() []string {
 				names = append(names, p+"linear_attn."+m)
 			}
 			names = append(names, p+"post_attention_layernorm.weight")
-			for _, m := range []string{"gate_proj", "up_proj", "down_proj"} {
-				names = append(names, p+"mlp."+m+".weight")
-			}
+			names = append(names, c.ffnWeights(l)...)
 			continue
 		}
 		for _, m := range []string{"q_proj", "k_proj", "v_proj", "o_proj"} {
@@ -49,9 +47,7 @@ func (c *Config) weightNames() []string {
 			names = append(names, p+"self_attn.q_norm.weight", p+"self_attn.k_norm.weight")
 		}
 		names = append(names, p+"post_attention_layernorm.weight")
-		for _, m := range []string{"gate_proj", "up_proj", "down_proj"} {
-			names = append(names, p+"mlp."+m+".weight")
-		}
+		names = append(names, c.ffnWeights(l)...)
 	}
 	names = append(names, c.lm()+"norm.weight")
 	if !c.TieWordEmbeddings {
@@ -176,6 +172,9 @@ func (c *Config) expectedShape(name string) []int {
 	if s := c.deltaNetShape(name); s != nil {
 		return s
 	}
+	if s := c.moeShape(name); s != nil {
+		return s
+	}
 	if c.family().gatedAttention && suffix("q_proj.weight") {
 		return []int{2 * qd, D} // each head's queries, then its gate rows
 	}
@@ -246,7 +245,11 @@ func loadWeights(dir string, c *Config, log *slog.Logger) (map[string]safetensor
 		if err != nil {
 			return nil, nil, fmt.Errorf("engine: %w", err)
 		}
-		for name, t := range st.Tensors {
+		tensors, err := c.splitFusedExperts(st.Tensors)
+		if err != nil {
+			return nil, nil, err
+		}
+		for name, t := range tensors {
 			if !want[name] {
 				if skippedWeight(name) && c.family().zeroCentredNorms {
 					skipped++

@@ -91,7 +91,9 @@ func TestSamplesOfManyTenantsShareOneBatch(t *testing.T) {
 	}
 	body := metricsText(t, ts.URL)
 	for _, want := range []string{`skein_op_seconds_count{kind="Sample"} 4`, fmt.Sprintf(`skein_tokens_total{kind="Sample"} %d`, sampled), `skein_sampling_batches_total{replica="r0"} 1`, `skein_sampling_rows_total{replica="r0"} 4`,
-		`skein_sampling_adapters_total{replica="r0"} 4`, `skein_queue_wait_seconds_count{replica="r0",lane="sampling"} 1`} {
+		`skein_sampling_adapters_total{replica="r0"} 4`, `skein_queue_wait_seconds_count{replica="r0",lane="sampling"} 1`,
+		// Four one-sample prompts of three tokens: twelve positions asked for and computed.
+		fmt.Sprintf(`skein_sampler_prompt_tokens_total{base_model=%q} 12`, base), fmt.Sprintf(`skein_sampler_prefill_tokens_total{base_model=%q} 12`, base)} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}

@@ -158,7 +158,7 @@ func greedyTopP(p *engine.SampleParams) {
 }
 
 func sampleResponse(res *engine.SampleResult) *api.SampleResponse {
-	out := &api.SampleResponse{Type: "sample"}
+	out := &api.SampleResponse{Type: "sample", PromptCacheHitTokens: res.CachedTokens}
 	for _, q := range res.Sequences {
 		out.Sequences = append(out.Sequences, api.SampledSequence{StopReason: q.StopReason, Tokens: q.Tokens, Logprobs: q.Logprobs})
 	}

@@ -135,6 +135,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	}
 	s.writeBatchMetrics(&b)
 	s.writeReplicaState(&b)
+	s.writeSamplerMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	_, _ = w.Write([]byte(b.String()))
 }

@@ -174,6 +174,16 @@ func (r *Replica) Resident() (weights, adapters int, ok bool) {
 	return r.local.WeightBytes(), r.local.AdapterBytes(), true
 }
 
+// SamplerStats are the in-process engine's sampler counters (prompt positions requested,
+// computed and served from the prefix cache; the cache's bytes), shared with the other replicas
+// of the model (they share its base, and so its cache); ok is false for a remote worker's.
+func (r *Replica) SamplerStats() (engine.SamplerStats, bool) {
+	if r.local == nil {
+		return engine.SamplerStats{}, false
+	}
+	return r.local.SamplerStats(), true
+}
+
 // LaneWaits is how long each group's ops waited so far, by group (a tenant, SamplingLane,
 // PlacementLane).
 func (r *Replica) LaneWaits() map[string]LaneWait {

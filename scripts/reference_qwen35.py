@@ -101,13 +101,22 @@ def chunk_gated_delta_rule(q, k, v, g, beta, C=CHUNK):
     return out
 
 
-def forward(md, tokens, with_adapter):
+def dense_mlp(m, x, W, lin, tc):
+    """Qwen3_5MLP: down(silu(gate(x)) * up(x))."""
+    return lin(m + "down_proj")(F.silu(lin(m + "gate_proj")(x)) * lin(m + "up_proj")(x))
+
+
+def forward(md, tokens, with_adapter, mlp=dense_mlp, vis=None):
+    """The logits [T, V]; mlp(prefix, x, W, lin, text_config) is each layer's feed-forward block
+    (scripts/reference_moe.py passes a mixture of experts). vis (scripts/reference_qwen35_vl.py):
+    the image features that replace the pad tokens' embeddings (vis["feats"] at vis["mask"]) and
+    the (t, h, w) position ids vis["pos"] [3, T] of interleaved mRoPE over the rotating dims."""
     cfg = json.loads((md / "config.json").read_text())
     vl = "text_config" in cfg
     tc = cfg["text_config"] if vl else cfg
     P = "model.language_model." if vl else "model."
     W = load_safetensors(md / "model.safetensors")
-    assert not any(k.startswith("model.visual.") or k.startswith("mtp.") for k in W)
+    assert vis is not None or not any(k.startswith("model.visual.") or k.startswith("mtp.") for k in W)
     lora = {}
     if with_adapter:
         ac = json.loads((md / "adapter" / "adapter_config.json").read_text())
@@ -132,6 +141,17 @@ def forward(md, tokens, with_adapter):
     h = W[P + "embed_tokens.weight"][torch.tensor(tokens)]
     inv_freq = 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=torch.get_default_dtype()) / rd))
     freqs = torch.arange(T, dtype=torch.get_default_dtype())[:, None] * inv_freq[None, :]
+    if vis is not None:
+        h = h.clone()
+        h[vis["mask"]] = vis["feats"]
+        # apply_interleaved_mrope: frequency i turns with h when i % 3 == 1 and i < 3·sec[1],
+        # with w when i % 3 == 2 and i < 3·sec[2], else with t.
+        f3 = vis["pos"][:, :, None].double() * inv_freq[None, None, :]
+        sec = rp["mrope_section"]
+        freqs = f3[0].clone()
+        for dim in (1, 2):
+            idx = slice(dim, sec[dim] * 3, 3)
+            freqs[..., idx] = f3[dim, ..., idx]
     emb = torch.cat([freqs, freqs], -1)
     cos, sin = emb.cos(), emb.sin()  # [T, rd]
 
@@ -183,8 +203,7 @@ def forward(md, tokens, with_adapter):
             att = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), v).reshape(T, H * hd)
             h = h + lin(s_ + "o_proj")(att * torch.sigmoid(gate))
         x = rms_zero_centred(h, W[p + "post_attention_layernorm.weight"], eps)
-        m = p + "mlp."
-        h = h + lin(m + "down_proj")(F.silu(lin(m + "gate_proj")(x)) * lin(m + "up_proj")(x))
+        h = h + mlp(p + "mlp.", x, W, lin, tc)
     h = rms_zero_centred(h, W[P + "norm.weight"], eps)
     tied = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
     head = W[P + "embed_tokens.weight"] if tied else W["lm_head.weight"]

@@ -94,7 +94,12 @@ func (s *Server) SetIdentity(baseModel string, maxLoras int) {
 func (s *Server) Status(maxLoras int) Heartbeat {
 	// The engine knows which adapters train (and take a slot) and which are sampler snapshots.
 	training := s.e.TrainingAdapterIDs(context.Background())
-	return Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load()), Draining: s.draining.Load()}
+	hb := Heartbeat{Adapters: training, FreeSlots: maxLoras - len(training), QueueDepth: int(s.inflight.Load()), Draining: s.draining.Load()}
+	if e, ok := s.e.(interface{ SamplerStats() engine.SamplerStats }); ok {
+		st := e.SamplerStats()
+		hb.Sampler = &st
+	}
+	return hb
 }
 
 // NewServer wraps an engine. Every call must be signed under a session whose handshake proved

@@ -68,6 +68,9 @@ func (hb Heartbeat) Validate() error {
 	if len(hb.Adapters) > maxAdapterIDs || hb.FreeSlots < -maxWorkerLoras || hb.FreeSlots > maxWorkerLoras || hb.QueueDepth < 0 {
 		return errors.New("heartbeat: adapters, free_slots or queue_depth out of range")
 	}
+	if hb.Sampler != nil && !hb.Sampler.Valid() {
+		return errors.New("heartbeat: a sampler counter out of range [0, 2^62]")
+	}
 	return nil
 }
 

@@ -44,6 +44,9 @@ type Heartbeat struct {
 	FreeSlots  int      `json:"free_slots"`         // max_loras minus those
 	QueueDepth int      `json:"queue_depth"`        // calls running or waiting
 	Draining   bool     `json:"draining,omitempty"` // leaving (SIGTERM): place nothing new here
+	// Sampler is its engine's sampler counters (prompt positions requested, computed and served
+	// from its prefix cache; the cache's bytes), for the gateway's /metrics.
+	Sampler *engine.SamplerStats `json:"sampler,omitempty"`
 }
 
 // Description is a discovered worker's answer to describe: what a registration says, less the
@@ -84,6 +87,7 @@ type wireSample struct {
 	PromptLogprobs []*float64               `json:"prompt_logprobs,omitempty"` // NaN (no value) as null
 	TopKPrompt     [][]engine.TokenLogprob  `json:"topk_prompt,omitempty"`
 	Failure        *callResponse            `json:"failure,omitempty"` // this request failed alone (SampleResult.Err)
+	CachedTokens   int                      `json:"cached_tokens,omitempty"`
 }
 
 type callResponse struct {
@@ -147,7 +151,7 @@ func toWireSample(s *engine.SampleResult) *wireSample {
 		f := encodeErr(s.Err)
 		return &wireSample{Failure: &f}
 	}
-	w := &wireSample{Sequences: s.Sequences, TopKPrompt: s.TopKPrompt}
+	w := &wireSample{Sequences: s.Sequences, TopKPrompt: s.TopKPrompt, CachedTokens: s.CachedTokens}
 	if s.PromptLogprobs != nil {
 		w.PromptLogprobs = make([]*float64, len(s.PromptLogprobs))
 		for i, v := range s.PromptLogprobs {
@@ -164,7 +168,7 @@ func fromWireSample(w *wireSample) *engine.SampleResult {
 	if w.Failure != nil {
 		return &engine.SampleResult{Err: decodeErr(*w.Failure)}
 	}
-	s := &engine.SampleResult{Sequences: w.Sequences, TopKPrompt: w.TopKPrompt}
+	s := &engine.SampleResult{Sequences: w.Sequences, TopKPrompt: w.TopKPrompt, CachedTokens: w.CachedTokens}
 	if w.PromptLogprobs != nil {
 		s.PromptLogprobs = make([]float64, len(w.PromptLogprobs))
 		for i, v := range w.PromptLogprobs {

@@ -223,7 +223,7 @@ func TestReadmeListsEveryCommandsFlags(t *testing.T) {
 	}
 	flagName := regexp.MustCompile(`^  (--[a-z0-9-]+)`)
 	for _, args := range [][]string{{"worker", "--help"}, {"model", "init-tiny", "--help"}, {"bench", "engine", "--help"},
-		{"model", "to-gguf", "--help"}, {"model", "export-gguf", "--help"}} {
+		{"model", "to-gguf", "--help"}, {"model", "export-gguf", "--help"}, {"model", "export-peft", "--help"}} {
 		out, err := captureOutput(t, args...)
 		if err != nil {
 			t.Fatalf("%v: %v", args, err)

@@ -55,6 +55,34 @@ func ggufTypeNames() []string {
 
 // exportGGUF writes a saved adapter (a checkpoint directory of PEFT files) as a llama.cpp LoRA
 // adapter for the base model it was trained on.
+// exportPEFT writes a checkpoint as a PEFT adapter with a mixture of experts' LoRAs expanded onto
+// each expert's modules (engine.ExportAdapterPEFT), the form vLLM and PEFT load.
+func exportPEFT(args []string) error {
+	fs := flag.NewFlagSet("export-peft", flag.ContinueOnError)
+	base := fs.String("base", "", "the base model the adapter was trained on: its Hugging Face directory")
+	const synopsis = "skein model export-peft CHECKPOINT_DIR OUT_DIR --base MODEL"
+	pos, err := parseArgs(fs, args, synopsis)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 || *base == "" {
+		return errors.New("usage: " + synopsis)
+	}
+	path, _, err := resolveModel(*base)
+	if err != nil {
+		return err
+	}
+	cfg, err := engine.LoadModelConfig(path)
+	if err != nil {
+		return err
+	}
+	if err := engine.ExportAdapterPEFT(filepath.Clean(pos[0]), cfg, pos[1]); err != nil {
+		return err
+	}
+	fmt.Printf("wrote the adapter in %s to %s as PEFT, experts expanded\n", pos[0], pos[1])
+	return nil
+}
+
 func exportGGUF(args []string) error {
 	fs := flag.NewFlagSet("export-gguf", flag.ContinueOnError)
 	base := fs.String("base", "", "the base model the adapter was trained on: its Hugging Face directory or GGUF file")

@@ -32,10 +32,12 @@ const usage = `skein: multi-tenant LoRA fine-tuning and sampling (Tinker API)
   skein serve [--addr 127.0.0.1:8000] [--data ./skein-data] [--model DIR [--name NAME]]... [--replicas N] [--max-loras K] [--max-adapters-per-tenant N] [--accept-workers [--worker-token T]]
   skein gateway [--addr …] [--data …] [--state postgres://…] [--worker-token T]   (replicas come from workers)
   skein worker --gateway URL --model DIR --worker-token T [--data DIR] [--name NAME] [--max-loras K] [--addr 127.0.0.1:0]
-  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text] [--preset tiny|tiny-quant|small|1b|8b|qwen3_5-4b] [--seed N]
+  skein model init-tiny DIR [--arch llama|qwen2|qwen3|qwen3_vl|qwen3_5|qwen3_5_text|qwen3_moe|qwen3_5_moe] [--preset tiny|tiny-quant|tiny-moe|small|1b|8b|qwen3_5-4b|qwen3-30b-a3b|qwen3_5-35b-a3b] [--seed N]
   skein model to-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_k|q6_k|q4_k_m] [--name NAME]
   skein model export-gguf CHECKPOINT_DIR OUT.gguf --base MODEL   (a LoRA adapter for llama.cpp / Ollama)
+  skein model export-peft CHECKPOINT_DIR OUT_DIR --base MODEL    (experts' LoRAs expanded per expert, for PEFT / vLLM)
   skein bench engine --model DIR [--batch 8] [--seq 256] [--rank 16] [--json]
+  skein bench serve --workload FILE [--url http://127.0.0.1:8000] [--key KEY] [--json]   (loads a running server: workloads/*.json)
   skein keys create --name NAME [--admin] | list | revoke ID   [--data DIR | --state postgres://…]
   skein version
 
@@ -93,17 +95,23 @@ func runCommand(args []string) error {
 		if len(args) >= 2 && args[1] == "export-gguf" {
 			return exportGGUF(args[2:])
 		}
+		if len(args) >= 2 && args[1] == "export-peft" {
+			return exportPEFT(args[2:])
+		}
 		if len(args) < 2 || args[1] != "init-tiny" {
-			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P] | to-gguf DIR OUT.gguf | export-gguf CHECKPOINT OUT.gguf --base MODEL")
+			return errors.New("usage: skein model init-tiny DIR [--arch A] [--preset P] | to-gguf DIR OUT.gguf | export-gguf CHECKPOINT OUT.gguf --base MODEL | export-peft CHECKPOINT OUT_DIR --base MODEL")
 		}
 		return initTiny(args[2:])
 	case "bench":
 		if len(args) == 2 && isHelp(args[1]) {
-			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)")
+			fmt.Fprintln(usageOutput, "usage: skein bench engine --model DIR [flags] (see skein bench engine --help)\n       skein bench serve --workload FILE [--url URL] [flags] (see skein bench serve --help)")
 			return nil
 		}
+		if len(args) >= 2 && args[1] == "serve" {
+			return benchServe(args[2:])
+		}
 		if len(args) < 2 || args[1] != "engine" {
-			return errors.New("usage: skein bench engine --model DIR")
+			return errors.New("usage: skein bench engine --model DIR, or skein bench serve --workload FILE")
 		}
 		return benchEngine(args[2:])
 	case "keys":
@@ -151,8 +159,8 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func initTiny(args []string) error {
 	fs := flag.NewFlagSet("init-tiny", flag.ContinueOnError)
-	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3, qwen3_vl, qwen3_5 or qwen3_5_text")
-	preset := fs.String("preset", "tiny", "tiny, tiny-quant, small, 1b, 8b (Llama-3.1-8B's shape, with --arch llama) or qwen3_5-4b (Qwen3.5-4B's shape, with --arch qwen3_5)")
+	arch := fs.String("arch", "qwen3", "llama, qwen2, qwen3, qwen3_vl, qwen3_5, qwen3_5_text, qwen3_moe or qwen3_5_moe")
+	preset := fs.String("preset", "tiny", "tiny, tiny-quant, tiny-moe, tiny-quant-moe, small, small-moe, 1b, 8b (Llama-3.1-8B's shape, with --arch llama), qwen3_5-4b (Qwen3.5-4B's shape, with --arch qwen3_5), qwen3-30b-a3b (with --arch qwen3_moe) or qwen3_5-35b-a3b (with --arch qwen3_5_moe)")
 	seed := fs.Uint64("seed", 1, "random seed")
 	pos, err := parseArgs(fs, args, "skein model init-tiny DIR [flags]")
 	if err != nil {
@@ -295,6 +303,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	if cfg.StepMemoryMB < 1 {
 		return errors.New("--step-memory-mb must be at least 1")
 	}
+	if err := checkKVCacheMB(cfg.KVCacheMB); err != nil {
+		return err
+	}
 	return cfg.Limits.check()
 }
 
@@ -328,7 +339,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, KVCacheMB: cfg.KVCacheMB, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -24,6 +24,8 @@ func TestServeChecksBeforeLoading(t *testing.T) {
 		{"activations", "unknown activations", []string{"--addr", "127.0.0.1:0", "--activations", "int8"}},
 		{"port in use", "address already in use", []string{"--addr", taken.Addr().String()}},
 		{"sampler copies", "--sampler-copies 0", []string{"--addr", "127.0.0.1:0", "--sampler-copies", "0"}},
+		{"negative kv cache", "--kv-cache-mb -1", []string{"--addr", "127.0.0.1:0", "--kv-cache-mb", "-1"}},
+		{"huge kv cache", "--kv-cache-mb 2097152", []string{"--addr", "127.0.0.1:0", "--kv-cache-mb", "2097152"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			data := t.TempDir()

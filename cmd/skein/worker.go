@@ -28,6 +28,7 @@ import (
 type workerConfig struct {
 	Gateway, Model, Name   string
 	MaxLoras, StepMemoryMB int
+	KVCacheMB              int
 	Precision, Addr        string
 	Device                 string
 	Activations            string
@@ -48,6 +49,7 @@ func workerFlags() (*flag.FlagSet, *workerConfig) {
 	fs.StringVar(&c.Name, "name", "", "base-model name (default: the directory name, Org/Name for a hub cache entry or snapshot)")
 	fs.IntVar(&c.MaxLoras, "max-loras", replica.DefaultMaxLoras, "LoRA adapter slots")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
+	fs.IntVar(&c.KVCacheMB, "kv-cache-mb", DefaultKVCacheMB, "memory each base model's sampler keeps for prompts' keys and values across requests (a later prompt starting with a cached prefix, on the same weights, prefills only the rest; the least recently used go first); 0: off")
 	fs.StringVar(&c.Activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 (float32 activations times the dequantized blocks) or ggml (activations rounded to Q8_0/Q8_K blocks and integer dots, as llama.cpp's CPU backend: its logits on the same GGUF; slower)")
 	fs.StringVar(&c.Device, "device", "auto", "where the engine computes: auto (the first working NVIDIA GPU, else the CPU), cpu, cuda or cuda:N; the CUDA backend does not run the model yet, so auto computes on the CPU (logging why) and cuda is refused")
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0, q6_k or q4_k (projections in GGUF Q8_0, Q6_K or Q4_K blocks, about a quarter, a fifth or an eighth of f32); q4_k_m (llama.cpp's Q4_K_M mix: Q4_K with Q6_K for the head and some layers' v and down projections); LoRA, norms and gradients in f32")
@@ -105,7 +107,7 @@ func runWorker(args []string) error {
 	}
 	// The base model's name: --name, or as resolveModel names --model (a Hugging Face cache
 	// entry's Org/Name, else the directory's name).
-	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, Precision: c.Precision, GGMLActivations: ggmlAct, Device: c.Device, Logger: log})
+	e, served, err := loadModel(*model, *name, engine.Options{MaxStepBytes: c.StepMemoryMB << 20, KVCacheMB: c.KVCacheMB, Precision: c.Precision, GGMLActivations: ggmlAct, Device: c.Device, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -164,6 +166,9 @@ func checkWorkerConfig(c *workerConfig) (ggmlAct bool, err error) {
 	}
 	if c.StepMemoryMB < 1 {
 		return false, errors.New("--step-memory-mb must be at least 1")
+	}
+	if err := checkKVCacheMB(c.KVCacheMB); err != nil {
+		return false, err
 	}
 	if c.DrainDelay < 0 || c.DrainDelay > 10*time.Minute {
 		return false, errors.New("--drain-delay must be in [0, 10m]")

@@ -163,6 +163,16 @@ func TestWorkerNeedsAClusterToken(t *testing.T) {
 	}
 }
 
+// A worker refuses a --kv-cache-mb outside [0, engine.MaxKVCacheMB] before loading anything.
+func TestWorkerChecksItsKVCacheBound(t *testing.T) {
+	for _, mb := range []string{"-1", "2097152"} {
+		err := run([]string{"worker", "--gateway", "http://127.0.0.1:1", "--worker-token", "t", "--model", filepath.Join(t.TempDir(), "none"), "--data", t.TempDir(), "--kv-cache-mb", mb})
+		if err == nil || !strings.Contains(err.Error(), "--kv-cache-mb "+mb) {
+			t.Fatalf("worker with --kv-cache-mb %s: %v", mb, err)
+		}
+	}
+}
+
 // The cluster token is generated once and kept; a given one wins; a token file readable by
 // others is refused.
 func TestClusterTokenIsKept(t *testing.T) {

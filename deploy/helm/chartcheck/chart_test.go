@@ -160,6 +160,9 @@ func TestPoolsDefaultTheirOptionalFields(t *testing.T) {
 	if v, _ := arg(w.Containers[0], "--step-memory-mb"); v != "4096" {
 		t.Errorf("--step-memory-mb=%q", v)
 	}
+	if v, _ := arg(w.Containers[0], "--kv-cache-mb"); v != "1024" {
+		t.Errorf("--kv-cache-mb=%q", v)
+	}
 	if w.Volumes[0].Name != "model" || w.Volumes[0].EmptyDir == nil || w.Volumes[0].EmptyDir.SizeLimit != nil {
 		t.Errorf("model volume %+v", w.Volumes[0])
 	}
@@ -501,5 +504,25 @@ func TestSeveralGatewaysNeedPostgres(t *testing.T) {
 	noPG["gateway"] = oneGateway
 	if g := render(t, noPG).deployments["skein-gateway"]; *g.Spec.Replicas != 1 || g.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Fatalf("one gateway on SQLite: %d replicas, strategy %s", *g.Spec.Replicas, g.Spec.Strategy.Type)
+	}
+}
+
+// A pool's kvCacheMB reaches its workers as given: 0 (off) is not taken for absent, and the
+// largest allowed is written as an integer, not in a float's exponent form; past it the schema
+// refuses the values.
+func TestPoolKVCacheMB(t *testing.T) {
+	for _, c := range []struct {
+		mb   any
+		want string
+	}{{0, "0"}, {1048576, "1048576"}} {
+		pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": c.mb}
+		o := render(t, map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}, "gateway": oneGateway})
+		if v, _ := arg(o.deployments["skein-worker-p"].Spec.Template.Spec.Containers[0], "--kv-cache-mb"); v != c.want {
+			t.Errorf("kvCacheMB %v: --kv-cache-mb=%q, want %q", c.mb, v, c.want)
+		}
+	}
+	pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": 1048577}
+	if _, _, err := Render(map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}, "gateway": oneGateway}, nil); err == nil || !strings.Contains(err.Error(), "kvCacheMB") {
+		t.Errorf("a kvCacheMB past 1 TiB: %v, want the schema's refusal", err)
 	}
 }

@@ -140,7 +140,8 @@ type Ops[E Float] interface {
 	SplitGate(yq Tensor[E], H, HD int) (q, gate Tensor[E])
 	JoinGate(dq, dgate Tensor[E], H, HD int) Tensor[E]
 	// Gate returns o ⊙ σ(gate); GateBack writes d loss/d gate = do ⊙ o ⊙ σ'(gate) into dgate
-	// and scales do by σ(gate) in place.
+	// and scales do by σ(gate) in place. A gate of one number a row [N, 1] scales the whole row
+	// (a shared expert's gate), its gradient summed over the row.
 	Gate(o, gate Tensor[E]) Tensor[E]
 	GateBack(do, o, gate, dgate Tensor[E])
 
@@ -178,6 +179,15 @@ type Ops[E Float] interface {
 	// block from[i] of src (blocks of the same size): a sampler's rows of a cache forked from a
 	// prefill's.
 	CopyBlocks(dst, src Tensor[E], from []int)
+	// CopyRows sets rows [d0, d0+n) of dst's leading dimension to rows [s0, s0+n) of src (rows of
+	// the same size): one sampler row's DeltaNet state kept with a prefix cache's block, or put
+	// back into a row.
+	CopyRows(dst Tensor[E], d0 int, src Tensor[E], s0, n int)
+	// CopySlots copies n slots of heads heads from src to dst, both a store of keys and values
+	// (KV: keys transposed [heads, HD, S], values [heads, S, HD], each with its own S): src's
+	// heads srcHead… at slots srcSlot…srcSlot+n-1 to dst's heads dstHead… at slots dstSlot….
+	// A sampler's row of a cache filled from a prefix cache's block, or a block taken from a row.
+	CopySlots(dst, src KV[E], dstHead, dstSlot, srcHead, srcSlot, heads, n int)
 	// Rows is a copy of rows [r0, r1) of a 2-D tensor.
 	Rows(x Tensor[E], r0, r1 int) Tensor[E]
 	// AddLoRARuns adds each run's LoRA term to its rows of y = x·W: rows of several adapters in
@@ -212,6 +222,32 @@ type Ops[E Float] interface {
 	Reshape(x Tensor[E], dims ...int) Tensor[E]
 	PutRows(h Tensor[E], rows []int, vals [][]float64, add bool)
 
+	// Mixtures of experts.
+	// Route picks each row's k experts from its router logits [N, E]: p = softmax(logits) in E,
+	// the k largest p in decreasing order (a tie: the lower expert first), renormalised to sum
+	// 1 when renorm. It returns their weights [N, k] and, on the host, their experts [N·k].
+	Route(logits Tensor[E], k int, renorm bool) (w Tensor[E], experts []int)
+	// RouteBack is Route's backward: d loss/d logits [N, E] for d loss/d w [N, k].
+	RouteBack(logits, w Tensor[E], experts []int, dw Tensor[E], renorm bool) Tensor[E]
+	// MixRows returns out [N, C], row n = Σ_j w[n, j]·y[pos[n·k+j]] (j in order): each token's
+	// experts' outputs y [P, C] weighted by its routing weights w [N, k].
+	MixRows(y, w Tensor[E], pos []int) Tensor[E]
+	// MixRowsBack is MixRows' backward for d loss/d out dOut [N, C]: dy [P, C] (row pos[n·k+j]
+	// = w[n, j]·dOut[n]) and dw [N, k] (⟨dOut[n], y[pos[n·k+j]]⟩).
+	MixRowsBack(dOut, y, w Tensor[E], pos []int) (dy, dw Tensor[E])
+	// ScatterAdd adds row i of src to row rows[i] of dst, i in order.
+	ScatterAdd(dst, src Tensor[E], rows []int)
+	// Grouped products: rows of x in groups g = [offs[g], offs[g+1]) (a mixture's rows grouped
+	// by expert), each group multiplied by its own matrix into its rows of one output.
+	// ProductGrouped multiplies group g by ws[g] (x·W, or x·Wᵀ when transposed).
+	ProductGrouped(x Tensor[E], ws []Weight, offs []int, transposed bool) Tensor[E]
+	// MatMulGrouped multiplies group g by block g of y, y's rows [g·block, (g+1)·block):
+	// x_g·y_gᵀ when transB (the output block wide), else x_g·y_g.
+	MatMulGrouped(x, y Tensor[E], offs []int, block int, transB bool) Tensor[E]
+	// MatMulGroupedTN returns [G·a, b] whose block g is x_gᵀ·y_g for x [P, a], y [P, b] (zero
+	// for an empty group): an expert-stacked LoRA factor's gradient.
+	MatMulGroupedTN(x, y Tensor[E], offs []int) Tensor[E]
+
 	// Gated DeltaNet.
 	// DeltaNet runs a layer's core on its projections (DeltaNet's doc): the gated norm's output
 	// [N, Hv·DV], and when keep, what DeltaNetBack reads (opaque: the backend's own).
@@ -225,6 +261,11 @@ type Ops[E Float] interface {
 // [B·KVH, G·T, HD] (a group's queries, head after head, each T rows), keys transposed
 // [B·KVH, HD, S] and values [B·KVH, S, HD] over S slots.
 type Heads struct{ B, T, H, KVH, HD int }
+
+// KV is a store of attention keys and values over S slots: keys transposed [heads, HD, S] (so
+// scores are a plain product) and values [heads, S, HD], the layout of a sampler's cache
+// (heads = rows × KVH) and of a prefix cache's block (heads = attention layers × KVH).
+type KV[E Float] struct{ KeysT, Values Tensor[E] }
 
 // Rotation is RoPE (or mRoPE) for every token of a pass: token n (row n/T, position n%T)
 // rotates by row Angle[n] of the tables Cos and Sin [rows, Half] (Half = the rotary dims / 2;

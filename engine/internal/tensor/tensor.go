@@ -271,7 +271,14 @@ type Arena[T kernels.Float] struct {
 	err    error            // first failure; later calls are no-ops and the step returns it
 	// live and peak count the bytes the step holds (weights excluded).
 	live, peak int
+	// into, while set (AllocInto), is the memory the next allocation of exactly its size takes.
+	into []T
 }
+
+// AllocInto makes the next allocation of len(v) elements v itself (nil: none): a product's
+// output written straight into part of a bigger tensor (a group of rows of a mixture of experts'
+// grouped products). The caller checks whether the product's output is v, and unsets it.
+func (a *Arena[T]) AllocInto(v []T) { a.into = v }
 
 func NewArena[T kernels.Float](mm *Pool) *Arena[T] {
 	return &Arena[T]{Pool: mm, dtype: dtypeOf[T]()}
@@ -291,6 +298,11 @@ func (a *Arena[T]) Err() error { return a.err }
 func (a *Arena[T]) Alloc(dims ...int) Mat[T] {
 	if a.err != nil {
 		return Mat[T]{V: make([]T, Prod(dims)), Dims: dims}
+	}
+	if a.into != nil && Prod(dims) == len(a.into) {
+		v := a.into
+		a.into = nil
+		return Mat[T]{V: v, Dims: dims} // memory of a tensor the step already holds
 	}
 	sb, err := a.Pool.takeShared(a.dtype, dims)
 	if err != nil {

@@ -221,21 +221,36 @@ func (s *step[E]) JoinGate(dq, dgate backend.Tensor[E], H, hd int) backend.Tenso
 	return out
 }
 
-// Gate: out = o·σ(gate).
+// Gate: out = o·σ(gate), elementwise, or each row by its one gate number (gate [N, 1]).
 func (s *step[E]) Gate(o, gate backend.Tensor[E]) backend.Tensor[E] {
 	out := s.Alloc(o.Dims...)
+	if s.Err() != nil {
+		return out
+	}
+	w := len(o.V) / max(len(gate.V), 1) // 1: elementwise; the row's width: a gate a row
 	for i, g := range gate.V {
-		out.V[i] = o.V[i] * E(sigmoid(float64(g)))
+		sg := E(sigmoid(float64(g)))
+		for c := i * w; c < (i+1)*w; c++ {
+			out.V[c] = o.V[c] * sg
+		}
 	}
 	return out
 }
 
-// GateBack: dgate = do·o·σ(g)(1−σ(g)), then do ← do·σ(g).
+// GateBack: dgate = Σ do·o·σ(g)(1−σ(g)) over the elements g gates, then do ← do·σ(g).
 func (s *step[E]) GateBack(do, o, gate, dgate backend.Tensor[E]) {
+	if s.Err() != nil {
+		return
+	}
+	w := len(o.V) / max(len(gate.V), 1)
 	for i, g := range gate.V {
 		sg := E(sigmoid(float64(g)))
-		dgate.V[i] = do.V[i] * o.V[i] * sg * (1 - sg)
-		do.V[i] *= sg
+		var d E
+		for c := i * w; c < (i+1)*w; c++ {
+			d += do.V[c] * o.V[c]
+			do.V[c] *= sg
+		}
+		dgate.V[i] = d * sg * (1 - sg)
 	}
 }
 

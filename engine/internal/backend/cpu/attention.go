@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/skein-ai/skein/engine/internal/backend"
@@ -142,4 +143,29 @@ func ropeBack[E backend.Float](dy, dx, c, sn []E) {
 		dx[i+half] = d2*c[i] - d1*sn[i]
 	}
 	copy(dx[2*half:], dy[2*half:])
+}
+
+// CopySlots: for each of heads heads h and slot i < n, dst's key column dstSlot+i of head
+// dstHead+h ← src's column srcSlot+i of head srcHead+h, and the value rows likewise.
+func (s *step[E]) CopySlots(dst, src backend.KV[E], dstHead, dstSlot, srcHead, srcSlot, heads, n int) {
+	if s.Err() != nil || n <= 0 || heads <= 0 {
+		return
+	}
+	hd, dS := dst.KeysT.Dims[len(dst.KeysT.Dims)-2], dst.KeysT.Dims[len(dst.KeysT.Dims)-1]
+	sS := src.KeysT.Dims[len(src.KeysT.Dims)-1]
+	if srcSlot < 0 || dstSlot < 0 || srcSlot+n > sS || dstSlot+n > dS || src.KeysT.Dims[len(src.KeysT.Dims)-2] != hd {
+		s.Fail(fmt.Errorf("cpu: CopySlots of %d slots from %d of %v to %d of %v", n, srcSlot, src.KeysT.Dims, dstSlot, dst.KeysT.Dims))
+		return
+	}
+	for h := range heads {
+		dh, sh := dstHead+h, srcHead+h
+		for d := range hd {
+			dk := (dh*hd+d)*dS + dstSlot
+			sk := (sh*hd+d)*sS + srcSlot
+			copy(dst.KeysT.V[dk:dk+n], src.KeysT.V[sk:sk+n])
+		}
+		dv := (dh*dS + dstSlot) * hd
+		sv := (sh*sS + srcSlot) * hd
+		copy(dst.Values.V[dv:dv+n*hd], src.Values.V[sv:sv+n*hd])
+	}
 }

@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"fmt"
+
 	"github.com/skein-ai/skein/engine/internal/backend"
 	"github.com/skein-ai/skein/engine/internal/kernels"
 )
@@ -133,4 +135,24 @@ func (s *step[E]) CopyBlocks(dst, src backend.Tensor[E], from []int) {
 	for i, j := range from {
 		copy(dst.V[i*n:(i+1)*n], src.V[j*n:(j+1)*n])
 	}
+}
+
+// CopyRows: dst rows d0… ← src rows s0…, a row being the product of the trailing dimensions.
+func (s *step[E]) CopyRows(dst backend.Tensor[E], d0 int, src backend.Tensor[E], s0, n int) {
+	if s.Err() != nil || n <= 0 {
+		return
+	}
+	row := 1
+	for _, d := range dst.Dims[1:] {
+		row *= d
+	}
+	srow := 1
+	for _, d := range src.Dims[1:] {
+		srow *= d
+	}
+	if row != srow || d0 < 0 || s0 < 0 || d0+n > dst.Dims[0] || s0+n > src.Dims[0] {
+		s.Fail(fmt.Errorf("cpu: CopyRows of %d rows from %d of %v to %d of %v", n, s0, src.Dims, d0, dst.Dims))
+		return
+	}
+	copy(dst.V[d0*row:(d0+n)*row], src.V[s0*row:(s0+n)*row])
 }

@@ -185,3 +185,72 @@ func BenchmarkRowsProducts(b *testing.B) {
 		}
 	}
 }
+
+// CopySlots moves exactly the named heads' slots between stores of different slot counts (a
+// prefix cache's 16-slot block and a sampler's row of S slots), keys transposed and values
+// alike, and nothing else: every other number of the destination keeps its value.
+func TestCopySlotsMovesOnlyTheNamedSlots(t *testing.T) {
+	s := newTestStep[float32](t)
+	const hd, srcS, dstS, srcHeads, dstHeads = 3, 5, 9, 4, 6
+	rng := rand.New(rand.NewPCG(3, 4))
+	src := backend.KV[float32]{KeysT: s.From(randn(rng, srcHeads*hd*srcS), srcHeads, hd, srcS), Values: s.From(randn(rng, srcHeads*srcS*hd), srcHeads, srcS, hd)}
+	dst := backend.KV[float32]{KeysT: s.From(randn(rng, dstHeads*hd*dstS), dstHeads, hd, dstS), Values: s.From(randn(rng, dstHeads*dstS*hd), dstHeads, dstS, hd)}
+	before := backend.KV[float32]{KeysT: s.Copy(dst.KeysT), Values: s.Copy(dst.Values)}
+	const dstHead, dstSlot, srcHead, srcSlot, heads, n = 2, 4, 1, 2, 3, 3
+	s.CopySlots(dst, src, dstHead, dstSlot, srcHead, srcSlot, heads, n)
+	if s.Err() != nil {
+		t.Fatal(s.Err())
+	}
+	k, v, k0, v0 := s.Download(dst.KeysT), s.Download(dst.Values), s.Download(before.KeysT), s.Download(before.Values)
+	sk, sv := s.Download(src.KeysT), s.Download(src.Values)
+	for h := range dstHeads {
+		for slot := range dstS {
+			copied := h >= dstHead && h < dstHead+heads && slot >= dstSlot && slot < dstSlot+n
+			sh, ss := h-dstHead+srcHead, slot-dstSlot+srcSlot
+			for d := range hd {
+				want, wantV := k0[(h*hd+d)*dstS+slot], v0[(h*dstS+slot)*hd+d]
+				if copied {
+					want, wantV = sk[(sh*hd+d)*srcS+ss], sv[(sh*srcS+ss)*hd+d]
+				}
+				if got := k[(h*hd+d)*dstS+slot]; got != want {
+					t.Fatalf("key head %d dim %d slot %d: %v, want %v", h, d, slot, got, want)
+				}
+				if got := v[(h*dstS+slot)*hd+d]; got != wantV {
+					t.Fatalf("value head %d slot %d dim %d: %v, want %v", h, slot, d, got, wantV)
+				}
+			}
+		}
+	}
+	// Slots past either store's end are refused, not written out of bounds.
+	s.CopySlots(dst, src, 0, dstS-1, 0, 0, 1, 2)
+	if s.Err() == nil {
+		t.Fatal("a copy past the destination's slots was not refused")
+	}
+}
+
+// CopyRows sets exactly the named rows of the destination from the source's (tensors of
+// different row counts, rows of the same size), and refuses rows past either end.
+func TestCopyRowsSetsOnlyTheNamedRows(t *testing.T) {
+	s := newTestStep[float64](t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	src, dst := s.From(randn(rng, 2*3*4), 2, 3, 4), s.From(randn(rng, 5*12), 5, 12)
+	before := append([]float64(nil), s.Download(dst)...)
+	s.CopyRows(dst, 3, src, 0, 2)
+	if s.Err() != nil {
+		t.Fatal(s.Err())
+	}
+	got, sv := s.Download(dst), s.Download(src)
+	for i, v := range got {
+		want := before[i]
+		if r := i / 12; r >= 3 {
+			want = sv[(r-3)*12+i%12]
+		}
+		if v != want {
+			t.Fatalf("element %d (row %d): %v, want %v", i, i/12, v, want)
+		}
+	}
+	s.CopyRows(dst, 4, src, 0, 2)
+	if s.Err() == nil {
+		t.Fatal("a copy past the destination's rows was not refused")
+	}
+}

@@ -71,6 +71,24 @@ func want(typ, w protowire.Type, field string) error {
 }
 
 // DecodeForwardBackwardRequest parses a tinker_public.ForwardBackwardRequest.
+// ForwardBackwardModelID reads only the model_id of a protobuf forward_backward request, without
+// decoding its data ("" if it has none or is malformed): a gateway routes a request to the one
+// sequencing its run before it decodes it (issue 38).
+func ForwardBackwardModelID(b []byte) string {
+	var id string
+	_ = eachField(b, func(num protowire.Number, typ protowire.Type, val []byte, _ uint64) error {
+		if num == 1 && typ == protowire.BytesType {
+			id = string(val)
+			return errFound
+		}
+		return nil
+	})
+	return id
+}
+
+// errFound stops a scan of fields that found what it looked for.
+var errFound = errors.New("found")
+
 func DecodeForwardBackwardRequest(b []byte) (*ForwardBackwardRequest, error) {
 	r := &ForwardBackwardRequest{Input: ForwardBackwardInput{LossFnConfig: map[string]float64{}}}
 	err := eachField(b, func(num protowire.Number, typ protowire.Type, val []byte, v uint64) error {

@@ -212,6 +212,10 @@ func (c *Client) CreateLoraTrainingClientConfig(ctx context.Context, sessionID s
 	return &TrainingClient{c: c, ModelID: out.ModelID}, nil
 }
 
+// Via sends the run's next requests through another client (another gateway of the same
+// service, as after a load balancer moved the connection), keeping the seq_ids going on.
+func (t *TrainingClient) Via(c *Client) { t.c = c }
+
 // NextSeq reserves the next seq_id (exposed so tests can submit out of order).
 func (t *TrainingClient) NextSeq() int { t.seq++; return t.seq }
 

@@ -89,16 +89,36 @@ func (s *Server) savedState(runID string) (string, error) {
 // claimSavedState makes the caller the run's one writer: the pointer is rewritten, unchanged,
 // with a write conditional on the ETag just read, and the new ETag is the caller's fence. ""
 // when the run has no pointer yet (its first save then requires that none appeared).
+//
+// Under run leases the pointer also carries the claiming gateway's epoch, and a claim below the
+// pointer's epoch is refused: a gateway that lost the run cannot make its replica the writer
+// again after the run's new holder claimed it (the ETag alone fences replicas of one gateway).
+// A gateway without leases (the only one, on SQLite) checks no epoch, as before.
 func (s *Server) claimSavedState(ctx context.Context, runID string) (string, error) {
 	pk := pointerKey(runID)
-	name, etag, err := storage.ReadPointer(ctx, s.storage, pk)
+	name, etag, at, err := storage.ReadPointerEpoch(ctx, s.storage, pk)
 	if errors.Is(err, storage.ErrNotFound) {
 		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("reading %s: %w", pk, err)
 	}
-	return storage.SwapPointer(ctx, s.storage, pk, name, etag)
+	epoch := s.stateEpoch(runID)
+	if s.leases.on && at > epoch {
+		return "", fmt.Errorf("%w: model %s's state was claimed by a gateway at epoch %d, and this gateway holds it at %d (it lost the run)",
+			&storage.StaleError{Key: pk, Expected: etag, Value: name}, runID, at, epoch)
+	}
+	return storage.SwapPointerEpoch(ctx, s.storage, pk, name, etag, epoch)
+}
+
+// stateEpoch is the epoch this gateway's writes of a run's state carry: the run lease's, 0
+// without leases (or without a valid lease: then any leased writer's claim wins).
+func (s *Server) stateEpoch(runID string) int64 {
+	if !s.leases.on {
+		return 0
+	}
+	e, _ := s.leases.valid(runID)
+	return e
 }
 
 // writeSavedState saves a run's state as a new version (write into dir by save, then the
@@ -129,7 +149,7 @@ func (s *Server) writeSavedState(ctx context.Context, runID, fence string, rec g
 			return "", fmt.Errorf("syncing %s: %w", dir, err)
 		}
 	}
-	next, err := storage.SwapPointer(ctx, s.storage, pointerKey(runID), name, fence)
+	next, err := storage.SwapPointerEpoch(ctx, s.storage, pointerKey(runID), name, fence, s.stateEpoch(runID))
 	if err != nil {
 		drop()
 		return "", err
@@ -148,9 +168,11 @@ func (s *Server) writeSavedState(ctx context.Context, runID, fence string, rec g
 // gradient accumulator holds, so an optim_step after a reload can tell whether any
 // acknowledged one is missing.
 // Step is the optimizer step the saved state is at (0 in records written before it was kept).
+// Applied is the optim_step request (future id) whose step this state is the save of.
 type gradientsRecord struct {
 	ForwardBackwards []string `json:"forward_backwards"`
 	Step             int      `json:"step,omitempty"`
+	Applied          string   `json:"applied,omitempty"`
 }
 
 func (s *Server) readGradientsRecord(dir string) gradientsRecord {

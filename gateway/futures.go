@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -30,6 +31,14 @@ type future struct {
 	finishing               bool   // a terminal state is being recorded
 	remote                  bool   // running on another gateway: wakes on its notification
 	replica                 string // the replica that ran it
+	// fence, for a sequenced op under a run lease, makes its result count only while this
+	// gateway still holds the run at that epoch (store.FinishFutureFenced).
+	fence *store.Fence
+	// replayed: the op was acknowledged by a gateway that died, and runs again here.
+	replayed bool
+	// stored: its request is in the store, so the run's next holder can run it (a sequenced op
+	// under a lease); without it, a refused result ends the future as an error instead.
+	stored bool
 }
 
 type futureTable struct {
@@ -53,15 +62,30 @@ func newFutureTable(prefix string, ttl, remotePoll time.Duration, st store.Store
 // the first future and false (a retried request is answered with the original request id, also
 // across a restart, since the store enforces the key).
 func (t *futureTable) create(tenant, kind, opKey string) (*future, bool, error) {
+	return t.createOp(tenant, kind, opKey, "", nil, nil, "")
+}
+
+// createOp is create for a run's sequenced op: with a fence (a run lease), the future keeps its
+// run and request, so that the run's next holder can run it; with replay, the future of that id
+// (acknowledged by a gateway that died) is adopted rather than created.
+func (t *futureTable) createOp(tenant, kind, opKey, run string, request []byte, fence *store.Fence, replay string) (*future, bool, error) {
 	t.mu.Lock()
 	t.seq++
 	id := fmt.Sprintf("%s-%d", t.prefix, t.seq)
 	t.mu.Unlock()
 	now := time.Now()
-	row, fresh, err := t.st.CreateFuture(context.Background(), store.Future{ID: id, Tenant: tenant, Kind: kind,
-		OpKey: opKey, Owner: t.prefix, Created: now})
+	row := store.Future{ID: id, Tenant: tenant, Kind: kind, OpKey: opKey, Owner: t.prefix, Created: now}
+	stored := fence != nil && opKey != "" && request != nil
+	if stored {
+		row.Run, row.Request = run, request
+	}
+	row, fresh, err := t.st.CreateFuture(context.Background(), row)
 	if err != nil {
 		return nil, false, fmt.Errorf("recording request: %w", err)
+	}
+	if !fresh && replay != "" && row.ID == replay && row.State == store.FuturePending {
+		f, err := t.adopt(row, fence)
+		return f, err == nil, err
 	}
 	if !fresh {
 		f := t.get(row.Tenant, row.ID)
@@ -70,11 +94,64 @@ func (t *futureTable) create(tenant, kind, opKey string) (*future, bool, error) 
 		}
 		return f, false, nil
 	}
-	f := &future{id: id, tenant: tenant, kind: kind, created: now, done: make(chan struct{}), queueState: "active"}
+	f := &future{id: id, tenant: tenant, kind: kind, created: now, done: make(chan struct{}), queueState: "active", fence: fence, stored: stored}
 	t.mu.Lock()
 	t.byID[id] = f
 	t.mu.Unlock()
 	return f, true, nil
+}
+
+// adopt makes a pending future another gateway acknowledged this gateway's to run (see
+// takeOver). Long-polls already parked on it here (as a remote future) are woken by its result.
+func (t *futureTable) adopt(row store.Future, fence *store.Fence) (*future, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.byID[row.ID]
+	if f != nil {
+		select {
+		case <-f.done:
+			return nil, fmt.Errorf("request %s already finished", row.ID)
+		default:
+		}
+		f.remote, f.finishing = false, false
+	} else {
+		f = &future{id: row.ID, tenant: row.Tenant, kind: row.Kind, created: row.Created, done: make(chan struct{}), queueState: "active"}
+		t.byID[row.ID] = f
+	}
+	f.fence, f.replayed, f.stored = fence, true, true
+	return f, nil
+}
+
+// movedMsg ends a request of a run another gateway took while it was queued or running here,
+// when its request was not kept for the new gateway to run.
+const movedMsg = "another gateway took this model over while the request ran; submit it again"
+
+// handOver leaves a pending future to the gateway that now holds its run: it is waited on as
+// another gateway's. One whose request was not kept ends as an error instead.
+func (t *futureTable) handOver(f *future) {
+	if !f.stored {
+		t.fail(f, "server", movedMsg)
+		return
+	}
+	t.mu.Lock()
+	if f.finishing {
+		t.mu.Unlock()
+		return
+	}
+	f.remote, f.finishing = true, true
+	t.mu.Unlock()
+	t.remoteDone(f.id)
+}
+
+// adopted is a future adopted here, if it is still pending.
+func (t *futureTable) adopted(id string) *future {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.byID[id]
+	if f == nil || !f.replayed || f.finishing {
+		return nil
+	}
+	return f
 }
 
 // get returns a tenant's future, from memory or from the store (after a restart, or when another
@@ -206,9 +283,31 @@ func (t *futureTable) finish(f *future, state string, payload []byte, category s
 		return // a terminal state was already chosen
 	}
 	f.finishing = true
+	fence := f.fence
 	t.mu.Unlock()
 	// The durable write comes first: a result a client has seen must survive a crash.
-	if _, err := t.st.FinishFuture(context.Background(), f.id, state, payload, category); err != nil {
+	if fence != nil {
+		_, err := t.st.FinishFutureFenced(context.Background(), f.id, state, payload, category, *fence)
+		if errors.Is(err, store.ErrFenced) && !f.stored {
+			// Nobody can run it again (its request was not kept): it ends as an error.
+			state, payload, category = store.FutureFailed, []byte(movedMsg), "server"
+			set = func() { f.category, f.errMsg = category, movedMsg }
+			_, err = t.st.FinishFuture(context.Background(), f.id, state, payload, category)
+		}
+		if errors.Is(err, store.ErrFenced) {
+			// Another gateway took the run: its holder runs this op again and stores the one
+			// result; waiters here wait for it as for any other gateway's.
+			t.log.Warn("a result of a run this gateway lost was refused; its new holder runs it", "id", f.id, "err", err)
+			t.mu.Lock()
+			f.remote = true
+			t.mu.Unlock()
+			t.remoteDone(f.id)
+			return
+		}
+		if err != nil {
+			t.log.Error("storing future result", "id", f.id, "err", err)
+		}
+	} else if _, err := t.st.FinishFuture(context.Background(), f.id, state, payload, category); err != nil {
 		t.log.Error("storing future result", "id", f.id, "err", err)
 	}
 	t.mu.Lock()

@@ -42,6 +42,10 @@ type gradientLedger struct {
 	// succeeded (runState.Save), so a step whose save was cut leaves its forward_backwards
 	// in pending, and the next optim_step reports them lost.
 	stepTo int
+	// stepOp is the future of the optim_step being saved (in memory only): the save records it
+	// (gradientsRecord.Applied), so that a gateway taking the run over after this one died
+	// between the save and the result knows the step is in the state and does not step again.
+	stepOp string
 }
 
 // noteGradients records a forward_backward whose gradients the adapter now holds. It runs on the

@@ -19,6 +19,7 @@ import (
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
 	"github.com/skein-ai/skein/router"
+	"github.com/skein-ai/skein/worker"
 )
 
 type futureKey struct{}
@@ -89,6 +90,13 @@ type replicaOp func(ctx context.Context, rep *replica.Replica, a replica.Adapter
 func (s *Server) onReplica(f *future, run *trainingRun, op replicaOp) (any, string, error) {
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), futureKey{}, f), s.opts.QueueTimeout)
 	defer cancel()
+	// Under a run lease the op's worker calls carry its epoch: a worker refuses the calls of a
+	// gateway that lost the run once the new one has called (worker.Server.fence).
+	if f != nil && f.fence != nil {
+		ctx = worker.WithEpoch(ctx, run.id, f.fence.Epoch)
+	} else if e, ok := s.leases.valid(run.id); ok {
+		ctx = worker.WithEpoch(ctx, run.id, e)
+	}
 	for attempt := 1; ; attempt++ {
 		res, repID, retry, err := s.onReplicaOnce(ctx, run, op)
 		if !retry || attempt == maxReroutes {

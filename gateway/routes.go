@@ -34,14 +34,21 @@ func (s *Server) routes() {
 		return api.StatusResponse{Status: "accepted"}, err
 	})
 	s.handle("POST "+v1+"create_model", true, s.createModel)
-	s.handle("POST "+v1+"get_info", true, s.getInfo)
-	s.handle("POST "+v1+"unload_model", true, s.unloadModel)
-	s.handle("POST "+v1+"forward_backward", true, s.forwardBackward)
-	s.handle("POST "+v1+"forward", true, s.forwardBackward)
-	s.handle("POST "+v1+"optim_step", true, s.optimStep)
-	s.handle("POST "+v1+"save_weights", true, s.saveWeights)
-	s.handle("POST "+v1+"save_weights_for_sampler", true, s.saveWeightsForSampler)
-	s.handle("POST "+v1+"load_weights", true, s.loadWeights)
+	// Requests acting on one run go to the gateway sequencing it (leases.go); the sequenced
+	// ones among them are what a gateway taking a run over runs again.
+	s.replayable = map[string]handlerFunc{
+		v1 + "forward_backward":         s.forwardBackward,
+		v1 + "forward":                  s.forwardBackward,
+		v1 + "optim_step":               s.optimStep,
+		v1 + "save_weights":             s.saveWeights,
+		v1 + "save_weights_for_sampler": s.saveWeightsForSampler,
+		v1 + "load_weights":             s.loadWeights,
+	}
+	s.handle("POST "+v1+"get_info", true, s.runScoped(s.getInfo))
+	s.handle("POST "+v1+"unload_model", true, s.runScoped(s.unloadModel))
+	for _, path := range []string{"forward_backward", "forward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights"} {
+		s.handle("POST "+v1+path, true, s.runScoped(s.replayable[v1+path]))
+	}
 	s.handle("POST "+v1+"weights_info", true, s.weightsInfo)
 	s.handle("POST "+v1+"create_sampling_session", true, s.createSamplingSession)
 	s.handle("POST "+v1+"asample", true, s.asample)

@@ -11,9 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/skein-ai/skein/discovery"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/skein-ai/skein/discovery"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -125,6 +127,14 @@ type Options struct {
 	// MaxAdaptersPerTenant is how many live adapters (training runs) one tenant may hold, all
 	// replicas together (default DefaultMaxAdaptersPerTenant); not a replica's LoRA slots.
 	MaxAdaptersPerTenant int
+	// RunLeaseTTL is how long a run's lease lasts unrenewed when several gateways share the
+	// store (default DefaultRunLeaseTTL; negative: no leases). A single gateway on SQLite has none.
+	RunLeaseTTL time.Duration
+	// AdvertiseURL is where the other gateways reach this one (its own address, not a load
+	// balancer's), to forward requests for the runs it sequences (e.g. http://10.0.0.5:8000); a
+	// gateway restarted at the same address takes its predecessor's leases at once. Empty: the
+	// others answer 503 for its runs until their leases lapse.
+	AdvertiseURL string
 }
 
 // Server serves the Tinker API over a set of base models.
@@ -167,6 +177,12 @@ type Server struct {
 	visionCfgs     sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
 	// decodeSlots holds one token per image being decoded, server-wide (Options.ImageDecoders).
 	decodeSlots chan struct{}
+
+	// Run leases (leases.go): which runs this gateway sequences; requests for others go to
+	// their holder through forwarder; replayable are the handlers of ops a takeover runs again.
+	leases     *leaseTable
+	forwarder  *http.Client
+	replayable map[string]handlerFunc
 }
 
 type session struct {
@@ -243,6 +259,11 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
 		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
 		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
+	s.leases = newLeaseTable(s.shared() && opts.RunLeaseTTL > 0, opts.RunLeaseTTL, opts.AdvertiseURL)
+	// Gateways forward to each other inside one cluster: a holder that does not take the
+	// connection within 2 s is treated as unreachable (a partitioned host black-holes it).
+	s.forwarder = &http.Client{Timeout: opts.LongPoll + time.Minute, Transport: &http.Transport{
+		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}}
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)
@@ -256,6 +277,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	s.routes()
 	s.warnWithoutAdminKey()
 	go s.sweeper()
+	if s.leases.on {
+		go s.leaseLoop()
+	}
 	if opts.Discovery != nil {
 		s.startDiscovery(opts.Discovery)
 	}
@@ -292,6 +316,9 @@ func (opts *Options) fillDefaults() {
 	}
 	if opts.QueueTimeout == 0 {
 		opts.QueueTimeout = DefaultQueueTimeout
+	}
+	if opts.RunLeaseTTL == 0 {
+		opts.RunLeaseTTL = DefaultRunLeaseTTL
 	}
 	if opts.MaxQueuedSamples == 0 {
 		opts.MaxQueuedSamples = DefaultMaxQueuedSamples
@@ -370,6 +397,7 @@ func openStore(opts Options) (store.Store, bool, error) {
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.stop)
+		s.releaseLeases()
 		if s.ownsSt {
 			s.st.Close()
 		}

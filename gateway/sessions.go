@@ -4,6 +4,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"sort"
@@ -59,6 +60,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
+	s.knowSession(req.SessionID)
 	s.sessions.mu.Lock()
 	sess := s.sessions.m[req.SessionID]
 	if sess == nil || sess.tenant != tenant {
@@ -77,6 +79,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, tenant string
 // sweepSessions closes sessions that stopped heartbeating: their samplers go, their runs' adapters
 // are unloaded (their checkpoints stay).
 func (s *Server) sweepSessions(now time.Time) {
+	s.refreshHeartbeats(now)
 	var writes []rowWrite
 	var samplerIDs, runIDs []string
 	s.sessions.mu.Lock()
@@ -144,6 +147,7 @@ func (s *Server) isLive(run *trainingRun) bool {
 }
 
 func (s *Server) sessionOf(tenant, id string) (*session, error) {
+	s.knowSession(id)
 	sess := s.sessions.get(id)
 	if sess == nil || sess.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "session %q not found", id)
@@ -180,4 +184,53 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant strin
 	s.sessions.mu.Lock()
 	defer s.sessions.mu.Unlock()
 	return api.SessionResponse{TrainingRunIDs: append([]string{}, sess.runs...), SamplerIDs: append([]string{}, sess.samplers...)}, nil
+}
+
+// knowSession loads a session another gateway created after this one started (several
+// gateways on one store, issue 38): without it, a client whose requests a load balancer sends to
+// both would find its session missing on one of them.
+func (s *Server) knowSession(id string) {
+	if !s.leases.on || s.sessions.get(id) != nil {
+		return
+	}
+	row, err := s.st.GetSession(context.Background(), id)
+	if err != nil || row.Closed {
+		return
+	}
+	var d sessionData
+	_ = json.Unmarshal(row.Data, &d)
+	s.sessions.mu.Lock()
+	if s.sessions.m[id] == nil {
+		s.sessions.m[id] = &session{id: row.ID, tenant: row.Tenant, created: row.Created, heartbeat: row.Heartbeat,
+			tags: d.Tags, metadata: d.Metadata, runs: d.Runs, samplers: d.Samplers, project: d.Project}
+	}
+	s.sessions.mu.Unlock()
+}
+
+// refreshHeartbeats, with several gateways, moves the heartbeat of each session about to expire
+// here to the one in the store: its client may heartbeat through another gateway, and this one
+// must not expire (and unload the runs of) a session that is alive there.
+func (s *Server) refreshHeartbeats(now time.Time) {
+	if !s.leases.on {
+		return
+	}
+	s.sessions.mu.Lock()
+	var ids []string
+	for id, sess := range s.sessions.m {
+		if now.Sub(sess.heartbeat) > s.opts.SessionTimeout {
+			ids = append(ids, id)
+		}
+	}
+	s.sessions.mu.Unlock()
+	for _, id := range ids {
+		row, err := s.st.GetSession(context.Background(), id)
+		if err != nil || row.Closed {
+			continue
+		}
+		s.sessions.mu.Lock()
+		if sess := s.sessions.m[id]; sess != nil && row.Heartbeat.After(sess.heartbeat) {
+			sess.heartbeat = row.Heartbeat
+		}
+		s.sessions.mu.Unlock()
+	}
 }

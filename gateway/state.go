@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -75,6 +76,21 @@ func (s *Server) runSnapshot(r *trainingRun) rowWrite {
 		PendingForwardBackwards: r.grads.pending, UntrackedGradients: r.grads.untracked, Project: r.project})
 	row := store.Run{ID: r.id, Tenant: r.tenant, SessionID: r.session,
 		BaseModel: r.baseModel, Created: r.created, LastRequest: r.lastRequest, Live: r.ready, Data: b}
+	if s.leases.on {
+		// A run this gateway sequenced: its row is written only while the lease is still this
+		// gateway's at that epoch (a zombie's stale view never overwrites the new holder's).
+		if e, ok := s.leases.lastEpoch(r.id); ok {
+			fence := store.Fence{Run: r.id, Holder: s.self(), Epoch: e}
+			return rowWrite{what: "run", ver: &r.ver, n: r.ver.bump(), put: func(ctx context.Context) error {
+				err := s.st.PutRunFenced(ctx, row, fence)
+				if errors.Is(err, store.ErrFenced) {
+					s.log.Warn("not writing a run another gateway sequences now", "run", row.ID, "err", err)
+					return nil
+				}
+				return err
+			}}
+		}
+	}
 	return rowWrite{what: "run", ver: &r.ver, n: r.ver.bump(), put: func(ctx context.Context) error { return s.st.PutRun(ctx, row) }}
 }
 
@@ -293,7 +309,7 @@ func (k runState) Save(ctx context.Context, fence string, fill func(dir string) 
 	rec := gradientsRecord{ForwardBackwards: slices.Clone(k.run.grads.held), Step: k.run.step}
 	stepTo := k.run.grads.stepTo
 	if stepTo > 0 {
-		rec.Step = stepTo
+		rec.Step, rec.Applied = stepTo, k.run.grads.stepOp
 	}
 	k.s.runs.mu.Unlock()
 	next, err := k.s.writeSavedState(ctx, k.run.id, fence, rec, fill)
@@ -302,7 +318,7 @@ func (k runState) Save(ctx context.Context, fence string, fill func(dir string) 
 		// only then do the forward_backwards it consumed leave the ledger. A failed save
 		// leaves them there, so the next optim_step, on the state saved before, names them.
 		k.s.updateRun(k.run, func(run *trainingRun) {
-			run.grads.stepTo = 0
+			run.grads.stepTo, run.grads.stepOp = 0, ""
 			if err == nil {
 				run.grads = gradientLedger{} // consumed
 				run.step, run.lastRequest = stepTo, time.Now()

@@ -112,6 +112,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	writes := []rowWrite{s.runSnapshot(run), s.sessionSnapshot(sess, false)}
 	unlock()
 	s.persist(writes...)
+	s.holdNew(id) // several gateways: this one sequences the new run
 	s.audit(tenant, "training_run.create", id, "", "")
 	f, _, err := s.futures.create(tenant, "CreateModel", "")
 	if err != nil {
@@ -209,7 +210,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 	if req.ForwardOnly {
 		kind = "Forward"
 	}
-	return s.submitOrderedSized(tenant, run, req.SeqID, kind, heldBytes(req.Input.Data, len(body)), func() error {
+	return s.submitOrderedSized(r, tenant, run, req.SeqID, kind, heldBytes(req.Input.Data, len(body)), func() error {
 		if infoErr != nil {
 			return infoErr
 		}
@@ -230,6 +231,17 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		var res *engine.ForwardResult
 		var err error
 		start := time.Now()
+		f, _ := ctx.Value(futureKey{}).(*future)
+		if !req.ForwardOnly && f != nil && f.replayed && s.holdsGradients(run, f.id) {
+			// Run again after its gateway died: its gradients are in the saved state already
+			// (saved with the adapter before its result was stored), so only its outputs are
+			// computed again, on the same weights; it is not accumulated twice.
+			res, err = rep.Forward(ctx, a, batch, false)
+			if err != nil {
+				return nil, err
+			}
+			return forwardOutput(res), nil
+		}
 		if req.ForwardOnly {
 			res, err = rep.Forward(ctx, a, batch, baseOnly)
 		} else {
@@ -261,9 +273,20 @@ func (s *Server) optimStep(w http.ResponseWriter, r *http.Request, tenant string
 		return nil, err
 	}
 	p := adamParamsOf(req.AdamParams)
-	return s.submitOrdered(tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+	return s.submitOrdered(r, tenant, run, req.SeqID, "OptimStep", func() error { return engine.ValidateAdam(p) }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		// The replica checks for lost gradients, steps, and saves the adapter: the step is
 		// acknowledged only once it is on disk, so no acknowledged step is ever lost.
+		if f, _ := ctx.Value(futureKey{}).(*future); f != nil {
+			if held, step := s.holdsStep(run, f); held {
+				// Its gateway died after saving this step and before storing its result: the
+				// step is taken; it is not taken twice. (Its other metrics went with that gateway.)
+				s.log.Info("an optim_step run again after its gateway died was already saved: not stepping twice", "run", run.id, "request", f.id)
+				return api.OptimStepResponse{Metrics: map[string]float64{"step:max": float64(step)}, Type: "optim_step"}, nil
+			}
+			s.runs.mu.Lock()
+			run.grads.stepOp = f.id
+			s.runs.mu.Unlock()
+		}
 		m, step, err := rep.OptimStep(ctx, a, p)
 		if err != nil {
 			return nil, err

@@ -31,7 +31,7 @@ func (s *Server) saveWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		name = strings.ReplaceAll(name, ".", "-")
 	}
 	p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindWeights, Name: name}
-	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeights", func() error {
+	return s.submitOrdered(r, tenant, run, req.SeqID, "SaveWeights", func() error {
 		return s.checkNewCheckpoint(p, req.Overwrite, req.TTLSeconds)
 	}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		if err := s.writeCheckpoint(ctx, rep, a, run, p, true, req.TTLSeconds); err != nil {
@@ -125,7 +125,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 	}
 	if req.Path != "" {
 		p := checkpoint.Path{ModelID: run.id, Kind: checkpoint.KindSamplerWeights, Name: req.Path}
-		return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error {
+		return s.submitOrdered(r, tenant, run, req.SeqID, "SaveWeightsForSampler", func() error {
 			return s.checkNewCheckpoint(p, true, req.TTLSeconds)
 		}, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 			if err := s.writeCheckpoint(ctx, rep, a, run, p, false, req.TTLSeconds); err != nil {
@@ -138,7 +138,7 @@ func (s *Server) saveWeightsForSampler(w http.ResponseWriter, r *http.Request, t
 	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: run.session, baseModel: run.baseModel}
 	smp.engineID = "sampler:" + smp.id
 	smp.dir = filepath.Join(s.opts.DataDir, "ephemeral", smp.id)
-	return s.submitOrdered(tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
+	return s.submitOrdered(r, tenant, run, req.SeqID, "SaveWeightsForSampler", func() error { return nil }, func(ctx context.Context, rep *replica.Replica, a replica.Adapter) (any, error) {
 		smp.rep = rep // the snapshot lives where the adapter is
 		if err := rep.Snapshot(ctx, a, weightsOf(smp)); err != nil {
 			return nil, err
@@ -158,7 +158,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		return nil, err
 	}
 	var meta *ckptMeta
-	return s.submitOrdered(tenant, run, req.SeqID, "LoadWeights", func() error {
+	return s.submitOrdered(r, tenant, run, req.SeqID, "LoadWeights", func() error {
 		var err error
 		if meta, err = s.checkpointFor(tenant, req.Path); err != nil {
 			return err

@@ -85,8 +85,9 @@ func newLab(t *testing.T, hosts map[string]int) *lab {
 func (l *lab) cut(host string)  { run(l.t, "ip", "-n", l.ns("sw"), "link", "set", "s-"+host, "down") }
 func (l *lab) heal(host string) { run(l.t, "ip", "-n", l.ns("sw"), "link", "set", "s-"+host, "up") }
 
-// start runs a program in a host's namespace; it is killed when the test ends.
-func (l *lab) start(host, logName string, env []string, name string, args ...string) {
+// start runs a program in a host's namespace; it is killed when the test ends (or before, by
+// the caller, through the command it returns: `ip netns exec` execs the program itself).
+func (l *lab) start(host, logName string, env []string, name string, args ...string) *exec.Cmd {
 	t := l.t
 	logf, err := os.Create(filepath.Join(t.TempDir(), logName+".log"))
 	if err != nil {
@@ -107,6 +108,7 @@ func (l *lab) start(host, logName string, env []string, name string, args ...str
 			t.Logf("--- %s log:\n%s", logName, tail(string(b), 4000))
 		}
 	})
+	return cmd
 }
 
 func tail(s string, n int) string {
@@ -325,6 +327,12 @@ var batch = []api.Datum{{
 // with the expected step count (none lost, none run twice).
 func step(t *testing.T, tc *client.TrainingClient, n int) float64 {
 	t.Helper()
+	return stepWith(t, tc, n, batch)
+}
+
+// stepWith is step over another batch.
+func stepWith(t *testing.T, tc *client.TrainingClient, n int, batch []api.Datum) float64 {
+	t.Helper()
 	ctx := context.Background()
 	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
 	if err != nil {
@@ -352,6 +360,11 @@ func step(t *testing.T, tc *client.TrainingClient, n int) float64 {
 
 // reference is the losses of n steps on one in-process replica of the same model.
 func reference(t *testing.T, model string, n int) []float64 {
+	return referenceWith(t, model, n, batch)
+}
+
+// referenceWith is reference over another batch.
+func referenceWith(t *testing.T, model string, n int, batch []api.Datum) []float64 {
 	e, err := engine.Load(model, engine.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +395,7 @@ func reference(t *testing.T, model string, n int) []float64 {
 	}
 	var out []float64
 	for i := range n {
-		out = append(out, step(t, tc, i+1))
+		out = append(out, stepWith(t, tc, i+1, batch))
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -41,24 +42,45 @@ func (e *StaleError) Unwrap() error { return ErrPrecondition }
 // ReadPointer reads a pointer: its value (its first line, trimmed) and ETag. ErrNotFound when
 // there is none.
 func ReadPointer(ctx context.Context, st Storage, key string) (value, etag string, err error) {
+	value, etag, _, err = ReadPointerEpoch(ctx, st, key)
+	return value, etag, err
+}
+
+// ReadPointerEpoch is ReadPointer with the epoch of the writer's lease that the pointer
+// carries (0: none, as every pointer written without one). Gateways sequencing a run under a
+// lease (issue 38) write their epoch, and one whose epoch is below the pointer's is stale.
+func ReadPointerEpoch(ctx context.Context, st Storage, key string) (value, etag string, epoch int64, err error) {
 	b, info, err := ReadAll(ctx, st, key, MaxPointerBytes)
 	if err != nil {
-		return "", "", err
+		return "", "", 0, err
 	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	return strings.TrimSpace(first), info.ETag, nil
+	lines := strings.Split(string(b), "\n")
+	for _, l := range lines[1:] {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "epoch "); ok {
+			epoch, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return strings.TrimSpace(lines[0]), info.ETag, epoch, nil
 }
 
 // SwapPointer replaces the pointer at key with value if its ETag is still expect ("" : only if
 // there is no pointer yet), and returns the new ETag, which differs from expect even when value
 // does not (a claim rewrites the same value). A pointer changed meanwhile is *StaleError.
 func SwapPointer(ctx context.Context, st Storage, key, value, expect string) (string, error) {
+	return SwapPointerEpoch(ctx, st, key, value, expect, 0)
+}
+
+// SwapPointerEpoch is SwapPointer writing the writer's lease epoch too (0: none).
+func SwapPointerEpoch(ctx context.Context, st Storage, key, value, expect string, epoch int64) (string, error) {
 	cond := Cond{IfMatch: expect, IfAbsent: expect == ""}
 	// A second line of fresh random bytes: S3's ETag is the content's MD5, so rewriting the same
 	// value (a claim) would otherwise keep the ETag, and a stale writer's condition would hold.
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	body := value + "\nwrite " + hex.EncodeToString(nonce[:]) + "\n"
+	if epoch > 0 {
+		body += "epoch " + strconv.FormatInt(epoch, 10) + "\n"
+	}
 	info, err := st.Put(ctx, key, bytes.NewReader([]byte(body)), cond)
 	if errors.Is(err, ErrPrecondition) {
 		return "", &StaleError{Key: key, Expected: expect, Value: value}

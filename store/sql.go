@@ -49,6 +49,15 @@ var migrations = []string{
 	// 5: per-step training metrics, a bounded window per run (see AddStepMetric).
 	`CREATE TABLE run_metrics (run_id TEXT NOT NULL, step {{INT}} NOT NULL, at {{INT}} NOT NULL, data {{BLOB}},
 		PRIMARY KEY (run_id, step));`,
+	// 6: run leases (issue 38): one sequencer per run among several gateways, fenced by an epoch
+	// that only grows; a sequenced future keeps its run and its request, so that the run's next
+	// holder can run it when its gateway died.
+	`CREATE TABLE run_leases (run_id TEXT PRIMARY KEY, holder TEXT NOT NULL, addr TEXT NOT NULL, epoch {{INT}} NOT NULL,
+		until {{INT}} NOT NULL);
+	CREATE INDEX run_leases_holder ON run_leases(holder, until);
+	ALTER TABLE futures ADD COLUMN run_id TEXT;
+	ALTER TABLE futures ADD COLUMN request {{BLOB}};
+	CREATE INDEX futures_run ON futures(run_id, state) WHERE run_id IS NOT NULL;`,
 }
 
 func (s *SQL) ddl(q string) string {
@@ -268,9 +277,9 @@ func (s *SQL) CreateFuture(ctx context.Context, f Future) (Future, bool, error) 
 	if f.State == "" {
 		f.State = FuturePending
 	}
-	res, err := s.db.ExecContext(ctx, s.q(`INSERT INTO futures (id, tenant, kind, op_key, owner, state, result, category, created)
-		VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING`),
-		f.ID, f.Tenant, f.Kind, nullable(f.OpKey), f.Owner, f.State, f.Result, f.Category, ms(f.Created))
+	res, err := s.db.ExecContext(ctx, s.q(`INSERT INTO futures (id, tenant, kind, op_key, owner, state, result, category, created, run_id, request)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING`),
+		f.ID, f.Tenant, f.Kind, nullable(f.OpKey), f.Owner, f.State, f.Result, f.Category, ms(f.Created), nullable(f.Run), f.Request)
 	if err != nil {
 		return Future{}, false, err
 	}
@@ -287,12 +296,15 @@ func (s *SQL) CreateFuture(ctx context.Context, f Future) (Future, bool, error) 
 	return existing, false, nil
 }
 
-const futureCols = `SELECT id, tenant, kind, COALESCE(op_key, ''), owner, state, result, category, created FROM futures`
+const futureCols = `SELECT id, tenant, kind, COALESCE(op_key, ''), owner, state, result, category, created,
+	COALESCE(run_id, ''), request FROM futures`
 
-func (s *SQL) scanFuture(row *sql.Row) (Future, error) {
+func (s *SQL) scanFuture(row *sql.Row) (Future, error) { return s.scanFutureRow(row) }
+
+func (s *SQL) scanFutureRow(row interface{ Scan(...any) error }) (Future, error) {
 	var f Future
 	var created int64
-	if err := row.Scan(&f.ID, &f.Tenant, &f.Kind, &f.OpKey, &f.Owner, &f.State, &f.Result, &f.Category, &created); err != nil {
+	if err := row.Scan(&f.ID, &f.Tenant, &f.Kind, &f.OpKey, &f.Owner, &f.State, &f.Result, &f.Category, &created, &f.Run, &f.Request); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return Future{}, ErrNotFound
 		}
@@ -306,19 +318,26 @@ func (s *SQL) FinishFuture(ctx context.Context, id, state string, result []byte,
 	if state != FutureComplete && state != FutureFailed {
 		return false, fmt.Errorf("store: %q is not a terminal state", state)
 	}
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ? WHERE id = ? AND state = ?`),
+	// A finished op's request is never run again: it is not kept (it may be megabytes).
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = ?, request = NULL WHERE id = ? AND state = ?`),
 		state, result, category, id, FuturePending)
 	if err != nil {
 		return false, err
 	}
 	n, _ := res.RowsAffected()
-	if n == 1 && s.notify {
-		// Wakes retrieve_future long-polls waiting on other gateways.
-		if _, err := s.db.ExecContext(ctx, `SELECT pg_notify('skein_futures', $1)`, id); err != nil {
-			return true, err
-		}
+	if n == 1 {
+		return true, s.notifyFinished(ctx, id)
 	}
-	return n == 1, nil
+	return false, nil
+}
+
+// notifyFinished wakes retrieve_future long-polls waiting on other gateways.
+func (s *SQL) notifyFinished(ctx context.Context, id string) error {
+	if !s.notify {
+		return nil
+	}
+	_, err := s.db.ExecContext(ctx, `SELECT pg_notify('skein_futures', $1)`, id)
+	return err
 }
 
 func (s *SQL) GetFuture(ctx context.Context, id string) (Future, error) {
@@ -328,7 +347,7 @@ func (s *SQL) GetFuture(ctx context.Context, id string) (Future, error) {
 func (s *SQL) FailOrphaned(ctx context.Context, self string, liveWithin time.Duration, msg string) (int, error) {
 	cutoff := ms(time.Now().Add(-liveWithin))
 	res, err := s.db.ExecContext(ctx, s.q(`UPDATE futures SET state = ?, result = ?, category = 'server'
-		WHERE state = ? AND owner != ? AND owner NOT IN (SELECT id FROM gateways WHERE heartbeat > ? AND id != ?)`),
+		WHERE state = ? AND request IS NULL AND owner != ? AND owner NOT IN (SELECT id FROM gateways WHERE heartbeat > ? AND id != ?)`),
 		FutureFailed, []byte(msg), FuturePending, self, cutoff, self)
 	if err != nil {
 		return 0, err

@@ -119,6 +119,10 @@ type Future struct {
 	Result           []byte // JSON result, or the error message when failed
 	Category         string // "user" or "server" when failed
 	Created          time.Time
+	// Run and Request, when set, make the op one the run's next lease holder can run if this
+	// gateway dies (see RunLeases): the run it is of, and the request as the gateway received it.
+	Run     string
+	Request []byte
 }
 
 // Store is the durable state. Implementations are safe for concurrent use.
@@ -161,7 +165,8 @@ type Store interface {
 	GetFuture(ctx context.Context, id string) (Future, error)
 	// FailOrphaned ends with a server error every pending future whose gateway is not self and has
 	// not heartbeated within liveWithin (0: every other gateway is dead, as after a crash of the
-	// only gateway); it returns how many.
+	// only gateway); it returns how many. Futures that carry their request are left for the
+	// run's next lease holder (RunLeases.OrphanedRuns).
 	FailOrphaned(ctx context.Context, self string, liveWithin time.Duration, msg string) (int, error)
 	// SweepFutures deletes terminal futures created before the cutoff.
 	SweepFutures(ctx context.Context, before time.Time) (int, error)
@@ -203,7 +208,38 @@ type Store interface {
 	// sweeps run under a lease so that one gateway at a time does them.
 	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 
+	RunLeases
+
 	Close() error
+}
+
+// RunLeases are the per-run ownership leases of several gateways on one store (see leases.go).
+type RunLeases interface {
+	// AcquireRunLease takes or renews a run's lease for holder (serving at addr) and returns the
+	// lease as it is afterwards (held by holder, or live by another gateway). Taking raises the
+	// epoch; renewing a live lease keeps it.
+	AcquireRunLease(ctx context.Context, run, holder, addr string, ttl time.Duration) (RunLease, error)
+	// RenewRunLeases extends every live lease of holder and returns them; a lease not returned
+	// is no longer holder's.
+	RenewRunLeases(ctx context.Context, holder string, ttl time.Duration) ([]RunLease, error)
+	// ReleaseRunLease ends holder's lease of a run at epoch now, keeping its epoch.
+	ReleaseRunLease(ctx context.Context, run, holder string, epoch int64) error
+	// RunLeaseOf reads a run's lease (ErrNotFound: never held).
+	RunLeaseOf(ctx context.Context, run string) (RunLease, error)
+	// FinishFutureFenced is FinishFuture only while fence still holds its run (ErrFenced if not).
+	FinishFutureFenced(ctx context.Context, id, state string, result []byte, category string, fence Fence) (bool, error)
+	// PutRunFenced is PutRun only while fence still holds its run (ErrFenced if not).
+	PutRunFenced(ctx context.Context, r Run, fence Fence) error
+	// PendingOps lists a run's pending futures that carry their request.
+	PendingOps(ctx context.Context, run string) ([]Future, error)
+	// OrphanedRuns lists runs with pending futures carrying their request and no live lease.
+	OrphanedRuns(ctx context.Context, limit int) ([]string, error)
+	// AdoptFuture makes owner the gateway of a pending future; false if it is terminal.
+	AdoptFuture(ctx context.Context, id, owner string) (bool, error)
+	// GetRun reads one run (ErrNotFound if none).
+	GetRun(ctx context.Context, id string) (Run, error)
+	// GetSession reads one session (ErrNotFound if none).
+	GetSession(ctx context.Context, id string) (Session, error)
 }
 
 // FutureListener is a Store that reports futures finished by other gateways. listening is

@@ -187,6 +187,7 @@ func answerLimit(reqBytes int) int64 { return 64<<20 + 256*int64(reqBytes) }
 // an error wrapping engine.ErrCancelled and ctx.Err() (the worker is not lost; an effectful
 // call still counts as one that may have run).
 func (c *Client) do(ctx context.Context, method string, q callRequest) (callResponse, error) {
+	q.Epoch = EpochOf(ctx, q.ID)
 	b, err := json.Marshal(q)
 	if err != nil {
 		return callResponse{}, err
@@ -480,4 +481,28 @@ func (c *Client) AdapterStates(ctx context.Context) ([]AdapterState, error) {
 		seen[st.ID] = true
 	}
 	return r.States, nil
+}
+
+type epochKey struct{}
+
+type adapterEpoch struct {
+	id    string
+	epoch int64
+}
+
+// WithEpoch makes the calls for adapter id made under ctx carry its run lease's epoch (issue
+// 38): the worker refuses, for that adapter, a later call of a lower epoch (from a gateway that
+// lost the run). Calls for other adapters under ctx (an eviction the op's placement makes)
+// carry none.
+func WithEpoch(ctx context.Context, id string, epoch int64) context.Context {
+	return context.WithValue(ctx, epochKey{}, adapterEpoch{id, epoch})
+}
+
+// EpochOf is the epoch ctx carries for adapter id (0: none).
+func EpochOf(ctx context.Context, id string) int64 {
+	e, _ := ctx.Value(epochKey{}).(adapterEpoch)
+	if e.id != id || id == "" {
+		return 0
+	}
+	return e.epoch
 }

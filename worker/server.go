@@ -44,6 +44,44 @@ type Server struct {
 	// create (under mu). A gateway that restarted adopts only clean adapters: gradients of a
 	// forward_backward it never recorded must not ride along into a step.
 	dirty map[string]bool
+	// epochs: per adapter, the highest run-lease epoch a call carried (under mu; issue 38). A
+	// call of a lower epoch comes from a gateway that lost the run (a zombie, or its call was
+	// still in flight when it died) and is refused: it must not touch the adapter the run's
+	// new gateway drives. Calls without an epoch (a single gateway, no leases) are not checked.
+	epochs map[string]int64
+}
+
+// maxEpochs bounds the adapters whose epoch a worker remembers; past it, those not resident
+// are forgotten (a call for one reloads or recreates it, and carries its epoch again).
+const maxEpochs = 1 << 16
+
+// ErrStaleEpoch is a call refused because a newer gateway of the run has called since.
+var ErrStaleEpoch = errors.New("stale run epoch: another gateway sequences this run now")
+
+// fenced lists the calls that change an adapter (and so are fenced by its epoch).
+var fenced = map[string]bool{"create": true, "load": true, "save": true, "delete": true, "forward_backward": true, "optim_step": true}
+
+// fence checks a call's epoch against its adapter's and records a higher one (mu held).
+func (s *Server) fence(method string, q callRequest) error {
+	if q.Epoch <= 0 || q.ID == "" || !fenced[method] {
+		return nil
+	}
+	if have := s.epochs[q.ID]; q.Epoch < have {
+		return fmt.Errorf("%w: %s of %s carries epoch %d, and epoch %d has called", ErrStaleEpoch, method, q.ID, q.Epoch, have)
+	}
+	if _, ok := s.epochs[q.ID]; !ok && len(s.epochs) >= maxEpochs {
+		resident := map[string]bool{}
+		for _, id := range s.e.AdapterIDs(context.Background()) {
+			resident[id] = true
+		}
+		for id := range s.epochs {
+			if !resident[id] {
+				delete(s.epochs, id)
+			}
+		}
+	}
+	s.epochs[q.ID] = q.Epoch
+	return nil
 }
 
 // SetIdentity names the base model the worker serves and its LoRA slots, for the gateway's
@@ -68,7 +106,7 @@ func (s *Server) Status(maxLoras int) Heartbeat {
 // the token (with no token no call is served);
 // the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
 func NewServer(e engine.Compute, token, dataDir string) *Server {
-	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{},
+	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{}, epochs: map[string]int64{},
 		instance: NewNonce()[:32], sessions: NewSessions(maxGatewaySessions)}
 }
 
@@ -241,6 +279,9 @@ func (s *Server) track(method, id string, err error) {
 }
 
 func (s *Server) call(ctx context.Context, method string, q callRequest) (r callResponse, err error) {
+	if err := s.fence(method, q); err != nil {
+		return r, err // refused before it ran: nothing to track
+	}
 	defer func() { s.track(method, q.ID, err) }()
 	switch method {
 	case "adapter_states":

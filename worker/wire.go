@@ -77,6 +77,9 @@ type callRequest struct {
 	LossConfig    map[string]float64     `json:"loss_config,omitempty"`
 	Adam          *engine.AdamParams     `json:"adam,omitempty"`
 	Samples       []engine.SampleRequest `json:"samples,omitempty"`
+	// Epoch is the run lease's epoch of the gateway that sends the call (0: no leases); see
+	// Server.fence.
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 type wireSample struct {
@@ -89,7 +92,7 @@ type wireSample struct {
 
 type callResponse struct {
 	Error string `json:"error,omitempty"`
-	Kind  string `json:"kind,omitempty"` // input, unknown_adapter, no_optimizer
+	Kind  string `json:"kind,omitempty"` // input, unknown_adapter, no_optimizer, non_finite, stale_epoch
 	Datum int    `json:"datum,omitempty"`
 	Field string `json:"field,omitempty"`
 	Msg   string `json:"msg,omitempty"`
@@ -120,6 +123,8 @@ func encodeErr(err error) callResponse {
 		r.Kind = "no_optimizer"
 	case errors.Is(err, engine.ErrNonFinite):
 		r.Kind = "non_finite"
+	case errors.Is(err, ErrStaleEpoch):
+		r.Kind = "stale_epoch"
 	}
 	return r
 }
@@ -135,6 +140,8 @@ func decodeErr(r callResponse) error {
 		return fmt.Errorf("%w (worker: %s)", engine.ErrNoOptimizerState, r.Error)
 	case "non_finite":
 		return fmt.Errorf("%w (worker: %s)", engine.ErrNonFinite, r.Error)
+	case "stale_epoch":
+		return fmt.Errorf("%w (worker: %s)", ErrStaleEpoch, r.Error)
 	}
 	return fmt.Errorf("worker: %s", r.Error)
 }

@@ -251,7 +251,8 @@ func serve(args []string, gatewayOnly bool) error {
 	srv, err := gateway.New(cfg.Limits.apply(gateway.Options{DataDir: cfg.Data, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log, Store: st, Storage: stor,
 		QueueTimeout: cfg.QueueTimeout, WorkerToken: token, AcceptWorkers: gatewayOnly || cfg.AcceptWorkers, FutureTTL: cfg.FutureTTL,
 		SessionTimeout: cfg.SessionTimeout, MaxAdaptersPerTenant: cfg.MaxAdaptersPerTenant, Weights: w, Auth: mode, PublicURL: cfg.PublicURL,
-		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies, Discovery: disc}), reps...)
+		ImageDir: cfg.ImageDir, SamplerCopies: cfg.SamplerCopies, Discovery: disc,
+		AdvertiseURL: cfg.AdvertiseURL, RunLeaseTTL: cfg.RunLeaseTTL}), reps...)
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,8 @@ type serveConfig struct {
 	WorkerToken, State   string
 	Storage, S3Endpoint  string
 	Auth, PublicURL      string
+	AdvertiseURL         string
+	RunLeaseTTL          time.Duration
 	Record               string
 	ImageDir             string
 	AcceptWorkers        bool
@@ -89,6 +91,8 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.S3Endpoint, "s3-endpoint", "", "address of an S3-compatible server for --storage s3://… (MinIO, versitygw, Ceph): http(s)://host:port; empty: AWS (or AWS_ENDPOINT_URL_S3)")
 	fs.StringVar(&c.Auth, "auth", "", "open (any key is a tenant; loopback only, the default there) or keys (keys from 'skein keys create')")
 	fs.StringVar(&c.PublicURL, "public-url", "", "base URL clients reach this server at, used in download links (default: the listen address when it is loopback)")
+	fs.StringVar(&c.AdvertiseURL, "advertise-url", "", "with a shared --state (several gateways): this gateway's own URL (not a load balancer's) where the other gateways reach it, to forward requests for the training runs it sequences (e.g. http://10.0.0.5:8000); a gateway restarted at the same URL takes its predecessor's runs at once; empty: the others answer 503 for its runs until their lease lapses")
+	fs.DurationVar(&c.RunLeaseTTL, "run-lease-ttl", gateway.DefaultRunLeaseTTL, "with a shared --state: how long a gateway's lease on a training run lasts unrenewed; a dead gateway's runs are taken over within about this long (negative: no leases)")
 	fs.StringVar(&c.Record, "record", "", "append every request and response to this JSONL file (for replay tests)")
 	fs.StringVar(&c.ImageDir, "image-dir", "", "directory image_asset_pointer chunks may name files in (empty: file pointers refused; data: URIs always work, URLs never)")
 	fs.BoolVar(&c.AcceptWorkers, "accept-workers", false, "let 'skein worker' processes register ('skein gateway' always does); without --worker-token a cluster token is generated into the data directory")

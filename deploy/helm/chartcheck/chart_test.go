@@ -83,8 +83,9 @@ func decodeAll(t *testing.T, out map[string]string) objects {
 }
 
 // Every rendered manifest decodes strictly into its typed object (no unknown, duplicate or
-// mistyped field), and the chart has what it promises: one gateway, one worker Deployment,
-// headless Service and PodDisruptionBudget per pool, one NetworkPolicy, one Role, the token.
+// mistyped field), and the chart has what it promises: one gateway Deployment and its
+// PodDisruptionBudget, one worker Deployment, headless Service and PodDisruptionBudget per pool,
+// one NetworkPolicy, one Role, the token.
 func TestChartRendersStrictManifests(t *testing.T) {
 	o := render(t, twoPools)
 	want := []string{"skein-gateway", "skein-worker-llama-1b", "skein-worker-qwen3-8b"}
@@ -105,8 +106,8 @@ func TestChartRendersStrictManifests(t *testing.T) {
 			t.Fatalf("pool %s: its Service does not select its pods", pool)
 		}
 	}
-	if len(o.pdbs) != 2 || len(o.netpols) != 1 || len(o.roles) != 1 || len(o.secrets) != 1 {
-		t.Fatalf("%d PDBs, %d NetworkPolicies, %d Roles, %d Secrets; want 2, 1, 1, 1", len(o.pdbs), len(o.netpols), len(o.roles), len(o.secrets))
+	if len(o.pdbs) != 3 || len(o.netpols) != 1 || len(o.roles) != 1 || len(o.secrets) != 1 {
+		t.Fatalf("%d PDBs, %d NetworkPolicies, %d Roles, %d Secrets; want 3, 1, 1, 1", len(o.pdbs), len(o.netpols), len(o.roles), len(o.secrets))
 	}
 }
 
@@ -172,7 +173,7 @@ func TestPoolsDefaultTheirOptionalFields(t *testing.T) {
 	}
 	// The defaults' own pool keeps what values.yaml says.
 	d := render(t, map[string]any{"postgres": map[string]any{"existingSecret": "pg"}, "sharedData": map[string]any{"existingClaim": "c"}})
-	if pdb := d.pdbs[0]; pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
+	if pdb := pdbOf(t, d, "skein-worker-qwen3-8b"); pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
 		t.Errorf("values.yaml's pool: PDB %+v", pdb.Spec)
 	}
 }
@@ -348,21 +349,24 @@ func TestWorkerTokenSurvivesUpgrades(t *testing.T) {
 		t.Fatal("the token Secret is not kept when the release is deleted")
 	}
 	// With an existing Secret named, the chart makes none.
-	o := render(t, map[string]any{"workerToken": map[string]any{"existingSecret": "mine"}, "storage": map[string]any{"url": "s3://bkt/p"}})
+	o := render(t, map[string]any{"workerToken": map[string]any{"existingSecret": "mine"}, "storage": map[string]any{"url": "s3://bkt/p"}, "gateway": oneGateway})
 	if len(o.secrets) != 0 {
 		t.Fatalf("%d token Secrets rendered with workerToken.existingSecret set", len(o.secrets))
 	}
 }
 
-// The schema refuses what the chart cannot do: more than one gateway (no run ownership yet), open
-// auth, unknown keys, bad pool names, a root pod.
+// The schema refuses what the chart cannot do: no gateway or absurdly many, open auth, unknown
+// keys, bad pool names, a root pod. (Two gateways are allowed since issue 38's run leases; see
+// TestSeveralGatewaysNeedPostgres.)
 func TestSchemaRefusesBadValues(t *testing.T) {
 	cases := []struct {
 		name      string
 		overrides map[string]any
 		mention   string
 	}{
-		{"two gateways", map[string]any{"gateway": map[string]any{"replicas": 2}}, "replicas"},
+		{"no gateway", map[string]any{"gateway": map[string]any{"replicas": 0}}, "replicas"},
+		{"65 gateways", map[string]any{"gateway": map[string]any{"replicas": 65}}, "replicas"},
+		{"gateways as a string", map[string]any{"gateway": map[string]any{"replicas": "2"}}, "replicas"},
 		{"open auth", map[string]any{"gateway": map[string]any{"auth": "open"}}, "auth"},
 		{"unknown key", map[string]any{"gatway": map[string]any{}}, "gatway"},
 		{"bad pool name", map[string]any{"workerPools": []any{map[string]any{"name": "Qwen_8B", "baseModel": "q", "modelURL": "s3://m/q", "replicas": 1, "maxLoras": 1}}}, "name"},
@@ -401,7 +405,7 @@ func TestDataIsSharedOrTheChartRefuses(t *testing.T) {
 	if _, _, err := Render(nil, nil); err == nil || !strings.Contains(err.Error(), "sharedData.existingClaim") {
 		t.Fatalf("neither storage nor a shared claim: %v", err)
 	}
-	o := render(t, map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}})
+	o := render(t, map[string]any{"sharedData": map[string]any{"existingClaim": "skein-data"}, "gateway": oneGateway})
 	for name, d := range o.deployments {
 		var claim string
 		for _, v := range d.Spec.Template.Spec.Volumes {
@@ -427,6 +431,82 @@ func TestDataIsSharedOrTheChartRefuses(t *testing.T) {
 	}
 }
 
+// oneGateway is the gateway values of a release without PostgreSQL (SQLite in /data).
+var oneGateway = map[string]any{"replicas": 1}
+
+// pdbOf finds a PodDisruptionBudget by name.
+func pdbOf(t *testing.T, o objects, name string) *policyv1.PodDisruptionBudget {
+	t.Helper()
+	for _, p := range o.pdbs {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no PodDisruptionBudget %s", name)
+	return nil
+}
+
+// Gateways default to two (issue 38): they share PostgreSQL, roll one at a time (a new one
+// beside the old), prefer distinct nodes, keep all but one up through drains, and tell each
+// other where they serve (pod IP) for forwarding. Without PostgreSQL the chart refuses more than
+// one, saying why; one gateway on SQLite is replaced with Recreate, never two over one file.
+func TestSeveralGatewaysNeedPostgres(t *testing.T) {
+	noPG := map[string]any{"storage": map[string]any{"url": "s3://bkt/p"}}
+	if _, _, err := Render(noPG, nil); err == nil || !strings.Contains(err.Error(), "postgres.existingSecret") {
+		t.Fatalf("two gateways without PostgreSQL: %v, want a refusal naming postgres.existingSecret", err)
+	}
+	o := render(t, twoPools)
+	gw := o.deployments["skein-gateway"]
+	if gw.Spec.Replicas == nil || *gw.Spec.Replicas != 2 {
+		t.Fatalf("gateway replicas %v, want the default 2", gw.Spec.Replicas)
+	}
+	if st := gw.Spec.Strategy; st.Type != appsv1.RollingUpdateDeploymentStrategyType || st.RollingUpdate == nil ||
+		st.RollingUpdate.MaxUnavailable.IntValue() != 0 || st.RollingUpdate.MaxSurge.IntValue() != 1 {
+		t.Fatalf("strategy %+v, want a rolling update of one new gateway beside the old ones", st)
+	}
+	pdb := pdbOf(t, o, "skein-gateway")
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 ||
+		!labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels).Matches(labels.Set(gw.Spec.Template.Labels)) {
+		t.Fatalf("gateway PDB %+v", pdb.Spec)
+	}
+	for _, d := range o.deployments {
+		if d.Name != "skein-gateway" && labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels).Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Fatalf("the gateway PDB also selects %s", d.Name)
+		}
+	}
+	aff := gw.Spec.Template.Spec.Affinity
+	if aff == nil || aff.PodAntiAffinity == nil || len(aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Fatalf("affinity %+v, want a preferred pod anti-affinity", aff)
+	}
+	term := aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+	if term.TopologyKey != "kubernetes.io/hostname" || !labels.SelectorFromSet(term.LabelSelector.MatchLabels).Matches(labels.Set(gw.Spec.Template.Labels)) {
+		t.Fatalf("anti-affinity term %+v", term)
+	}
+	c := gw.Spec.Template.Spec.Containers[0]
+	if v, _ := arg(c, "--advertise-url"); v != "http://$(POD_IP):8000" {
+		t.Fatalf("--advertise-url=%q", v)
+	}
+	podIP := false
+	for _, e := range c.Env {
+		podIP = podIP || (e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP")
+	}
+	if !podIP {
+		t.Fatal("no POD_IP from the downward API for --advertise-url")
+	}
+	// Three gateways are allowed; one without PostgreSQL is replaced, never doubled.
+	three := map[string]any{"gateway": map[string]any{"replicas": 3}}
+	for k, v := range twoPools {
+		three[k] = v
+	}
+	if g := render(t, three).deployments["skein-gateway"]; *g.Spec.Replicas != 3 {
+		t.Fatalf("replicas %d", *g.Spec.Replicas)
+	}
+	noPG["gateway"] = oneGateway
+	if g := render(t, noPG).deployments["skein-gateway"]; *g.Spec.Replicas != 1 || g.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Fatalf("one gateway on SQLite: %d replicas, strategy %s", *g.Spec.Replicas, g.Spec.Strategy.Type)
+	}
+}
+
 // A pool's kvCacheMB reaches its workers as given: 0 (off) is not taken for absent, and the
 // largest allowed is written as an integer, not in a float's exponent form; past it the schema
 // refuses the values.
@@ -436,13 +516,13 @@ func TestPoolKVCacheMB(t *testing.T) {
 		want string
 	}{{0, "0"}, {1048576, "1048576"}} {
 		pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": c.mb}
-		o := render(t, map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}})
+		o := render(t, map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}, "gateway": oneGateway})
 		if v, _ := arg(o.deployments["skein-worker-p"].Spec.Template.Spec.Containers[0], "--kv-cache-mb"); v != c.want {
 			t.Errorf("kvCacheMB %v: --kv-cache-mb=%q, want %q", c.mb, v, c.want)
 		}
 	}
 	pool := map[string]any{"name": "p", "baseModel": "b", "modelURL": "s3://m/b", "replicas": 1, "maxLoras": 2, "kvCacheMB": 1048577}
-	if _, _, err := Render(map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}}, nil); err == nil || !strings.Contains(err.Error(), "kvCacheMB") {
+	if _, _, err := Render(map[string]any{"storage": twoPools["storage"], "workerPools": []any{pool}, "gateway": oneGateway}, nil); err == nil || !strings.Contains(err.Error(), "kvCacheMB") {
 		t.Errorf("a kvCacheMB past 1 TiB: %v, want the schema's refusal", err)
 	}
 }

@@ -70,4 +70,7 @@ seccompProfile:
 {{- if and (not .Values.storage.url) (not .Values.sharedData.existingClaim) -}}
 {{- fail "set storage.url (s3://bucket/prefix) or sharedData.existingClaim (a ReadWriteMany claim): the gateway and its workers must share checkpoints and adapter state" -}}
 {{- end -}}
+{{- if and (gt (int .Values.gateway.replicas) 1) (not .Values.postgres.existingSecret) -}}
+{{- fail "gateway.replicas above 1 needs postgres.existingSecret: several gateways share their state (and the leases that say which one sequences each run) in PostgreSQL; without it set gateway.replicas to 1" -}}
+{{- end -}}
 {{- end -}}

@@ -107,6 +107,26 @@ func WithTurns(ctx context.Context, give func()) context.Context {
 	return context.WithValue(ctx, turnsKey{}, give)
 }
 
+type turnWantedKey struct{}
+
+// WithTurnWanted returns ctx carrying wanted, on which whoever gives turns (WithTurns) signals
+// that short work is waiting for one. A compute whose layers run elsewhere (a remote worker's
+// client: it cannot call GiveTurn between layers it does not run) waits on it while its call is
+// in flight and gives the turn then; the short work it runs goes to the worker, which serves it
+// between the layers of the call in flight.
+func WithTurnWanted(ctx context.Context, wanted <-chan struct{}) context.Context {
+	return context.WithValue(ctx, turnWantedKey{}, wanted)
+}
+
+// TurnWanted is ctx's WithTurnWanted channel, or nil (a nil channel never receives).
+func TurnWanted(ctx context.Context) <-chan struct{} {
+	if ctx == nil {
+		return nil
+	}
+	ch, _ := ctx.Value(turnWantedKey{}).(<-chan struct{})
+	return ch
+}
+
 // GiveTurn calls ctx's WithTurns function, if any.
 func GiveTurn(ctx context.Context) {
 	if ctx == nil {

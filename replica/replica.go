@@ -63,7 +63,10 @@ type Replica struct {
 	// whether one is running inside another now (worker goroutine only).
 	interleavable int
 	inTurn        bool
-	waits         map[string]LaneWait
+	// turnWanted is signalled when an interleaved op is queued while another op runs: a remote
+	// worker's compute waits on it during its call and gives the turn (engine.WithTurnWanted).
+	turnWanted chan struct{}
+	waits      map[string]LaneWait
 
 	sampling samplingState
 	copies   copyLRU
@@ -87,7 +90,7 @@ func New(id, baseModel string, e engine.Compute, maxLoras int) *Replica {
 	}
 	r := &Replica{id: id, baseModel: baseModel, maxLoras: maxLoras, compute: e, local: localEngine(e),
 		slots: make(chan struct{}, maxQueued), closing: make(chan struct{}), lanes: map[string][]queuedOp{},
-		groups: map[string][]string{}}
+		groups: map[string][]string{}, turnWanted: make(chan struct{}, 1)}
 	r.sampling.limit = DefaultMaxQueuedSamples
 	r.wake = sync.NewCond(&r.mu)
 	r.healthy.Store(true)
@@ -348,6 +351,12 @@ func (r *Replica) push(lane string, op queuedOp) error {
 	r.lanes[lane] = append(r.lanes[lane], op)
 	if op.interleaved {
 		r.interleavable++
+		if r.busy {
+			select { // one pending signal is enough: giveTurn takes every op queued by then
+			case r.turnWanted <- struct{}{}:
+			default:
+			}
+		}
 	}
 	r.wake.Signal()
 	return nil
@@ -415,10 +424,12 @@ func (r *Replica) takeInterleaved() (func(), bool) {
 	return nil, false
 }
 
-// withTurns is ctx with giveTurn for the compute to call between layers; a remote worker's compute
-// never calls it (its ops run whole).
+// withTurns is ctx with giveTurn for the compute to call between layers, and the signal that
+// one is wanted: a remote worker's compute runs no layers here, so it waits on the signal while
+// its call is in flight and gives the turn then (the sampling batch goes to the worker, which
+// runs it between the layers of the call in flight: issue 39's turns across the worker protocol).
 func (r *Replica) withTurns(ctx context.Context) context.Context {
-	return engine.WithTurns(ctx, r.giveTurn)
+	return engine.WithTurnWanted(engine.WithTurns(ctx, r.giveTurn), r.turnWanted)
 }
 
 // Do runs fn on the worker's shared lane and waits for it (or for ctx to end; fn still runs then).

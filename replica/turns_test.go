@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/skein-ai/skein/engine"
 )
@@ -197,5 +198,75 @@ func TestASmallSampleRunsInsideABigOne(t *testing.T) {
 	}
 	if !b.answeredInside {
 		t.Fatal("the small request waited for the whole big decode")
+	}
+}
+
+// remoteLike is a compute whose long forward_backward runs no layers here, like a remote
+// worker's: it waits for the replica's signal that a turn is wanted (engine.TurnWanted) and
+// gives it then, until the samples queued during the op were answered (or a bound of signals).
+type remoteLike struct {
+	*fakeCompute
+	started  chan struct{}
+	answered func() int
+	want     int
+	seen     int
+	signals  int
+}
+
+func (m *remoteLike) ForwardBatch(ctx context.Context, id string, b *engine.Batch, backward bool) (*engine.ForwardResult, error) {
+	if id != "long" {
+		return m.fakeCompute.ForwardBatch(ctx, id, b, backward)
+	}
+	wanted := engine.TurnWanted(ctx)
+	if wanted == nil {
+		return nil, fmt.Errorf("the replica's op context carries no turn signal")
+	}
+	close(m.started)
+	for m.answered() < m.want && m.signals < 100 {
+		select {
+		case <-wanted:
+		case <-time.After(10 * time.Second): // no signal: a liveness bound, not a speed check
+			m.signals = 100
+			continue
+		}
+		m.signals++
+		engine.GiveTurn(ctx)
+	}
+	m.seen = m.answered()
+	return m.fakeCompute.ForwardBatch(ctx, id, b, backward)
+}
+
+// A compute that runs no layers here (a remote worker's) is told when a sampling batch waits
+// during its op, and the batch then runs inside the op: the samples queued while it runs are
+// answered before it ends. Without the signal the op waits it out (10 s here) and the samples
+// run after it.
+func TestRemoteOpsAreToldWhenATurnIsWanted(t *testing.T) {
+	f := newFake()
+	got := make(answers, 8)
+	m := &remoteLike{fakeCompute: f, started: make(chan struct{}), answered: func() int { return len(got) }, want: 2}
+	r := New("r", "m", m, 4)
+	defer r.Close()
+	long := Adapter{ID: "long", Lane: "a", State: &keeper{f: f}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.ForwardBackward(context.Background(), long, &engine.Batch{})
+		done <- err
+	}()
+	<-m.started
+	for i, w := range []Weights{{Lane: "b"}, {ID: "s1", Dir: "d/s1", Lane: "c"}} {
+		if err := r.Sample(w, got.job(i, 30+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m.seen != 2 {
+		t.Fatalf("%d of 2 samples were answered inside the remote op (after %d signals)", m.seen, m.signals)
+	}
+	for range 2 {
+		if a := <-got; a.o.Err != nil {
+			t.Fatal(a.o.Err)
+		}
 	}
 }

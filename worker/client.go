@@ -222,7 +222,7 @@ func (c *Client) send(ctx context.Context, method string, sess *signer, b []byte
 	}
 	req.Header.Set("Content-Type", "application/json")
 	sess.sign(req.Header, req.Method, req.URL.Path, b)
-	resp, err := c.http.Do(req)
+	resp, err := c.roundTrip(ctx, method, req)
 	if err != nil && ctx.Err() != nil {
 		if effectful[method] {
 			c.effects.Add(1)
@@ -267,6 +267,35 @@ func (c *Client) send(ctx context.Context, method string, sess *signer, b []byte
 		return r, false, badAnswer("status %d without an error", resp.StatusCode)
 	}
 	return r, false, nil
+}
+
+// roundTrip sends req and waits for its answer. While a call that gives turns is in flight, the
+// replica's signal that a sampling batch waits (engine.TurnWanted) gives it its turn here, on the
+// caller's goroutine (the replica's worker): the batch's own calls go to the worker beside this
+// one, and the worker runs them between the layers of this call (turnGate). A call that may run
+// in a turn itself waits plainly: turns do not nest.
+func (c *Client) roundTrip(ctx context.Context, method string, req *http.Request) (*http.Response, error) {
+	wanted := engine.TurnWanted(ctx)
+	if wanted == nil || turnCalls[method] {
+		return c.http.Do(req)
+	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := c.http.Do(req)
+		got <- answer{resp, err}
+	}()
+	for {
+		select {
+		case a := <-got:
+			return a.resp, a.err
+		case <-wanted:
+			engine.GiveTurn(ctx)
+		}
+	}
 }
 
 // decodeAnswer reads one answer of at most limit bytes.

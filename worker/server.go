@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/skein-ai/skein/engine"
@@ -21,14 +20,18 @@ import (
 	"github.com/skein-ai/skein/storage"
 )
 
-// Server exposes a local engine to a gateway. Calls run one at a time: the gateway already sends
-// a replica's work in order, one op at a time.
+// Server exposes a local engine to a gateway. Calls run one at a time (the gateway already sends
+// a replica's work in order, one op at a time), except that sampling calls arriving during a
+// forward or forward_backward run between its layers (turns.go).
 type Server struct {
-	e        engine.Compute
-	token    string
-	dataDir  string // load and save directories must lie inside it
-	stored   bool   // s.e copies adapters from and to object storage (UseStorage)
-	mu       sync.Mutex
+	e       engine.Compute
+	token   string
+	dataDir string // load and save directories must lie inside it
+	stored  bool   // s.e copies adapters from and to object storage (UseStorage)
+	// gate lets one call at a time hold the engine, and forward and forward_backward serve the
+	// sampling calls that arrive meanwhile between their layers (turns.go). The maps below are
+	// read and written holding it (a turn runs on the holder's goroutine).
+	gate     *turnGate
 	inflight atomic.Int64
 	draining atomic.Bool
 
@@ -41,10 +44,10 @@ type Server struct {
 	instance string
 	sessions *Sessions
 	// dirty: adapters that may hold gradients accumulated since their last optim_step, load or
-	// create (under mu). A gateway that restarted adopts only clean adapters: gradients of a
+	// create (holding the gate). A gateway that restarted adopts only clean adapters: gradients of a
 	// forward_backward it never recorded must not ride along into a step.
 	dirty map[string]bool
-	// epochs: per adapter, the highest run-lease epoch a call carried (under mu; issue 38). A
+	// epochs: per adapter, the highest run-lease epoch a call carried (holding the gate; issue 38). A
 	// call of a lower epoch comes from a gateway that lost the run (a zombie, or its call was
 	// still in flight when it died) and is refused: it must not touch the adapter the run's
 	// new gateway drives. Calls without an epoch (a single gateway, no leases) are not checked.
@@ -61,7 +64,7 @@ var ErrStaleEpoch = errors.New("stale run epoch: another gateway sequences this 
 // fenced lists the calls that change an adapter (and so are fenced by its epoch).
 var fenced = map[string]bool{"create": true, "load": true, "save": true, "delete": true, "forward_backward": true, "optim_step": true}
 
-// fence checks a call's epoch against its adapter's and records a higher one (mu held).
+// fence checks a call's epoch against its adapter's and records a higher one (the gate held).
 func (s *Server) fence(method string, q callRequest) error {
 	if q.Epoch <= 0 || q.ID == "" || !fenced[method] {
 		return nil
@@ -106,7 +109,7 @@ func (s *Server) Status(maxLoras int) Heartbeat {
 // the token (with no token no call is served);
 // the directories of load and save calls must lie inside dataDir (storage shared with the gateway).
 func NewServer(e engine.Compute, token, dataDir string) *Server {
-	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{}, epochs: map[string]int64{},
+	return &Server{e: e, token: token, dataDir: dataDir, dirty: map[string]bool{}, epochs: map[string]int64{}, gate: newTurnGate(),
 		instance: NewNonce()[:32], sessions: NewSessions(maxGatewaySessions)}
 }
 
@@ -235,11 +238,36 @@ func decodeCall(body io.Reader) (callRequest, error) {
 	return q, nil
 }
 
-// safeCall runs one call at a time and turns a panic into that call's error.
-// The request's ctx goes to the engine: a gateway that gives up on a call stops its pass.
+// safeCall runs one call at a time (a call that may take a turn runs inside the running call's
+// next turn instead, when that call gives turns: turns.go) and turns a panic into that call's
+// error. The request's ctx goes to the engine: a gateway that gives up on a call stops its pass.
 func (s *Server) safeCall(ctx context.Context, method string, q callRequest) (r callResponse, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if turnCalls[method] {
+		inTurn := s.gate.acquire(false, func() bool {
+			if !s.mayTakeTurn(ctx, method, q) {
+				return false
+			}
+			r, err = s.protectedCall(ctx, method, q)
+			return true
+		})
+		if inTurn {
+			return r, err
+		}
+		defer s.gate.release()
+		return s.protectedCall(ctx, method, q)
+	}
+	gives := givesTurns[method]
+	s.gate.acquire(gives, nil)
+	defer s.gate.release()
+	if gives {
+		ctx = engine.WithTurns(ctx, s.gate.give)
+	}
+	return s.protectedCall(ctx, method, q)
+}
+
+// protectedCall runs a call holding the engine (the gate, or a turn of its holder) and turns a
+// panic into its error.
+func (s *Server) protectedCall(ctx context.Context, method string, q callRequest) (r callResponse, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			slog.Error("worker call panicked", "method", method, "panic", v, "stack", string(debug.Stack()))
@@ -262,7 +290,7 @@ func (s *Server) quickCall(method string) callResponse {
 	return callResponse{Status: &hb}
 }
 
-// track records what a call did to its adapter's accumulated gradients (mu held).
+// track records what a call did to its adapter's accumulated gradients (the gate held).
 func (s *Server) track(method, id string, err error) {
 	switch method {
 	case "forward_backward":

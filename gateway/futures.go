@@ -380,6 +380,7 @@ func (t *futureTable) wait(f *future, timeout time.Duration, cancel <-chan struc
 	}
 	t.mu.Lock()
 	f.waiting++
+	remote := f.remote // adopt writes it under t.mu when a takeover makes the future this gateway's
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
@@ -389,7 +390,7 @@ func (t *futureTable) wait(f *future, timeout time.Duration, cancel <-chan struc
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var poll <-chan time.Time
-	if f.remote { // notifications can be missed (a dropped connection): check the store now and then
+	if remote { // notifications can be missed (a dropped connection): check the store now and then
 		tick := time.NewTicker(t.remotePoll)
 		defer tick.Stop()
 		poll = tick.C

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -34,17 +33,7 @@ func (benchKeeper) Replaced(engine.LoraConfig, int)  {}
 // (op-s), with turns across the protocol ("turns") and with the worker running every call whole
 // as before ("whole"). SKEIN_BENCH_MODEL picks the model (default: the tiny preset, generated).
 func BenchmarkSampleDuringARemoteTrainingOp(b *testing.B) {
-	dir := os.Getenv("SKEIN_BENCH_MODEL")
-	if dir == "" {
-		dir = filepath.Join(b.TempDir(), "tiny")
-		if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
-			b.Fatal(err)
-		}
-	}
-	e, err := engine.Load(dir, engine.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	e := loadTinyQwen3(b, os.Getenv("SKEIN_BENCH_MODEL"))
 	info := e.Info()
 	const rows, seq = 8, 256
 	var data []engine.Datum

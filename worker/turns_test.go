@@ -44,6 +44,22 @@ func (p *turnProbe) ForwardBatch(ctx context.Context, id string, b *engine.Batch
 	return res, err
 }
 
+// loadTinyQwen3 loads dir, or (dir "") a tiny Qwen3 generated for the test.
+func loadTinyQwen3(tb testing.TB, dir string) *engine.Engine {
+	tb.Helper()
+	if dir == "" {
+		dir = filepath.Join(tb.TempDir(), "tiny")
+		if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	e, err := engine.Load(dir, engine.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return e
+}
+
 // Turns across the worker protocol (issue 39 item 4): while a worker runs one gateway call's
 // forward_backward, the gateway's replica gives its turn (its client waits on the turn signal),
 // and the sampling call it sends then runs on the worker between the pass's layers, not after
@@ -51,14 +67,7 @@ func (p *turnProbe) ForwardBatch(ctx context.Context, id string, b *engine.Batch
 // adapter's without a turn; a sample of the training adapter itself is not run in a turn (its
 // gradients are being written) and is answered after the pass.
 func TestSamplesRunBetweenTheLayersOfAWorkersCall(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := engine.InitTiny(dir, engine.ArchQwen3, "tiny", 1); err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.Load(dir, engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := loadTinyQwen3(t, "")
 	ctx := context.Background()
 	seed := int64(7)
 	prompt := []int{5, 17, 29, 41, 53, 65, 77}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -75,6 +76,16 @@ type decodeLoop interface {
 	// loadState puts such a copy back into row b.
 	takeState(b int) (st any, free func(), bytes int64)
 	loadState(b int, st any)
+	// interleave sets what runs after each step (nil: nothing) and the row-tokens a prefill
+	// pass of this loop takes at most (0: prefillTokens): a continuous loop's decode step runs
+	// between the passes of a newcomer's prefill (continuous.go); prefillLimit is that bound.
+	interleave(between func() error, chunk int)
+	betweenSteps() (between func() error, chunk int)
+	prefillLimit() int
+	// copyRowsFrom sets rows dst0… of this loop's cache (keys and values at every slot src has,
+	// DeltaNet states) to rows from[i] of src, a loop of the same dtype with at most as many
+	// slots: a continuous loop moves its running rows and a newcomer's into a loop of both.
+	copyRowsFrom(src decodeLoop, dst0 int, from []int)
 	free()
 }
 
@@ -173,6 +184,30 @@ func (d *kvDecoder[E]) saveBlock(b, i int, kv any) bool {
 	return d.long.Err() == nil
 }
 
+func (d *kvDecoder[E]) interleave(between func() error, chunk int) {
+	d.between, d.chunk = between, chunk
+}
+
+func (d *kvDecoder[E]) betweenSteps() (func() error, int) { return d.between, d.chunk }
+
+func (d *kvDecoder[E]) prefillLimit() int { return d.chunk }
+
+func (d *kvDecoder[E]) copyRowsFrom(src decodeLoop, dst0 int, from []int) {
+	s, KVH := src.(*kvDecoder[E]), d.cache.KVH
+	for l := range d.cache.dn {
+		if st := d.cache.dn[l]; st != nil {
+			for i, b := range from {
+				d.long.CopyRows(st.Conv, dst0+i, s.cache.dn[l].Conv, b, 1)
+				d.long.CopyRows(st.S, dst0+i, s.cache.dn[l].S, b, 1)
+			}
+			continue
+		}
+		for i, b := range from {
+			d.long.CopySlots(d.attention(l), s.attention(l), (dst0+i)*KVH, 0, b*KVH, 0, KVH, s.cache.S)
+		}
+	}
+}
+
 func (d *kvDecoder[E]) forkFrom(src decodeLoop, from []int) {
 	s := src.(*kvDecoder[E])
 	for l := range d.cache.dn {
@@ -198,7 +233,9 @@ type kvDecoder[E float] struct {
 	images   []*imageRow  // per row; nil: no row has images
 	shift    []int        // per row: decode positions' mRoPE delta (set at the first decode step)
 	ctx      context.Context
-	kvBytes  int64 // the cache's keys, values and DeltaNet states (SamplerStats.LoopKVBytes)
+	kvBytes  int64        // the cache's keys, values and DeltaNet states (SamplerStats.LoopKVBytes)
+	between  func() error // runs after each step (interleave)
+	chunk    int          // row-tokens of a prefill pass at most (interleave; 0: prefillTokens)
 }
 
 func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
@@ -239,8 +276,16 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 }
 
 // step is the loop's stepFunc: one pass over tokens tok at positions pos, a prefill when every
-// row's tokens sit at 0…T-1, a decode step over the cache otherwise.
-func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) (_ [][]float64, err error) {
+// row's tokens sit at 0…T-1, a decode step over the cache otherwise; then what interleave set.
+func (d *kvDecoder[E]) step(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) ([][]float64, error) {
+	out, err := d.pass(tok, pos, want, lens, sink...)
+	if err == nil && d.between != nil {
+		err = d.between()
+	}
+	return out, err
+}
+
+func (d *kvDecoder[E]) pass(tok, pos [][]int, want func(b, t int) bool, lens []int, sink ...rowSink) (_ [][]float64, err error) {
 	defer recoverCompute(&err)
 	if d.long.Err() != nil {
 		return nil, d.long.Err()
@@ -374,12 +419,41 @@ type sampleRow struct {
 	err      error // the draw failed (non-finite logits): the row's request fails
 	sample   int   // index among its request's samples, for OnToken
 	onToken  func(sample, token int, logprob float64) bool
-	reported int // tokens handed to onToken so far
+	reported int         // tokens handed to onToken so far
+	owner    *fedRequest // its request in a continuous loop (continuous.go); nil elsewhere
 }
 
 // decode runs one batched prefill + decode loop over the rows of some requests, request i
 // sampling adapters[i] (nil: the base model).
 func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleRequest) ([]*SampleResult, error) {
+	c, err := e.prefillCohort(ctx, adapters, reqs, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer c.loop.free()
+	if err := e.decodeSteps(ctx, c.loop.step, c.rows, c.next); err != nil {
+		return nil, err
+	}
+	return gatherSequences(c.results, c.rows), nil
+}
+
+// cohort is the rows of some requests with their prompts prefilled: the loop holding their
+// caches (the caller frees it), the logits that draw each row's next token, and each request's
+// result so far (prompt logprobs, cached positions).
+type cohort struct {
+	loop    decodeLoop
+	rows    []*sampleRow
+	next    [][]float64 // next[b]: the logits predicting row b's next token
+	results []*SampleResult
+	S       int // the loop's cache slots
+}
+
+// prefillCohort makes the rows of reqs (request i sampling adapters[i]) and prefills their
+// prompts in a loop of their own. between (nil: none) runs after each pass of the prefill: a
+// continuous loop (continuous.go) takes one decode step of its running rows there, so that
+// they wait at most one chunk of a newcomer's prompt; the prefill's chunks are then bounded by
+// Options.PrefillChunk.
+func (e *Engine) prefillCohort(ctx context.Context, adapters []*Adapter, reqs []SampleRequest, between func() error) (_ *cohort, err error) {
 	rows, maxPrompt, maxLen := e.sampleRows(reqs)
 	B := len(rows) // no padding rows: a new row count costs only a few matmul compiles
 	if e.decodeHook != nil {
@@ -400,7 +474,17 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	plan := e.planPrefixes(adapters, reqs, images)
 	defer plan.release()
 	loop := e.newDecodeLoop(ctx, rowAdapters, B, S, images)
-	defer loop.free()
+	defer func() {
+		if err != nil {
+			loop.free()
+		}
+	}()
+	chunk := 0
+	if between != nil {
+		chunk = e.prefillChunkTokens()
+	}
+	loop.interleave(between, chunk)
+	defer loop.interleave(nil, 0)
 	step := loop.step
 
 	first := firstRows(rows)
@@ -441,15 +525,11 @@ func (e *Engine) decode(ctx context.Context, adapters []*Adapter, reqs []SampleR
 	}
 	stopFailed(rows)
 
-	// next[b] holds the logits that predict row b's next token.
 	next := make([][]float64, B)
 	for b := range B {
 		next[b] = logits[b*T+len(rows[b].prompt)-1]
 	}
-	if err := e.decodeSteps(ctx, step, rows, next); err != nil {
-		return nil, err
-	}
-	return gatherSequences(results, rows), nil
+	return &cohort{loop: loop, rows: rows, next: next, results: results, S: S}, nil
 }
 
 // prefillOnce prefills each request's prompt once, in a loop of a row per request, and forks the
@@ -467,6 +547,7 @@ func (e *Engine) prefillOnce(ctx context.Context, loop decodeLoop, adapters []*A
 	e.prefilled.Add(int64(len(reqs)))
 	pre := e.newDecodeLoop(ctx, adapters, len(reqs), S, nil)
 	defer pre.free()
+	pre.interleave(loop.betweenSteps())
 	// A prompt starting with cached blocks (prefixcache.go) computes only the rest.
 	plan.confirm()
 	start := plan.starts(reqOf, S)
@@ -807,17 +888,27 @@ func stopFailed(rows []*sampleRow) {
 // runs in chunks of positions (prefill), each a pass with turns between its layers.
 const prefillTokens = 2048
 
-// prefillChunk is how many positions one pass of a prefill of B rows with prompts of up to
-// maxPrompt tokens takes: all of them when B × the padded length fits prefillTokens (or the
-// engine's test setting), else a multiple of 16 that does (at least 16). 0: no chunks.
-func (e *Engine) prefillChunk(B, maxPrompt int) int {
+// prefillChunk is how many positions one pass of loop's prefill of B rows with prompts of up
+// to maxPrompt tokens takes: all of them when B × the padded length fits prefillTokens (or the
+// engine's test setting, or the loop's own bound: interleave), else a multiple of 16 that does
+// (at least 16). 0: no chunks.
+func (e *Engine) prefillChunk(loop decodeLoop, B, maxPrompt int) int {
 	limit := prefillTokens
 	if e.prefillLimit > 0 {
 		limit = e.prefillLimit
+	}
+	if n := loop.prefillLimit(); n > 0 {
+		limit = min(limit, n)
 	}
 	T := bucket(maxPrompt, 16)
 	if B*T <= limit {
 		return 0
 	}
 	return max(16, limit/B/16*16)
+}
+
+// prefillChunkTokens bounds the row-tokens of a prefill pass while other rows decode
+// (Options.PrefillChunk).
+func (e *Engine) prefillChunkTokens() int {
+	return cmp.Or(e.opts.PrefillChunk, DefaultPrefillChunk)
 }

@@ -603,7 +603,7 @@ func (p *prefixPlan) load(loop decodeLoop, reqOf, start []int) {
 // positions of every part.
 func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleRequest, rows []*sampleRow, first map[int]int, rowOf []int, maxPrompt int, sink rowSink, start []int) ([][]float64, int, error) {
 	if !p.hybrid || !p.c.on() || !p.feeds() {
-		return prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(len(rows), leftToPrefill(rows, start)), sink, start)
+		return prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(loop, len(rows), leftToPrefill(rows, start)), sink, start)
 	}
 	B := len(rows)
 	at, branch, edge := make([]int, B), make([]int, B), make([]int, B)
@@ -643,7 +643,7 @@ func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleReques
 		}
 		// at, not nil, even when all 0: every row's lens are given, so a row that does not move
 		// keeps its state instead of taking one over padding.
-		part, _, err := prefill(loop.step, reqs, trunc, first, maxPrompt, e.prefillChunk(B, leftToPrefill(trunc, at)), sink, slices.Clone(at))
+		part, _, err := prefill(loop.step, reqs, trunc, first, maxPrompt, e.prefillChunk(loop, B, leftToPrefill(trunc, at)), sink, slices.Clone(at))
 		if err != nil {
 			return nil, 0, err
 		}
@@ -662,7 +662,7 @@ func (p *prefixPlan) prefillRows(e *Engine, loop decodeLoop, reqs []SampleReques
 	if !slices.ContainsFunc(rest, func(q int) bool { return q > 0 }) {
 		rest = nil // no row has a whole block: the plain prefill from 0
 	}
-	part, T, err := prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(B, leftToPrefill(rows, rest)), sink, rest)
+	part, T, err := prefill(loop.step, reqs, rows, first, maxPrompt, e.prefillChunk(loop, B, leftToPrefill(rows, rest)), sink, rest)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -68,8 +68,9 @@ type Replica struct {
 	turnWanted chan struct{}
 	waits      map[string]LaneWait
 
-	sampling samplingState
-	copies   copyLRU
+	sampling     samplingState
+	copies       copyLRU
+	wholeBatches atomic.Bool // SetWholeBatches
 
 	// fences: each resident training adapter's claim on its saved state (StateKeeper.Claim).
 	fenceMu sync.Mutex

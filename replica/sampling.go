@@ -56,7 +56,7 @@ type SampleOutcome struct {
 	Result  *engine.SampleResult
 	Err     error     // the request failed (alone, or with its whole batch)
 	Start   time.Time // when its batch's decode started
-	Seconds float64   // its share of the batch's decode time
+	Seconds float64   // its time in the decode: from joining a continuous loop to its answer, or its share of a whole batch's
 }
 
 type samplingState struct {
@@ -78,7 +78,7 @@ const SamplingLane = "\x01sampling" // no tenant is named so: header values hold
 
 // SamplingStats count the sampling batches a replica ran (for /metrics).
 type SamplingStats struct {
-	Batches  int64 // SampleBatch calls
+	Batches  int64 // continuous loops and SampleBatch calls
 	Rows     int64 // samples decoded, all batches together
 	Adapters int64 // distinct weights per batch, summed
 }
@@ -220,32 +220,55 @@ func (r *Replica) runSamples() {
 	}
 }
 
-// runBatch decodes a batch of requests together.
+// runBatch decodes a batch of requests together. On a compute that runs continuous loops (the
+// in-process engine) the requests that can join one run as a continuous loop (runContinuous),
+// after the others' batch.
 func (r *Replica) runBatch(batch []queuedSample) {
-	if len(batch) == 0 {
+	cs := continuousOf(r.compute)
+	if cs == nil || r.wholeBatches.Load() {
+		r.runWhole(batch)
 		return
 	}
-	// A panic here (a compute bug) fails this batch's requests instead of leaving them pending.
-	answered := make([]bool, len(batch))
-	defer func() {
-		if v := recover(); v != nil {
-			slog.Error("sampling panicked", "replica", r.id, "panic", v, "stack", string(debug.Stack()))
-			err := &PanicError{Replica: r.id, Value: v, Stack: string(debug.Stack())}
-			for i, q := range batch {
-				if !answered[i] {
-					q.job.Done(SampleOutcome{Err: err})
-				}
-			}
+	var whole, joining []queuedSample
+	for _, q := range batch {
+		if canJoin(q) {
+			joining = append(joining, q)
+		} else {
+			whole = append(whole, q)
 		}
-	}()
-	jobs := make([]SampleJob, len(batch))
-	for i, q := range batch {
-		jobs[i] = q.job
 	}
-	ctx, stop := batchContext(jobs)
-	defer stop()
-	ctx = r.withTurns(ctx)
-	// Every sampler copy the batch reads, in memory; a copy that cannot load fails its requests.
+	r.runWhole(whole)
+	r.runContinuous(cs, joining)
+}
+
+// continuousOf is the compute's continuous sampler: the in-process engine, also behind object
+// storage's wrapper (Stored: its loop reads only weights already loaded); nil for a worker's
+// client.
+func continuousOf(c engine.Compute) engine.ContinuousSampler {
+	switch c := c.(type) {
+	case engine.ContinuousSampler:
+		return c
+	case *Stored:
+		return continuousOf(c.Compute)
+	}
+	return nil
+}
+
+// SetWholeBatches makes the replica run each sampling batch whole (one SampleBatch call:
+// requests arriving meanwhile wait for the next batch, or run inside it between its layers)
+// instead of as a continuous loop (false, the default): serve's --continuous-batching=false, and
+// the baseline of the benchmarks.
+func (r *Replica) SetWholeBatches(on bool) { r.wholeBatches.Store(on) }
+
+// canJoin reports whether a request may run in a continuous loop: no images, and at most
+// engine.MaxFedSamples samples (SampleBatch splits bigger ones into loops of their own).
+func canJoin(q queuedSample) bool {
+	return q.job.Req.Images == nil && q.job.Req.NumSamples <= engine.MaxFedSamples
+}
+
+// loadCopies loads every sampler copy the batch reads that is not in memory; it answers the
+// requests whose copy cannot load and returns the others.
+func (r *Replica) loadCopies(ctx context.Context, batch []queuedSample, answered []bool) []int {
 	failed := map[string]error{}
 	for _, q := range batch {
 		id := q.w.ID
@@ -261,15 +284,55 @@ func (r *Replica) runBatch(batch []queuedSample) {
 		}
 		r.keepCopy(ctx, id)
 	}
-	var reqs []engine.SampleRequest
-	var of []int // batch index of each request sent
-	weights := map[string]bool{}
+	var ok []int
 	for i, q := range batch {
 		if err := failed[q.w.ID]; err != nil {
 			answered[i] = true
 			q.job.Done(SampleOutcome{Err: err})
 			continue
 		}
+		ok = append(ok, i)
+	}
+	return ok
+}
+
+// answerPanic answers, with a recovered panic v, every request of batch not yet answered (a
+// compute bug must not leave them pending).
+func (r *Replica) answerPanic(v any, batch []queuedSample, answered []bool) {
+	slog.Error("sampling panicked", "replica", r.id, "panic", v, "stack", string(debug.Stack()))
+	err := &PanicError{Replica: r.id, Value: v, Stack: string(debug.Stack())}
+	for i, q := range batch {
+		if !answered[i] {
+			answered[i] = true
+			q.job.Done(SampleOutcome{Err: err})
+		}
+	}
+}
+
+// runWhole decodes a batch of requests in one SampleBatch call.
+func (r *Replica) runWhole(batch []queuedSample) {
+	if len(batch) == 0 {
+		return
+	}
+	answered := make([]bool, len(batch))
+	defer func() {
+		if v := recover(); v != nil {
+			r.answerPanic(v, batch, answered)
+		}
+	}()
+	jobs := make([]SampleJob, len(batch))
+	for i, q := range batch {
+		jobs[i] = q.job
+	}
+	ctx, stop := batchContext(jobs)
+	defer stop()
+	ctx = r.withTurns(ctx)
+	// Every sampler copy the batch reads, in memory; a copy that cannot load fails its requests.
+	var reqs []engine.SampleRequest
+	var of []int // batch index of each request sent
+	weights := map[string]bool{}
+	for _, i := range r.loadCopies(ctx, batch, answered) {
+		q := batch[i]
 		req := q.job.Req
 		req.Adapter = q.w.ID
 		reqs = append(reqs, req)
@@ -314,6 +377,152 @@ func (r *Replica) runBatch(batch []queuedSample) {
 		answered[i] = true
 		batch[i].job.Done(out)
 	}
+}
+
+// runContinuous runs a batch as a continuous loop (engine.SampleContinuous): requests queued
+// while it decodes join it between two decode steps (joinSamples), and each is answered as its
+// last sample ends. It gives no turns between its layers: sampling requests join it instead of
+// running inside it, and it stops taking them once other work waits (or while it runs as a
+// turn inside another op), so it never holds the replica longer than its rows need.
+func (r *Replica) runContinuous(cs engine.ContinuousSampler, batch []queuedSample) {
+	if len(batch) == 0 {
+		return
+	}
+	taken := slices.Clone(batch)
+	answered := make([]bool, len(batch))
+	defer func() { // taken and answered grow as requests join
+		if v := recover(); v != nil {
+			r.answerPanic(v, taken, answered)
+		}
+	}()
+	ctx := context.Background() // each request stops with its own client (FedRequest.Ctx)
+	start := time.Now()
+	prompt, generated, rows := 0, 0, 0
+	weights := map[string]bool{}
+	fed := func(i int) engine.FedRequest {
+		q := taken[i]
+		req := q.job.Req
+		req.Adapter = q.w.ID
+		prompt, rows = prompt+len(req.Prompt), rows+max(req.NumSamples, 1)
+		weights[q.w.ID] = true
+		joined := time.Now()
+		return engine.FedRequest{Req: req, Ctx: q.job.Ctx, Done: func(res *engine.SampleResult, err error) {
+			if answered[i] {
+				return
+			}
+			answered[i] = true
+			if res != nil {
+				for _, seq := range res.Sequences {
+					generated += len(seq.Tokens)
+				}
+			}
+			q.job.Done(SampleOutcome{Result: res, Err: err, Start: joined, Seconds: time.Since(joined).Seconds()})
+		}}
+	}
+	var first []engine.FedRequest
+	for _, i := range r.loadCopies(ctx, batch, answered) {
+		first = append(first, fed(i))
+	}
+	if len(first) == 0 {
+		return
+	}
+	err := cs.SampleContinuous(ctx, first, func(room int) []engine.FedRequest {
+		joining := r.joinSamples(room)
+		n := len(taken)
+		taken, answered = append(taken, joining...), append(answered, make([]bool, len(joining))...)
+		var out []engine.FedRequest
+		for _, i := range r.loadCopies(ctx, taken[n:], answered[n:]) {
+			out = append(out, fed(n+i))
+		}
+		return out
+	})
+	if err != nil {
+		slog.Error("sampling loop failed", "replica", r.id, "err", err)
+	}
+	r.countLoop(rows, len(weights))
+	r.logOp("sample", "", start, generated, "requests", len(taken), "prompt_tokens", prompt)
+}
+
+// joinSamples takes the requests waiting that may join a running continuous loop with room
+// rows free, in turn by lane as takeBatch does, up to the first that cannot (its rows do not
+// fit, it has images or too many samples, or its sampler copy is not in memory and the replica
+// keeps as many copies as it may: it waits for the next batch, and nothing behind it jumps
+// ahead). It takes none while other work waits on
+// the replica, or while the loop runs as a turn inside another op.
+func (r *Replica) joinSamples(room int) []queuedSample {
+	if r.inTurn {
+		return nil
+	}
+	r.mu.Lock()
+	others := false
+	for lane, ops := range r.lanes {
+		others = others || (lane != SamplingLane && len(ops) > 0)
+	}
+	r.mu.Unlock()
+	if others {
+		return nil
+	}
+	st := &r.sampling
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var lanes []string
+	byLane := map[string][]int{}
+	for i, q := range st.pending {
+		if _, ok := byLane[q.w.Lane]; !ok {
+			lanes = append(lanes, q.w.Lane)
+		}
+		byLane[q.w.Lane] = append(byLane[q.w.Lane], i)
+	}
+	taken := make([]bool, len(st.pending))
+	var out []queuedSample
+	// A sampler copy not in memory loads as it joins (loadCopies), only while the replica has
+	// room for it: evicting another copy could take one the loop is reading.
+	copyRoom, loads := r.copyRoom(), map[string]bool{}
+	for progress := true; progress; {
+		progress = false
+		for _, lane := range lanes {
+			idx := byLane[lane]
+			if len(idx) == 0 {
+				continue
+			}
+			q := st.pending[idx[0]]
+			n := max(q.job.Req.NumSamples, 1)
+			load := q.w.ID != "" && !r.HoldsCopy(q.w.ID) && !loads[q.w.ID]
+			if n > room || !canJoin(q) || (load && len(loads) == copyRoom) {
+				progress = false
+				break
+			}
+			if load {
+				loads[q.w.ID] = true
+			}
+			byLane[lane] = idx[1:]
+			taken[idx[0]] = true
+			out = append(out, q)
+			room -= n
+			progress = true
+		}
+	}
+	if len(out) > 0 {
+		left := st.pending[:0:0]
+		for i, q := range st.pending {
+			if !taken[i] {
+				left = append(left, q)
+			}
+		}
+		st.pending = left
+	}
+	return out
+}
+
+// countLoop adds a continuous loop to the replica's sampling statistics: one batch of every
+// request it took.
+func (r *Replica) countLoop(rows, weights int) {
+	st := &r.sampling
+	st.mu.Lock()
+	st.stats.Batches++
+	st.stats.Rows += int64(rows)
+	st.stats.Adapters += int64(weights)
+	st.mu.Unlock()
 }
 
 // countBatch adds a batch to the replica's sampling statistics.
@@ -403,6 +612,18 @@ func (r *Replica) keepCopy(ctx context.Context, id string) {
 	for _, x := range evict {
 		r.compute.DeleteAdapter(ctx, x)
 	}
+}
+
+// copyRoom is how many more sampler copies the replica may keep without evicting one.
+func (r *Replica) copyRoom() int {
+	c := &r.copies
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	limit := c.limit
+	if limit <= 0 {
+		limit = SamplerCopies
+	}
+	return max(0, limit-len(c.ids))
 }
 
 // HoldsCopy reports whether a sampler copy is in memory here (the router's sampling profile

@@ -306,6 +306,9 @@ func checkServeConfig(cfg *serveConfig) error {
 	if err := checkKVCacheMB(cfg.KVCacheMB); err != nil {
 		return err
 	}
+	if cfg.PrefillChunk < 16 || cfg.PrefillChunk > engine.MaxPrefillChunk {
+		return fmt.Errorf("--prefill-chunk %d: must be in [16, %d]", cfg.PrefillChunk, engine.MaxPrefillChunk)
+	}
 	return cfg.Limits.check()
 }
 
@@ -339,7 +342,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 			name = cfg.Names[i]
 		}
 		start := time.Now()
-		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, KVCacheMB: cfg.KVCacheMB, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
+		e, name, err := loadModel(dir, name, engine.Options{MaxStepBytes: cfg.StepMemoryMB << 20, KVCacheMB: cfg.KVCacheMB, PrefillChunk: cfg.PrefillChunk, Precision: cfg.Precision, GGMLActivations: cfg.Activations == engine.ActivationsGGML, Device: cfg.Device, Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -360,7 +363,9 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 				}
 				c = sc
 			}
-			reps = append(reps, replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras))
+			rep := replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras)
+			rep.SetWholeBatches(!cfg.ContinuousBatching)
+			reps = append(reps, rep)
 		}
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "device", e.Device(), "replicas", cfg.Replicas,
 			"max_loras", cfg.MaxLoras, "took", time.Since(start).Round(time.Millisecond))

@@ -39,6 +39,8 @@ type serveConfig struct {
 	Replicas, MaxLoras   int
 	StepMemoryMB         int
 	KVCacheMB            int
+	PrefillChunk         int
+	ContinuousBatching   bool
 	Precision            string
 	Device               string
 	Activations          string
@@ -75,6 +77,8 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SamplerCopies, "sampler-copies", replica.SamplerCopies, "read-only sampler weights each replica keeps in memory (least recently used go first); one sampling batch serves at most this many tenants' sampler weights at once")
 	fs.IntVar(&c.StepMemoryMB, "step-memory-mb", 4096, "activation memory one training pass may hold; bigger batches run in chunks")
 	fs.IntVar(&c.KVCacheMB, "kv-cache-mb", DefaultKVCacheMB, "memory each base model's sampler keeps for prompts' keys and values across requests (a later prompt starting with a cached prefix, on the same weights, prefills only the rest; the least recently used go first; replicas of a model share it); 0: off")
+	fs.IntVar(&c.PrefillChunk, "prefill-chunk", engine.DefaultPrefillChunk, "prompt tokens (rows × positions) of one prefill pass of a request joining a running sampling loop: the loop's rows take a decode step between two such passes")
+	fs.BoolVar(&c.ContinuousBatching, "continuous-batching", true, "sampling requests that arrive while a batch decodes join its loop between decode steps, and each is answered when its own samples end (false: they wait for the next batch, or run as a batch of their own between its layers)")
 	fs.StringVar(&c.Activations, "activations", engine.ActivationsF32, "forward products of quantized base weights: f32 (float32 activations times the dequantized blocks) or ggml (activations rounded to Q8_0/Q8_K blocks and integer dots, as llama.cpp's CPU backend: its logits on the same GGUF; slower)")
 	fs.StringVar(&c.Device, "device", "auto", "where the engine computes: auto (the first working NVIDIA GPU, else the CPU), cpu, cuda or cuda:N; the CUDA backend does not run the model yet, so auto computes on the CPU (logging why) and cuda is refused")
 	fs.StringVar(&c.Precision, "precision", engine.PrecisionF32, "base weights in memory: f32; bf16 (half the memory; products in bf16 where the CPU has AVX512_BF16, else widened); q8_0, q6_k or q4_k (projections in GGUF Q8_0, Q6_K or Q4_K blocks, about a quarter, a fifth or an eighth of f32); q4_k_m (llama.cpp's Q4_K_M mix: Q4_K with Q6_K for the head and some layers' v and down projections); LoRA, norms and gradients in f32")

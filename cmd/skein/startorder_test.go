@@ -26,6 +26,8 @@ func TestServeChecksBeforeLoading(t *testing.T) {
 		{"sampler copies", "--sampler-copies 0", []string{"--addr", "127.0.0.1:0", "--sampler-copies", "0"}},
 		{"negative kv cache", "--kv-cache-mb -1", []string{"--addr", "127.0.0.1:0", "--kv-cache-mb", "-1"}},
 		{"huge kv cache", "--kv-cache-mb 2097152", []string{"--addr", "127.0.0.1:0", "--kv-cache-mb", "2097152"}},
+		{"tiny prefill chunk", "--prefill-chunk 8", []string{"--addr", "127.0.0.1:0", "--prefill-chunk", "8"}},
+		{"huge prefill chunk", "--prefill-chunk 4096", []string{"--addr", "127.0.0.1:0", "--prefill-chunk", "4096"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			data := t.TempDir()

@@ -287,51 +287,85 @@ func (w *watchedEngine) LocalEngine() *engine.Engine { return w.Engine }
 func (w *watchedEngine) SampleBatch(ctx context.Context, id string, reqs []engine.SampleRequest) ([]*engine.SampleResult, error) {
 	n := 0 // tokens handed over (one streamed request)
 	for i := range reqs {
-		inner := reqs[i].OnToken
-		if inner == nil {
-			continue
-		}
-		reqs[i].OnToken = func(sample, token int, lp float64) bool {
-			n++
-			if n == 3 {
-				<-w.clientGone
-				// The server notices a closed connection on its own time: give it a bounded while.
-				for range 2000 {
-					if !inner(sample, token, lp) {
-						w.mu.Lock()
-						w.refusedAt = n
-						w.mu.Unlock()
-						return false
-					}
-					time.Sleep(time.Millisecond)
-				}
-			}
-			if !inner(sample, token, lp) {
-				w.mu.Lock()
-				w.refusedAt = n
-				w.mu.Unlock()
-				return false
-			}
-			return true
-		}
+		w.watch(&reqs[i], &n)
 	}
 	res, err := w.Engine.SampleBatch(ctx, id, reqs)
+	for _, r := range res {
+		if r != nil && len(r.Sequences) > 0 {
+			w.ended(r, nil, n)
+		}
+	}
+	if err != nil {
+		w.ended(nil, err, n)
+	}
+	return res, err
+}
+
+// SampleContinuous watches the requests of a continuous loop (the in-process replica's way to
+// sample) as SampleBatch does a batch's.
+func (w *watchedEngine) SampleContinuous(ctx context.Context, first []engine.FedRequest, feed func(int) []engine.FedRequest) error {
+	n := 0
+	watched := func(fs []engine.FedRequest) []engine.FedRequest {
+		for i := range fs {
+			w.watch(&fs[i].Req, &n)
+			done := fs[i].Done
+			fs[i].Done = func(res *engine.SampleResult, err error) {
+				w.ended(res, err, n)
+				done(res, err)
+			}
+		}
+		return fs
+	}
+	return w.Engine.SampleContinuous(ctx, watched(first), func(rows int) []engine.FedRequest { return watched(feed(rows)) })
+}
+
+// watch wraps a streamed request's OnToken: after its third token it waits for the test's
+// client to hang up, and records where OnToken first refused (n counts the tokens handed over).
+func (w *watchedEngine) watch(r *engine.SampleRequest, n *int) {
+	inner := r.OnToken
+	if inner == nil {
+		return
+	}
+	r.OnToken = func(sample, token int, lp float64) bool {
+		*n++
+		if *n == 3 {
+			<-w.clientGone
+			// The server notices a closed connection on its own time: give it a bounded while.
+			for range 2000 {
+				if !inner(sample, token, lp) {
+					w.mu.Lock()
+					w.refusedAt = *n
+					w.mu.Unlock()
+					return false
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if !inner(sample, token, lp) {
+			w.mu.Lock()
+			w.refusedAt = *n
+			w.mu.Unlock()
+			return false
+		}
+		return true
+	}
+}
+
+// ended records how long a decode ran: its first sample's tokens, or, when it stopped with its
+// client's context, the n tokens handed over by then (it stopped without waiting for OnToken to
+// refuse).
+func (w *watchedEngine) ended(res *engine.SampleResult, err error, n int) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	if errors.Is(err, context.Canceled) {
-		// The batch's context ended with its only client's: the decode stopped at token n,
-		// without waiting for OnToken to refuse.
 		if w.refusedAt == 0 {
 			w.refusedAt = n
 		}
 		w.lengths = append(w.lengths, n)
 	}
-	for _, r := range res {
-		if r != nil && len(r.Sequences) > 0 {
-			w.lengths = append(w.lengths, len(r.Sequences[0].Tokens))
-		}
+	if res != nil && len(res.Sequences) > 0 {
+		w.lengths = append(w.lengths, len(res.Sequences[0].Tokens))
 	}
-	w.mu.Unlock()
-	return res, err
 }
 
 // A client that hangs up on a stream stops its decode: the engine's loop ends at the token where
@@ -397,6 +431,33 @@ func (g *gatedEngine) SampleBatch(ctx context.Context, id string, reqs []engine.
 		<-g.release
 	}
 	return g.Engine.SampleBatch(ctx, id, reqs)
+}
+
+// SampleContinuous gates and records a continuous loop (the in-process replica's way to sample)
+// as SampleBatch does a batch: its first requests are a batch, and so is each group its feed
+// hands it (requests that join the loop together).
+func (g *gatedEngine) SampleContinuous(ctx context.Context, first []engine.FedRequest, feed func(int) []engine.FedRequest) error {
+	record := func(fs []engine.FedRequest) bool {
+		reqs := make([]engine.SampleRequest, len(fs))
+		for i, f := range fs {
+			reqs[i] = f.Req
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(fs) > 0 {
+			g.batches = append(g.batches, reqs)
+		}
+		return len(g.batches) == 1
+	}
+	if record(first) {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Engine.SampleContinuous(ctx, first, func(rows int) []engine.FedRequest {
+		fs := feed(rows)
+		record(fs)
+		return fs
+	})
 }
 
 // An OpenAI request waits in the same per-replica queue as Tinker's asample and is decoded in

@@ -331,6 +331,10 @@ func (p panickyEngine) SampleBatch(context.Context, string, []engine.SampleReque
 	return []*engine.SampleResult{res[3]}, nil // index out of range
 }
 
+func (p panickyEngine) SampleContinuous(_ context.Context, first []engine.FedRequest, _ func(int) []engine.FedRequest) error {
+	return first[len(first)+2].Ctx.Err() // index out of range
+}
+
 // A panic in compute fails the requests it was serving, with a message; the server goes on.
 func TestAPanicInComputeFailsItsRequestsOnly(t *testing.T) {
 	e, err := engine.Load(modelDir(), engine.Options{})

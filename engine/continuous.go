@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 )
 
@@ -51,39 +52,90 @@ const MaxFedSamples = MaxSampleRows
 func (e *Engine) SampleContinuous(ctx context.Context, first []FedRequest, feed func(rows int) []FedRequest) error {
 	c := &continuous{e: e, ctx: ctx}
 	defer c.free()
-	waiting := first
-	for {
+	var waiting []waitingRequest
+	for _, f := range first {
+		waiting = append(waiting, waitingRequest{f, 0})
+	}
+	for step := 0; ; step++ {
 		if err := stopped(ctx); err != nil {
 			c.failAll(err, waiting)
 			return err
 		}
-		room := MaxSampleRows - c.active()
-		if len(waiting) == 0 && feed != nil && room > 0 {
-			waiting = feed(room)
-		}
-		var take []FedRequest
-		for len(waiting) > 0 && max(waiting[0].Req.NumSamples, 1) <= room {
-			room -= max(waiting[0].Req.NumSamples, 1)
-			take, waiting = append(take, waiting[0]), waiting[1:]
-		}
-		if len(take) > 0 {
-			if err := c.admit(take); err != nil {
-				c.failAll(err, waiting)
-				return err
+		room := MaxSampleRows - c.active() - rowsOf(waiting)
+		if feed != nil && room > 0 {
+			for _, f := range feed(room) {
+				waiting = append(waiting, waitingRequest{f, step})
+				c.lastArrival = step
 			}
-			c.answerFinished() // a request whose prompt logprobs failed has ended already
+		}
+		// Joining costs a move of every running row (merge): newcomers wait until they are a
+		// fair share of the loop, or for joinWaitSteps steps.
+		if n := rowsOf(waiting); n > 0 && (c.active() == 0 || joinShare*n >= c.active() || step-waiting[0].since >= joinWaitSteps || c.fitsInFinished(waiting)) {
+			var take []FedRequest
+			room := MaxSampleRows - c.active()
+			for len(waiting) > 0 && max(waiting[0].Req.NumSamples, 1) <= room {
+				room -= max(waiting[0].Req.NumSamples, 1)
+				take, waiting = append(take, waiting[0].FedRequest), waiting[1:]
+			}
+			if len(take) > 0 {
+				if err := c.admit(take); err != nil {
+					c.failAll(err, waiting)
+					return err
+				}
+				c.answerFinished() // a request whose prompt logprobs failed has ended already
+			}
 		}
 		if c.active() == 0 {
-			if len(waiting) == 0 && len(take) == 0 {
+			if len(waiting) == 0 {
 				return nil
 			}
 			continue
 		}
+		c.step = step
 		if err := c.advance(); err != nil {
 			c.failAll(err, waiting)
 			return err
 		}
 	}
+}
+
+// A request waits to join a running loop until the rows waiting are at least 1/joinShare of
+// the loop's, or for joinWaitSteps decode steps: each join moves every running row into a new
+// loop, which for a request of a few rows joining a loop of many cost more than the step itself
+// (measured: BenchmarkArrivingSamples, design notes).
+const (
+	joinShare     = 2
+	joinWaitSteps = 8
+)
+
+// fitsInFinished reports whether the requests waiting would take finished rows' places
+// (placeInFinished), costing no move of the running rows.
+func (c *continuous) fitsInFinished(waiting []waitingRequest) bool {
+	if c.loop == nil || rowsOf(waiting) > len(c.reusable()) {
+		return false
+	}
+	ctx := bucket(c.e.Config.MaxPositionEmbeddings, 16)
+	for _, w := range waiting {
+		if min(bucket(len(w.Req.Prompt)+cmp.Or(w.Req.Params.MaxTokens, DefaultMaxTokens), 16), ctx) > c.S {
+			return false
+		}
+	}
+	return true
+}
+
+// waitingRequest is a request taken and not yet admitted, with the step it came at.
+type waitingRequest struct {
+	FedRequest
+	since int
+}
+
+// rowsOf counts the rows of requests waiting.
+func rowsOf(w []waitingRequest) int {
+	n := 0
+	for _, q := range w {
+		n += max(q.Req.NumSamples, 1)
+	}
+	return n
 }
 
 // continuous is a running continuous loop: its rows (row b of loop), each with the logits
@@ -95,6 +147,10 @@ type continuous struct {
 	S    int
 	rows []*sampleRow
 	next [][]float64
+	// step is the loop's count of decode steps, lastArrival the step a request last came at
+	// (compactions wait joinWaitSteps after it: a newcomer would rather take a finished row's
+	// place than move every row twice).
+	step, lastArrival int
 }
 
 // fedRequest is a request taken into the loop: its rows, its result so far, its weights.
@@ -195,6 +251,9 @@ func (c *continuous) merge(co *cohort) {
 		row  *sampleRow
 		next []float64
 	}
+	if co != nil && c.placeInFinished(co) {
+		return
+	}
 	var moved []src
 	for b, r := range c.rows {
 		if !r.done {
@@ -226,7 +285,9 @@ func (c *continuous) merge(co *cohort) {
 	for i, m := range moved {
 		rowAdapters[i], rows[i], next[i] = m.row.owner.adapter, m.row, m.next
 	}
-	loop := c.e.newDecodeLoop(c.ctx, rowAdapters, len(moved), S, nil)
+	// Every slot of every row is copied in when all come from loops of S slots.
+	whole := !slices.ContainsFunc(moved, func(m src) bool { return m.loop.slots() != S })
+	loop := c.e.newDecodeLoopOver(c.ctx, rowAdapters, len(moved), S, nil, !whole)
 	// Runs of rows from one loop move together.
 	for i := 0; i < len(moved); {
 		j := i + 1
@@ -247,10 +308,51 @@ func (c *continuous) merge(co *cohort) {
 	c.loop, c.S, c.rows, c.next = loop, S, rows, next
 }
 
+// placeInFinished puts a cohort's rows in the places of finished rows of the running loop
+// (their keys, values and states copied over), when it has enough of them and as many slots:
+// a join then moves only the newcomers' rows, not every running row. A finished row whose
+// request failed is not reused (its cache may hold non-finite values; the slots past a
+// newcomer's own are read as masked-off zeros' partners).
+func (c *continuous) placeInFinished(co *cohort) bool {
+	if c.loop == nil || co.S > c.S {
+		return false
+	}
+	free := c.reusable()
+	if len(free) < len(co.rows) {
+		return false
+	}
+	for i, r := range co.rows {
+		b := free[i]
+		c.loop.copyRowsFrom(co.loop, b, []int{i})
+		c.rows[b], c.next[b] = r, co.next[i]
+	}
+	co.loop.free()
+	adapters := make([]*Adapter, len(c.rows))
+	for b, r := range c.rows {
+		adapters[b] = r.owner.adapter
+	}
+	c.loop.setAdapters(adapters)
+	return true
+}
+
+// reusable lists the finished rows whose places a newcomer may take: those whose request did
+// not fail, or failed only because its client went.
+func (c *continuous) reusable() []int {
+	var out []int
+	for b, r := range c.rows {
+		if r.done && !slices.ContainsFunc(r.owner.rows, func(o *sampleRow) bool {
+			return o.err != nil && !errors.Is(o.err, ErrCancelled)
+		}) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // advance is one step of the running rows: each draws its next token (from next), requests
 // whose rows have all ended are answered, and the rows still drawing are fed back for the
-// following logits. Once half the loop's rows have ended, the rest move into
-// a loop of their own first.
+// following logits. Once half the loop's rows have ended and no request came for
+// joinWaitSteps steps, the rest move into a loop of their own first.
 func (c *continuous) advance() error {
 	for _, r := range c.rows {
 		if !r.done && r.owner.Ctx != nil && r.owner.Ctx.Err() != nil {
@@ -265,7 +367,7 @@ func (c *continuous) advance() error {
 	if n == 0 {
 		return nil
 	}
-	if dead := len(c.rows) - n; 2*dead >= len(c.rows) {
+	if dead := len(c.rows) - n; 2*dead >= len(c.rows) && c.step-c.lastArrival >= joinWaitSteps {
 		c.merge(nil)
 	}
 	// Each row still drawing feeds the token it just drew, at its position.
@@ -321,13 +423,13 @@ func (c *continuous) answerFinished() {
 }
 
 // failAll answers every request in the loop not yet answered, and those still waiting, with err.
-func (c *continuous) failAll(err error, waiting []FedRequest) {
+func (c *continuous) failAll(err error, waiting []waitingRequest) {
 	for _, r := range c.rows {
 		r.done = true
 		r.owner.answer(nil, err)
 	}
-	for _, f := range waiting {
-		(&fedRequest{FedRequest: f}).answer(nil, err)
+	for _, w := range waiting {
+		(&fedRequest{FedRequest: w.FedRequest}).answer(nil, err)
 	}
 }
 

@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// A continuous loop (issue 39 item 3): requests join while others decode, a long prompt's
-// prefill runs in chunks with a decode step of the running rows after each, finished rows
-// leave the loop, and every request is answered as it ends with exactly what it draws sampled
+// A continuous loop (issue 39 item 3): requests join while others decode (in finished rows'
+// places when there are enough), a long prompt's prefill runs in chunks with a decode step of
+// the running rows after each, finished rows leave the loop, and every request is answered as it ends with exactly what it draws sampled
 // alone (the same tokens; logprobs within float32 rounding, or float64's). On an attention model
 // and a hybrid one (whose DeltaNet states move between loops with the keys and values), with an
 // adapter's rows beside the base model's, a request that fails validation and one whose client
@@ -28,7 +28,7 @@ func TestContinuousLoopSamplesAsAlone(t *testing.T) {
 			}
 			trainSteps(t, e, "a", tokensFrom(7, 30), 2)
 			seed := int64(9)
-			long := SampleRequest{Prompt: tokensFrom(1, 20), NumSamples: 2, Params: SampleParams{MaxTokens: 24, Temperature: 1, Seed: &seed}}
+			long := SampleRequest{Prompt: tokensFrom(1, 20), NumSamples: 2, Params: SampleParams{MaxTokens: 40, Temperature: 1, Seed: &seed}}
 			joining := []SampleRequest{
 				// a long prompt: 70 positions, in chunks of 16 while the first request decodes
 				{Prompt: tokensFrom(2, 70), NumSamples: 3, PromptLogprobs: true, Params: SampleParams{MaxTokens: 4, Temperature: 1, Seed: &seed}},
@@ -58,13 +58,13 @@ func TestContinuousLoopSamplesAsAlone(t *testing.T) {
 			calls := 0
 			feed := func(rows int) []FedRequest {
 				calls++
-				switch calls {
-				case 1:
-					return []FedRequest{fed("join0", joining[0], nil)}
+				switch calls { // call 1 comes with the first request, before its prefill
 				case 2:
+					return []FedRequest{fed("join0", joining[0], nil)}
+				case 3:
 					bad := SampleRequest{Prompt: []int{1, 1 << 30}, NumSamples: 1}
 					return []FedRequest{fed("join1", joining[1], context.Background()), fed("bad", bad, nil), fed("gone", joining[2], gone)}
-				case 5:
+				case 6:
 					return []FedRequest{fed("join2", joining[2], nil), fed("join3", joining[3], nil)}
 				}
 				return nil
@@ -162,6 +162,44 @@ func TestContinuousLoopStopsWithItsContext(t *testing.T) {
 	for _, err := range errs {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("a request was answered %v", err)
+		}
+	}
+}
+
+// A request of few rows joining a loop of many waits for more newcomers (a join moves every
+// running row), but never more than joinWaitSteps decode steps; one that is a fair share of the
+// loop joins at once.
+func TestContinuousLoopBatchesJoins(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	big := SampleRequest{Prompt: tokensFrom(1, 10), NumSamples: 16, Params: SampleParams{MaxTokens: 40, Temperature: 1}}
+	for _, c := range []struct {
+		samples  int
+		min, max int // decode steps between its arrival and its prefill
+	}{{1, joinWaitSteps, joinWaitSteps}, {16 / joinShare, 0, 0}} {
+		var passes [][2]int
+		e.stepHook = func(B, T int) { passes = append(passes, [2]int{B, T}) }
+		arrived, calls := -1, 0
+		small := SampleRequest{Prompt: tokensFrom(2, 20), NumSamples: c.samples, Params: SampleParams{MaxTokens: 2}}
+		err := e.SampleContinuous(context.Background(), []FedRequest{{Req: big, Done: func(*SampleResult, error) {}}}, func(int) []FedRequest {
+			if calls++; calls == 3 {
+				arrived = len(passes)
+				return []FedRequest{{Req: small, Done: func(*SampleResult, error) {}}}
+			}
+			return nil
+		})
+		e.stepHook = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps := -1
+		for i := arrived; i < len(passes); i++ {
+			if passes[i] == [2]int{1, 32} { // its prompt's prefill, a row for its samples
+				steps = i - arrived
+				break
+			}
+		}
+		if steps < c.min || steps > c.max {
+			t.Fatalf("%d samples joining 16: prefilled %d steps after arriving, want [%d, %d] (passes %v)", c.samples, steps, c.min, c.max, passes)
 		}
 	}
 }

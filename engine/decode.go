@@ -86,16 +86,27 @@ type decodeLoop interface {
 	// DeltaNet states) to rows from[i] of src, a loop of the same dtype with at most as many
 	// slots: a continuous loop moves its running rows and a newcomer's into a loop of both.
 	copyRowsFrom(src decodeLoop, dst0 int, from []int)
+	slots() int // S: the positions a row's cache holds
+	// setAdapters sets the weights each row samples (row b: rowAdapters[b], nil the base
+	// model): a continuous loop puts a newcomer's row in a finished row's place.
+	setAdapters(rowAdapters []*Adapter)
 	free()
 }
 
 func (e *Engine) newDecodeLoop(ctx context.Context, rowAdapters []*Adapter, B, S int, images []*imageRow) decodeLoop {
+	return e.newDecodeLoopOver(ctx, rowAdapters, B, S, images, true)
+}
+
+// newDecodeLoopOver is newDecodeLoop whose cache is zeroed only when zero is set: a loop every
+// slot of whose rows is copied in before its first step (copyRowsFrom from loops of as many
+// slots) skips writing it twice.
+func (e *Engine) newDecodeLoopOver(ctx context.Context, rowAdapters []*Adapter, B, S int, images []*imageRow, zero bool) decodeLoop {
 	if e.opts.Float64 {
-		d := newKVDecoder[float64](e, rowAdapters, B, S)
+		d := newKVDecoder[float64](e, rowAdapters, B, S, zero)
 		d.images, d.ctx = images, ctx
 		return d
 	}
-	d := newKVDecoder[float32](e, rowAdapters, B, S)
+	d := newKVDecoder[float32](e, rowAdapters, B, S, zero)
 	d.images, d.ctx = images, ctx
 	return d
 }
@@ -190,6 +201,41 @@ func (d *kvDecoder[E]) interleave(between func() error, chunk int) {
 
 func (d *kvDecoder[E]) betweenSteps() (func() error, int) { return d.between, d.chunk }
 
+func (d *kvDecoder[E]) slots() int { return d.cache.S }
+
+// loraCopy is an adapter's LoRA matrices copied into a loop, with its scale.
+type loraCopy[E float] struct {
+	mats  []*loraMats[E]
+	scale E
+}
+
+// setAdapters sets the weights each row samples: row b reads rowAdapters[b] (nil: the base
+// model). Each adapter's matrices are copied into the loop once, at its first row.
+func (d *kvDecoder[E]) setAdapters(rowAdapters []*Adapter) {
+	if d.mats == nil {
+		d.mats = map[*Adapter]loraCopy[E]{}
+	}
+	of := func(a *Adapter) loraCopy[E] {
+		c, ok := d.mats[a]
+		if !ok {
+			c.mats, c.scale = loraOf(d.long, a, modelOf[E](d.e.base), false)
+			d.mats[a] = c
+		}
+		return c
+	}
+	d.lora, d.scale, d.segs = nil, 0, nil
+	if runs := adapterRuns(rowAdapters); len(runs) == 1 {
+		// One adapter: the pass chooses how to apply it (merged or added) as training does.
+		c := of(runs[0].a)
+		d.lora, d.scale = c.mats, c.scale
+	} else {
+		for _, r := range runs {
+			c := of(r.a)
+			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: c.mats, scale: c.scale})
+		}
+	}
+}
+
 func (d *kvDecoder[E]) prefillLimit() int { return d.chunk }
 
 func (d *kvDecoder[E]) copyRowsFrom(src decodeLoop, dst0 int, from []int) {
@@ -233,14 +279,19 @@ type kvDecoder[E float] struct {
 	images   []*imageRow  // per row; nil: no row has images
 	shift    []int        // per row: decode positions' mRoPE delta (set at the first decode step)
 	ctx      context.Context
-	kvBytes  int64        // the cache's keys, values and DeltaNet states (SamplerStats.LoopKVBytes)
-	between  func() error // runs after each step (interleave)
-	chunk    int          // row-tokens of a prefill pass at most (interleave; 0: prefillTokens)
+	kvBytes  int64                    // the cache's keys, values and DeltaNet states (SamplerStats.LoopKVBytes)
+	mats     map[*Adapter]loraCopy[E] // setAdapters: each adapter's matrices, copied once
+	between  func() error             // runs after each step (interleave)
+	chunk    int                      // row-tokens of a prefill pass at most (interleave; 0: prefillTokens)
 }
 
-func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecoder[E] {
+func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int, zero bool) *kvDecoder[E] {
 	c := e.Config
 	d := &kvDecoder[E]{e: e, B: B, long: newStep[E](e)}
+	alloc := d.long.Zeros
+	if !zero {
+		alloc = d.long.Alloc
+	}
 	d.cache = &kvCache[E]{KVH: c.NumKeyValueHeads, hd: c.HeadDim, S: S}
 	BK := B * c.NumKeyValueHeads
 	d.cache.dn = make([]*backend.DeltaState[E], c.NumHiddenLayers)
@@ -249,28 +300,20 @@ func newKVDecoder[E float](e *Engine, rowAdapters []*Adapter, B, S int) *kvDecod
 			// A fixed-size state per row in place of keys and values (deltanet.go); every row's
 			// prefill writes it before a decode step reads it.
 			dd := c.dnDims()
-			d.cache.dn[l] = &backend.DeltaState[E]{Conv: d.long.Zeros(B, dd.C, max(dd.K-1, 1)), S: d.long.Zeros(B, dd.Hv, dd.dk, dd.dv)}
+			d.cache.dn[l] = &backend.DeltaState[E]{Conv: alloc(B, dd.C, max(dd.K-1, 1)), S: alloc(B, dd.Hv, dd.dk, dd.dv)}
 			d.kvBytes += int64(B * (dd.C*max(dd.K-1, 1) + dd.Hv*dd.dk*dd.dv))
 			d.cache.keysT, d.cache.values = append(d.cache.keysT, mat[E]{}), append(d.cache.values, mat[E]{})
 			continue
 		}
 		// Slots are written before any query may attend to them; zeroing keeps stale values of a
 		// reused buffer out of the masked-off products (0 × NaN would still be NaN).
-		d.cache.keysT = append(d.cache.keysT, d.long.Zeros(BK, c.HeadDim, S))
-		d.cache.values = append(d.cache.values, d.long.Zeros(BK, S, c.HeadDim))
+		d.cache.keysT = append(d.cache.keysT, alloc(BK, c.HeadDim, S))
+		d.cache.values = append(d.cache.values, alloc(BK, S, c.HeadDim))
 		d.kvBytes += int64(2 * BK * S * c.HeadDim)
 	}
 	d.kvBytes *= int64(e.elemSize())
 	e.base.prefix.stats.loopKVBytes.Add(d.kvBytes)
-	if runs := adapterRuns(rowAdapters); len(runs) == 1 {
-		// One adapter: the pass chooses how to apply it (merged or added) as training does.
-		d.lora, d.scale = loraOf(d.long, runs[0].a, modelOf[E](e.base), false)
-	} else {
-		for _, r := range runs {
-			lora, scale := loraOf(d.long, r.a, modelOf[E](e.base), false)
-			d.segs = append(d.segs, loraSeg[E]{b0: r.b0, b1: r.b1, lora: lora, scale: scale})
-		}
-	}
+	d.setAdapters(rowAdapters)
 	d.cos, d.sin = ropeTable[E](e.invFreq, S)
 	return d
 }

@@ -70,7 +70,11 @@ func (e *Engine) SampleContinuous(ctx context.Context, first []FedRequest, feed 
 		}
 		// Joining costs a move of every running row (merge): newcomers wait until they are a
 		// fair share of the loop, or for joinWaitSteps steps.
-		if n := rowsOf(waiting); n > 0 && (c.active() == 0 || joinShare*n >= c.active() || step-waiting[0].since >= joinWaitSteps || c.fitsInFinished(waiting)) {
+		// A newcomer needing more slots than the loop has moves every running row into a
+		// loop of more slots: that waits for the share alone (the running rows end meanwhile).
+		n := rowsOf(waiting)
+		grow := c.active() > 0 && c.needsMoreSlots(waiting)
+		if n > 0 && (c.active() == 0 || joinShare*n >= c.active() || (!grow && (step-waiting[0].since >= joinWaitSteps || c.fitsInFinished(waiting)))) {
 			var take []FedRequest
 			room := MaxSampleRows - c.active()
 			for len(waiting) > 0 && max(waiting[0].Req.NumSamples, 1) <= room {
@@ -111,16 +115,19 @@ const (
 // fitsInFinished reports whether the requests waiting would take finished rows' places
 // (placeInFinished), costing no move of the running rows.
 func (c *continuous) fitsInFinished(waiting []waitingRequest) bool {
-	if c.loop == nil || rowsOf(waiting) > len(c.reusable()) {
-		return false
-	}
+	return c.loop != nil && rowsOf(waiting) <= len(c.reusable()) && !c.needsMoreSlots(waiting)
+}
+
+// needsMoreSlots reports whether a request waiting needs more cache slots than the loop has
+// (its prompt and MaxTokens, as prefillCohort sizes a loop).
+func (c *continuous) needsMoreSlots(waiting []waitingRequest) bool {
 	ctx := bucket(c.e.Config.MaxPositionEmbeddings, 16)
 	for _, w := range waiting {
 		if min(bucket(len(w.Req.Prompt)+cmp.Or(w.Req.Params.MaxTokens, DefaultMaxTokens), 16), ctx) > c.S {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // waitingRequest is a request taken and not yet admitted, with the step it came at.

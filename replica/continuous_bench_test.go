@@ -59,7 +59,7 @@ func BenchmarkArrivingSamples(b *testing.B) {
 			generated, wall := 0, 0.0
 			for range b.N {
 				r := New("r", "m", e, 2)
-				r.SetWholeBatches(mode == "whole")
+				r.SetContinuousBatching(mode == "continuous")
 				var mu sync.Mutex
 				var wg sync.WaitGroup
 				start := time.Now()

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -65,6 +66,7 @@ func (o *outcomes) wait(t *testing.T, n int) {
 func TestSamplesJoinTheRunningLoop(t *testing.T) {
 	e := tinyEngine(t)
 	r := New("r", "m", e, 2)
+	r.SetContinuousBatching(true)
 	defer r.Close()
 	seed := int64(3)
 	long := engine.SampleRequest{Prompt: []int{5, 6, 7, 8, 9}, NumSamples: 2, Params: engine.SampleParams{MaxTokens: 40, Temperature: 1, Seed: &seed}}
@@ -155,4 +157,50 @@ func textDatum(n int) engine.Datum {
 	}
 	return engine.Datum{Tokens: toks, Inputs: map[string]engine.TensorInput{
 		"target_tokens": {DType: "int64", Data: tgts}, "weights": {DType: "float32", Data: ws}}}
+}
+
+// panickyLoop is a compute whose continuous loop panics after answering its first request.
+type panickyLoop struct{ *fakeCompute }
+
+func (p panickyLoop) SampleContinuous(_ context.Context, first []engine.FedRequest, _ func(int) []engine.FedRequest) error {
+	first[0].Done(&engine.SampleResult{}, nil)
+	var none []int
+	return first[len(none)+5].Ctx.Err() // index out of range
+}
+
+// A panic in a continuous loop answers every request it had taken and not answered with the
+// panic (none is left pending), and the replica goes on.
+func TestAPanickingLoopAnswersItsRequests(t *testing.T) {
+	r := New("r", "m", panickyLoop{newFake()}, 2)
+	r.SetContinuousBatching(true)
+	defer r.Close()
+	block := make(chan struct{})
+	_ = r.Run(func() { <-block }) // the requests queue up and go out in one loop
+	got := make(answers, 3)
+	for i := range 3 {
+		if err := r.Sample(Weights{Lane: "a"}, got.job(i, 10+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(block)
+	panics := 0
+	for range 3 {
+		select {
+		case a := <-got:
+			var pe *PanicError
+			if errors.As(a.o.Err, &pe) {
+				panics++
+			} else if a.i != 0 || a.o.Err != nil {
+				t.Fatalf("request %d answered %+v", a.i, a.o)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("a request of the panicking loop was never answered")
+		}
+	}
+	if panics != 2 {
+		t.Fatalf("%d requests answered with the panic, want the 2 not answered before it", panics)
+	}
+	if err := r.Do(context.Background(), func() {}); err != nil {
+		t.Fatalf("the replica after the panic: %v", err)
+	}
 }

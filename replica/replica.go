@@ -68,9 +68,9 @@ type Replica struct {
 	turnWanted chan struct{}
 	waits      map[string]LaneWait
 
-	sampling     samplingState
-	copies       copyLRU
-	wholeBatches atomic.Bool // SetWholeBatches
+	sampling   samplingState
+	copies     copyLRU
+	continuous atomic.Bool // SetContinuousBatching
 
 	// fences: each resident training adapter's claim on its saved state (StateKeeper.Claim).
 	fenceMu sync.Mutex

@@ -220,12 +220,12 @@ func (r *Replica) runSamples() {
 	}
 }
 
-// runBatch decodes a batch of requests together. On a compute that runs continuous loops (the
-// in-process engine) the requests that can join one run as a continuous loop (runContinuous),
-// after the others' batch.
+// runBatch decodes a batch of requests together. With continuous batching on a compute that
+// runs continuous loops (the in-process engine), the requests that can join one run as a
+// continuous loop (runContinuous), after the others' batch.
 func (r *Replica) runBatch(batch []queuedSample) {
 	cs := continuousOf(r.compute)
-	if cs == nil || r.wholeBatches.Load() {
+	if cs == nil || !r.continuous.Load() {
 		r.runWhole(batch)
 		return
 	}
@@ -254,11 +254,12 @@ func continuousOf(c engine.Compute) engine.ContinuousSampler {
 	return nil
 }
 
-// SetWholeBatches makes the replica run each sampling batch whole (one SampleBatch call:
-// requests arriving meanwhile wait for the next batch, or run inside it between its layers)
-// instead of as a continuous loop (false, the default): serve's --continuous-batching=false, and
-// the baseline of the benchmarks.
-func (r *Replica) SetWholeBatches(on bool) { r.wholeBatches.Store(on) }
+// SetContinuousBatching makes the replica run its sampling batches as continuous loops, where
+// requests arriving meanwhile join (on an in-process engine), instead of whole (false, the
+// default: one SampleBatch call; requests arriving meanwhile wait for the next batch, or run
+// inside it between its layers): serve's --continuous-batching. Off by default until rows of
+// different lengths stop paying the longest row's slots (design notes, issue 39 item 3).
+func (r *Replica) SetContinuousBatching(on bool) { r.continuous.Store(on) }
 
 // canJoin reports whether a request may run in a continuous loop: no images, and at most
 // engine.MaxFedSamples samples (SampleBatch splits bigger ones into loops of their own).

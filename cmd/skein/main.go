@@ -364,7 +364,7 @@ func loadReplicas(cfg *serveConfig, models []string, stor storage.Storage, log *
 				c = sc
 			}
 			rep := replica.New(fmt.Sprintf("%s-%d", name, k), name, c, cfg.MaxLoras)
-			rep.SetWholeBatches(!cfg.ContinuousBatching)
+			rep.SetContinuousBatching(cfg.ContinuousBatching)
 			reps = append(reps, rep)
 		}
 		log.Info("loaded base model", "name", name, "dir", dir, "arch", e.Config.Arch, "device", e.Device(), "replicas", cfg.Replicas,

@@ -10,11 +10,12 @@ import (
 // Continuous batching: a sampling loop that takes new requests while it decodes. Between two
 // decode steps the loop asks its feed for requests (up to the rows it has room for); their
 // prompts are prefilled in a loop of their own, in chunks of Options.PrefillChunk row-tokens
-// with one decode step of the running rows after each chunk, and then both loops' live rows
-// move into one loop (copyRowsFrom: keys, values, DeltaNet states), which decodes on. Rows
-// that finished are left out of that move, and of a compaction once half the loop's rows are
-// done, so a step computes only rows still drawing. A request is answered the step its last
-// sample ends, not when the loop does.
+// with one decode step of the running rows after each chunk. Their rows then take finished
+// rows' places in the running loop (placeInFinished: only their caches are copied), or both
+// loops' live rows move into one new loop (merge; copyRowsFrom: keys, values, DeltaNet
+// states). Finished rows are left out of a move, and of a compaction once half the loop's rows
+// are done, so a step computes mostly rows still drawing. A request is answered the step its
+// last sample ends, not when the loop does.
 //
 // Each row keeps its own random stream (its seed and its index in its request), so a request
 // draws what it draws sampled alone; only the products' rounding differs with the batch
@@ -53,8 +54,15 @@ func (e *Engine) SampleContinuous(ctx context.Context, first []FedRequest, feed 
 	c := &continuous{e: e, ctx: ctx}
 	defer c.free()
 	var waiting []waitingRequest
+	intake := func(f FedRequest, step int) {
+		if n := f.Req.NumSamples; n > MaxFedSamples { // it could never fit the loop's room
+			(&fedRequest{FedRequest: f}).answer(nil, inputErr(-1, "num_samples", "%d samples cannot join a sampling loop (at most %d)", n, MaxFedSamples))
+			return
+		}
+		waiting = append(waiting, waitingRequest{f, step})
+	}
 	for _, f := range first {
-		waiting = append(waiting, waitingRequest{f, 0})
+		intake(f, 0)
 	}
 	for step := 0; ; step++ {
 		if err := stopped(ctx); err != nil {
@@ -64,14 +72,14 @@ func (e *Engine) SampleContinuous(ctx context.Context, first []FedRequest, feed 
 		room := MaxSampleRows - c.active() - rowsOf(waiting)
 		if feed != nil && room > 0 {
 			for _, f := range feed(room) {
-				waiting = append(waiting, waitingRequest{f, step})
+				intake(f, step)
 				c.lastArrival = step
 			}
 		}
-		// Joining costs a move of every running row (merge): newcomers wait until they are a
-		// fair share of the loop, or for joinWaitSteps steps.
-		// A newcomer needing more slots than the loop has moves every running row into a
-		// loop of more slots: that waits for the share alone (the running rows end meanwhile).
+		// Joining may move every running row (merge): newcomers wait until they are a fair
+		// share of the loop or fit in finished rows' places, or for joinWaitSteps steps; one
+		// needing more slots than the loop has waits for the share alone (growing the slots
+		// moves every row; the running rows end meanwhile).
 		n := rowsOf(waiting)
 		grow := c.active() > 0 && c.needsMoreSlots(waiting)
 		if n > 0 && (c.active() == 0 || joinShare*n >= c.active() || (!grow && (step-waiting[0].since >= joinWaitSteps || c.fitsInFinished(waiting)))) {

@@ -175,7 +175,7 @@ func TestContinuousLoopBatchesJoins(t *testing.T) {
 	for _, c := range []struct {
 		samples  int
 		min, max int // decode steps between its arrival and its prefill
-	}{{1, joinWaitSteps, joinWaitSteps}, {16 / joinShare, 0, 0}} {
+	}{{1, 0, joinWaitSteps}, {16 / joinShare, 0, 0}} { // 1 row: at once only if finished rows free a place (unseeded rows may draw EOS)
 		var passes [][2]int
 		e.stepHook = func(B, T int) { passes = append(passes, [2]int{B, T}) }
 		arrived, calls := -1, 0
@@ -201,5 +201,21 @@ func TestContinuousLoopBatchesJoins(t *testing.T) {
 		if steps < c.min || steps > c.max {
 			t.Fatalf("%d samples joining 16: prefilled %d steps after arriving, want [%d, %d] (passes %v)", c.samples, steps, c.min, c.max, passes)
 		}
+	}
+}
+
+// A request of more samples than a loop holds is answered with an error at once (it could never
+// be admitted), and the loop serves the others.
+func TestContinuousLoopRefusesRequestsItCannotHold(t *testing.T) {
+	e := loadTiny(t, ArchQwen3, Options{})
+	var errs []error
+	done := func(_ *SampleResult, err error) { errs = append(errs, err) }
+	r := SampleRequest{Prompt: tokensFrom(1, 10), NumSamples: MaxFedSamples + 1, Params: SampleParams{MaxTokens: 2}}
+	ok := SampleRequest{Prompt: tokensFrom(2, 10), NumSamples: 1, Params: SampleParams{MaxTokens: 2}}
+	if err := e.SampleContinuous(context.Background(), []FedRequest{{Req: r, Done: done}, {Req: ok, Done: done}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != 2 || errs[0] == nil || errs[1] != nil {
+		t.Fatalf("answers %v, want the big request refused and the other served", errs)
 	}
 }

@@ -159,6 +159,40 @@ func (r *Replica) takeBatch() ([]queuedSample, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.scheduled = false
+	copies := map[string]bool{}
+	rows := 0
+	batch := st.takeInTurn(func(q queuedSample) pick {
+		n := max(q.job.Req.NumSamples, 1)
+		newCopy := q.w.ID != "" && !copies[q.w.ID]
+		if rows > 0 && (rows+n > engine.MaxSampleRows || (newCopy && len(copies) == maxCopies)) {
+			return pickSkip
+		}
+		rows += n
+		if newCopy {
+			copies[q.w.ID] = true
+		}
+		return pickTake
+	})
+	more := len(st.pending) > 0
+	if more {
+		st.scheduled = true // by runSamples, below
+	}
+	return batch, more
+}
+
+// pick is takeInTurn's verdict on a lane's oldest request.
+type pick int
+
+const (
+	pickTake pick = iota // take it
+	pickSkip             // leave it, and the lane's others, for now; other lanes go on
+	pickStop             // leave it and take nothing more
+)
+
+// takeInTurn takes requests from pending in turn by lane (tenant): each round offers every
+// lane's oldest request left to choose, until a round takes none (or it says pickStop). The
+// requests taken leave pending, the others keep their order. Called with st.mu held.
+func (st *samplingState) takeInTurn(choose func(queuedSample) pick) []queuedSample {
 	var lanes []string
 	byLane := map[string][]int{}
 	for i, q := range st.pending {
@@ -167,10 +201,8 @@ func (r *Replica) takeBatch() ([]queuedSample, bool) {
 		}
 		byLane[q.w.Lane] = append(byLane[q.w.Lane], i)
 	}
-	var batch []queuedSample
 	taken := make([]bool, len(st.pending))
-	copies := map[string]bool{}
-	rows := 0
+	var out []queuedSample
 	for progress := true; progress; {
 		progress = false
 		for _, lane := range lanes {
@@ -179,32 +211,31 @@ func (r *Replica) takeBatch() ([]queuedSample, bool) {
 				continue
 			}
 			q := st.pending[idx[0]]
-			n := max(q.job.Req.NumSamples, 1)
-			newCopy := q.w.ID != "" && !copies[q.w.ID]
-			if len(batch) > 0 && (rows+n > engine.MaxSampleRows || (newCopy && len(copies) == maxCopies)) {
+			switch choose(q) {
+			case pickStop:
+				progress = false
+			case pickSkip:
+				continue
+			case pickTake:
+				byLane[lane] = idx[1:]
+				taken[idx[0]] = true
+				out = append(out, q)
+				progress = true
 				continue
 			}
-			byLane[lane] = idx[1:]
-			taken[idx[0]] = true
-			batch = append(batch, q)
-			rows += n
-			if newCopy {
-				copies[q.w.ID] = true
+			break
+		}
+	}
+	if len(out) > 0 {
+		left := st.pending[:0:0]
+		for i, q := range st.pending {
+			if !taken[i] {
+				left = append(left, q)
 			}
-			progress = true
 		}
+		st.pending = left
 	}
-	left := st.pending[:0:0]
-	for i, q := range st.pending {
-		if !taken[i] {
-			left = append(left, q)
-		}
-	}
-	st.pending = left
-	if len(left) > 0 {
-		st.scheduled = true // by runSamples, below
-	}
-	return batch, len(left) > 0
+	return out
 }
 
 // runSamples runs on the worker: it takes a batch of the requests waiting and decodes them
@@ -466,53 +497,21 @@ func (r *Replica) joinSamples(room int) []queuedSample {
 	st := &r.sampling
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var lanes []string
-	byLane := map[string][]int{}
-	for i, q := range st.pending {
-		if _, ok := byLane[q.w.Lane]; !ok {
-			lanes = append(lanes, q.w.Lane)
-		}
-		byLane[q.w.Lane] = append(byLane[q.w.Lane], i)
-	}
-	taken := make([]bool, len(st.pending))
-	var out []queuedSample
 	// A sampler copy not in memory loads as it joins (loadCopies), only while the replica has
 	// room for it: evicting another copy could take one the loop is reading.
 	copyRoom, loads := r.copyRoom(), map[string]bool{}
-	for progress := true; progress; {
-		progress = false
-		for _, lane := range lanes {
-			idx := byLane[lane]
-			if len(idx) == 0 {
-				continue
-			}
-			q := st.pending[idx[0]]
-			n := max(q.job.Req.NumSamples, 1)
-			load := q.w.ID != "" && !r.HoldsCopy(q.w.ID) && !loads[q.w.ID]
-			if n > room || !canJoin(q) || (load && len(loads) == copyRoom) {
-				progress = false
-				break
-			}
-			if load {
-				loads[q.w.ID] = true
-			}
-			byLane[lane] = idx[1:]
-			taken[idx[0]] = true
-			out = append(out, q)
-			room -= n
-			progress = true
+	return st.takeInTurn(func(q queuedSample) pick {
+		n := max(q.job.Req.NumSamples, 1)
+		load := q.w.ID != "" && !r.HoldsCopy(q.w.ID) && !loads[q.w.ID]
+		if n > room || !canJoin(q) || (load && len(loads) == copyRoom) {
+			return pickStop
 		}
-	}
-	if len(out) > 0 {
-		left := st.pending[:0:0]
-		for i, q := range st.pending {
-			if !taken[i] {
-				left = append(left, q)
-			}
+		if load {
+			loads[q.w.ID] = true
 		}
-		st.pending = left
-	}
-	return out
+		room -= n
+		return pickTake
+	})
 }
 
 // countLoop adds a continuous loop to the replica's sampling statistics: one batch of every

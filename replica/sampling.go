@@ -429,14 +429,21 @@ func (r *Replica) runContinuous(cs engine.ContinuousSampler, batch []queuedSampl
 	}()
 	ctx := context.Background() // each request stops with its own client (FedRequest.Ctx)
 	start := time.Now()
-	prompt, generated, rows := 0, 0, 0
+	prompt, generated, counted := 0, 0, false
 	weights := map[string]bool{}
+	// The loop's statistics count each request as it is fed, before any is answered: a client
+	// that reads them after its answer sees its own request counted.
 	fed := func(i int) engine.FedRequest {
 		q := taken[i]
 		req := q.job.Req
 		req.Adapter = q.w.ID
-		prompt, rows = prompt+len(req.Prompt), rows+max(req.NumSamples, 1)
-		weights[q.w.ID] = true
+		prompt = prompt + len(req.Prompt)
+		newWeights := 0
+		if !weights[q.w.ID] {
+			weights[q.w.ID], newWeights = true, 1
+		}
+		r.countLoop(!counted, max(req.NumSamples, 1), newWeights)
+		counted = true
 		joined := time.Now()
 		return engine.FedRequest{Req: req, Ctx: q.job.Ctx, Done: func(res *engine.SampleResult, err error) {
 			if answered[i] {
@@ -471,7 +478,6 @@ func (r *Replica) runContinuous(cs engine.ContinuousSampler, batch []queuedSampl
 	if err != nil {
 		slog.Error("sampling loop failed", "replica", r.id, "err", err)
 	}
-	r.countLoop(rows, len(weights))
 	r.logOp("sample", "", start, generated, "requests", len(taken), "prompt_tokens", prompt)
 }
 
@@ -514,12 +520,14 @@ func (r *Replica) joinSamples(room int) []queuedSample {
 	})
 }
 
-// countLoop adds a continuous loop to the replica's sampling statistics: one batch of every
-// request it took.
-func (r *Replica) countLoop(rows, weights int) {
+// countLoop adds a request fed to a continuous loop to the replica's sampling statistics: its
+// rows, its weights if the loop had not read them yet, and the loop itself if it is the first.
+func (r *Replica) countLoop(first bool, rows, weights int) {
 	st := &r.sampling
 	st.mu.Lock()
-	st.stats.Batches++
+	if first {
+		st.stats.Batches++
+	}
 	st.stats.Rows += int64(rows)
 	st.stats.Adapters += int64(weights)
 	st.mu.Unlock()

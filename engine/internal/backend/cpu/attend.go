@@ -14,6 +14,9 @@ func (s *step[E]) Attend(a *backend.Attention[E]) (probs, ot backend.Tensor[E]) 
 	H, KVH, hd := a.H, a.KVH, a.HD
 	G, BK, S := H/KVH, B*KVH, a.Values.Dims[1]
 	scale := E(1 / math.Sqrt(float64(hd)))
+	if !a.KeepProbs && a.ChunkRows == 0 && T <= spanTokens {
+		return backend.Tensor[E]{}, s.attendSpans(a)
+	}
 	if n := s.attnChunks(a, BK, G*T, S); n > 0 {
 		return backend.Tensor[E]{}, s.attendInChunks(a, n)
 	}
@@ -28,6 +31,68 @@ func (s *step[E]) Attend(a *backend.Attention[E]) (probs, ot backend.Tensor[E]) 
 	ot = s.Alloc(B*T, H*hd)
 	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
 	return probs, ot
+}
+
+// spanTokens is the most query tokens a row of a forward pass may have for its attention to run
+// over the slots it sees only (attendSpans): a decode step's one token, or a few.
+const spanTokens = 4
+
+// attendSpans is Attend for a forward pass of few tokens a row (a decode step): each kv head's
+// scores are computed over the slots its row sees, 0…its last position, not over every slot
+// of the cache, whose S is the longest row's. A batch mixing a long request with short ones
+// costs each row what it reads (issue 39: with one 576-slot row in a continuous loop every
+// row of the batch attended over 576 slots), and a row's numbers do not depend on the slots
+// its neighbours have. With G·T query rows a head, the product is a few rows by a span: it is
+// bound by reading the keys, so axpys over each key row (the keys are kept transposed, [HD, S])
+// read them once, as the GEMM would.
+func (s *step[E]) attendSpans(a *backend.Attention[E]) backend.Tensor[E] {
+	B, T := a.B, a.T
+	H, KVH, hd := a.H, a.KVH, a.HD
+	G, BK, S := H/KVH, B*KVH, a.Values.Dims[1]
+	GT := G * T
+	scale := E(1 / math.Sqrt(float64(hd)))
+	o := s.Alloc(BK, GT, hd)
+	if s.Err() != nil {
+		return backend.Tensor[E]{}
+	}
+	q, kt, v := a.QH.V, a.KeysT.V, a.Values.V
+	kernels.ParallelRows(BK, func(k0, k1 int) {
+		most := 0
+		for bk := k0; bk < k1; bk++ {
+			for t := range T {
+				most = max(most, a.Slot[bk/KVH*T+t]+1)
+			}
+		}
+		p := make([]E, GT*most) // scores, then probabilities: [G·T, span] of one head at a time
+		for bk := k0; bk < k1; bk++ {
+			b := bk / KVH
+			span := 0
+			for t := range T {
+				span = max(span, a.Slot[b*T+t]+1)
+			}
+			clear(p[:GT*span])
+			qh, kh := q[bk*GT*hd:(bk+1)*GT*hd], kt[bk*hd*S:(bk+1)*hd*S]
+			for d := range hd {
+				keys := kh[d*S : d*S+span]
+				for r := range GT {
+					kernels.Axpy(p[r*span:(r+1)*span], keys, qh[r*hd+d])
+				}
+			}
+			vh, oh := v[bk*S*hd:(bk+1)*S*hd], o.V[bk*GT*hd:(bk+1)*GT*hd]
+			for r := range GT {
+				last := a.Slot[b*T+r%T] // a row sees slots 0…its own
+				pr, out := p[r*span:r*span+last+1], oh[r*hd:(r+1)*hd]
+				kernels.SoftmaxRow(pr, last, scale)
+				clear(out)
+				for j, w := range pr {
+					kernels.Axpy(out, vh[j*hd:(j+1)*hd], w)
+				}
+			}
+		}
+	})
+	ot := s.Alloc(B*T, H*hd)
+	headsToTokens(o.V, ot.V, B, T, KVH, G, hd)
+	return ot
 }
 
 // attnProbsBytes bounds the attention probabilities a forward-only pass holds at once.

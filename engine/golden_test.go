@@ -25,8 +25,14 @@ import (
 // Each path has its own file in testdata/golden (paths round differently); .ci/run runs the engine
 // suite on every path the CPU has. A refactor of the engine (the backend seam) must keep every
 // hash; a change that means to change numbers regenerates the files with -golden-update and says
-// why in its commit.
+// why in its commit. A change that moves a path no machine at hand has (AMX, on most of ours)
+// marks those hashes goldenUnrecorded in that path's file: they go unchecked there, and the rest
+// of that file is still checked, until a machine with the path rewrites the file.
 var goldenUpdate = flag.Bool("golden-update", false, "rewrite testdata/golden/<kernel path>.txt from this run")
+
+// goldenUnrecorded stands in a golden file for a hash that changed on purpose on a machine that
+// could not compute it for that file's path.
+const goldenUnrecorded = "unrecorded"
 
 // goldenHash hashes float32 bits (all bits, f64: the float64 engine's), ints and strings in order.
 type goldenHash struct {
@@ -305,8 +311,12 @@ func TestGoldenBits(t *testing.T) {
 		i := strings.LastIndexByte(line, ' ')
 		want[line[:i]] = line[i+1:]
 	}
-	var bad []string
+	var bad, unrecorded []string
 	for _, k := range keys {
+		if want[k] == goldenUnrecorded {
+			unrecorded = append(unrecorded, k)
+			continue
+		}
 		if want[k] != got[k] {
 			bad = append(bad, fmt.Sprintf("%s: %s, golden %s", k, got[k], want[k]))
 		}
@@ -315,6 +325,10 @@ func TestGoldenBits(t *testing.T) {
 		if _, ok := got[k]; !ok {
 			bad = append(bad, k+": not computed")
 		}
+	}
+	if len(unrecorded) > 0 {
+		t.Logf("on kernel path %s, %d hashes are %q in %s (a change to their numbers landed on a machine without this path): rewrite the file here with -golden-update: %s",
+			path, len(unrecorded), goldenUnrecorded, file, strings.Join(unrecorded, ", "))
 	}
 	if len(bad) > 0 {
 		slices.Sort(bad)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -388,6 +389,43 @@ func TestSessionsLiveAcrossGateways(t *testing.T) {
 			t.Fatalf("the session never expired: %+v %v", row, err)
 		}
 		time.Sleep(timeout / 4)
+	}
+}
+
+// A session's runs and samplers made through different gateways are all listed by get_session on
+// each of them, and on a gateway that never saw the session before: each gateway wrote the
+// session's row with only its own run in it, and the old get_session read only that list.
+func TestASessionListsWhatEveryGatewayMadeInIt(t *testing.T) {
+	gws := startPGGateways(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-members"
+	ca, cb := client.New(gws[0].ts.URL, tenant), client.New(gws[1].ts.URL, tenant)
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := cb.CreateLoraTrainingClient(ctx, sess, 1, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smp, err := cb.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gws {
+		var got api.SessionResponse
+		if err := client.New(g.ts.URL, tenant).Do(ctx, "GET", "sessions/"+sess, nil, &got); err != nil {
+			t.Fatalf("gateway %d: %v", i, err)
+		}
+		if !slices.Contains(got.TrainingRunIDs, ta.ModelID) || !slices.Contains(got.TrainingRunIDs, tb.ModelID) || len(got.TrainingRunIDs) != 2 ||
+			!slices.Equal(got.SamplerIDs, []string{smp}) {
+			t.Fatalf("gateway %d lists runs %v and samplers %v, want %s and %s, and %s", i, got.TrainingRunIDs, got.SamplerIDs, ta.ModelID, tb.ModelID, smp)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -182,8 +183,28 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant strin
 		return nil, err
 	}
 	s.sessions.mu.Lock()
-	defer s.sessions.mu.Unlock()
-	return api.SessionResponse{TrainingRunIDs: append([]string{}, sess.runs...), SamplerIDs: append([]string{}, sess.samplers...)}, nil
+	runs, samplers := append([]string{}, sess.runs...), append([]string{}, sess.samplers...)
+	s.sessions.mu.Unlock()
+	if s.leases.on {
+		// Several gateways: the others' runs and samplers of this session are in their own rows
+		// (the session's row holds only its last writer's list).
+		stRuns, stSamplers, err := s.st.SessionMembers(r.Context(), sess.id)
+		if err != nil {
+			return nil, errf(http.StatusServiceUnavailable, "reading the session's runs: %v", err)
+		}
+		runs, samplers = union(runs, stRuns), union(samplers, stSamplers)
+	}
+	return api.SessionResponse{TrainingRunIDs: runs, SamplerIDs: samplers}, nil
+}
+
+// union is a followed by the ids of b it lacks, in their order.
+func union(a, b []string) []string {
+	for _, id := range b {
+		if !slices.Contains(a, id) {
+			a = append(a, id)
+		}
+	}
+	return a
 }
 
 // knowSession loads a session another gateway created after this one started (several

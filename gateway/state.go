@@ -212,6 +212,11 @@ func (s *Server) restore() error {
 			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt, project: d.Project,
 			grads: gradientLedger{pending: d.PendingForwardBackwards, untracked: d.UntrackedGradients},
 			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
+		// A run's own row names its session: the session row's list may be another gateway's,
+		// written without it (several gateways on one store).
+		if sess := s.sessions.m[row.SessionID]; sess != nil && !slices.Contains(sess.runs, row.ID) {
+			sess.runs = append(sess.runs, row.ID)
+		}
 	}
 	samplers, err := s.st.Samplers(ctx)
 	if err != nil {
@@ -226,6 +231,9 @@ func (s *Server) restore() error {
 		}
 		s.samplers.m[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
 			modelPath: d.ModelPath, engineID: d.EngineID, dir: d.Dir, rep: rep}
+		if sess := s.sessions.m[row.SessionID]; sess != nil && !slices.Contains(sess.samplers, row.ID) {
+			sess.samplers = append(sess.samplers, row.ID)
+		}
 	}
 	ckpts, err := s.st.Checkpoints(ctx)
 	if err != nil {

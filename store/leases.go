@@ -236,3 +236,29 @@ func (s *SQL) GetSession(ctx context.Context, id string) (Session, error) {
 	x.Created, x.Heartbeat = fromMS(c), fromMS(h)
 	return x, err
 }
+
+// SessionMembers lists the runs (oldest first) and samplers of a session by their rows.
+func (s *SQL) SessionMembers(ctx context.Context, id string) (runs, samplers []string, err error) {
+	if runs, err = s.ids(ctx, `SELECT id FROM runs WHERE session_id = ? ORDER BY created, id`, id); err != nil {
+		return nil, nil, err
+	}
+	samplers, err = s.ids(ctx, `SELECT id FROM samplers WHERE session_id = ? ORDER BY id`, id)
+	return runs, samplers, err
+}
+
+func (s *SQL) ids(ctx context.Context, query, arg string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(query), arg)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}

@@ -257,3 +257,34 @@ func TestGetSession(t *testing.T) {
 		}
 	})
 }
+
+// SessionMembers finds a session's runs and samplers by their rows, not by the session's own
+// list (which another gateway may have written without them), and no other session's.
+func TestSessionMembers(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		if err := s.PutSession(ctx, Session{ID: "s1", Tenant: "a", Created: now, Heartbeat: now, Data: []byte(`{"runs":["r2"]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range []Run{{ID: "r2", SessionID: "s1"}, {ID: "r1", SessionID: "s1"}, {ID: "r3", SessionID: "s2"}} {
+			r.Tenant, r.BaseModel, r.Created, r.LastRequest = "a", "m", now.Add(time.Duration(i)*time.Second), now
+			if err := s.PutRun(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, x := range []Sampler{{ID: "p2", SessionID: "s1"}, {ID: "p1", SessionID: "s1"}, {ID: "p3", SessionID: "s2"}} {
+			x.Tenant = "a"
+			if err := s.PutSampler(ctx, x); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runs, samplers, err := s.SessionMembers(ctx, "s1")
+		if err != nil || !slices.Equal(runs, []string{"r2", "r1"}) || !slices.Equal(samplers, []string{"p1", "p2"}) {
+			t.Fatalf("members of s1: runs %v samplers %v, %v", runs, samplers, err)
+		}
+		if runs, samplers, err := s.SessionMembers(ctx, "nope"); err != nil || len(runs)+len(samplers) != 0 {
+			t.Fatalf("members of a missing session: %v %v %v", runs, samplers, err)
+		}
+	})
+}

@@ -58,6 +58,10 @@ var migrations = []string{
 	ALTER TABLE futures ADD COLUMN run_id TEXT;
 	ALTER TABLE futures ADD COLUMN request {{BLOB}};
 	CREATE INDEX futures_run ON futures(run_id, state) WHERE run_id IS NOT NULL;`,
+	// 7: a session's runs and samplers read by their rows' session_id (SessionMembers): with
+	// several gateways, the list in the session's row is only its last writer's.
+	`CREATE INDEX runs_session ON runs(session_id);
+	CREATE INDEX samplers_session ON samplers(session_id);`,
 }
 
 func (s *SQL) ddl(q string) string {

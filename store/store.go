@@ -240,6 +240,9 @@ type RunLeases interface {
 	GetRun(ctx context.Context, id string) (Run, error)
 	// GetSession reads one session (ErrNotFound if none).
 	GetSession(ctx context.Context, id string) (Session, error)
+	// SessionMembers lists a session's runs (oldest first) and samplers from their own rows,
+	// whichever gateway wrote them.
+	SessionMembers(ctx context.Context, id string) (runs, samplers []string, err error)
 }
 
 // FutureListener is a Store that reports futures finished by other gateways. listening is

@@ -146,14 +146,15 @@ type connCaps struct {
 	total     int
 	byIP      map[string]int
 	probing   int             // connections over the caps being read for a probe
-	probingIP map[string]bool // their addresses: one slot per address
+	probingIP map[string]int  // their addresses: at most probeSlotsPerAddress slots each
 }
 
 // Probes over the caps: the Helm chart's liveness, readiness and startup probes GET
 // /api/v1/healthz, and a pod whose probes fail is restarted, so a flood that fills --max-conns
 // must not fail them. A connection over a cap is read for its request line (at most
-// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots, one per remote
-// address (so one flooding address holds one slot, and the kubelet's address keeps its own); a
+// probeHeadBytes, within probeReadTimeout) on one of reservedProbeSlots slots, at most
+// probeSlotsPerAddress per remote address (so one flooding address holds a few slots, and the
+// kubelet's address keeps its own); a
 // probe path is answered by the server's own handler, once, and the connection closed; anything
 // else, or a connection over the cap while its address or every slot is busy, gets the 503 at
 // once as before.
@@ -161,13 +162,16 @@ var probePaths = map[string]bool{"/api/v1/healthz": true}
 
 const (
 	reservedProbeSlots = 16
+	// probeSlotsPerAddress: the kubelet's liveness, readiness and startup probes come from one
+	// address (the node's) on timers of their own, and may overlap.
+	probeSlotsPerAddress = 3
 	probeReadTimeout   = time.Second
 	probeHeadBytes     = 8 << 10
 	probeAnswerBytes   = 64 << 10
 )
 
 func limitConns(ln net.Listener, max, perIP int, probe http.Handler) net.Listener {
-	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}, probingIP: map[string]bool{}}
+	return &connCaps{Listener: ln, max: max, perIP: perIP, probe: probe, byIP: map[string]int{}, probingIP: map[string]int{}}
 }
 
 func (l *connCaps) Accept() (net.Conn, error) {
@@ -188,10 +192,10 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			l.total++
 			l.byIP[ip]++
 		}
-		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots && !l.probingIP[ip]
+		probe := refused != "" && l.probe != nil && l.probing < reservedProbeSlots && l.probingIP[ip] < probeSlotsPerAddress
 		if probe {
 			l.probing++
-			l.probingIP[ip] = true
+			l.probingIP[ip]++
 		}
 		l.mu.Unlock()
 		switch {
@@ -199,8 +203,16 @@ func (l *connCaps) Accept() (net.Conn, error) {
 			return &cappedConn{Conn: c, l: l, ip: ip}, nil
 		case probe:
 			go func() {
-				defer func() { l.mu.Lock(); l.probing--; delete(l.probingIP, ip); l.mu.Unlock() }()
+				// The slot is given back before the connection closes: a prober that sends its
+				// next probe once it sees the close finds its slot free.
+				defer c.Close()
 				answerProbeOrRefuse(c, l.probe, refused)
+				l.mu.Lock()
+				l.probing--
+				if l.probingIP[ip]--; l.probingIP[ip] <= 0 {
+					delete(l.probingIP, ip)
+				}
+				l.mu.Unlock()
 			}()
 		default:
 			go refuseConn(c, refused) // never let one refused client hold up Accept
@@ -209,7 +221,7 @@ func (l *connCaps) Accept() (net.Conn, error) {
 }
 
 // answerProbeOrRefuse reads one request head from a connection over a cap; a GET or HEAD of a
-// probe path is answered by h and the connection closed, anything else gets the 503.
+// probe path is answered by h, anything else gets the 503. The caller closes the connection.
 func answerProbeOrRefuse(c net.Conn, h http.Handler, why string) {
 	_ = c.SetReadDeadline(time.Now().Add(probeReadTimeout))
 	req, err := http.ReadRequest(bufio.NewReaderSize(io.LimitReader(c, probeHeadBytes), 4096))
@@ -218,7 +230,6 @@ func answerProbeOrRefuse(c net.Conn, h http.Handler, why string) {
 		refuseConn(c, why)
 		return
 	}
-	defer c.Close()
 	req.RemoteAddr = c.RemoteAddr().String()
 	ctx, cancel := context.WithTimeout(req.Context(), probeReadTimeout)
 	defer cancel()

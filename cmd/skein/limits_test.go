@@ -331,7 +331,7 @@ func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
 	t.Cleanup(func() { gw.Close() })
 	fillAndProbe(t, serveHandlerWithLimits(t, gw, "--max-conns", "2", "--max-conns-per-ip", "0"), `"status":"ok"`)
 
-	// A flood from one address that sends nothing over the cap holds one probe slot, not all of
+	// A flood from one address that sends nothing over the cap holds a few probe slots, not all of
 	// them: the kubelet's probe from another address is still answered at once.
 	for range 2 * reservedProbeSlots {
 		c, err := net.Dial("tcp", addr)
@@ -350,6 +350,47 @@ func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\n\r\n")
 	if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") || time.Since(start) > probeReadTimeout/2 {
 		t.Fatalf("a probe from another address during a silent flood: %q after %s; want 200 at once", got, time.Since(start))
+	}
+}
+
+// The kubelet probes liveness, readiness and startup on timers of their own, from one address
+// (the node's): probes from one address that overlap are all answered while the cap is full, as
+// is one sent right after the last was answered (the old code kept one slot per address, and
+// gave it back only after closing the connection: the second of two overlapping probes got the
+// 503, and so, now and then, did one sent right after an answer).
+func TestOverlappingProbesFromOneAddressAreAllAnswered(t *testing.T) {
+	addr := serveWithLimits(t, "--max-conns", "2", "--max-conns-per-ip", "0")
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("a connection within the cap: %v %v", resp, err)
+		}
+	}
+	for round := range 20 {
+		// Every probe connection is open (accepted and waiting) before any sends its request.
+		var conns []net.Conn
+		for range probeSlotsPerAddress {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		time.Sleep(20 * time.Millisecond)
+		for _, c := range conns {
+			_, _ = io.WriteString(c, "GET /api/v1/healthz HTTP/1.1\r\nHost: 10.0.0.7:8080\r\nUser-Agent: kube-probe/1.31\r\n\r\n")
+		}
+		for i, c := range conns {
+			if got := readUntilClosed(t, c); !strings.HasPrefix(got, "HTTP/1.1 200") {
+				t.Fatalf("round %d: probe %d of %d overlapping ones from one address: %q; want 200", round, i+1, len(conns), got)
+			}
+			c.Close()
+		}
 	}
 }
 

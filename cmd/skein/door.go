@@ -145,8 +145,8 @@ type connCaps struct {
 	mu        sync.Mutex
 	total     int
 	byIP      map[string]int
-	probing   int             // connections over the caps being read for a probe
-	probingIP map[string]int  // their addresses: at most probeSlotsPerAddress slots each
+	probing   int            // connections over the caps being read for a probe
+	probingIP map[string]int // their addresses: at most probeSlotsPerAddress slots each
 }
 
 // Probes over the caps: the Helm chart's liveness, readiness and startup probes GET
@@ -165,9 +165,9 @@ const (
 	// probeSlotsPerAddress: the kubelet's liveness, readiness and startup probes come from one
 	// address (the node's) on timers of their own, and may overlap.
 	probeSlotsPerAddress = 3
-	probeReadTimeout   = time.Second
-	probeHeadBytes     = 8 << 10
-	probeAnswerBytes   = 64 << 10
+	probeReadTimeout     = time.Second
+	probeHeadBytes       = 8 << 10
+	probeAnswerBytes     = 64 << 10
 )
 
 func limitConns(ln net.Listener, max, perIP int, probe http.Handler) net.Listener {

@@ -549,7 +549,13 @@ func TestCandidatesArePrefixOfFullSort(t *testing.T) {
 // Decoding one sequence token by token (batch 1: reading the weights once per token), in each
 // precision, with a rank-16 adapter as the bench command uses. SKEIN_BENCH_MODEL picks the model
 // (default: the tiny preset).
-func BenchmarkDecodeBatch1(b *testing.B) {
+func BenchmarkDecodeBatch1(b *testing.B) { benchmarkDecode(b, 1) }
+
+// Eight samples of one prompt decoding together: the shape of issue 36's scaling target (run it
+// under -cpu 1,2 and compare).
+func BenchmarkDecodeBatch8(b *testing.B) { benchmarkDecode(b, 8) }
+
+func benchmarkDecode(b *testing.B, rows int) {
 	dir := os.Getenv("SKEIN_BENCH_MODEL")
 	if dir == "" {
 		dir = tinyModel(b, ArchQwen2)
@@ -563,7 +569,7 @@ func BenchmarkDecodeBatch1(b *testing.B) {
 			if _, err := e.CreateAdapter("a", LoraConfig{Rank: 16, TrainAttn: true, TrainMLP: true}); err != nil {
 				b.Fatal(err)
 			}
-			req := SampleRequest{Prompt: []int{1, 2, 3, 4, 5, 6, 7, 8}, NumSamples: 1, Params: SampleParams{MaxTokens: 32, Temperature: 1, TopK: -1, TopP: 1}}
+			req := SampleRequest{Prompt: []int{1, 2, 3, 4, 5, 6, 7, 8}, NumSamples: rows, Params: SampleParams{MaxTokens: 32, Temperature: 1, TopK: -1, TopP: 1}}
 			b.ResetTimer()
 			tokens := 0
 			for range b.N {
@@ -571,7 +577,9 @@ func BenchmarkDecodeBatch1(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				tokens += len(r.Sequences[0].Tokens)
+				for _, s := range r.Sequences {
+					tokens += len(s.Tokens)
+				}
 			}
 			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
 		})

@@ -4,6 +4,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sort"
 	"time"
@@ -43,12 +44,17 @@ func (s *Server) ckptRow(m *ckptMeta) api.Checkpoint {
 	return c
 }
 
-func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool) []*ckptMeta {
+func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool, others ...*ckptMeta) []*ckptMeta {
 	s.ckpts.mu.Lock()
 	defer s.ckpts.mu.Unlock()
 	now := time.Now()
 	var out []*ckptMeta
 	for _, m := range s.ckpts.m {
+		if !m.expired(now) && keep(m) {
+			out = append(out, m)
+		}
+	}
+	for _, m := range others { // other gateways' (othersMade)
 		if !m.expired(now) && keep(m) {
 			out = append(out, m)
 		}
@@ -59,11 +65,17 @@ func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool) []*ckptMeta {
 
 func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
-	run := s.runs.get(id)
-	if run == nil || run.tenant != tenant {
-		return nil, errf(http.StatusNotFound, "training run %q not found", id)
+	if err := s.knowRun(r.Context(), tenant, id); err != nil {
+		if e := (*httpError)(nil); errors.As(err, &e) && e.status == http.StatusNotFound {
+			return nil, errf(http.StatusNotFound, "training run %q not found", id)
+		}
+		return nil, err
 	}
-	rows := s.ckptRows(s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }))
+	_, others, err := s.othersMade(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	rows := s.ckptRows(s.checkpointsWhere(func(m *ckptMeta) bool { return m.parsed.ModelID == id }, others...))
 	return api.CheckpointsResponse{Checkpoints: rows}, nil
 }
 
@@ -72,7 +84,11 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 	if err != nil {
 		return nil, err
 	}
-	all := s.checkpointsWhere(func(m *ckptMeta) bool { return m.Owner == tenant })
+	_, others, err := s.othersMade(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	all := s.checkpointsWhere(func(m *ckptMeta) bool { return m.Owner == tenant }, others...)
 	rows := s.ckptRows(page(all, offset, limit))
 	return api.CheckpointsResponse{Checkpoints: rows, Cursor: &api.Cursor{Offset: offset, Limit: limit, TotalCount: len(all)}}, nil
 }

@@ -429,6 +429,67 @@ func TestASessionListsWhatEveryGatewayMadeInIt(t *testing.T) {
 	}
 }
 
+// A run and its checkpoint made through one gateway are in every gateway's listings (the run's
+// training_runs row with its last checkpoint, its checkpoints, the tenant's checkpoints), also on
+// a gateway that started before they were made; another tenant sees none of them. The old
+// listings read only each gateway's own maps.
+func TestListingsShowWhatOtherGatewaysMade(t *testing.T) {
+	gws := startPGGateways(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-listings"
+	ca := client.New(gws[0].ts.URL, tenant)
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := tc.SaveState(ctx, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved api.SaveWeightsResponse
+	if err := f.Result(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gws {
+		c := client.New(g.ts.URL, tenant)
+		var runs struct {
+			TrainingRuns []api.TrainingRun `json:"training_runs"`
+		}
+		if err := c.Do(ctx, "GET", "training_runs", nil, &runs); err != nil {
+			t.Fatalf("gateway %d: %v", i, err)
+		}
+		if len(runs.TrainingRuns) != 1 || runs.TrainingRuns[0].TrainingRunID != tc.ModelID ||
+			runs.TrainingRuns[0].LastCheckpoint == nil || runs.TrainingRuns[0].LastCheckpoint.TinkerPath != saved.Path {
+			t.Fatalf("gateway %d lists runs %+v, want %s with its checkpoint %s", i, runs.TrainingRuns, tc.ModelID, saved.Path)
+		}
+		for _, path := range []string{"training_runs/" + tc.ModelID + "/checkpoints", "checkpoints"} {
+			var ck api.CheckpointsResponse
+			if err := c.Do(ctx, "GET", path, nil, &ck); err != nil {
+				t.Fatalf("gateway %d, %s: %v", i, path, err)
+			}
+			if len(ck.Checkpoints) != 1 || ck.Checkpoints[0].TinkerPath != saved.Path {
+				t.Fatalf("gateway %d, %s: %+v, want %s", i, path, ck.Checkpoints, saved.Path)
+			}
+		}
+		other := client.New(g.ts.URL, "tml-someone-else")
+		var none struct {
+			TrainingRuns []api.TrainingRun `json:"training_runs"`
+		}
+		if err := other.Do(ctx, "GET", "training_runs", nil, &none); err != nil || len(none.TrainingRuns) != 0 {
+			t.Fatalf("gateway %d shows another tenant %+v (%v)", i, none.TrainingRuns, err)
+		}
+		var ck api.CheckpointsResponse
+		if err := other.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/checkpoints", nil, &ck); err == nil {
+			t.Fatalf("gateway %d lists another tenant's run's checkpoints: %+v", i, ck.Checkpoints)
+		}
+	}
+}
+
 // countingCompute counts the forward_backwards that reach an engine.
 type countingCompute struct {
 	engine.Compute

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/skein-ai/skein/api"
@@ -105,10 +107,10 @@ type ckptIndex struct {
 }
 
 // indexCheckpoints builds the index; call with s.ckpts.mu held.
-func (s *Server) indexCheckpoints() ckptIndex {
+func (s *Server) indexCheckpoints(others ...*ckptMeta) ckptIndex {
 	idx := ckptIndex{newest: map[[2]string]*ckptMeta{}, public: map[string]bool{}}
 	now := time.Now()
-	for _, m := range s.ckpts.m {
+	for _, m := range append(slices.Collect(maps.Values(s.ckpts.m)), others...) {
 		if m.expired(now) {
 			continue
 		}

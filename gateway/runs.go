@@ -3,7 +3,9 @@ package gateway
 // REST listings of training runs, and their paging.
 
 import (
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -96,13 +98,17 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if err != nil {
 		return nil, err
 	}
+	otherRuns, otherCkpts, err := s.othersMade(r.Context())
+	if err != nil {
+		return nil, err
+	}
 	s.runs.mu.Lock()
 	defer s.runs.mu.Unlock()
 	s.ckpts.mu.Lock()
 	defer s.ckpts.mu.Unlock()
 	var runs []*trainingRun
-	idx := s.indexCheckpoints()
-	for _, run := range s.runs.m {
+	idx := s.indexCheckpoints(otherCkpts...)
+	for _, run := range append(slices.Collect(maps.Values(s.runs.m)), otherRuns...) {
 		if listed(run, idx) {
 			runs = append(runs, run)
 		}

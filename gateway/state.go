@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"time"
@@ -205,13 +206,7 @@ func (s *Server) restore() error {
 	}
 	for _, row := range runs {
 		// Runs of base models not served (yet: workers may register later) are restored too.
-		var d runData
-		_ = json.Unmarshal(row.Data, &d)
-		s.runs.m[row.ID] = &trainingRun{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: row.BaseModel,
-			lora: d.Lora, step: d.Step, created: row.Created, lastRequest: row.LastRequest, metadata: d.Metadata,
-			ready: row.Live, lastCkpt: d.LastCkpt, lastSamplerCkpt: d.LastSamplerCkpt, project: d.Project,
-			grads: gradientLedger{pending: d.PendingForwardBackwards, untracked: d.UntrackedGradients},
-			queue: newRunQueue(-1)} // the client's seq_ids go on from wherever it is
+		s.runs.m[row.ID] = runFromRow(row)
 		// A run's own row names its session: the session row's list may be another gateway's,
 		// written without it (several gateways on one store).
 		if sess := s.sessions.m[row.SessionID]; sess != nil && !slices.Contains(sess.runs, row.ID) {
@@ -240,18 +235,61 @@ func (s *Server) restore() error {
 		return err
 	}
 	for _, row := range ckpts {
-		var m ckptMeta
-		if json.Unmarshal(row.Data, &m) != nil {
-			continue
+		if m := ckptFromRow(row); m != nil {
+			s.ckpts.m[m.Path] = m
 		}
-		p, err := checkpoint.Parse(m.Path)
-		if err != nil {
-			continue
-		}
-		m.parsed = p
-		s.ckpts.m[m.Path] = &m
 	}
 	return nil
+}
+
+// ckptFromRow is a checkpoint's metadata as its row has it (nil if unreadable).
+func ckptFromRow(row store.Checkpoint) *ckptMeta {
+	var m ckptMeta
+	if json.Unmarshal(row.Data, &m) != nil {
+		return nil
+	}
+	p, err := checkpoint.Parse(m.Path)
+	if err != nil {
+		return nil
+	}
+	m.parsed = p
+	return &m
+}
+
+// othersMade, with several gateways on one store, is what other gateways made since this one
+// started and this one's maps lack, read from the store for a listing: a client behind a load
+// balancer otherwise saw a run or a checkpoint in one gateway's listing and not in another's.
+// None of it is kept: a run's own requests go to its lease holder, and a delete here must not be
+// undone by a listing that read the row just before it went.
+func (s *Server) othersMade(ctx context.Context) (runs []*trainingRun, ckpts []*ckptMeta, err error) {
+	if !s.leases.on {
+		return nil, nil, nil
+	}
+	runRows, err := s.st.Runs(ctx)
+	if err != nil {
+		return nil, nil, errf(http.StatusServiceUnavailable, "reading the runs: %v", err)
+	}
+	ckptRows, err := s.st.Checkpoints(ctx)
+	if err != nil {
+		return nil, nil, errf(http.StatusServiceUnavailable, "reading the checkpoints: %v", err)
+	}
+	s.runs.mu.Lock()
+	for _, row := range runRows {
+		if s.runs.m[row.ID] == nil {
+			runs = append(runs, runFromRow(row))
+		}
+	}
+	s.runs.mu.Unlock()
+	s.ckpts.mu.Lock()
+	for _, row := range ckptRows {
+		if s.ckpts.m[row.Path] == nil {
+			if m := ckptFromRow(row); m != nil && m.Path == row.Path {
+				ckpts = append(ckpts, m)
+			}
+		}
+	}
+	s.ckpts.mu.Unlock()
+	return runs, ckpts, nil
 }
 
 // adapterOf is a run as its replica sees it: the adapter, its tenant's lane, and the record of

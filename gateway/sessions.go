@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -197,10 +196,15 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, tenant strin
 	return api.SessionResponse{TrainingRunIDs: runs, SamplerIDs: samplers}, nil
 }
 
-// union is a followed by the ids of b it lacks, in their order.
+// union is a followed by the ids of b it lacks, in their order (a set: a session may hold many).
 func union(a, b []string) []string {
+	seen := make(map[string]bool, len(a))
+	for _, id := range a {
+		seen[id] = true
+	}
 	for _, id := range b {
-		if !slices.Contains(a, id) {
+		if !seen[id] {
+			seen[id] = true
 			a = append(a, id)
 		}
 	}

@@ -204,15 +204,20 @@ func (s *Server) restore() error {
 	if err != nil {
 		return err
 	}
+	members := map[string][]string{} // session → its runs (then samplers) by their rows
 	for _, row := range runs {
 		// Runs of base models not served (yet: workers may register later) are restored too.
 		s.runs.m[row.ID] = runFromRow(row)
-		// A run's own row names its session: the session row's list may be another gateway's,
-		// written without it (several gateways on one store).
-		if sess := s.sessions.m[row.SessionID]; sess != nil && !slices.Contains(sess.runs, row.ID) {
-			sess.runs = append(sess.runs, row.ID)
+		members[row.SessionID] = append(members[row.SessionID], row.ID)
+	}
+	// A run's own row names its session: the session row's list may be another gateway's,
+	// written without it (several gateways on one store). Samplers likewise, below.
+	for id, runs := range members {
+		if sess := s.sessions.m[id]; sess != nil {
+			sess.runs = union(sess.runs, runs)
 		}
 	}
+	clear(members)
 	samplers, err := s.st.Samplers(ctx)
 	if err != nil {
 		return err
@@ -226,8 +231,11 @@ func (s *Server) restore() error {
 		}
 		s.samplers.m[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
 			modelPath: d.ModelPath, engineID: d.EngineID, dir: d.Dir, rep: rep}
-		if sess := s.sessions.m[row.SessionID]; sess != nil && !slices.Contains(sess.samplers, row.ID) {
-			sess.samplers = append(sess.samplers, row.ID)
+		members[row.SessionID] = append(members[row.SessionID], row.ID)
+	}
+	for id, samplers := range members {
+		if sess := s.sessions.m[id]; sess != nil {
+			sess.samplers = union(sess.samplers, samplers)
 		}
 	}
 	ckpts, err := s.st.Checkpoints(ctx)

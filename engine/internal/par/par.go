@@ -29,7 +29,12 @@ func Rows(n int, fn func(lo, hi int)) {
 	c.left.Store(int32(k - 1))
 	ensureWorkers(k - 1)
 	for i := 1; i < k; i++ {
-		jobs <- job{c: c, lo: n * i / k, hi: n * (i + 1) / k}
+		j := job{c: c, lo: n * i / k, hi: n * (i + 1) / k}
+		select {
+		case jobs <- j:
+		default: // the queue is full (many calls at once): the caller runs the part itself
+			j.do()
+		}
 	}
 	c.run(0, n/k)
 	// Wait for the other parts, running queued parts (this call's or another's: a part may call

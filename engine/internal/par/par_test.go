@@ -2,6 +2,7 @@ package par
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,4 +54,36 @@ func TestRowsRaisesAPanicAfterEveryPartEnds(t *testing.T) {
 			})
 		}()
 	}
+}
+
+// Many callers at once, more parts than the queue holds, and parts that call Rows themselves:
+// every call ends with each of its indices visited once (no deadlock, no part lost).
+func TestRowsFromManyCallersAndNested(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	runtime.GOMAXPROCS(8)
+	var wg sync.WaitGroup
+	for range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var inner atomic.Int32
+			seen := make([]atomic.Int32, 16)
+			Rows(16, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					seen[i].Add(1)
+				}
+				time.Sleep(time.Millisecond)
+				Rows(4, func(lo, hi int) { inner.Add(int32(hi - lo)) })
+			})
+			for i := range seen {
+				if c := seen[i].Load(); c != 1 {
+					t.Errorf("index %d visited %d times", i, c)
+				}
+			}
+			if got := inner.Load(); got != 8*4 {
+				t.Errorf("nested calls visited %d indices, want %d", got, 8*4)
+			}
+		}()
+	}
+	wg.Wait()
 }

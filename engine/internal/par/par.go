@@ -13,48 +13,45 @@ import (
 // waits for them. A panic in fn is raised again on the caller's goroutine once every part has
 // ended (the others may still be writing what the caller owns).
 //
-// The parts other than the first go to a pool of worker goroutines that spin for a while
-// (spinFor) after each part before they sleep, and the caller runs the first part itself and
-// then spins for the rest, running queued parts while it waits. A decode step is ~170 products
-// of 50–200 µs back to back: with a fresh goroutine per part, the other core had gone to sleep
-// between two products, and waking it (a halted vCPU, in a VM) cost about what its half of the
-// product saved, so two cores decoded no faster than one.
+// A pool of worker goroutines takes the parts; a worker spins for a while (spinFor) after its
+// last part before it sleeps, and the caller runs the first part, then any part no worker has
+// claimed yet, then spins until the rest end. A decode step is ~170 products of 50–200 µs back
+// to back: with a fresh goroutine per part, the other core had gone to sleep between two
+// products, and waking it (a halted vCPU, in a VM) cost about what its half of the product
+// saved, so two cores decoded no faster than one. Only a call's own caller and the workers run
+// its parts: a caller never runs another call's part (it may hold a lock that part needs), and
+// since it runs every part of its own that no worker claimed, waiting never deadlocks, also when
+// a part calls Rows itself.
 func Rows(n int, fn func(lo, hi int)) {
 	k := min(runtime.GOMAXPROCS(0), n)
 	if k <= 1 {
 		fn(0, n)
 		return
 	}
-	c := &call{fn: fn}
+	c := &call{fn: fn, n: n, k: int32(k)}
+	c.next.Store(1)
 	c.left.Store(int32(k - 1))
 	ensureWorkers(k - 1)
-	for i := 1; i < k; i++ {
-		j := job{c: c, lo: n * i / k, hi: n * (i + 1) / k}
+	for range k - 1 {
 		select {
-		case jobs <- j:
-		default: // the queue is full (many calls at once): the caller runs the part itself
-			j.do()
+		case tickets <- c:
+		default: // the queue is full (many calls at once): the caller claims the parts itself
 		}
 	}
-	c.run(0, n/k)
-	// Wait for the other parts, running queued parts (this call's or another's: a part may call
-	// Rows itself) so that waiting never deadlocks, and spinning rather than sleeping at first.
+	c.run(0)
+	for c.claim() {
+	}
 	start := time.Now()
 	for c.left.Load() > 0 {
-		select {
-		case j := <-jobs:
-			j.do()
-		default:
-			if time.Since(start) < spinFor {
-				runtime.Gosched()
-				continue
-			}
-			c.mu.Lock()
-			for c.left.Load() > 0 {
-				c.cond().Wait()
-			}
-			c.mu.Unlock()
+		if time.Since(start) < spinFor {
+			runtime.Gosched()
+			continue
 		}
+		c.mu.Lock()
+		for c.left.Load() > 0 {
+			c.cond().Wait()
+		}
+		c.mu.Unlock()
 	}
 	if p := c.panicked.Load(); p != nil {
 		panic(*p)
@@ -65,9 +62,13 @@ func Rows(n int, fn func(lo, hi int)) {
 // do: longer than the gap between two products of a step, short enough not to matter idle.
 const spinFor = 200 * time.Microsecond
 
-// call is one Rows call: its function, the parts not yet ended and the first panic.
+// call is one Rows call: its function and parts, the next part not yet claimed, the parts other
+// than the first not yet ended, and the first panic.
 type call struct {
 	fn       func(lo, hi int)
+	n        int
+	k        int32
+	next     atomic.Int32
 	left     atomic.Int32
 	panicked atomic.Pointer[any]
 	mu       sync.Mutex
@@ -81,32 +82,35 @@ func (c *call) cond() *sync.Cond {
 	return c.c
 }
 
-func (c *call) run(lo, hi int) {
+// run runs part i, keeping a panic for the caller.
+func (c *call) run(i int) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.panicked.CompareAndSwap(nil, &r)
 		}
 	}()
-	c.fn(lo, hi)
+	c.fn(c.n*i/int(c.k), c.n*(i+1)/int(c.k))
 }
 
-// job is a part of a call, run by a worker or a waiting caller.
-type job struct {
-	c      *call
-	lo, hi int
-}
-
-func (j job) do() {
-	j.c.run(j.lo, j.hi)
-	j.c.mu.Lock()
-	if j.c.left.Add(-1) == 0 && j.c.c != nil {
-		j.c.c.Broadcast()
+// claim runs the next unclaimed part, if any, and reports whether there was one.
+func (c *call) claim() bool {
+	i := c.next.Add(1) - 1
+	if i >= c.k {
+		return false
 	}
-	j.c.mu.Unlock()
+	c.run(int(i))
+	c.mu.Lock()
+	if c.left.Add(-1) == 0 && c.c != nil {
+		c.c.Broadcast()
+	}
+	c.mu.Unlock()
+	return true
 }
 
 var (
-	jobs    = make(chan job, 1024)
+	// tickets tell the workers a call has parts to claim: one per part, possibly stale (the
+	// caller may have claimed the part itself).
+	tickets = make(chan *call, 1024)
 	workers atomic.Int32
 	startMu sync.Mutex
 )
@@ -127,27 +131,21 @@ func ensureWorkers(n int) {
 
 func work() {
 	for {
+		var c *call
 		select {
-		case j := <-jobs:
-			j.do()
-			continue
+		case c = <-tickets:
 		default:
-		}
-		got := false
-		for start := time.Now(); time.Since(start) < spinFor; {
-			select {
-			case j := <-jobs:
-				j.do()
-				got = true
-			default:
-				runtime.Gosched()
+			for start := time.Now(); c == nil && time.Since(start) < spinFor; {
+				select {
+				case c = <-tickets:
+				default:
+					runtime.Gosched()
+				}
 			}
-			if got {
-				break
+			if c == nil {
+				c = <-tickets
 			}
 		}
-		if !got {
-			(<-jobs).do()
-		}
+		c.claim()
 	}
 }

@@ -54,7 +54,7 @@ func (s *Server) checkpointsWhere(keep func(*ckptMeta) bool, others ...*ckptMeta
 			out = append(out, m)
 		}
 	}
-	for _, m := range others { // other gateways' (othersMade)
+	for _, m := range others { // other gateways' (otherCheckpoints)
 		if !m.expired(now) && keep(m) {
 			out = append(out, m)
 		}
@@ -71,7 +71,7 @@ func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tena
 		}
 		return nil, err
 	}
-	_, others, err := s.othersMade(r.Context())
+	others, err := s.otherCheckpoints(r.Context())
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 	if err != nil {
 		return nil, err
 	}
-	_, others, err := s.othersMade(r.Context())
+	others, err := s.otherCheckpoints(r.Context())
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,11 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if err != nil {
 		return nil, err
 	}
-	otherRuns, otherCkpts, err := s.othersMade(r.Context())
+	otherRuns, err := s.otherRuns(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	otherCkpts, err := s.otherCheckpoints(r.Context())
 	if err != nil {
 		return nil, err
 	}

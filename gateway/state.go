@@ -264,40 +264,49 @@ func ckptFromRow(row store.Checkpoint) *ckptMeta {
 	return &m
 }
 
-// othersMade, with several gateways on one store, is what other gateways made since this one
-// started and this one's maps lack, read from the store for a listing: a client behind a load
-// balancer otherwise saw a run or a checkpoint in one gateway's listing and not in another's.
-// None of it is kept: a run's own requests go to its lease holder, and a delete here must not be
-// undone by a listing that read the row just before it went.
-func (s *Server) othersMade(ctx context.Context) (runs []*trainingRun, ckpts []*ckptMeta, err error) {
+// otherRuns and otherCheckpoints, with several gateways on one store, are what other gateways
+// made since this one started and this one's maps lack, read from the store for a listing: a
+// client behind a load balancer otherwise saw a run or a checkpoint in one gateway's listing and
+// not in another's. None of it is kept: a run's own requests go to its lease holder, and a delete
+// here must not be undone by a listing that read the row just before it went.
+func (s *Server) otherRuns(ctx context.Context) ([]*trainingRun, error) {
 	if !s.leases.on {
-		return nil, nil, nil
+		return nil, nil
 	}
-	runRows, err := s.st.Runs(ctx)
+	rows, err := s.st.Runs(ctx)
 	if err != nil {
-		return nil, nil, errf(http.StatusServiceUnavailable, "reading the runs: %v", err)
+		return nil, errf(http.StatusServiceUnavailable, "reading the runs: %v", err)
 	}
-	ckptRows, err := s.st.Checkpoints(ctx)
-	if err != nil {
-		return nil, nil, errf(http.StatusServiceUnavailable, "reading the checkpoints: %v", err)
-	}
+	var out []*trainingRun
 	s.runs.mu.Lock()
-	for _, row := range runRows {
+	defer s.runs.mu.Unlock()
+	for _, row := range rows {
 		if s.runs.m[row.ID] == nil {
-			runs = append(runs, runFromRow(row))
+			out = append(out, runFromRow(row))
 		}
 	}
-	s.runs.mu.Unlock()
+	return out, nil
+}
+
+func (s *Server) otherCheckpoints(ctx context.Context) ([]*ckptMeta, error) {
+	if !s.leases.on {
+		return nil, nil
+	}
+	rows, err := s.st.Checkpoints(ctx)
+	if err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "reading the checkpoints: %v", err)
+	}
+	var out []*ckptMeta
 	s.ckpts.mu.Lock()
-	for _, row := range ckptRows {
+	defer s.ckpts.mu.Unlock()
+	for _, row := range rows {
 		if s.ckpts.m[row.Path] == nil {
 			if m := ckptFromRow(row); m != nil && m.Path == row.Path {
-				ckpts = append(ckpts, m)
+				out = append(out, m)
 			}
 		}
 	}
-	s.ckpts.mu.Unlock()
-	return runs, ckpts, nil
+	return out, nil
 }
 
 // adapterOf is a run as its replica sees it: the adapter, its tenant's lane, and the record of

@@ -181,22 +181,9 @@ func (s *SQL) PendingOps(ctx context.Context, run string) ([]Future, error) {
 // OrphanedRuns lists (at most limit) runs that have pending futures carrying their request and
 // no live lease: their gateway died, and one must take them over so that no future waits forever.
 func (s *SQL) OrphanedRuns(ctx context.Context, limit int) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT DISTINCT run_id FROM futures WHERE state = ? AND request IS NOT NULL
-		AND run_id IS NOT NULL AND run_id NOT IN (SELECT run_id FROM run_leases WHERE until >= ?) LIMIT ?`),
+	return s.ids(ctx, `SELECT DISTINCT run_id FROM futures WHERE state = ? AND request IS NOT NULL
+		AND run_id IS NOT NULL AND run_id NOT IN (SELECT run_id FROM run_leases WHERE until >= ?) LIMIT ?`,
 		FuturePending, ms(time.Now()), limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
 }
 
 // AdoptFuture makes owner the gateway that runs a pending future (a run's new holder running
@@ -246,8 +233,9 @@ func (s *SQL) SessionMembers(ctx context.Context, id string) (runs, samplers []s
 	return runs, samplers, err
 }
 
-func (s *SQL) ids(ctx context.Context, query, arg string) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(query), arg)
+// ids runs a query whose rows are one string each.
+func (s *SQL) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -395,20 +395,7 @@ func (s *SQL) TouchTenant(ctx context.Context, id string) error {
 }
 
 func (s *SQL) Tenants(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM tenants ORDER BY first_seen`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return s.ids(ctx, `SELECT id FROM tenants ORDER BY first_seen`)
 }
 
 func (s *SQL) PutPlacement(ctx context.Context, adapter, replica string) error {

@@ -360,17 +360,7 @@ func TestHTTPServerAnswersProbesOverTheConnectionCap(t *testing.T) {
 // 503, and so, now and then, did one sent right after an answer).
 func TestOverlappingProbesFromOneAddressAreAllAnswered(t *testing.T) {
 	addr := serveWithLimits(t, "--max-conns", "2", "--max-conns-per-ip", "0")
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("a connection within the cap: %v %v", resp, err)
-		}
-	}
+	defer fillCap(t, addr)()
 	for round := range 20 {
 		// Every probe connection is open (accepted and waiting) before any sends its request.
 		var conns []net.Conn
@@ -394,21 +384,37 @@ func TestOverlappingProbesFromOneAddressAreAllAnswered(t *testing.T) {
 	}
 }
 
+// fillCap opens the two connections the server at addr may have, each answered; the func it
+// returns closes them.
+func fillCap(t *testing.T, addr string) (closeAll func()) {
+	t.Helper()
+	var conns []net.Conn
+	closeAll = func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			closeAll()
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+			closeAll()
+			t.Fatalf("a connection within the cap: %v %v", resp, err)
+		}
+	}
+	return closeAll
+}
+
 // fillAndProbe holds the two connections the server at addr may have, then probes it over the
 // cap: GET and HEAD of the health path answer 200 (GET with a body ending in want), anything else 503.
 func fillAndProbe(t *testing.T, addr, want string) {
 	t.Helper()
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("a connection within the cap: %v %v", resp, err)
-		}
-	}
+	defer fillCap(t, addr)()
 	for _, m := range []string{"GET", "HEAD"} {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {

@@ -210,6 +210,28 @@ func (s *SQL) GetRun(ctx context.Context, id string) (Run, error) {
 	return r, err
 }
 
+// GetCheckpoint reads one checkpoint (ErrNotFound if none): a gateway finds a checkpoint another
+// one saved.
+func (s *SQL) GetCheckpoint(ctx context.Context, path string) (Checkpoint, error) {
+	var c Checkpoint
+	var created int64
+	var exp sql.NullInt64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT path, owner, model_id, created, expires_at, public, data FROM checkpoints WHERE path = ?`), path).
+		Scan(&c.Path, &c.Owner, &c.ModelID, &created, &exp, &c.Public, &c.Data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Checkpoint{}, ErrNotFound
+	}
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	c.Created = fromMS(created)
+	if exp.Valid {
+		t := fromMS(exp.Int64)
+		c.ExpiresAt = &t
+	}
+	return c, nil
+}
+
 // GetSession reads one session (ErrNotFound if none): a gateway finds a session another one
 // created after it started.
 func (s *SQL) GetSession(ctx context.Context, id string) (Session, error) {

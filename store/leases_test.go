@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -285,6 +286,76 @@ func TestSessionMembers(t *testing.T) {
 		}
 		if runs, samplers, err := s.SessionMembers(ctx, "nope"); err != nil || len(runs)+len(samplers) != 0 {
 			t.Fatalf("members of a missing session: %v %v %v", runs, samplers, err)
+		}
+	})
+}
+
+// Gateways asking for one cluster secret at once all get the same one, the first stored; a
+// second name is its own secret; an empty candidate is refused and stores nothing.
+func TestClusterSecretHasOneValue(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		got := make([][]byte, 8)
+		var wg sync.WaitGroup
+		for i := range got {
+			wg.Go(func() {
+				v, err := s.ClusterSecret(ctx, "worker-token", []byte{byte('a' + i), 1, 2})
+				if err != nil {
+					t.Error(err)
+				}
+				got[i] = v
+			})
+		}
+		wg.Wait()
+		for i, v := range got {
+			if len(v) != 3 || v[1] != 1 || !bytes.Equal(v, got[0]) {
+				t.Fatalf("asker %d got %v, asker 0 %v: want one stored candidate for all", i, v, got[0])
+			}
+		}
+		again, err := s.ClusterSecret(ctx, "worker-token", []byte("later"))
+		if err != nil || !bytes.Equal(again, got[0]) {
+			t.Fatalf("a later ask got %q (%v), want the first %q", again, err, got[0])
+		}
+		other, err := s.ClusterSecret(ctx, "archive", []byte("sign"))
+		if err != nil || string(other) != "sign" {
+			t.Fatalf("another name got %q (%v), want its own candidate", other, err)
+		}
+		if _, err := s.ClusterSecret(ctx, "empty", nil); err == nil {
+			t.Fatal("an empty secret was stored")
+		}
+		if v, err := s.ClusterSecret(ctx, "empty", []byte("x")); err != nil || string(v) != "x" {
+			t.Fatalf("after a refused empty one: %q (%v)", v, err)
+		}
+	})
+}
+
+// GetCheckpoint reads one checkpoint's row as Checkpoints lists it; a missing or deleted one is
+// ErrNotFound.
+func TestGetCheckpoint(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		exp := now.Add(time.Hour)
+		c := Checkpoint{Path: "tinker://r/weights/a", Owner: "t", ModelID: "r", Created: now, ExpiresAt: &exp, Public: true, Data: []byte(`{"x":1}`)}
+		if err := s.PutCheckpoint(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutCheckpoint(ctx, Checkpoint{Path: "tinker://r/weights/b", Owner: "t", ModelID: "r", Created: now, Data: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetCheckpoint(ctx, c.Path)
+		if err != nil || got.Owner != "t" || got.ModelID != "r" || !got.Created.Equal(now) || got.ExpiresAt == nil ||
+			!got.ExpiresAt.Equal(exp) || !got.Public || string(got.Data) != `{"x":1}` {
+			t.Fatalf("checkpoint %+v %v", got, err)
+		}
+		if b, err := s.GetCheckpoint(ctx, "tinker://r/weights/b"); err != nil || b.ExpiresAt != nil || b.Public {
+			t.Fatalf("second checkpoint %+v %v", b, err)
+		}
+		if err := s.DeleteCheckpoint(ctx, c.Path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetCheckpoint(ctx, c.Path); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("deleted checkpoint: %v", err)
 		}
 	})
 }

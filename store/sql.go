@@ -62,6 +62,9 @@ var migrations = []string{
 	// several gateways, the list in the session's row is only its last writer's.
 	`CREATE INDEX runs_session ON runs(session_id);
 	CREATE INDEX samplers_session ON samplers(session_id);`,
+	// 8: secrets every gateway of a cluster must agree on (the workers' token, the key that signs
+	// download links), so that a gateway needs no data directory of its own (issue 38).
+	`CREATE TABLE cluster_secrets (name TEXT PRIMARY KEY, value {{BLOB}} NOT NULL, created {{INT}} NOT NULL);`,
 }
 
 func (s *SQL) ddl(q string) string {
@@ -385,6 +388,23 @@ func (s *SQL) TryLease(ctx context.Context, name, holder string, ttl time.Durati
 	}
 	n, _ := res.RowsAffected()
 	return n == 1, nil
+}
+
+// ClusterSecret stores candidate as the secret called name unless one is stored already, and
+// returns the stored one: the first gateway to ask decides, every later one reads its answer.
+func (s *SQL) ClusterSecret(ctx context.Context, name string, candidate []byte) ([]byte, error) {
+	if len(candidate) == 0 {
+		return nil, errors.New("store: an empty cluster secret")
+	}
+	if _, err := s.db.ExecContext(ctx, s.q(`INSERT INTO cluster_secrets (name, value, created) VALUES (?, ?, ?)
+		ON CONFLICT(name) DO NOTHING`), name, candidate, ms(time.Now())); err != nil {
+		return nil, err
+	}
+	var v []byte
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT value FROM cluster_secrets WHERE name = ?`), name).Scan(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 func (s *SQL) TouchTenant(ctx context.Context, id string) error {

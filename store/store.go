@@ -208,6 +208,10 @@ type Store interface {
 	// sweeps run under a lease so that one gateway at a time does them.
 	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 
+	// ClusterSecret returns the secret called name, storing candidate first if there is none:
+	// every gateway on one store gets the same one, whichever asked first.
+	ClusterSecret(ctx context.Context, name string, candidate []byte) ([]byte, error)
+
 	RunLeases
 
 	Close() error
@@ -238,6 +242,8 @@ type RunLeases interface {
 	AdoptFuture(ctx context.Context, id, owner string) (bool, error)
 	// GetRun reads one run (ErrNotFound if none).
 	GetRun(ctx context.Context, id string) (Run, error)
+	// GetCheckpoint reads one checkpoint (ErrNotFound if none).
+	GetCheckpoint(ctx context.Context, path string) (Checkpoint, error)
 	// GetSession reads one session (ErrNotFound if none).
 	GetSession(ctx context.Context, id string) (Session, error)
 	// SessionMembers lists a session's runs (oldest first) and samplers from their own rows,

@@ -5,6 +5,7 @@ package gateway
 import (
 	"archive/tar"
 	"compress/gzip"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -73,8 +74,11 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request, _ strin
 		return nil, err
 	}
 	path, generation := c.Path, c.Generation
+	m, err := s.lookupCheckpoint(r.Context(), path)
+	if err != nil {
+		return nil, err
+	}
 	s.ckpts.mu.Lock()
-	m := s.ckpts.m[path]
 	if m != nil && m.Generation != generation {
 		m = nil // deleted or overwritten since the link was made: the link was for the old one
 	}
@@ -131,23 +135,35 @@ func writeTarGz(w io.Writer, dir string) error {
 	return gz.Close()
 }
 
-// archiveSecret is the HMAC key of archive download URLs, kept in the data directory so that
-// URLs handed out stay valid across a restart.
-func (s *Server) archiveSecret() []byte {
-	s.secretOnce.Do(func() {
-		path := filepath.Join(s.opts.DataDir, "archive-secret")
-		if b, err := os.ReadFile(path); err == nil && len(b) >= 32 {
-			s.secret = b
-			return
+// archiveSecretName is the cluster secret that signs download links: every gateway on one store
+// signs and checks with the same key, so a link one gateway made downloads through any.
+const archiveSecretName = "archive-signing"
+
+// settleArchiveSecret reads the key of download links from the store, storing a new one if it
+// has none. A data directory's key from before the store kept it (archive-secret) is offered
+// first, so that links handed out before an upgrade stay valid.
+func (s *Server) settleArchiveSecret() ([]byte, error) {
+	candidate, err := os.ReadFile(filepath.Join(s.opts.DataDir, "archive-secret"))
+	if err != nil || len(candidate) < 32 {
+		candidate = make([]byte, 32)
+		if _, err := rand.Read(candidate); err != nil {
+			return nil, err
 		}
-		b := make([]byte, 32)
-		_, _ = rand.Read(b)
-		_ = os.MkdirAll(s.opts.DataDir, 0o755)
-		_ = os.WriteFile(path, b, 0o600)
-		s.secret = b
-	})
-	return s.secret
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := s.st.ClusterSecret(ctx, archiveSecretName, candidate)
+	if err != nil {
+		return nil, fmt.Errorf("the key of download links: %w", err)
+	}
+	if len(b) < 32 {
+		return nil, fmt.Errorf("the stored key of download links is %d bytes, under 32", len(b))
+	}
+	return b, nil
 }
+
+// archiveSecret is the HMAC key of download links (settled in New).
+func (s *Server) archiveSecret() []byte { return s.secret }
 
 type archiveClaim struct {
 	Path       string `json:"p"`

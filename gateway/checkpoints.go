@@ -11,20 +11,50 @@ import (
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/store"
 )
 
 // checkpointFor resolves a tinker path the tenant may read: its own, or a published one.
-func (s *Server) checkpointFor(tenant, path string) (*ckptMeta, error) {
+func (s *Server) checkpointFor(ctx context.Context, tenant, path string) (*ckptMeta, error) {
 	p, err := checkpoint.Parse(path)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
+	m, err := s.lookupCheckpoint(ctx, p.String())
+	if err != nil {
+		return nil, err
+	}
 	s.ckpts.mu.Lock()
 	defer s.ckpts.mu.Unlock()
-	m := s.ckpts.m[p.String()]
 	if m == nil || (m.Owner != tenant && !m.Public) || m.expired(time.Now()) {
 		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
 	}
+	return m, nil
+}
+
+// lookupCheckpoint finds a checkpoint by its path: in this gateway's map, else, with several
+// gateways on one store, in its row (another gateway saved it; nil if there is none). Such a
+// meta serves this request and is not kept: the gateway that holds the checkpoint's run keeps
+// it (changes to it are sent there, see checkpointScoped), and a delete there is seen at the
+// next read.
+func (s *Server) lookupCheckpoint(ctx context.Context, path string) (*ckptMeta, error) {
+	s.ckpts.mu.Lock()
+	m := s.ckpts.m[path]
+	s.ckpts.mu.Unlock()
+	if m != nil || !s.leases.on {
+		return m, nil
+	}
+	row, err := s.st.GetCheckpoint(ctx, path)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "reading checkpoint %s: %v", path, err)
+	}
+	if m = ckptFromRow(row); m == nil || m.Path != path {
+		return nil, nil
+	}
+	m.elsewhere = true
 	return m, nil
 }
 
@@ -96,9 +126,12 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 // ownedCheckpoint resolves {id}/{kind}/{name} to a checkpoint the tenant owns.
 func (s *Server) ownedCheckpoint(r *http.Request, tenant string) (*ckptMeta, error) {
 	p := checkpoint.Path{ModelID: r.PathValue("id"), Kind: r.PathValue("kind"), Name: r.PathValue("name")}
+	m, err := s.lookupCheckpoint(r.Context(), p.String())
+	if err != nil {
+		return nil, err
+	}
 	s.ckpts.mu.Lock()
 	defer s.ckpts.mu.Unlock()
-	m := s.ckpts.m[p.String()]
 	if m == nil || m.Owner != tenant || m.expired(time.Now()) {
 		return nil, errf(http.StatusNotFound, "checkpoint %s not found", p)
 	}
@@ -117,10 +150,11 @@ func (s *Server) ckptRows(ms []*ckptMeta) []api.Checkpoint {
 }
 
 // updateMeta changes a registered checkpoint's metadata under s.ckpts.mu and stores it after;
-// one deleted (or replaced by an overwrite) meanwhile is not found.
+// one deleted (or replaced by an overwrite) meanwhile is not found. One read from the store
+// (lookupCheckpoint) has its row written.
 func (s *Server) updateMeta(m *ckptMeta, change func(*ckptMeta)) error {
 	s.ckpts.mu.Lock()
-	if s.ckpts.m[m.Path] != m {
+	if s.ckpts.m[m.Path] != m && !m.elsewhere {
 		s.ckpts.mu.Unlock()
 		return errf(http.StatusNotFound, "checkpoint %s not found", m.Path)
 	}

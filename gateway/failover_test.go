@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -102,11 +103,6 @@ func startPGGatewaysOn(t testing.TB, n int, opt func(*gateway.Options), noLocalR
 			t.Fatal(err)
 		}
 		g := &pgGateway{compute: &stoppableCompute{Compute: e}, st: st}
-		var reps []*replica.Replica
-		if !noLocalReplicas {
-			g.rep = replica.New(fmt.Sprintf("r%d", i), base, g.compute, 4)
-			reps = append(reps, g.rep)
-		}
 		var h http.Handler = http.NotFoundHandler()
 		var mu sync.Mutex
 		g.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +114,17 @@ func startPGGatewaysOn(t testing.TB, n int, opt func(*gateway.Options), noLocalR
 		o := gateway.Options{DataDir: data, Store: st, AdvertiseURL: g.ts.URL, LongPoll: 5 * time.Second}
 		if opt != nil {
 			opt(&o)
+		}
+		var reps []*replica.Replica
+		if !noLocalReplicas {
+			var c engine.Compute = g.compute
+			if o.Storage != nil { // object storage: the replica reads and writes adapters there
+				if c, err = replica.NewStored(g.compute, o.Storage, o.DataDir, filepath.Join(o.DataDir, "scratch")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g.rep = replica.New(fmt.Sprintf("r%d", i), base, c, 4)
+			reps = append(reps, g.rep)
 		}
 		g.gw, err = gateway.New(o, reps...)
 		if err != nil {

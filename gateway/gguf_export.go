@@ -101,7 +101,8 @@ func (s *Server) archiveFormat(r *http.Request, m *ckptMeta) (string, error) {
 	}
 }
 
-// baseConfig is the config of a base model served in this process.
+// baseConfig is the config of a served base model: its in-process replica's, else the one its
+// workers reported when they registered (the config.json a GGUF export needs, nothing more).
 func (s *Server) baseConfig(base string) (*engine.Config, error) {
 	reps, err := s.replicasOf(base)
 	if err != nil {
@@ -112,7 +113,12 @@ func (s *Server) baseConfig(base string) (*engine.Config, error) {
 			return l.Config, nil
 		}
 	}
-	return nil, errf(http.StatusNotFound, "base model %q is served by remote workers only: convert the checkpoint with skein model export-gguf --base MODEL", base)
+	for _, rep := range reps {
+		if cfg := rep.Info().Config; cfg != nil {
+			return cfg, nil
+		}
+	}
+	return nil, errf(http.StatusNotFound, "base model %q: no replica reported its config: convert the checkpoint with skein model export-gguf --base MODEL", base)
 }
 
 // downloadGGUF writes a checkpoint as a GGUF adapter. The adapter is read and checked before the

@@ -59,15 +59,15 @@ type visionModel struct {
 	cfg      imageproc.Config
 	imageTok int
 	maxLen   int  // the model's context
-	local    bool // an in-process replica holds it: its directory has the preprocessor config
+	local    bool // its preprocessor config is known here (a local model directory, or published)
 }
 
 // visionOf describes base's image preprocessing (nil for a text model). The preprocessor config
-// is read from the model directory of an in-process replica, once per directory (a served
-// model's files do not change, as the tokenizer endpoint also assumes); a model served only by remote
-// workers has none here (engine.ModelInfo carries config.json alone), so its image chunks are
-// refused (twinkle's pixel_values path still works: the worker checks it).
-func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, error) {
+// is read once per source (a served model's files do not change, as the tokenizer endpoint also
+// assumes): an in-process replica's model directory, else the config its workers published in
+// object storage (basefiles.go). Without either (remote workers and no object storage), image
+// chunks are refused (twinkle's pixel_values path still works: the worker checks it).
+func (s *Server) visionOf(ctx context.Context, base string, info engine.ModelInfo) (*visionModel, error) {
 	if !info.TakesImages() || info.Config.ImageTokenID == nil {
 		return nil, nil
 	}
@@ -86,9 +86,20 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 				s.visionCfgs.Store(e.Dir, vm.cfg)
 			}
 			vm.local = true
-			break
+			return vm, nil
 		}
 	}
+	if !s.objectStorage() {
+		return vm, nil
+	}
+	files, _, err := s.filesOf(base)
+	if err != nil {
+		return nil, err
+	}
+	if vm.cfg, err = s.preprocessorConfig(ctx, files); err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "model %s: the image preprocessing its workers published: %v", base, err)
+	}
+	vm.local = true
 	return vm, nil
 }
 
@@ -98,7 +109,7 @@ func (s *Server) visionOf(base string, info engine.ModelInfo) (*visionModel, err
 // names the input in errors ("datum 3: model_input", "prompt").
 func (vm *visionModel) plan(in api.ModelInput, src imageproc.Source, b *imageproc.Budget, maxLen, pixelBudget, pixelLimit int, what string) ([]int, []imageproc.ImageSpan, int, error) {
 	if !vm.local {
-		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers (its image preprocessing is not known to the gateway); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
+		return nil, nil, 0, errf(http.StatusBadRequest, "%s: image chunks are not supported for a model served by remote workers when the gateway has no object storage (where workers publish its image preprocessing); send the image pad tokens with loss_fn_inputs.pixel_values and image_grid_thw instead", what)
 	}
 	if vm.maxLen > 0 { // a config without max_position_embeddings leaves the context to the engine
 		maxLen = min(maxLen, vm.maxLen)
@@ -167,7 +178,7 @@ func (s *Server) imageSource() imageproc.Source { return imageproc.Source{ImageD
 // decoded pixels in the request's image budget. Images are not decoded here: the returned
 // decode (nil when there are none) fills the pixel_values in place, once check (the batch's
 // validation) has passed, so a request that is refused for any reason decodes nothing.
-func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.Datum) ([]engine.Datum, func(context.Context) error, error) {
+func (s *Server) toEngineDataFor(ctx context.Context, base string, info engine.ModelInfo, data []api.Datum) ([]engine.Datum, func(context.Context) error, error) {
 	pixelBudget := s.maxRequestPixelValues()
 	for i, d := range data { // twinkle's precomputed pixels count too
 		if pv, ok := d.LossFnInputs[engine.PixelValuesInput]; ok {
@@ -180,7 +191,7 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 		out, err := toEngineData(data)
 		return out, nil, err
 	}
-	vm, err := s.visionOf(base, info)
+	vm, err := s.visionOf(ctx, base, info)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -249,7 +260,7 @@ func (s *Server) toEngineDataFor(base string, info engine.ModelInfo, data []api.
 // when it has none), their pixel_values zeros until the returned decode (nil when there are no
 // images) fills them in place: the caller checks the whole request first, so a refused one
 // decodes nothing. Text models refuse image chunks as before.
-func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.Images, func(context.Context) error, error) {
+func (s *Server) promptFor(ctx context.Context, base string, prompt api.ModelInput) ([]int, *engine.Images, func(context.Context) error, error) {
 	if !prompt.HasImages() {
 		toks, err := prompt.Tokens()
 		if err != nil {
@@ -261,7 +272,7 @@ func (s *Server) promptFor(base string, prompt api.ModelInput) ([]int, *engine.I
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	vm, err := s.visionOf(base, info)
+	vm, err := s.visionOf(ctx, base, info)
 	if err != nil {
 		return nil, nil, nil, err
 	}

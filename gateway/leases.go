@@ -397,6 +397,21 @@ func (discardWriter) WriteHeader(int)             {}
 // its lease lapsed. The body is read here once (the handler reads it again from memory), and
 // kept, with sequenced ops, in their futures.
 func (s *Server) runScoped(fn handlerFunc) handlerFunc {
+	return s.scopedBy(func(r *http.Request, body []byte) string { return peekModelID(r.Header.Get("Content-Type"), body) }, true, fn)
+}
+
+// checkpointScoped wraps the requests that change a checkpoint (publish, TTL, delete): with
+// leases they go to the gateway that holds the checkpoint's run, which keeps the checkpoint in
+// memory (it saved it, or read it from the store), so that its view stays the current one. A
+// checkpoint whose run is gone is served where it arrives.
+func (s *Server) checkpointScoped(fn handlerFunc) handlerFunc {
+	return s.scopedBy(func(r *http.Request, _ []byte) string { return r.PathValue("id") }, false, fn)
+}
+
+// scopedBy serves a request of the run idOf names at the gateway that holds the run's lease:
+// here, else forwarded there, else (the lease lapsed) here after taking the run over. op marks
+// a run's op, whose request is kept with its future for the run's next holder.
+func (s *Server) scopedBy(idOf func(r *http.Request, body []byte) string, op bool, fn handlerFunc) handlerFunc {
 	if !s.leases.on {
 		return fn
 	}
@@ -407,11 +422,15 @@ func (s *Server) runScoped(fn handlerFunc) handlerFunc {
 		}
 		r.Header.Del("Content-Encoding") // readBody undid it
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-		id := peekModelID(r.Header.Get("Content-Type"), body)
+		id := idOf(r, body)
 		if id == "" {
 			return fn(w, r, tenant) // the handler says what is wrong with it
 		}
 		if err := s.knowRun(r.Context(), tenant, id); err != nil {
+			var he *httpError
+			if !op && errors.As(err, &he) && he.status == http.StatusNotFound {
+				return fn(w, r, tenant)
+			}
 			return nil, err
 		}
 		l, err := s.ownRun(r.Context(), id)
@@ -438,6 +457,9 @@ func (s *Server) runScoped(fn handlerFunc) handlerFunc {
 				return nil, errf(http.StatusServiceUnavailable, "%s (%v)", unreachable, err)
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		if !op {
+			return fn(w, r, tenant)
 		}
 		ctx := context.WithValue(r.Context(), opRequestKey{}, opRequest{Path: r.URL.Path, ContentType: r.Header.Get("Content-Type"), Body: body})
 		return fn(w, r.WithContext(ctx), tenant)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -159,7 +160,7 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 		if _, err := checkpoint.Parse(model); err != nil {
 			return nil, badParam("model", err.Error())
 		}
-		if _, err := s.checkpointFor(tenant, model); err != nil {
+		if _, err := s.checkpointFor(r.Context(), tenant, model); err != nil {
 			return nil, modelNotFound(model)
 		}
 		path = model
@@ -177,7 +178,7 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 			return nil, modelNotFound(model)
 		}
 	}
-	smp, err := s.newSampler(tenant, "", base, path, routingKey(r))
+	smp, err := s.newSampler(r.Context(), tenant, "", base, path, routingKey(r))
 	if err != nil {
 		var he *httpError
 		if errors.As(err, &he) && he.status == http.StatusNotFound {
@@ -185,20 +186,25 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 		}
 		return nil, err
 	}
-	return s.currentWeights(tenant, smp)
+	return s.currentWeights(r.Context(), tenant, smp)
 }
 
-// localModel is an in-process replica's model files: the gateway tokenizes and renders chat
-// templates with its tokenizer files. A base model served only by remote workers has none here.
-func (s *Server) localModel(base string) (replica.LocalModel, error) {
-	reps, err := s.replicasOf(base)
+// localModel is what the gateway tokenizes text and renders chat templates with for base: an
+// in-process replica's model, else the tokenizer its workers published and the config they
+// reported (basefiles.go), with where its files are read from.
+func (s *Server) localModel(ctx context.Context, base string) (replica.LocalModel, baseFiles, error) {
+	files, m, err := s.filesOf(base)
 	if err != nil {
-		return replica.LocalModel{}, err
+		return replica.LocalModel{}, baseFiles{}, err
 	}
-	for _, rep := range reps {
-		if m, ok := rep.Local(); ok && m.Tokenizer != nil {
-			return m, nil
+	if m.Dir == "" && m.Config != nil { // remote workers': the tokenizer they published
+		m.Tokenizer, err = s.storedTokenizer(ctx, files)
+		if err != nil && !errors.Is(err, errNoTokenizerFile) {
+			return replica.LocalModel{}, baseFiles{}, err
 		}
 	}
-	return replica.LocalModel{}, badParam("model", "base model "+base+" is served by remote workers only or has no tokenizer.json: this gateway cannot tokenize text for it")
+	if m.Tokenizer == nil || m.Config == nil {
+		return replica.LocalModel{}, baseFiles{}, badParam("model", "base model "+base+" has no tokenizer.json here (nor published by its workers): this gateway cannot tokenize text for it")
+	}
+	return m, files, nil
 }

@@ -64,6 +64,7 @@ type oaiJob struct {
 	tenant       string
 	smp          *sampler
 	eng          replica.LocalModel // its tokenizer decodes the answer
+	files        baseFiles          // where its chat template is read from
 	sr           engine.SampleRequest
 	endTokens    map[int]bool // tokens that end an answer and have no text in it
 	logprobs     bool
@@ -102,7 +103,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 		}
 		job.topLogprobs = *req.TopLogprobs
 	}
-	tmpl, err := chatTemplates.get(job.eng.Dir)
+	tmpl, err := chatTemplates.get(r.Context(), job.files)
 	if errors.Is(err, errNoChatTemplate) {
 		return nil, badParam("model", fmt.Sprintf("base model %s has no chat template in its %s: use /v1/completions", job.smp.baseModel, tokenizerConfigFile))
 	}
@@ -201,11 +202,11 @@ func (s *Server) newOAIJob(r *http.Request, tenant string, p api.OpenAISampling)
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.localModel(smp.baseModel)
+	e, files, err := s.localModel(r.Context(), smp.baseModel)
 	if err != nil {
 		return nil, err
 	}
-	job := &oaiJob{model: p.Model, tenant: tenant, smp: smp, eng: e, stream: p.Stream,
+	job := &oaiJob{model: p.Model, tenant: tenant, smp: smp, eng: e, files: files, stream: p.Stream,
 		includeUsage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage,
 		id:           randomHex(12), created: time.Now().Unix(), endTokens: map[int]bool{}}
 	for _, t := range e.Config.EOSTokens() {

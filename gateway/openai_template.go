@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +41,7 @@ type chatTemplate struct {
 
 type chatTemplateCache struct {
 	mu    sync.Mutex
-	byDir map[string]*chatTemplate // nil entry: the model has no chat template
+	byDir map[string]*chatTemplate // by baseFiles.key; nil entry: the model has no chat template
 }
 
 // chatTemplates keeps each model directory's compiled template: its files do not change while
@@ -49,18 +50,21 @@ var chatTemplates = &chatTemplateCache{byDir: map[string]*chatTemplate{}}
 
 var errNoChatTemplate = errors.New("no chat template")
 
-func (c *chatTemplateCache) get(dir string) (*chatTemplate, error) {
+func (c *chatTemplateCache) get(ctx context.Context, f baseFiles) (*chatTemplate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	dir := f.key
 	if t, ok := c.byDir[dir]; ok {
 		if t == nil {
 			return nil, errNoChatTemplate
 		}
 		return t, nil
 	}
-	b, err := readTokenizerFile(dir, tokenizerConfigFile)
+	b, err := f.read(ctx, tokenizerConfigFile)
 	if errors.Is(err, errNoTokenizerFile) {
-		c.byDir[dir] = nil
+		if !strings.HasPrefix(dir, "storage:") { // a worker may publish it later
+			c.byDir[dir] = nil
+		}
 		return nil, errNoChatTemplate
 	}
 	if err != nil {

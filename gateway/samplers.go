@@ -3,6 +3,7 @@ package gateway
 // Sampling handlers: sampling sessions and asample (the batching itself is sampling.go).
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/skein-ai/skein/api"
@@ -10,10 +11,10 @@ import (
 
 // newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
 // routing key (if the request has one).
-func (s *Server) newSampler(tenant, sessionID, base, modelPath, key string) (*sampler, error) {
+func (s *Server) newSampler(ctx context.Context, tenant, sessionID, base, modelPath, key string) (*sampler, error) {
 	smp := &sampler{id: "samp-" + randomHex(8), tenant: tenant, session: sessionID, modelPath: modelPath}
 	if modelPath != "" {
-		m, err := s.checkpointFor(tenant, modelPath)
+		m, err := s.checkpointFor(ctx, tenant, modelPath)
 		if err != nil {
 			return nil, err
 		}
@@ -42,7 +43,7 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 	if _, err := s.sessionOf(tenant, req.SessionID); err != nil {
 		return nil, err
 	}
-	smp, err := s.newSampler(tenant, req.SessionID, req.BaseModel, req.ModelPath, routingKey(r))
+	smp, err := s.newSampler(r.Context(), tenant, req.SessionID, req.BaseModel, req.ModelPath, routingKey(r))
 	if err != nil {
 		return nil, err
 	}
@@ -72,16 +73,16 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 		}
 	} else {
 		var err error
-		if smp, err = s.newSampler(tenant, "", req.BaseModel, req.ModelPath, routingKey(r)); err != nil {
+		if smp, err = s.newSampler(r.Context(), tenant, "", req.BaseModel, req.ModelPath, routingKey(r)); err != nil {
 			return nil, err
 		}
 	}
 	// A checkpoint may have been overwritten, unpublished or deleted since the sampler was made.
-	smp, err := s.currentWeights(tenant, smp)
+	smp, err := s.currentWeights(r.Context(), tenant, smp)
 	if err != nil {
 		return nil, err
 	}
-	prompt, images, decode, err := s.promptFor(smp.baseModel, req.Prompt)
+	prompt, images, decode, err := s.promptFor(r.Context(), smp.baseModel, req.Prompt)
 	if err != nil {
 		return nil, err
 	}

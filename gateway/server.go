@@ -163,8 +163,7 @@ type Server struct {
 	stop      chan struct{}
 	closeOnce sync.Once
 
-	secretOnce sync.Once
-	secret     []byte
+	secret []byte // signs download links (settleArchiveSecret)
 
 	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
 
@@ -174,7 +173,9 @@ type Server struct {
 	// handshakes of workers that register (worker/auth.go).
 	gatewayID      string
 	workerSessions *worker.Sessions
-	visionCfgs     sync.Map // model directory -> imageproc.Config (preprocessor_config.json, read once)
+	visionCfgs     sync.Map // model directory or storage prefix -> imageproc.Config (preprocessor_config.json, read once)
+	// remoteTokenizers: storage prefix -> *tokenizer.Tokenizer, a published tokenizer parsed once
+	remoteTokenizers sync.Map
 	// decodeSlots holds one token per image being decoded, server-wide (Options.ImageDecoders).
 	decodeSlots chan struct{}
 
@@ -232,6 +233,9 @@ type ckptMeta struct {
 	Generation string `json:"generation,omitempty"`
 	parsed     checkpoint.Path
 	ver        rowVersion
+	// elsewhere: read from the store for one request (another gateway saved it), not kept in
+	// this gateway's map.
+	elsewhere bool
 }
 
 // New builds a server over replicas (several may serve one base model), restoring the state in
@@ -267,6 +271,12 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 	s.router = pipeline.New(opts.Weights, s.routerHooks())
 	for _, r := range replicas {
 		s.addReplica(r)
+	}
+	if s.secret, err = s.settleArchiveSecret(); err != nil {
+		if owns {
+			st.Close()
+		}
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if err := s.restore(); err != nil {
 		if owns {

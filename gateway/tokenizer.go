@@ -16,13 +16,14 @@ import (
 
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/storage"
-	"github.com/skein-ai/skein/worker"
 )
 
 // The tokenizer files a client may read, and nothing else: the name never comes from the request.
 const (
 	tokenizerFile       = "tokenizer.json"
 	tokenizerConfigFile = "tokenizer_config.json"
+	// preprocessorConfigFile is a vision model's image preprocessing (imageproc.ParseConfig).
+	preprocessorConfigFile = "preprocessor_config.json"
 	// maxTokenizerFile bounds what one file may hold in memory (the largest real tokenizer.json,
 	// Gemma 3's, is about 33 MB).
 	maxTokenizerFile = 64 << 20
@@ -48,7 +49,7 @@ func (s *Server) modelTokenizer(w http.ResponseWriter, r *http.Request, _ string
 	if !ok || name == "" {
 		return nil, errf(http.StatusNotFound, "no such endpoint: %s %s (want /api/v1/models/{name}/tokenizer)", r.Method, r.URL.Path)
 	}
-	reps, err := s.replicasOf(name)
+	files, _, err := s.filesOf(name)
 	if err != nil {
 		var he *httpError
 		if errors.As(err, &he) {
@@ -56,27 +57,8 @@ func (s *Server) modelTokenizer(w http.ResponseWriter, r *http.Request, _ string
 		}
 		return nil, err
 	}
-	dir := ""
-	for _, rep := range reps {
-		if e, ok := rep.Local(); ok && e.Dir != "" {
-			dir = e.Dir
-			break
-		}
-	}
-	read := func(file string) ([]byte, error) { return readTokenizerFile(dir, file) }
-	cacheKey := dir
-	if dir == "" {
-		if !s.objectStorage() {
-			return nil, errf(http.StatusNotFound, "base model %q is served by remote workers only; this gateway holds no tokenizer for it", name)
-		}
-		// Workers on object storage publish their model's tokenizer files (ModelFilesKey).
-		prefix, err := worker.ModelFilesKey(name)
-		if err != nil {
-			return nil, errf(http.StatusNotFound, "base model %q: %v", name, err)
-		}
-		read = func(file string) ([]byte, error) { return s.readStoredTokenizerFile(r.Context(), prefix, file) }
-		cacheKey = "storage:" + s.storage.String()
-	}
+	read := func(file string) ([]byte, error) { return files.read(r.Context(), file) }
+	cacheKey := files.key
 	body, err := servedTokenizers.get(name, cacheKey, read)
 	if errors.Is(err, errNoTokenizerFile) {
 		return nil, errf(http.StatusNotFound, "base model %q has no %s", name, tokenizerFile)

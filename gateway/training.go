@@ -217,7 +217,7 @@ func (s *Server) forwardBackward(w http.ResponseWriter, r *http.Request, tenant 
 		if err := s.checkBatchSize(req.Input.Data); err != nil {
 			return err
 		}
-		data, decode, err := s.toEngineDataFor(run.baseModel, info, req.Input.Data)
+		data, decode, err := s.toEngineDataFor(r.Context(), run.baseModel, info, req.Input.Data)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"strings"
 )
 
@@ -15,11 +16,11 @@ func checkpointEngineID(m *ckptMeta) string { return "ckpt:" + m.Path + "#" + m.
 // currentWeights resolves the weights a sampler over a checkpoint samples now: the current
 // generation of its path, if the tenant may still read it (its own, or still published, not
 // deleted nor expired). Other samplers are returned as they are.
-func (s *Server) currentWeights(tenant string, smp *sampler) (*sampler, error) {
+func (s *Server) currentWeights(ctx context.Context, tenant string, smp *sampler) (*sampler, error) {
 	if smp.modelPath == "" {
 		return smp, nil
 	}
-	m, err := s.checkpointFor(tenant, smp.modelPath)
+	m, err := s.checkpointFor(ctx, tenant, smp.modelPath)
 	if err != nil {
 		return nil, err
 	}

@@ -160,7 +160,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 	var meta *ckptMeta
 	return s.submitOrdered(r, tenant, run, req.SeqID, "LoadWeights", func() error {
 		var err error
-		if meta, err = s.checkpointFor(tenant, req.Path); err != nil {
+		if meta, err = s.checkpointFor(r.Context(), tenant, req.Path); err != nil {
 			return err
 		}
 		if meta.BaseModel != run.baseModel {
@@ -186,7 +186,7 @@ func (s *Server) weightsInfo(w http.ResponseWriter, r *http.Request, tenant stri
 	if err := s.decodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	m, err := s.checkpointFor(tenant, req.TinkerPath)
+	m, err := s.checkpointFor(r.Context(), tenant, req.TinkerPath)
 	if err != nil {
 		return nil, err
 	}

@@ -217,8 +217,13 @@ func serve(args []string, gatewayOnly bool) error {
 	if err = os.MkdirAll(cfg.Data, 0o755); err != nil {
 		return err
 	}
+	st, closeState, err := openState(cfg.State)
+	if err != nil {
+		return err
+	}
+	defer closeState()
 	discovering := cfg.Discover.Mode != "" && cfg.Discover.Mode != "register"
-	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers || discovering, cfg.Data, cfg.WorkerToken, cfg.Addr, notes)
+	token, err := settleWorkerToken(gatewayOnly || cfg.AcceptWorkers || discovering, cfg.Data, cfg.WorkerToken, cfg.Addr, st, notes)
 	if err != nil {
 		return err
 	}
@@ -235,11 +240,6 @@ func serve(args []string, gatewayOnly bool) error {
 	if err != nil {
 		return err
 	}
-	st, closeState, err := openState(cfg.State)
-	if err != nil {
-		return err
-	}
-	defer closeState()
 	w, err := parseWeights(cfg.RouterWeights)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
 	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/store"
 )
 
 type replicaRow struct {
@@ -178,26 +179,68 @@ func TestWorkerChecksItsKVCacheBound(t *testing.T) {
 func TestClusterTokenIsKept(t *testing.T) {
 	dir := t.TempDir()
 	var printed strings.Builder
-	a, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", &printed)
+	a, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", nil, &printed)
 	if err != nil || len(a) < 32 || !strings.Contains(printed.String(), "--worker-token "+a) {
 		t.Fatalf("first start: %q %v, printed %q", a, err, printed.String())
 	}
 	printed.Reset()
-	b, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", &printed)
+	b, err := settleWorkerToken(true, dir, "", "127.0.0.1:8000", nil, &printed)
 	if err != nil || b != a || printed.Len() != 0 {
 		t.Fatalf("second start: %q (first %q) %v, printed %q", b, a, err, printed.String())
 	}
-	if c, _ := settleWorkerToken(true, dir, "given", "x", io.Discard); c != "given" {
+	if c, _ := settleWorkerToken(true, dir, "given", "x", nil, io.Discard); c != "given" {
 		t.Fatalf("a given token: %q", c)
 	}
 	printed.Reset()
-	if d, _ := settleWorkerToken(false, dir, "given", "x", &printed); d != "" || !strings.Contains(printed.String(), "--accept-workers") {
+	if d, _ := settleWorkerToken(false, dir, "given", "x", nil, &printed); d != "" || !strings.Contains(printed.String(), "--accept-workers") {
 		t.Fatalf("a server accepting no workers has token %q (printed %q)", d, printed.String())
 	}
 	if err := os.Chmod(filepath.Join(dir, tokenFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := settleWorkerToken(true, dir, "", "x", io.Discard); err == nil {
+	if _, err := settleWorkerToken(true, dir, "", "x", nil, io.Discard); err == nil {
 		t.Fatal("a world-readable token file was used")
+	}
+}
+
+// Gateways on one shared store, each with a data directory of its own, settle on one cluster
+// token: the first one's, printed by it alone. A data directory that already held a token
+// offers it (an upgraded gateway's workers keep theirs); a given token still wins.
+func TestClusterTokenIsSharedThroughTheStore(t *testing.T) {
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "shared.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var printed strings.Builder
+	a, err := settleWorkerToken(true, t.TempDir(), "", "gw-a:8000", st, &printed)
+	if err != nil || len(a) < 32 || !strings.Contains(printed.String(), "--worker-token "+a) || !strings.Contains(printed.String(), "shared store") {
+		t.Fatalf("first gateway: %q %v, printed %q", a, err, printed.String())
+	}
+	printed.Reset()
+	b, err := settleWorkerToken(true, t.TempDir(), "", "gw-b:8000", st, &printed)
+	if err != nil || b != a || printed.Len() != 0 {
+		t.Fatalf("second gateway: %q (first %q) %v, printed %q", b, a, err, printed.String())
+	}
+	if c, _ := settleWorkerToken(true, t.TempDir(), "given", "x", st, io.Discard); c != "given" {
+		t.Fatalf("a given token: %q", c)
+	}
+	// An upgraded gateway whose data directory kept a token, first on a new store.
+	old := t.TempDir()
+	kept, _, err := clusterToken(old, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := store.OpenSQLite(filepath.Join(t.TempDir(), "fresh.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	printed.Reset()
+	if d, err := settleWorkerToken(true, old, "", "x", fresh, &printed); err != nil || d != kept || printed.Len() != 0 {
+		t.Fatalf("the kept token %q, got %q (%v), printed %q", kept, d, err, printed.String())
+	}
+	if e, err := settleWorkerToken(true, t.TempDir(), "", "x", fresh, io.Discard); err != nil || e != kept {
+		t.Fatalf("the next gateway got %q (%v), want the kept %q", e, err, kept)
 	}
 }

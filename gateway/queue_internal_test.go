@@ -256,3 +256,46 @@ func TestFutureTableCancelAndOpKey(t *testing.T) {
 		t.Fatal("a cancelled wait stayed parked")
 	}
 }
+
+// A request that failed before it was queued gives its bytes back at once, not when its empty
+// slot drains: the client's next request is not refused for bytes nothing holds (the drain may be
+// busy with an earlier op, or just not scheduled yet, as under load in CI).
+func TestRunQueueSkipGivesItsBytesBackAtOnce(t *testing.T) {
+	q := newRunQueue(1)
+	q.maxBytes = 10
+	release, started := make(chan struct{}), make(chan struct{})
+	ran := make(chan int, 3)
+	if err := q.reserve(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.submit(1, 1, func() { close(started); <-release; ran <- 1 }); err != nil {
+		t.Fatal(err)
+	}
+	<-started // the drain is busy with op 1 until released
+	if err := q.reserve(2, 100); err != nil { // alone in the queue: let in over the bound
+		t.Fatal(err)
+	}
+	q.skip(2, 100) // its validation failed
+	if err := q.reserve(3, 1); err != nil {
+		t.Fatalf("the next request after a skipped one of 100 bytes: %v", err)
+	}
+	if err := q.submit(3, 1, func() { ran <- 3 }); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if a, b := <-ran, <-ran; a != 1 || b != 3 {
+		t.Fatalf("ran %d then %d, want 1 then 3", a, b)
+	}
+	for {
+		q.mu.Lock()
+		ops, bytes, running := q.ops, q.bytes, q.running
+		q.mu.Unlock()
+		if !running {
+			if ops != 0 || bytes != 0 {
+				t.Fatalf("after every op ran: %d ops and %d bytes reserved, want none", ops, bytes)
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

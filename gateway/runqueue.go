@@ -185,7 +185,12 @@ func (q *runQueue) skip(seq int, cost int64) {
 		q.release(cost)
 		return
 	}
-	_ = q.submit(seq, cost, func() {}) // an error means the slot is already taken: nothing to do
+	// The bytes go back now; the slot (one op, of no bytes) when it drains.
+	q.mu.Lock()
+	q.bytes -= cost
+	q.giveBudget(cost)
+	q.mu.Unlock()
+	_ = q.submit(seq, 0, func() {}) // an error means the slot is already taken: nothing to do
 }
 
 // abandon moves every buffered op to the ready ones, in seq_id order, for a run that can never

@@ -233,3 +233,118 @@ func TestVLImageChunksThroughAGatewayWithoutTheModel(t *testing.T) {
 		t.Fatalf("loss through the worker %v, in process %v", g, w)
 	}
 }
+
+// Sampling sessions made through one gateway sample through another (each gateway its own
+// disk): a sampler over the base model, one over a named sampler checkpoint and the ephemeral
+// one save_weights_for_sampler makes; get_sampler answers for each; another tenant's is a 404.
+func TestSamplersWorkThroughEveryGateway(t *testing.T) {
+	gws := startApartGateways(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const tenant = "tml-samplers"
+	ca, cb := client.New(gws[0].ts.URL, tenant), client.New(gws[1].ts.URL, tenant)
+	sess, err := ca.CreateSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.CreateLoraTrainingClient(ctx, sess, 0, base, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onBase, err := ca.CreateSamplingSession(ctx, sess, base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := tc.SaveWeightsForSampler(ctx, "named")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var named api.SaveWeightsForSamplerResponse
+	if err := f.Result(ctx, &named); err != nil {
+		t.Fatal(err)
+	}
+	onCkpt, err := ca.CreateSamplingSession(ctx, sess, "", named.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err = tc.SaveWeightsForSampler(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	var eph api.SaveWeightsForSamplerResponse
+	if err := f.Result(ctx, &eph); err != nil || eph.SamplingSessionID == "" {
+		t.Fatalf("ephemeral sampler: %+v %v", eph, err)
+	}
+	n, maxTokens := 2, 4
+	for _, id := range []string{onBase, onCkpt, eph.SamplingSessionID} {
+		sf, err := cb.Sample(ctx, api.SampleRequest{SamplingSessionID: id, NumSamples: &n,
+			Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2, 3}}}}, SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}})
+		if err != nil {
+			t.Fatalf("sampler %s through the other gateway: %v", id, err)
+		}
+		var so api.SampleResponse
+		if err := sf.Result(ctx, &so); err != nil || len(so.Sequences) != n {
+			t.Fatalf("sampler %s through the other gateway: %+v %v", id, so, err)
+		}
+		var info api.SamplerInfo
+		if err := cb.Do(ctx, "GET", "samplers/"+id, nil, &info); err != nil || info.SamplerID != id || info.BaseModel != base {
+			t.Fatalf("get_sampler %s through the other gateway: %+v %v", id, info, err)
+		}
+		other := client.New(gws[1].ts.URL, "tml-samplers-other")
+		if _, err := other.Sample(ctx, api.SampleRequest{SamplingSessionID: id, NumSamples: &n,
+			Prompt: api.ModelInput{Chunks: []api.Chunk{{Tokens: []int{1, 2, 3}}}}, SamplingParams: api.SamplingParams{MaxTokens: &maxTokens}}); !isStatus(err, http.StatusNotFound) {
+			t.Fatalf("another tenant sampling %s: %v, want 404", id, err)
+		}
+	}
+}
+
+// A run trained through one gateway reads the same through another: get_training_run (its
+// step and last checkpoint, from the gateway that holds it) and its metrics; another tenant's
+// read is a 404 on both.
+func TestARunReadsTheSameThroughEveryGateway(t *testing.T) {
+	gws := startApartGateways(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const tenant = "tml-reads"
+	ca, cb := client.New(gws[0].ts.URL, tenant), client.New(gws[1].ts.URL, tenant)
+	_, tc := newRun(t, gws[0].ts.URL, tenant, 4)
+	for range 2 {
+		if _, err := lossStep(t, tc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := tc.SaveState(ctx, "after-two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved api.SaveWeightsResponse
+	if err := f.Result(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	var want api.TrainingRun
+	if err := ca.Do(ctx, "GET", "training_runs/"+tc.ModelID, nil, &want); err != nil {
+		t.Fatal(err)
+	}
+	if want.LastCheckpoint == nil || want.LastCheckpoint.TinkerPath != saved.Path {
+		t.Fatalf("the holder's view %+v, want last checkpoint %s", want, saved.Path)
+	}
+	var got api.TrainingRun
+	if err := cb.Do(ctx, "GET", "training_runs/"+tc.ModelID, nil, &got); err != nil {
+		t.Fatalf("get_training_run through the other gateway: %v", err)
+	}
+	if got.TrainingRunID != want.TrainingRunID || got.LastCheckpoint == nil || got.LastCheckpoint.TinkerPath != saved.Path ||
+		got.LastRequestTime != want.LastRequestTime {
+		t.Fatalf("through the other gateway %+v, through its holder %+v", got, want)
+	}
+	var metrics struct {
+		Steps []map[string]any `json:"steps"`
+	}
+	if err := cb.Do(ctx, "GET", "training_runs/"+tc.ModelID+"/metrics", nil, &metrics); err != nil || len(metrics.Steps) != 2 {
+		t.Fatalf("metrics through the other gateway: %d steps (%v), want 2", len(metrics.Steps), err)
+	}
+	for i, g := range gws {
+		other := client.New(g.ts.URL, "tml-reads-other")
+		if err := other.Do(ctx, "GET", "training_runs/"+tc.ModelID, nil, &got); !isStatus(err, http.StatusNotFound) {
+			t.Fatalf("gateway %d: another tenant read the run: %v", i, err)
+		}
+	}
+}

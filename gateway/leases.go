@@ -408,6 +408,28 @@ func (s *Server) checkpointScoped(fn handlerFunc) handlerFunc {
 	return s.scopedBy(func(r *http.Request, _ []byte) string { return r.PathValue("id") }, false, fn)
 }
 
+// runReadScoped wraps the reads of one run (get_training_run, its metrics): with leases, a run
+// another gateway holds live is read there, where its step and checkpoints are current; any
+// other is read here (a run this gateway never held, from its row: see accessibleRun). A read
+// never takes a lease.
+func (s *Server) runReadScoped(fn handlerFunc) handlerFunc {
+	if !s.leases.on {
+		return fn
+	}
+	return func(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+		id := r.PathValue("id")
+		if _, held := s.leases.serving(id); !held && r.Header.Get(forwardedHeader) == "" {
+			l, err := s.st.RunLeaseOf(r.Context(), id)
+			if err == nil && l.Holder != s.self() && l.Addr != "" && l.Live(time.Now()) {
+				if s.forward(w, r, nil, l.Addr) == nil {
+					return nil, nil
+				}
+			}
+		}
+		return fn(w, r, tenant)
+	}
+}
+
 // scopedBy serves a request of the run idOf names at the gateway that holds the run's lease:
 // here, else forwarded there, else (the lease lapsed) here after taking the run over. op marks
 // a run's op, whose request is kept with its future for the run's next holder.

@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"errors"
 	"maps"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/store"
 )
 
 // Projects group a tenant's sessions (and so their training runs and samplers) under a name of
@@ -131,6 +133,16 @@ func (s *Server) accessibleRun(r *http.Request, tenant, id string) (*trainingRun
 	accessible, err := accessScope(r)
 	if err != nil {
 		return nil, err
+	}
+	if s.leases.on && s.runs.get(id) == nil { // made through another gateway: its row, read for this request
+		row, err := s.st.GetRun(r.Context(), id)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && row.Tenant != tenant) {
+			return nil, errf(http.StatusNotFound, "model %q not found", id)
+		}
+		if err != nil {
+			return nil, errf(http.StatusServiceUnavailable, "reading model %s: %v", id, err)
+		}
+		return runFromRow(row), nil
 	}
 	if !accessible {
 		return s.runOf(tenant, id)

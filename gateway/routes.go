@@ -55,9 +55,9 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"samplers/{id}", true, s.getSampler)
 	s.handle("POST "+v1+"retrieve_future", true, s.retrieveFuture)
 	s.handle("GET "+v1+"training_runs", true, s.listRuns)
-	s.handle("GET "+v1+"training_runs/{id}", true, s.getRun)
+	s.handle("GET "+v1+"training_runs/{id}", true, s.runReadScoped(s.getRun))
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints", true, s.listRunCheckpoints)
-	s.handle("GET "+v1+"training_runs/{id}/metrics", true, s.getRunMetrics) // gateway/metrics_api.go
+	s.handle("GET "+v1+"training_runs/{id}/metrics", true, s.runReadScoped(s.getRunMetrics)) // gateway/metrics_api.go
 	s.handle("DELETE "+v1+"training_runs/{id}/checkpoints/{kind}/{name}", true, s.checkpointScoped(s.deleteCheckpoint))
 	s.handle("GET "+v1+"training_runs/{id}/checkpoints/{kind}/{name}/archive", true, s.archiveCheckpoint)
 	s.handle("GET "+v1+"archives/{token}", false, s.downloadArchive)

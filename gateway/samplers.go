@@ -4,9 +4,11 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/store"
 )
 
 // newSampler makes a sampler for a base model or a checkpoint path, on a replica chosen by the
@@ -53,7 +55,10 @@ func (s *Server) createSamplingSession(w http.ResponseWriter, r *http.Request, t
 
 func (s *Server) getSampler(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
-	smp := s.samplers.get(id)
+	smp, err := s.samplerByID(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
 	if smp == nil || smp.tenant != tenant {
 		return nil, errf(http.StatusNotFound, "sampler %q not found", id)
 	}
@@ -67,7 +72,10 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	var smp *sampler
 	if req.SamplingSessionID != "" {
-		smp = s.samplers.get(req.SamplingSessionID)
+		var err error
+		if smp, err = s.samplerByID(r.Context(), req.SamplingSessionID); err != nil {
+			return nil, err
+		}
 		if smp == nil || smp.tenant != tenant {
 			return nil, errf(http.StatusNotFound, "sampling session %q not found", req.SamplingSessionID)
 		}
@@ -111,4 +119,21 @@ func (s *Server) asample(w http.ResponseWriter, r *http.Request, tenant string) 
 		return nil, err
 	}
 	return futureResponse(f, ""), nil
+}
+
+// samplerByID finds a sampler: in this gateway's registry, else, with several gateways on one
+// store, from its row (another gateway made it; nil if there is none). One read from the store
+// serves this request and is not kept: the gateway that made it ends it with its session.
+func (s *Server) samplerByID(ctx context.Context, id string) (*sampler, error) {
+	if smp := s.samplers.get(id); smp != nil || !s.leases.on {
+		return smp, nil
+	}
+	row, err := s.st.GetSampler(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "reading sampler %s: %v", id, err)
+	}
+	return s.samplerFromRow(row)
 }

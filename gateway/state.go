@@ -46,6 +46,27 @@ type samplerData struct {
 	ModelPath string `json:"model_path"`
 	EngineID  string `json:"engine_id"`
 	Dir       string `json:"dir"`
+	// Key is Dir relative to the data directory: another gateway, whose data directory is
+	// elsewhere, finds the weights by it (object storage keys are these relative paths).
+	Key string `json:"key,omitempty"`
+}
+
+// samplerFromRow rebuilds a stored sampler on a replica of its base model here.
+func (s *Server) samplerFromRow(row store.Sampler) (*sampler, error) {
+	var d samplerData
+	if err := json.Unmarshal(row.Data, &d); err != nil {
+		return nil, fmt.Errorf("sampler %s: %w", row.ID, err)
+	}
+	dir := d.Dir
+	if d.Key != "" && filepath.IsLocal(d.Key) {
+		dir = filepath.Join(s.opts.DataDir, d.Key)
+	}
+	rep, err := s.samplingReplica(d.BaseModel, "", "")
+	if err != nil {
+		return nil, err
+	}
+	return &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
+		modelPath: d.ModelPath, engineID: d.EngineID, dir: dir, rep: rep}, nil
 }
 
 func (s *Server) logErr(what string, err error) {
@@ -108,7 +129,11 @@ func (s *Server) updateRun(run *trainingRun, change func(*trainingRun)) {
 // before the sampler is registered (so that the session sweep cannot delete the row before it is
 // written).
 func (s *Server) saveSampler(x *sampler) {
-	b, _ := json.Marshal(samplerData{BaseModel: x.baseModel, ModelPath: x.modelPath, EngineID: x.engineID, Dir: x.dir})
+	d := samplerData{BaseModel: x.baseModel, ModelPath: x.modelPath, EngineID: x.engineID, Dir: x.dir}
+	if rel, err := filepath.Rel(s.opts.DataDir, x.dir); x.dir != "" && err == nil && filepath.IsLocal(rel) {
+		d.Key = rel
+	}
+	b, _ := json.Marshal(d)
 	s.logErr("sampler", s.st.PutSampler(context.Background(), store.Sampler{ID: x.id, Tenant: x.tenant, SessionID: x.session, Data: b}))
 }
 
@@ -223,14 +248,11 @@ func (s *Server) restore() error {
 		return err
 	}
 	for _, row := range samplers {
-		var d samplerData
-		_ = json.Unmarshal(row.Data, &d)
-		rep, err := s.samplingReplica(d.BaseModel, "", "")
+		smp, err := s.samplerFromRow(row)
 		if err != nil {
 			continue
 		}
-		s.samplers.m[row.ID] = &sampler{id: row.ID, tenant: row.Tenant, session: row.SessionID, baseModel: d.BaseModel,
-			modelPath: d.ModelPath, engineID: d.EngineID, dir: d.Dir, rep: rep}
+		s.samplers.m[row.ID] = smp
 		members[row.SessionID] = append(members[row.SessionID], row.ID)
 	}
 	for id, samplers := range members {

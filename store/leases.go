@@ -210,6 +210,18 @@ func (s *SQL) GetRun(ctx context.Context, id string) (Run, error) {
 	return r, err
 }
 
+// GetSampler reads one sampler (ErrNotFound if none): a gateway finds a sampler another one
+// made.
+func (s *SQL) GetSampler(ctx context.Context, id string) (Sampler, error) {
+	var x Sampler
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, tenant, session_id, data FROM samplers WHERE id = ?`), id).
+		Scan(&x.ID, &x.Tenant, &x.SessionID, &x.Data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sampler{}, ErrNotFound
+	}
+	return x, err
+}
+
 // GetCheckpoint reads one checkpoint (ErrNotFound if none): a gateway finds a checkpoint another
 // one saved.
 func (s *SQL) GetCheckpoint(ctx context.Context, path string) (Checkpoint, error) {

@@ -329,8 +329,8 @@ func TestClusterSecretHasOneValue(t *testing.T) {
 	})
 }
 
-// GetCheckpoint reads one checkpoint's row as Checkpoints lists it; a missing or deleted one is
-// ErrNotFound.
+// GetCheckpoint reads one checkpoint's row as Checkpoints lists it, GetSampler one sampler's; a
+// missing or deleted one is ErrNotFound.
 func TestGetCheckpoint(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s Store) {
 		ctx := context.Background()
@@ -350,6 +350,15 @@ func TestGetCheckpoint(t *testing.T) {
 		}
 		if b, err := s.GetCheckpoint(ctx, "tinker://r/weights/b"); err != nil || b.ExpiresAt != nil || b.Public {
 			t.Fatalf("second checkpoint %+v %v", b, err)
+		}
+		if err := s.PutSampler(ctx, Sampler{ID: "samp-1", Tenant: "t", SessionID: "s", Data: []byte(`{"y":2}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if x, err := s.GetSampler(ctx, "samp-1"); err != nil || x.Tenant != "t" || x.SessionID != "s" || string(x.Data) != `{"y":2}` {
+			t.Fatalf("sampler %+v %v", x, err)
+		}
+		if _, err := s.GetSampler(ctx, "samp-2"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("missing sampler: %v", err)
 		}
 		if err := s.DeleteCheckpoint(ctx, c.Path); err != nil {
 			t.Fatal(err)

@@ -242,6 +242,8 @@ type RunLeases interface {
 	AdoptFuture(ctx context.Context, id, owner string) (bool, error)
 	// GetRun reads one run (ErrNotFound if none).
 	GetRun(ctx context.Context, id string) (Run, error)
+	// GetSampler reads one sampler (ErrNotFound if none).
+	GetSampler(ctx context.Context, id string) (Sampler, error)
 	// GetCheckpoint reads one checkpoint (ErrNotFound if none).
 	GetCheckpoint(ctx context.Context, path string) (Checkpoint, error)
 	// GetSession reads one session (ErrNotFound if none).

@@ -82,6 +82,11 @@ func startPGGatewaysOn(t testing.TB, n int, opt func(*gateway.Options), noLocalR
 	if dsn == "" {
 		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
 	}
+	return startPGGatewaysAt(t, dsn, n, opt, noLocalReplicas)
+}
+
+// startPGGatewaysAt is startPGGatewaysOn on the PostgreSQL at dsn.
+func startPGGatewaysAt(t testing.TB, dsn string, n int, opt func(*gateway.Options), noLocalReplicas bool) ([]*pgGateway, string) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)

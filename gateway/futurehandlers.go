@@ -57,7 +57,10 @@ func (s *Server) retrieveFuture(w http.ResponseWriter, r *http.Request, tenant s
 		return nil, err
 	}
 	noteFuture(r, req.RequestID)
-	f := s.futures.get(tenant, req.RequestID)
+	f, err := s.futures.get(tenant, req.RequestID)
+	if err != nil {
+		return nil, errf(http.StatusServiceUnavailable, "reading request %q: %v; retry", req.RequestID, err)
+	}
 	if f == nil {
 		return nil, errf(http.StatusNotFound, "request %q not found", req.RequestID)
 	}

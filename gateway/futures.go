@@ -88,7 +88,10 @@ func (t *futureTable) createOp(tenant, kind, opKey, run string, request []byte, 
 		return f, err == nil, err
 	}
 	if !fresh {
-		f := t.get(row.Tenant, row.ID)
+		f, err := t.get(row.Tenant, row.ID)
+		if err != nil {
+			return nil, false, fmt.Errorf("reading request %s: %w", row.ID, err)
+		}
 		if f == nil {
 			return nil, false, fmt.Errorf("request %s vanished", row.ID)
 		}
@@ -155,20 +158,27 @@ func (t *futureTable) adopted(id string) *future {
 }
 
 // get returns a tenant's future, from memory or from the store (after a restart, or when another
-// gateway runs it); another tenant's is as absent as a missing one.
-func (t *futureTable) get(tenant, id string) *future {
+// gateway runs it); another tenant's is as absent as a missing one (nil). An error is a store
+// that did not answer: the future may well exist, and the client should ask again.
+func (t *futureTable) get(tenant, id string) (*future, error) {
 	t.mu.Lock()
 	f := t.byID[id]
 	t.mu.Unlock()
 	if f != nil {
 		if f.tenant != tenant {
-			return nil
+			return nil, nil
 		}
-		return f
+		return f, nil
 	}
 	row, err := t.st.GetFuture(context.Background(), id)
-	if err != nil || row.Tenant != tenant || (row.State == store.FuturePending && row.Owner == t.prefix) {
-		return nil
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if row.Tenant != tenant || (row.State == store.FuturePending && row.Owner == t.prefix) {
+		return nil, nil
 	}
 	f = &future{id: row.ID, tenant: row.Tenant, kind: row.Kind, created: row.Created, done: make(chan struct{}), queueState: "active"}
 	if row.State == store.FuturePending {
@@ -187,11 +197,11 @@ func (t *futureTable) get(tenant, id string) *future {
 			// when remoteDone could not find it: read it once more now that notices reach it.
 			t.remoteDone(id)
 		}
-		return f
+		return f, nil
 	}
 	t.fill(f, row)
 	close(f.done)
-	return f
+	return f, nil
 }
 
 func (t *futureTable) fill(f *future, row store.Future) {
@@ -287,12 +297,18 @@ func (t *futureTable) finish(f *future, state string, payload []byte, category s
 	t.mu.Unlock()
 	// The durable write comes first: a result a client has seen must survive a crash.
 	if fence != nil {
-		_, err := t.st.FinishFutureFenced(context.Background(), f.id, state, payload, category, *fence)
+		err := durably(func() error {
+			_, err := t.st.FinishFutureFenced(context.Background(), f.id, state, payload, category, *fence)
+			return err
+		})
 		if errors.Is(err, store.ErrFenced) && !f.stored {
 			// Nobody can run it again (its request was not kept): it ends as an error.
 			state, payload, category = store.FutureFailed, []byte(movedMsg), "server"
 			set = func() { f.category, f.errMsg = category, movedMsg }
-			_, err = t.st.FinishFuture(context.Background(), f.id, state, payload, category)
+			err = durably(func() error {
+				_, err := t.st.FinishFuture(context.Background(), f.id, state, payload, category)
+				return err
+			})
 		}
 		if errors.Is(err, store.ErrFenced) {
 			// Another gateway took the run: its holder runs this op again and stores the one
@@ -307,7 +323,10 @@ func (t *futureTable) finish(f *future, state string, payload []byte, category s
 		if err != nil {
 			t.log.Error("storing future result", "id", f.id, "err", err)
 		}
-	} else if _, err := t.st.FinishFuture(context.Background(), f.id, state, payload, category); err != nil {
+	} else if err := durably(func() error {
+		_, err := t.st.FinishFuture(context.Background(), f.id, state, payload, category)
+		return err
+	}); err != nil {
 		t.log.Error("storing future result", "id", f.id, "err", err)
 	}
 	t.mu.Lock()
@@ -413,4 +432,24 @@ func (t *futureTable) waiters(f *future) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return f.waiting
+}
+
+// storeRetryFor is how long a result's write is retried while the store does not answer (a
+// PostgreSQL restart or failover takes seconds). A result only in memory would be lost to a
+// client asking another gateway, and run again by its run's next holder.
+var storeRetryFor = 30 * time.Second
+
+// durably runs a store write until it succeeds, is fenced (a decision, not a failure), or has
+// failed for storeRetryFor, backing off from 50 ms to 2 s; it returns the last error.
+func durably(write func() error) error {
+	deadline := time.Now().Add(storeRetryFor)
+	wait := 50 * time.Millisecond
+	for {
+		err := write()
+		if err == nil || errors.Is(err, store.ErrFenced) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 2*time.Second)
+	}
 }

@@ -54,7 +54,7 @@ func remoteFutureTable(t *testing.T) (*futureTable, *lateNotice, string) {
 // not be lost: get re-reads the row once the future is registered.
 func TestRemoteFutureFinishedWhileBeingRegisteredWakesItsWaiter(t *testing.T) {
 	ft, _, id := remoteFutureTable(t)
-	f := ft.get("t", id)
+	f, _ := ft.get("t", id)
 	if f == nil {
 		t.Fatal("the other gateway's future is not found")
 	}
@@ -71,7 +71,7 @@ func TestRemoteFutureFinishedWhileBeingRegisteredWakesItsWaiter(t *testing.T) {
 func TestRemoteFuturesAreRecheckedWhenTheListenerConnects(t *testing.T) {
 	ft, st, id := remoteFutureTable(t)
 	st.once.Do(func() {}) // no late notice: the row stays pending for get
-	f := ft.get("t", id)
+	f, _ := ft.get("t", id)
 	if f == nil || !f.remote {
 		t.Fatal("the other gateway's future is not registered as remote")
 	}

@@ -227,10 +227,10 @@ func TestFutureTableWakesWaitersOnce(t *testing.T) {
 	if f.errMsg != "" || f.result == nil {
 		t.Fatalf("a second finish changed the state: err %q, result %v", f.errMsg, f.result)
 	}
-	if ft.get("tenant-b", f.id) != nil {
+	if other, _ := ft.get("tenant-b", f.id); other != nil {
 		t.Fatal("another tenant's future was visible")
 	}
-	if got := ft.get("tenant-a", f.id); got != f {
+	if got, _ := ft.get("tenant-a", f.id); got != f {
 		t.Fatal("the owner could not get its future")
 	}
 }
@@ -272,7 +272,8 @@ func TestRunQueueSkipGivesItsBytesBackAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-started // the drain is busy with op 1 until released
-	if err := q.reserve(2, 100); err != nil { // alone in the queue: let in over the bound
+	// Alone in the queue: let in over the bound.
+	if err := q.reserve(2, 100); err != nil {
 		t.Fatal(err)
 	}
 	q.skip(2, 100) // its validation failed

@@ -54,7 +54,7 @@ func TestUnservedBaseModelConsumesTheSeqID(t *testing.T) {
 	if id == "" {
 		t.Fatalf("optim_step: %v", opt)
 	}
-	f := s.futures.get(tenant, id)
+	f, _ := s.futures.get(tenant, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if !s.futures.wait(f, 20*time.Second, ctx.Done()) {

@@ -87,68 +87,79 @@ func startPGGatewaysOn(t testing.TB, n int, opt func(*gateway.Options), noLocalR
 
 // startPGGatewaysAt is startPGGatewaysOn on the PostgreSQL at dsn.
 func startPGGatewaysAt(t testing.TB, dsn string, n int, opt func(*gateway.Options), noLocalReplicas bool) ([]*pgGateway, string) {
+	schema, data := newPGSchema(t, dsn), t.TempDir()
+	var out []*pgGateway
+	for i := range n {
+		out = append(out, startPGGateway(t, dsn+"&search_path="+schema, data, i, opt, noLocalReplicas))
+	}
+	return out, data
+}
+
+// newPGSchema makes a fresh schema for one test's gateways.
+func newPGSchema(t testing.TB, dsn string) string {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer db.Close()
 	schema := fmt.Sprintf("fo_%d", time.Now().UnixNano())
 	if _, err := db.Exec("CREATE SCHEMA " + schema); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
-	data := t.TempDir()
-	var out []*pgGateway
-	for i := range n {
-		st, err := store.OpenPostgres(dsn + "&search_path=" + schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.Load(modelDir(), engine.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := &pgGateway{compute: &stoppableCompute{Compute: e}, st: st}
-		var h http.Handler = http.NotFoundHandler()
-		var mu sync.Mutex
-		g.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			hh := h
-			mu.Unlock()
-			hh.ServeHTTP(w, r)
-		}))
-		o := gateway.Options{DataDir: data, Store: st, AdvertiseURL: g.ts.URL, LongPoll: 5 * time.Second}
-		if opt != nil {
-			opt(&o)
-		}
-		var reps []*replica.Replica
-		if !noLocalReplicas {
-			var c engine.Compute = g.compute
-			if o.Storage != nil { // object storage: the replica reads and writes adapters there
-				if c, err = replica.NewStored(g.compute, o.Storage, o.DataDir, filepath.Join(o.DataDir, "scratch")); err != nil {
-					t.Fatal(err)
-				}
-			}
-			g.rep = replica.New(fmt.Sprintf("r%d", i), base, c, 4)
-			reps = append(reps, g.rep)
-		}
-		g.gw, err = gateway.New(o, reps...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mu.Lock()
-		h = g.gw
-		mu.Unlock()
-		t.Cleanup(func() {
-			g.ts.Close()
-			g.gw.Close()
-			if g.rep != nil {
-				g.rep.Close()
-			}
-			st.Close()
-		})
-		out = append(out, g)
+	return schema
+}
+
+// startPGGateway starts gateway number i on the store at dsn (a schema's), with data as its data
+// directory, closed at the test's end (or before, by the test).
+func startPGGateway(t testing.TB, dsn, data string, i int, opt func(*gateway.Options), noLocalReplicas bool) *pgGateway {
+	st, err := store.OpenPostgres(dsn)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out, data
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &pgGateway{compute: &stoppableCompute{Compute: e}, st: st}
+	var h http.Handler = http.NotFoundHandler()
+	var mu sync.Mutex
+	g.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hh := h
+		mu.Unlock()
+		hh.ServeHTTP(w, r)
+	}))
+	o := gateway.Options{DataDir: data, Store: st, AdvertiseURL: g.ts.URL, LongPoll: 5 * time.Second}
+	if opt != nil {
+		opt(&o)
+	}
+	var reps []*replica.Replica
+	if !noLocalReplicas {
+		var c engine.Compute = g.compute
+		if o.Storage != nil { // object storage: the replica reads and writes adapters there
+			if c, err = replica.NewStored(g.compute, o.Storage, o.DataDir, filepath.Join(o.DataDir, "scratch")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g.rep = replica.New(fmt.Sprintf("r%d", i), base, c, 4)
+		reps = append(reps, g.rep)
+	}
+	g.gw, err = gateway.New(o, reps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	h = g.gw
+	mu.Unlock()
+	t.Cleanup(func() {
+		g.ts.Close()
+		g.gw.Close()
+		if g.rep != nil {
+			g.rep.Close()
+		}
+		st.Close()
+	})
+	return g
 }
 
 func timeDuration(ns int64) time.Duration { return time.Duration(ns) }

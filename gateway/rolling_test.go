@@ -1,0 +1,195 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/gateway"
+)
+
+// balancer spreads requests over the gateways behind one address, as a Service does, and sends
+// one that found no gateway (connection refused or reset) or got a 5xx to the next gateway, as
+// the SDK's retries do. What still fails after 30 s of that is a failed request.
+type balancer struct {
+	mu      sync.Mutex
+	urls    []string
+	next    int
+	key     string
+	retried atomic.Int64
+}
+
+func (b *balancer) set(urls ...string) {
+	b.mu.Lock()
+	b.urls = urls
+	b.mu.Unlock()
+}
+
+func (b *balancer) pick() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.next++
+	return b.urls[b.next%len(b.urls)]
+}
+
+func (b *balancer) do(ctx context.Context, path string, body, out any) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := client.New(b.pick(), b.key).Do(ctx, "POST", path, body, out)
+		var se *client.StatusError
+		if err == nil || (errors.As(err, &se) && se.Status < 500 && se.Status != 408) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		b.retried.Add(1)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// result long-polls a future through the balancer until it ends.
+func (b *balancer) result(ctx context.Context, id string, out any) error {
+	for {
+		var raw json.RawMessage
+		err := b.do(ctx, "retrieve_future", api.RetrieveFutureRequest{RequestID: id}, &raw)
+		var se *client.StatusError
+		if errors.As(err, &se) && se.Status == 408 {
+			continue // the long poll ran out
+		}
+		if err != nil {
+			return err
+		}
+		var probe struct {
+			Type  string `json:"type"`
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &probe)
+		switch {
+		case probe.Type == "try_again":
+			continue
+		case probe.Error != "":
+			return fmt.Errorf("request %s failed: %s", id, probe.Error)
+		}
+		return json.Unmarshal(raw, out)
+	}
+}
+
+// Both gateways are replaced one after the other while a run trains through one address, as a
+// rolling upgrade does (the new gateway starts, then the old one stops gracefully): no request
+// fails after the client's retries, every step's number is exact, and the losses equal an
+// uninterrupted run's bit for bit.
+func TestRollingRestartFailsNoRequest(t *testing.T) {
+	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
+	}
+	schema := newPGSchema(t, dsn)
+	at := dsn + "&search_path=" + schema
+	data := t.TempDir()
+	g0, g1 := startPGGateway(t, at, data, 0, nil, false), startPGGateway(t, at, data, 1, nil, false)
+	const tenant = "tml-rolling"
+	lb := &balancer{key: tenant}
+	lb.set(g0.ts.URL, g1.ts.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var sess api.CreateSessionResponse
+	if err := lb.do(ctx, "create_session", api.CreateSessionRequest{Tags: []string{}, UserMetadata: api.UserMetadata{}}, &sess); err != nil {
+		t.Fatal(err)
+	}
+	var created api.FutureResponse
+	if err := lb.do(ctx, "create_model", api.CreateModelRequest{SessionID: sess.SessionID, BaseModel: base, LoraConfig: &api.LoraConfig{Rank: 4}}, &created); err != nil {
+		t.Fatal(err)
+	}
+	var model api.CreateModelResponse
+	if err := lb.result(ctx, created.RequestID, &model); err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
+	lr, b1, b2, eps, zero := 1e-2, 0.9, 0.95, 1e-8, 0.0
+	const steps = 12
+	var losses []float64
+	stepDone := make(chan int) // the trainer goes on as soon as the step is seen
+	trained := make(chan error, 1)
+	go func() {
+		for n := 1; n <= steps; n++ {
+			fseq, oseq := 2*n-1, 2*n
+			var fb, op api.FutureResponse
+			if err := lb.do(ctx, "forward_backward", api.ForwardBackwardJSON{ModelID: model.ModelID, SeqID: &fseq,
+				ForwardBackwardInput: &api.ForwardBackwardInput{Data: batch, LossFn: "cross_entropy"}}, &fb); err != nil {
+				trained <- fmt.Errorf("step %d forward_backward: %w", n, err)
+				return
+			}
+			if err := lb.do(ctx, "optim_step", api.OptimStepRequest{ModelID: model.ModelID, SeqID: &oseq,
+				AdamParams: api.AdamParams{LearningRate: &lr, Beta1: &b1, Beta2: &b2, Eps: &eps, WeightDecay: &zero, GradClipNorm: &zero}}, &op); err != nil {
+				trained <- fmt.Errorf("step %d optim_step: %w", n, err)
+				return
+			}
+			var out api.ForwardBackwardOutput
+			if err := lb.result(ctx, fb.RequestID, &out); err != nil {
+				trained <- fmt.Errorf("step %d forward_backward result: %w", n, err)
+				return
+			}
+			var st api.OptimStepResponse
+			if err := lb.result(ctx, op.RequestID, &st); err != nil {
+				trained <- fmt.Errorf("step %d optim_step result: %w", n, err)
+				return
+			}
+			if got := int(st.Metrics["step:max"]); got != n {
+				trained <- fmt.Errorf("step %d reported step %d", n, got)
+				return
+			}
+			losses = append(losses, out.Metrics["loss:sum"])
+			stepDone <- n
+		}
+		trained <- nil
+	}()
+	// A rolling upgrade: a new gateway joins, then an old one leaves gracefully; twice, each
+	// while the run goes on (the trainer does not wait for it).
+	var done atomic.Int64
+	replace := func(old *pgGateway, i int, keep *pgGateway) *pgGateway {
+		from := done.Load()
+		fresh := startPGGateway(t, at, data, i, nil, false)
+		lb.set(keep.ts.URL, fresh.ts.URL)
+		old.ts.Close() // waits for the requests it is answering
+		old.gw.Close() // its queued ops finish, then its leases are handed back
+		t.Logf("gateway %d replaced by %d during steps %d to %d", i-2, i, from+1, done.Load()+1)
+		return fresh
+	}
+	var replacing sync.WaitGroup
+	var g2 *pgGateway
+	for n := range stepDone {
+		done.Store(int64(n))
+		switch n {
+		case 3:
+			replacing.Go(func() { g2 = replace(g0, 2, g1) })
+		case 7:
+			replacing.Wait()
+			replacing.Go(func() { replace(g1, 3, g2) })
+		}
+		if n == steps {
+			break
+		}
+	}
+	replacing.Wait()
+	if err := <-trained; err != nil {
+		t.Fatalf("a request failed after retries: %v", err)
+	}
+	ref := newServer(t, gateway.Options{})
+	_, rc := newRun(t, ref.URL, tenant, 4)
+	for i := range losses {
+		l, err := lossStep(t, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l != losses[i] {
+			t.Fatalf("step %d: loss %v through the rolling restart, %v uninterrupted (all: %v)", i+1, losses[i], l, losses)
+		}
+	}
+	t.Logf("%d steps through a rolling restart of both gateways; %d requests retried", steps, lb.retried.Load())
+}

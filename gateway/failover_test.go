@@ -499,7 +499,14 @@ func TestListingsShowWhatOtherGatewaysMade(t *testing.T) {
 				t.Fatalf("gateway %d, %s: %+v, want %s", i, path, ck.Checkpoints, saved.Path)
 			}
 		}
+		var sessions api.SessionsResponse
+		if err := c.Do(ctx, "GET", "sessions", nil, &sessions); err != nil || len(sessions.Sessions) != 1 || sessions.Sessions[0] != sess {
+			t.Fatalf("gateway %d lists sessions %v (%v), want [%s]", i, sessions.Sessions, err, sess)
+		}
 		other := client.New(g.ts.URL, "tml-someone-else")
+		if err := other.Do(ctx, "GET", "sessions", nil, &sessions); err != nil || len(sessions.Sessions) != 0 {
+			t.Fatalf("gateway %d shows another tenant sessions %v (%v)", i, sessions.Sessions, err)
+		}
 		var none struct {
 			TrainingRuns []api.TrainingRun `json:"training_runs"`
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/skein-ai/skein/api"
+	"github.com/skein-ai/skein/store"
 )
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
@@ -160,11 +161,22 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant str
 	if err != nil {
 		return nil, err
 	}
+	var rows []store.Session
+	if s.leases.on { // several gateways: the sessions the others made too (read, not kept)
+		if rows, err = s.st.Sessions(r.Context()); err != nil {
+			return nil, errf(http.StatusServiceUnavailable, "reading the sessions: %v", err)
+		}
+	}
 	s.sessions.mu.Lock()
 	var all []*session
 	for _, sess := range s.sessions.m {
 		if sess.tenant == tenant {
 			all = append(all, sess)
+		}
+	}
+	for _, row := range rows {
+		if row.Tenant == tenant && !row.Closed && s.sessions.m[row.ID] == nil {
+			all = append(all, &session{id: row.ID, tenant: row.Tenant, created: row.Created})
 		}
 	}
 	s.sessions.mu.Unlock()

@@ -102,7 +102,7 @@ func (s *Server) listRunCheckpoints(w http.ResponseWriter, r *http.Request, tena
 		}
 		return nil, err
 	}
-	others, err := s.otherCheckpoints(r.Context())
+	others, err := s.otherCheckpoints(r.Context(), tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func (s *Server) listAllCheckpoints(w http.ResponseWriter, r *http.Request, tena
 	if err != nil {
 		return nil, err
 	}
-	others, err := s.otherCheckpoints(r.Context())
+	others, err := s.otherCheckpoints(r.Context(), tenant)
 	if err != nil {
 		return nil, err
 	}

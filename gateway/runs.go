@@ -98,11 +98,11 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if err != nil {
 		return nil, err
 	}
-	otherRuns, err := s.otherRuns(r.Context())
+	otherRuns, err := s.otherRuns(r.Context(), tenant)
 	if err != nil {
 		return nil, err
 	}
-	otherCkpts, err := s.otherCheckpoints(r.Context())
+	otherCkpts, err := s.otherCheckpoints(r.Context(), tenant)
 	if err != nil {
 		return nil, err
 	}

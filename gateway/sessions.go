@@ -163,7 +163,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, tenant str
 	}
 	var rows []store.Session
 	if s.leases.on { // several gateways: the sessions the others made too (read, not kept)
-		if rows, err = s.st.Sessions(r.Context()); err != nil {
+		if rows, err = s.st.SessionsOf(r.Context(), tenant); err != nil {
 			return nil, errf(http.StatusServiceUnavailable, "reading the sessions: %v", err)
 		}
 	}

@@ -290,12 +290,13 @@ func ckptFromRow(row store.Checkpoint) *ckptMeta {
 // made since this one started and this one's maps lack, read from the store for a listing: a
 // client behind a load balancer otherwise saw a run or a checkpoint in one gateway's listing and
 // not in another's. None of it is kept: a run's own requests go to its lease holder, and a delete
-// here must not be undone by a listing that read the row just before it went.
-func (s *Server) otherRuns(ctx context.Context) ([]*trainingRun, error) {
+// here must not be undone by a listing that read the row just before it went. Only the rows the
+// tenant may see are read (its own, and the published ones).
+func (s *Server) otherRuns(ctx context.Context, tenant string) ([]*trainingRun, error) {
 	if !s.leases.on {
 		return nil, nil
 	}
-	rows, err := s.st.Runs(ctx)
+	rows, err := s.st.RunsVisibleTo(ctx, tenant)
 	if err != nil {
 		return nil, errf(http.StatusServiceUnavailable, "reading the runs: %v", err)
 	}
@@ -310,11 +311,11 @@ func (s *Server) otherRuns(ctx context.Context) ([]*trainingRun, error) {
 	return out, nil
 }
 
-func (s *Server) otherCheckpoints(ctx context.Context) ([]*ckptMeta, error) {
+func (s *Server) otherCheckpoints(ctx context.Context, tenant string) ([]*ckptMeta, error) {
 	if !s.leases.on {
 		return nil, nil
 	}
-	rows, err := s.st.Checkpoints(ctx)
+	rows, err := s.st.CheckpointsVisibleTo(ctx, tenant)
 	if err != nil {
 		return nil, errf(http.StatusServiceUnavailable, "reading the checkpoints: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -365,6 +366,61 @@ func TestGetCheckpoint(t *testing.T) {
 		}
 		if _, err := s.GetCheckpoint(ctx, c.Path); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("deleted checkpoint: %v", err)
+		}
+	})
+}
+
+// A tenant's listings read its own rows and the published ones, no other tenant's.
+func TestListingsOfOneTenant(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		for i, tenant := range []string{"a", "b", "b"} {
+			id := fmt.Sprint("r", i)
+			if err := s.PutSession(ctx, Session{ID: "s" + id, Tenant: tenant, Created: now.Add(time.Duration(i) * time.Second), Heartbeat: now}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.PutRun(ctx, Run{ID: id, Tenant: tenant, SessionID: "s" + id, BaseModel: "m", Created: now.Add(time.Duration(i) * time.Second), Data: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.PutCheckpoint(ctx, Checkpoint{Path: "tinker://" + id + "/weights/x", Owner: tenant, ModelID: id, Created: now, Public: i == 2, Data: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids := func(f func() ([]string, error)) []string {
+			got, err := f()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		sessions := ids(func() ([]string, error) {
+			xs, err := s.SessionsOf(ctx, "b")
+			var out []string
+			for _, x := range xs {
+				out = append(out, x.ID)
+			}
+			return out, err
+		})
+		runs := ids(func() ([]string, error) {
+			xs, err := s.RunsVisibleTo(ctx, "a")
+			var out []string
+			for _, x := range xs {
+				out = append(out, x.ID)
+			}
+			return out, err
+		})
+		ckpts := ids(func() ([]string, error) {
+			xs, err := s.CheckpointsVisibleTo(ctx, "a")
+			var out []string
+			for _, x := range xs {
+				out = append(out, x.Path)
+			}
+			return out, err
+		})
+		if !slices.Equal(sessions, []string{"sr1", "sr2"}) || !slices.Equal(runs, []string{"r0", "r2"}) ||
+			!slices.Equal(ckpts, []string{"tinker://r0/weights/x", "tinker://r2/weights/x"}) {
+			t.Fatalf("b's sessions %v, what a sees: runs %v, checkpoints %v", sessions, runs, ckpts)
 		}
 	})
 }

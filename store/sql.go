@@ -65,6 +65,12 @@ var migrations = []string{
 	// 8: secrets every gateway of a cluster must agree on (the workers' token, the key that signs
 	// download links), so that a gateway needs no data directory of its own (issue 38).
 	`CREATE TABLE cluster_secrets (name TEXT PRIMARY KEY, value {{BLOB}} NOT NULL, created {{INT}} NOT NULL);`,
+	// 9: listings of one tenant (what it owns, and what is published) read only its rows, with
+	// several gateways (each listing reads the store).
+	`CREATE INDEX sessions_tenant ON sessions(tenant);
+	CREATE INDEX runs_tenant ON runs(tenant);
+	CREATE INDEX checkpoints_owner ON checkpoints(owner);
+	CREATE INDEX checkpoints_public ON checkpoints(model_id) WHERE public;`,
 }
 
 func (s *SQL) ddl(q string) string {
@@ -148,8 +154,15 @@ func (s *SQL) TouchSession(ctx context.Context, id string, heartbeat time.Time) 
 	return err
 }
 
-func (s *SQL) Sessions(ctx context.Context) ([]Session, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, created, heartbeat, closed, data FROM sessions ORDER BY created`)
+func (s *SQL) Sessions(ctx context.Context) ([]Session, error) { return s.sessionsWhere(ctx, "") }
+
+// SessionsOf lists one tenant's sessions, oldest first.
+func (s *SQL) SessionsOf(ctx context.Context, tenant string) ([]Session, error) {
+	return s.sessionsWhere(ctx, "WHERE tenant = ?", tenant)
+}
+
+func (s *SQL) sessionsWhere(ctx context.Context, where string, args ...any) ([]Session, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, tenant, created, heartbeat, closed, data FROM sessions `+where+` ORDER BY created`), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -174,8 +187,15 @@ func (s *SQL) PutRun(ctx context.Context, r Run) error {
 	return err
 }
 
-func (s *SQL) Runs(ctx context.Context) ([]Run, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, session_id, base_model, created, last_request, live, data FROM runs ORDER BY created`)
+func (s *SQL) Runs(ctx context.Context) ([]Run, error) { return s.runsWhere(ctx, "") }
+
+// RunsVisibleTo lists a tenant's runs and the runs with a published checkpoint, oldest first.
+func (s *SQL) RunsVisibleTo(ctx context.Context, tenant string) ([]Run, error) {
+	return s.runsWhere(ctx, "WHERE tenant = ? OR id IN (SELECT model_id FROM checkpoints WHERE public)", tenant)
+}
+
+func (s *SQL) runsWhere(ctx context.Context, where string, args ...any) ([]Run, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, tenant, session_id, base_model, created, last_request, live, data FROM runs `+where+` ORDER BY created`), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,8 +269,15 @@ func (s *SQL) DeleteCheckpoint(ctx context.Context, path string) error {
 	return err
 }
 
-func (s *SQL) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT path, owner, model_id, created, expires_at, public, data FROM checkpoints ORDER BY created`)
+func (s *SQL) Checkpoints(ctx context.Context) ([]Checkpoint, error) { return s.checkpointsWhere(ctx, "") }
+
+// CheckpointsVisibleTo lists a tenant's checkpoints and the published ones, oldest first.
+func (s *SQL) CheckpointsVisibleTo(ctx context.Context, tenant string) ([]Checkpoint, error) {
+	return s.checkpointsWhere(ctx, "WHERE owner = ? OR public", tenant)
+}
+
+func (s *SQL) checkpointsWhere(ctx context.Context, where string, args ...any) ([]Checkpoint, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT path, owner, model_id, created, expires_at, public, data FROM checkpoints `+where+` ORDER BY created`), args...)
 	if err != nil {
 		return nil, err
 	}

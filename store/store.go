@@ -248,6 +248,12 @@ type RunLeases interface {
 	GetCheckpoint(ctx context.Context, path string) (Checkpoint, error)
 	// GetSession reads one session (ErrNotFound if none).
 	GetSession(ctx context.Context, id string) (Session, error)
+	// SessionsOf lists one tenant's sessions, oldest first.
+	SessionsOf(ctx context.Context, tenant string) ([]Session, error)
+	// RunsVisibleTo lists a tenant's runs and the runs with a published checkpoint, oldest first.
+	RunsVisibleTo(ctx context.Context, tenant string) ([]Run, error)
+	// CheckpointsVisibleTo lists a tenant's checkpoints and the published ones, oldest first.
+	CheckpointsVisibleTo(ctx context.Context, tenant string) ([]Checkpoint, error)
 	// SessionMembers lists a session's runs (oldest first) and samplers from their own rows,
 	// whichever gateway wrote them.
 	SessionMembers(ctx context.Context, id string) (runs, samplers []string, err error)

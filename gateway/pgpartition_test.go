@@ -151,6 +151,22 @@ func TestAGatewayCutOffFromPostgresHandsItsRunOver(t *testing.T) {
 	if lease2, err := b.st.RunLeaseOf(ctx, tc.ModelID); err != nil || lease2.Epoch != 2 || lease2.Addr != b.ts.URL {
 		t.Fatalf("after healing the lease is %+v (%v): the cut-off gateway took it back", lease2, err)
 	}
+	// The cut-off gateway's listing shows the run as its new holder left it, not as it last saw it.
+	f, _ := submitSeq(ctx, t, cb, "save_weights", api.SaveWeightsRequest{ModelID: tc.ModelID, Path: "after-the-cut", SeqID: ptr(9)})
+	if f == nil {
+		t.Fatal("save_weights was not submitted")
+	}
+	var saved api.SaveWeightsResponse
+	if err := f.Result(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	var listed struct {
+		TrainingRuns []api.TrainingRun `json:"training_runs"`
+	}
+	if err := ca.Do(ctx, "GET", "training_runs", nil, &listed); err != nil || len(listed.TrainingRuns) != 1 ||
+		listed.TrainingRuns[0].LastCheckpoint == nil || listed.TrainingRuns[0].LastCheckpoint.TinkerPath != saved.Path {
+		t.Fatalf("the cut-off gateway lists %+v (%v), want the run with its new holder's checkpoint %s", listed.TrainingRuns, err, saved.Path)
+	}
 	ref := newServer(t, gateway.Options{})
 	_, rc := newRun(t, ref.URL, tenant, 4)
 	for i := range losses {
@@ -164,3 +180,5 @@ func TestAGatewayCutOffFromPostgresHandsItsRunOver(t *testing.T) {
 	}
 	t.Logf("cut off from PostgreSQL: the other gateway served step 3 %v after the cut (lease %v), after %d refusals; epoch 1 -> 2", took.Round(10*time.Millisecond), ttl, refused)
 }
+
+func ptr(n int) *int { return &n }

@@ -194,6 +194,11 @@ func serve(args []string, gatewayOnly bool) error {
 	if err := checkServeConfig(cfg); err != nil { // before any model is generated or loaded
 		return err
 	}
+	cleanScratch, err := scratchData(cfg, gatewayOnly)
+	if err != nil {
+		return err
+	}
+	defer cleanScratch()
 	// The address is taken before the models load, so that a port in use fails at once rather
 	// than after minutes of loading; while they load, every request is answered at once with a
 	// 503 saying so (loadingHandler), /api/v1/healthz included.

@@ -52,6 +52,7 @@ type serveConfig struct {
 	Config               string
 	WorkerToken, State   string
 	Storage, S3Endpoint  string
+	dataGiven            bool // --data (or its variable, or the file) was given
 	Auth, PublicURL      string
 	AdvertiseURL         string
 	RunLeaseTTL          time.Duration
@@ -68,7 +69,7 @@ type serveConfig struct {
 // register defines the flags of c on fs.
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8000", "listen address")
-	fs.StringVar(&c.Data, "data", "./skein-data", "data directory")
+	fs.StringVar(&c.Data, "data", "./skein-data", "data directory (skein gateway with --state postgres://… and --storage s3://… needs none: given none, it uses a private scratch directory)")
 	fs.Var(&c.Models, "model", "Hugging Face model directory, a hub cache entry models--Org--Name (its refs/main snapshot), a GGUF file (llama, qwen2, qwen3, qwen3moe) or an Ollama manifest (repeatable; a comma-separated list in the variable); default: a generated tiny model")
 	fs.Var(&c.Names, "name", "base-model name clients use for the matching --model (repeatable; default: directory name, Org/Name for a hub cache entry or snapshot, a GGUF file's name without .gguf, name:tag for an Ollama manifest)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body")
@@ -125,6 +126,7 @@ func parseServeConfig(args []string) (*serveConfig, error) {
 	if len(pos) != 0 {
 		return nil, fmt.Errorf("unexpected arguments %q (flags only; see skein serve --help)", pos)
 	}
+	fs.Visit(func(f *flag.Flag) { c.dataGiven = c.dataGiven || f.Name == "data" })
 	if err := imageproc.CheckImageDir(c.ImageDir); err != nil {
 		return nil, err
 	}
@@ -186,4 +188,21 @@ func (c logConfig) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", c.Format)
+}
+
+// scratchData gives a gateway that keeps nothing on its disk a private data directory when it
+// was given none: with --state postgres://… and --storage s3://… its state, secrets and files
+// live in PostgreSQL and the bucket, and the directory holds only scratch (archives being built,
+// GGUF conversions, copies on their way to the bucket), removed by the returned cleanup. Any
+// other server keeps --data's default, where its state lives.
+func scratchData(c *serveConfig, gatewayOnly bool) (cleanup func(), err error) {
+	if !gatewayOnly || c.dataGiven || c.State == "" || !strings.HasPrefix(c.Storage, "s3://") {
+		return func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "skein-gateway-")
+	if err != nil {
+		return nil, fmt.Errorf("a scratch directory (give --data): %w", err)
+	}
+	c.Data = dir
+	return func() { os.RemoveAll(dir) }, nil
 }

@@ -314,3 +314,57 @@ func TestShutdownDrainsThenCloses(t *testing.T) {
 		}
 	}
 }
+
+// A gateway with PostgreSQL and a bucket needs no data directory: given none, it works in a
+// private scratch directory, removed when it stops. A --data given (flag or variable), skein
+// serve, or a gateway whose state is in its data directory keep theirs.
+func TestAGatewayOnPostgresAndS3NeedsNoDataDirectory(t *testing.T) {
+	shared := []string{"--state", "postgres://db/skein", "--storage", "s3://bucket/prefix"}
+	c, err := parseServeConfig(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanup, err := scratchData(c, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Data == "./skein-data" || !strings.Contains(c.Data, "skein-gateway-") {
+		t.Fatalf("data directory %q, want a private scratch one", c.Data)
+	}
+	if fi, err := os.Stat(c.Data); err != nil || !fi.IsDir() {
+		t.Fatalf("scratch directory %q: %v", c.Data, err)
+	}
+	cleanup()
+	if _, err := os.Stat(c.Data); !os.IsNotExist(err) {
+		t.Fatalf("scratch directory %q left behind: %v", c.Data, err)
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     string
+		gateway bool
+	}{
+		{"--data given", append([]string{"--data", "/srv/skein"}, shared...), "", true},
+		{"SKEIN_DATA given", shared, "/srv/skein", true},
+		{"skein serve", shared, "", false},
+		{"state in the data directory", []string{"--storage", "s3://bucket/prefix"}, "", true},
+		{"files in the data directory", []string{"--state", "postgres://db/skein"}, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("SKEIN_DATA", tc.env)
+			c, err := parseServeConfig(tc.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := c.Data
+			cleanup, err := scratchData(c, tc.gateway)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cleanup()
+			if c.Data != want || strings.Contains(c.Data, "skein-gateway-") {
+				t.Fatalf("data directory %q, want %q kept", c.Data, want)
+			}
+		})
+	}
+}

@@ -641,6 +641,26 @@ func (s *Server) releaseLeases() {
 			}
 		}
 	}
+	// Each run's adapter is saved in full (the gradients of forward_backwards not yet stepped
+	// included) and let go while its lease is still this gateway's: the run's next holder loads
+	// that state. Without it, gradients acknowledged here were lost at a graceful stop.
+	for _, id := range runs {
+		run := s.runs.get(id)
+		ep, ok := s.router.Where(id)
+		if run == nil || !ok {
+			continue
+		}
+		if rep, err := s.replicaFor(ep); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Until(deadline)+5*time.Second)
+			err := rep.Evict(ctx, s.adapterOf(run))
+			cancel()
+			s.logErr("saving a run's adapter before handing it over", err)
+			if err == nil {
+				s.router.Forget(id)
+				s.logErr("placement", s.st.DeletePlacement(context.Background(), id))
+			}
+		}
+	}
 	s.leases.mu.Lock()
 	held := s.leases.held
 	s.leases.held = map[string]heldLease{}

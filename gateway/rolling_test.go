@@ -163,22 +163,25 @@ func TestRollingRestartFailsNoRequest(t *testing.T) {
 	}
 	var replacing sync.WaitGroup
 	var g2 *pgGateway
-	for n := range stepDone {
-		done.Store(int64(n))
-		switch n {
-		case 3:
-			replacing.Go(func() { g2 = replace(g0, 2, g1) })
-		case 7:
-			replacing.Wait()
-			replacing.Go(func() { replace(g1, 3, g2) })
-		}
-		if n == steps {
-			break
+	var trainErr error
+	for finished := false; !finished; {
+		select {
+		case n := <-stepDone:
+			done.Store(int64(n))
+			switch n {
+			case 3:
+				replacing.Go(func() { g2 = replace(g0, 2, g1) })
+			case 7:
+				replacing.Wait()
+				replacing.Go(func() { replace(g1, 3, g2) })
+			}
+		case trainErr = <-trained:
+			finished = true
 		}
 	}
 	replacing.Wait()
-	if err := <-trained; err != nil {
-		t.Fatalf("a request failed after retries: %v", err)
+	if trainErr != nil {
+		t.Fatalf("a request failed after retries: %v", trainErr)
 	}
 	ref := newServer(t, gateway.Options{})
 	_, rc := newRun(t, ref.URL, tenant, 4)
@@ -192,4 +195,51 @@ func TestRollingRestartFailsNoRequest(t *testing.T) {
 		}
 	}
 	t.Logf("%d steps through a rolling restart of both gateways; %d requests retried", steps, lb.retried.Load())
+}
+
+// A gateway that stops gracefully between a run's forward_backward and its optim_step saves the
+// gradients with the adapter before handing the run over: the optim_step, sent to the other
+// gateway, applies them (the old code reported them lost), and the step equals an uninterrupted
+// run's.
+func TestGracefulStopKeepsGradientsNotYetStepped(t *testing.T) {
+	gws := startPGGateways(t, 2)
+	a, b := gws[0], gws[1]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-handover-grads"
+	_, tc := newRun(t, a.ts.URL, tenant, 4)
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
+	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := fb.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	a.ts.Close()
+	a.gw.Close()
+	tc.Via(client.New(b.ts.URL, tenant))
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 1 {
+		t.Fatalf("step %d, want 1", got)
+	}
+	next, err := lossStep(t, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := newServer(t, gateway.Options{})
+	_, rc := newRun(t, ref.URL, tenant, 4)
+	for i, want := range []float64{out.Metrics["loss:sum"], next} {
+		l, err := lossStep(t, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l != want {
+			t.Fatalf("step %d: loss %v across the handover, %v uninterrupted", i+1, want, l)
+		}
+	}
 }

@@ -40,7 +40,7 @@ type followers struct {
 
 func (s *Server) startDiscovery(d discovery.Discovery) {
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-s.stop; cancel() }()
+	go func() { <-s.handedOver; cancel() }() // its last ops still need the workers
 	f := &followers{s: s, m: map[string]*follower{}}
 	go func() {
 		if err := d.Start(ctx, f); err != nil && ctx.Err() == nil {
@@ -64,7 +64,7 @@ func (f *followers) Upsert(ep discovery.Endpoint) {
 	fl := &follower{cancel: cancel, url: ep.URL, done: make(chan struct{})}
 	fl.ready.Store(ep.Ready)
 	f.m[ep.ID] = fl
-	go func() { <-f.s.stop; cancel() }()
+	go func() { <-f.s.handedOver; cancel() }() // a stopping gateway's last ops still need it
 	go func() {
 		defer close(fl.done)
 		f.s.follow(ctx, ep, fl)

@@ -9,4 +9,4 @@ func (s *Server) AdapterOf(runID string) replica.Adapter { return s.adapterOf(s.
 // Crash stops this gateway as a killed process would stop: its loops (lease renewal, sweeps)
 // end, and nothing is handed over (its leases are left to lapse). Ops it still runs go on, as
 // a zombie's would: the fences must stop their effects.
-func (s *Server) Crash() { s.closeOnce.Do(func() { close(s.stop) }) }
+func (s *Server) Crash() { s.closeOnce.Do(func() { close(s.stop); close(s.handedOver) }) }

@@ -453,3 +453,28 @@ func durably(write func() error) error {
 		wait = min(2*wait, 2*time.Second)
 	}
 }
+
+// drain waits until every future this gateway runs has ended, or until deadline: a gateway that
+// stops gracefully finishes the requests it acknowledged (samples in flight; sequenced ops also
+// wait in their run queues) rather than leave them to be failed as a dead gateway's.
+func (t *futureTable) drain(deadline time.Time) {
+	for time.Now().Before(deadline) {
+		running := 0
+		t.mu.Lock()
+		for _, f := range t.byID {
+			if f.remote {
+				continue
+			}
+			select {
+			case <-f.done:
+			default:
+				running++
+			}
+		}
+		t.mu.Unlock()
+		if running == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

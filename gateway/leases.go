@@ -561,11 +561,16 @@ func (s *Server) leaseLoop() {
 	ctx := context.Background()
 	for {
 		select {
-		case <-s.stop:
+		case <-s.handedOver: // renewed while a stopping gateway's last ops run and save
 			return
 		case <-renew.C:
 			s.renewLeases(ctx)
 		case <-orphans.C:
+			select {
+			case <-s.stop:
+				continue // stopping: it takes no run over
+			default:
+			}
 			runs, err := s.st.OrphanedRuns(ctx, 16)
 			if err != nil {
 				s.log.Warn("finding runs whose gateway died", "err", err)
@@ -642,8 +647,11 @@ func (s *Server) releaseLeases() {
 		}
 	}
 	// Each run's adapter is saved in full (the gradients of forward_backwards not yet stepped
-	// included) and let go while its lease is still this gateway's: the run's next holder loads
-	// that state. Without it, gradients acknowledged here were lost at a graceful stop.
+	// included) while its lease is still this gateway's: the run's next holder loads that state.
+	// Without it, gradients acknowledged here were lost at a graceful stop. One on an in-process
+	// replica is let go too (it dies with this process); one on a worker stays there (the worker
+	// outlives this gateway, and the next holder may already count it resident: evicting it
+	// failed that holder's next op with "unknown adapter").
 	for _, id := range runs {
 		run := s.runs.get(id)
 		ep, ok := s.router.Where(id)
@@ -652,6 +660,11 @@ func (s *Server) releaseLeases() {
 		}
 		if rep, err := s.replicaFor(ep); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Until(deadline)+5*time.Second)
+			if _, local := rep.Local(); !local {
+				s.logErr("saving a run's adapter before handing it over", rep.Save(ctx, s.adapterOf(run)))
+				cancel()
+				continue
+			}
 			err := rep.Evict(ctx, s.adapterOf(run))
 			cancel()
 			s.logErr("saving a run's adapter before handing it over", err)

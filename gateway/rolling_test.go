@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -13,7 +15,9 @@ import (
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
+	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/gateway"
+	"github.com/skein-ai/skein/worker"
 )
 
 // balancer spreads requests over the gateways behind one address, as a Service does, and sends
@@ -240,6 +244,71 @@ func TestGracefulStopKeepsGradientsNotYetStepped(t *testing.T) {
 		}
 		if l != want {
 			t.Fatalf("step %d: loss %v across the handover, %v uninterrupted", i+1, want, l)
+		}
+	}
+}
+
+// A gateway that joins a worker while another gateway trains a run on it leaves that run's
+// adapter alone (gradients not yet stepped and all): before, it deleted every adapter on the
+// worker it could not adopt, and the holder's next op failed ("unknown adapter") — found by the
+// lab's rolling restart, where each new gateway joins the worker.
+func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
+	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
+	}
+	at := dsn + "&search_path=" + newPGSchema(t, dsn)
+	data := t.TempDir()
+	withWorkers := func(o *gateway.Options) {
+		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
+	}
+	a := startPGGateway(t, at, data, 0, withWorkers, true)
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewServer(worker.NewServer(e, clusterToken, data))
+	t.Cleanup(w.Close)
+	if code, ans := postWorker(t, a.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
+		t.Fatalf("register: %d %v", code, ans)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-joining"
+	_, tc := newRun(t, a.ts.URL, tenant, 4)
+	first, err := lossStep(t, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
+	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := fb.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	c := startPGGateway(t, at, data, 2, withWorkers, true) // joins the worker while a holds the run
+	if code, ans := postWorker(t, c.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
+		t.Fatalf("register with the new gateway: %d %v", code, ans)
+	}
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 2 {
+		t.Fatalf("step %d, want 2", got)
+	}
+	ref := newServer(t, gateway.Options{})
+	_, rc := newRun(t, ref.URL, tenant, 4)
+	for i, want := range []float64{first, out.Metrics["loss:sum"]} {
+		l, err := lossStep(t, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l != want {
+			t.Fatalf("step %d: loss %v with a gateway joining, %v alone", i+1, want, l)
 		}
 	}
 }

@@ -156,12 +156,15 @@ type Server struct {
 	storage  storage.Storage
 
 	// One registry, with its own lock, per resource (see registry.go for the lock order).
-	sessions  *registry[session]
-	runs      *registry[trainingRun]
-	samplers  *registry[sampler]
-	ckpts     *registry[ckptMeta] // by tinker path
-	stop      chan struct{}
-	closeOnce sync.Once
+	sessions *registry[session]
+	runs     *registry[trainingRun]
+	samplers *registry[sampler]
+	ckpts    *registry[ckptMeta] // by tinker path
+	stop     chan struct{}
+	// handedOver closes after a stopping gateway handed its runs over: until then it keeps its
+	// workers (discovery) and renews its leases, which its last ops and saves need.
+	handedOver chan struct{}
+	closeOnce  sync.Once
 
 	secret []byte // signs download links (settleArchiveSecret)
 
@@ -261,7 +264,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		st: st, ownsSt: owns, storage: opts.Storage,
 		futures:  newFutureTable(randomHex(4), opts.FutureTTL, opts.RemotePoll, st, opts.Logger),
 		sessions: newRegistry[session](), runs: newRegistry[trainingRun](), samplers: newRegistry[sampler](),
-		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}),
+		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}), handedOver: make(chan struct{}),
 		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.leases = newLeaseTable(s.shared() && opts.RunLeaseTTL > 0, opts.RunLeaseTTL, opts.AdvertiseURL)
 	// Gateways forward to each other inside one cluster: a holder that does not take the
@@ -407,7 +410,11 @@ func openStore(opts Options) (store.Store, bool, error) {
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.stop)
+		if s.leases.on { // several gateways: what this one acknowledged ends here, not as orphans
+			s.futures.drain(time.Now().Add(handoverWait))
+		}
 		s.releaseLeases()
+		close(s.handedOver)
 		if s.ownsSt {
 			s.st.Close()
 		}

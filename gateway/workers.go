@@ -15,6 +15,7 @@ import (
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/engine"
 	"github.com/skein-ai/skein/replica"
+	"github.com/skein-ai/skein/store"
 	"github.com/skein-ai/skein/worker"
 )
 
@@ -237,7 +238,7 @@ func (s *Server) joinWorker(cl *worker.Client, reg worker.Registration, mine *wo
 	ctx := context.Background()
 	keep := s.adoptable(ctx, cl, reg)
 	for _, id := range cl.AdapterIDs(ctx) {
-		if !keep[id] {
+		if !keep[id] && !s.heldElsewhere(ctx, id) {
 			cl.DeleteAdapter(ctx, id)
 		}
 	}
@@ -260,6 +261,22 @@ func (s *Server) joinWorker(cl *worker.Client, reg worker.Registration, mine *wo
 		s.logErr("placement", s.st.PutPlacement(ctx, id, rep.ID()))
 	}
 	s.log.Info("worker joined", "id", reg.ID, "url", reg.URL, "base_model", reg.BaseModel, "max_loras", rep.MaxLoras(), "adopted_adapters", adopted)
+}
+
+// heldElsewhere reports whether another live gateway sequences the run (several gateways on
+// one store): its adapter on a worker this gateway joins is that gateway's to keep or drop, not
+// a leftover (deleting it lost the gradients it held and failed the holder's next op). Not
+// adopted here, it never serves a request of this gateway, which would load the run's state
+// over it. A lease that cannot be read counts as held: keeping a copy is the safe mistake.
+func (s *Server) heldElsewhere(ctx context.Context, run string) bool {
+	if !s.leases.on {
+		return false
+	}
+	l, err := s.st.RunLeaseOf(ctx, run)
+	if errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	return err != nil || (l.Holder != s.self() && l.Live(time.Now()))
 }
 
 // adoptable lists the training adapters a joining worker holds that can stay there as they

@@ -81,9 +81,15 @@ type gatewayLab struct {
 	model   string
 	gws     map[string]*exec.Cmd
 	clients map[string]*client.Client
+	key     string
+	start1  func(name string) // starts a gateway process on host name
 }
 
-func newGatewayLab(t *testing.T) *gatewayLab {
+func newGatewayLab(t *testing.T) *gatewayLab { return newGatewayLabWith(t) }
+
+// newGatewayLabWith is newGatewayLab with spare hosts where more gateways can be started later
+// (startGateway).
+func newGatewayLabWith(t *testing.T, spare ...string) *gatewayLab {
 	if os.Getenv("SKEIN_LAB") != "1" {
 		t.Skip("SKEIN_LAB=1 is not set (the network-namespace lab needs root and iproute2; .ci/run sets it when it can create a namespace)")
 	}
@@ -101,7 +107,11 @@ func newGatewayLab(t *testing.T) *gatewayLab {
 	model := filepath.Join(dir, modelName)
 	run(t, bin, "model", "init-tiny", model)
 
-	l := newLab(t, map[string]int{"gw1": 2, "gw2": 3, "w1": 4, "s3": 5, "pg": 6, "cl": 9})
+	hosts := map[string]int{"gw1": 2, "gw2": 3, "w1": 4, "s3": 5, "pg": 6, "cl": 9}
+	for i, h := range spare {
+		hosts[h] = 10 + i
+	}
+	l := newLab(t, hosts)
 	dsn := l.startPostgres("pg")
 	s3Data := filepath.Join(dir, "s3")
 	if err := os.MkdirAll(filepath.Join(s3Data, "lab"), 0o755); err != nil {
@@ -118,8 +128,8 @@ func newGatewayLab(t *testing.T) *gatewayLab {
 		t.Fatalf("keys create printed %q", key)
 	}
 	workerAddr := l.hosts["w1"] + ":9000"
-	g := &gatewayLab{lab: l, model: model, gws: map[string]*exec.Cmd{}, clients: map[string]*client.Client{}}
-	for _, name := range []string{"gw1", "gw2"} {
+	g := &gatewayLab{lab: l, model: model, gws: map[string]*exec.Cmd{}, clients: map[string]*client.Client{}, key: key}
+	g.start1 = func(name string) {
 		url := "http://" + l.hosts[name] + ":8000"
 		g.gws[name] = l.start(name, name, awsEnv, bin, append([]string{"gateway", "--addr", l.hosts[name] + ":8000", "--data", filepath.Join(dir, name),
 			"--auth", "keys", "--worker-token", token, "--public-url", url, "--state", dsn, "--advertise-url", url,
@@ -128,24 +138,38 @@ func newGatewayLab(t *testing.T) *gatewayLab {
 		c.HTTP = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DialContext: l.dialer("cl")}}
 		g.clients[name] = c
 	}
+	for _, name := range []string{"gw1", "gw2"} {
+		g.start1(name)
+	}
 	l.start("w1", "w1", awsEnv, bin, append([]string{"worker", "--model", model, "--worker-token", token,
 		// The default step memory, as the in-process reference's: the same chunks, the same bits.
 		"--data", filepath.Join(dir, "w1"), "--addr", workerAddr}, storageFlags...)...)
-	ctx := context.Background()
-	for _, c := range g.clients {
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			var out api.ReplicasResponse
-			if err := c.Do(ctx, "GET", "skein/replicas", nil, &out); err == nil && len(out.Replicas) == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never found the worker", c.BaseURL)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+	for name := range g.clients {
+		g.waitReady(name)
 	}
 	return g
+}
+
+// startGateway starts one more gateway process on a spare host and waits until it serves.
+func (g *gatewayLab) startGateway(name string) {
+	g.start1(name)
+	g.waitReady(name)
+}
+
+// waitReady waits until a gateway has found the worker.
+func (g *gatewayLab) waitReady(name string) {
+	c := g.clients[name]
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var out api.ReplicasResponse
+		if err := c.Do(context.Background(), "GET", "skein/replicas", nil, &out); err == nil && len(out.Replicas) == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			g.t.Fatalf("%s never found the worker", c.BaseURL)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Two gateway processes on one PostgreSQL and one bucket, each its own host, and a worker both

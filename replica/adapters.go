@@ -222,6 +222,22 @@ func (r *Replica) Evict(ctx context.Context, a Adapter) error {
 	return err
 }
 
+// Save saves the adapter's full state (gradients not yet stepped included) if it is resident
+// and has an owner, and keeps it resident: a gateway handing its runs over leaves the adapters
+// on their worker, and the state saved is what the next holder loads if it does not find them
+// there. It waits for the worker, or for ctx.
+func (r *Replica) Save(ctx context.Context, a Adapter) error {
+	var err error
+	if derr := r.DoIn(ctx, PlacementLane, func() {
+		if a.State != nil && r.compute.HasAdapter(context.WithoutCancel(ctx), a.ID) {
+			err = r.persist(context.WithoutCancel(ctx), a)
+		}
+	}); derr != nil {
+		return derr
+	}
+	return err
+}
+
 // Unload is Evict without waiting: it runs after the adapter's ops already queued in its lane,
 // and a failure to save is logged.
 func (r *Replica) Unload(a Adapter) error {

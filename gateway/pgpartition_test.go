@@ -98,25 +98,9 @@ func TestAGatewayCutOffFromPostgresHandsItsRunOver(t *testing.T) {
 	defer cancel()
 	const tenant = "tml-cut-off"
 	_, tc := newRun(t, a.ts.URL, tenant, 4)
-	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
-	lr, b1, b2, eps, zero := 1e-2, 0.9, 0.95, 1e-8, 0.0
 	step := func(c *client.Client, n int) (float64, int) {
-		fseq, oseq := 2*n-1, 2*n
-		fb, r1 := submitSeq(ctx, t, c, "forward_backward", api.ForwardBackwardJSON{ModelID: tc.ModelID, SeqID: &fseq,
-			ForwardBackwardInput: &api.ForwardBackwardInput{Data: batch, LossFn: "cross_entropy"}})
-		op, r2 := submitSeq(ctx, t, c, "optim_step", api.OptimStepRequest{ModelID: tc.ModelID, SeqID: &oseq,
-			AdamParams: api.AdamParams{LearningRate: &lr, Beta1: &b1, Beta2: &b2, Eps: &eps, WeightDecay: &zero, GradClipNorm: &zero}})
-		if fb == nil || op == nil {
-			t.Fatalf("step %d was not submitted", n)
-		}
-		var out api.ForwardBackwardOutput
-		if err := fb.Result(ctx, &out); err != nil {
-			t.Fatalf("step %d forward_backward: %v", n, err)
-		}
-		if got := stepOf(t, op, ctx); got != n {
-			t.Fatalf("step %d reported step %d", n, got)
-		}
-		return out.Metrics["loss:sum"], r1 + r2
+		fb, op, refused := seqStep(ctx, t, c, tc.ModelID, n)
+		return seqResult(ctx, t, fb, op, n), refused
 	}
 	ca, cb := client.New(a.ts.URL, tenant), client.New(b.ts.URL, tenant)
 	var losses []float64
@@ -128,6 +112,7 @@ func TestAGatewayCutOffFromPostgresHandsItsRunOver(t *testing.T) {
 	cut := time.Now()
 	// The cut-off gateway acknowledges nothing of the run now: it cannot record a request.
 	fseq := 5
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
 	var ack struct {
 		RequestID string `json:"request_id"`
 	}
@@ -167,17 +152,7 @@ func TestAGatewayCutOffFromPostgresHandsItsRunOver(t *testing.T) {
 		listed.TrainingRuns[0].LastCheckpoint == nil || listed.TrainingRuns[0].LastCheckpoint.TinkerPath != saved.Path {
 		t.Fatalf("the cut-off gateway lists %+v (%v), want the run with its new holder's checkpoint %s", listed.TrainingRuns, err, saved.Path)
 	}
-	ref := newServer(t, gateway.Options{})
-	_, rc := newRun(t, ref.URL, tenant, 4)
-	for i := range losses {
-		l, err := lossStep(t, rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l != losses[i] {
-			t.Fatalf("step %d: loss %v across the partition, %v uninterrupted (all: %v)", i+1, losses[i], l, losses)
-		}
-	}
+	sameAsUninterrupted(t, tenant, losses)
 	t.Logf("cut off from PostgreSQL: the other gateway served step 3 %v after the cut (lease %v), after %d refusals; epoch 1 -> 2", took.Round(10*time.Millisecond), ttl, refused)
 }
 

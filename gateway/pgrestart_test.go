@@ -12,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/client"
-	"github.com/skein-ai/skein/gateway"
 )
 
 // privatePostgres starts a PostgreSQL of the test's own with .ci/postgres.sh (it can be stopped
@@ -96,29 +94,10 @@ func TestPostgresRestartLosesNothing(t *testing.T) {
 	defer cancel()
 	const tenant = "tml-pg-restart"
 	_, tc := newRun(t, gws[0].ts.URL, tenant, 4)
-	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
-	lr, b1, b2, eps, zero := 1e-2, 0.9, 0.95, 1e-8, 0.0
 	step := func(c *client.Client, n int) (*client.Future, *client.Future, int) {
-		fseq, oseq := 2*n-1, 2*n
-		fb, r1 := submitSeq(ctx, t, c, "forward_backward", api.ForwardBackwardJSON{ModelID: tc.ModelID, SeqID: &fseq,
-			ForwardBackwardInput: &api.ForwardBackwardInput{Data: batch, LossFn: "cross_entropy"}})
-		op, r2 := submitSeq(ctx, t, c, "optim_step", api.OptimStepRequest{ModelID: tc.ModelID, SeqID: &oseq,
-			AdamParams: api.AdamParams{LearningRate: &lr, Beta1: &b1, Beta2: &b2, Eps: &eps, WeightDecay: &zero, GradClipNorm: &zero}})
-		return fb, op, r1 + r2
+		return seqStep(ctx, t, c, tc.ModelID, n)
 	}
-	result := func(fb, op *client.Future, n int) float64 {
-		if fb == nil || op == nil {
-			t.Fatalf("step %d was not submitted", n)
-		}
-		var out api.ForwardBackwardOutput
-		if err := fb.Result(ctx, &out); err != nil {
-			t.Fatalf("step %d forward_backward: %v", n, err)
-		}
-		if got := stepOf(t, op, ctx); got != n {
-			t.Fatalf("step %d reported step %d", n, got)
-		}
-		return out.Metrics["loss:sum"]
-	}
+	result := func(fb, op *client.Future, n int) float64 { return seqResult(ctx, t, fb, op, n) }
 	ca, cb := client.New(gws[0].ts.URL, tenant), client.New(gws[1].ts.URL, tenant)
 	var losses []float64
 	for n := 1; n <= 2; n++ {
@@ -147,17 +126,7 @@ func TestPostgresRestartLosesNothing(t *testing.T) {
 	fb5, op5, _ := step(cb, 5)
 	losses = append(losses, result(fb5, op5, 5))
 
-	ref := newServer(t, gateway.Options{})
-	_, rc := newRun(t, ref.URL, tenant, 4)
-	for i := range losses {
-		l, err := lossStep(t, rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l != losses[i] {
-			t.Fatalf("step %d: loss %v across the restart, %v uninterrupted (all: %v)", i+1, losses[i], l, losses)
-		}
-	}
+	sameAsUninterrupted(t, tenant, losses)
 	if pending, err := gws[0].st.PendingOps(ctx, tc.ModelID); err != nil || len(pending) != 0 {
 		t.Fatalf("after the restart %d of the run's ops are pending (%v)", len(pending), err)
 	}

@@ -187,17 +187,7 @@ func TestRollingRestartFailsNoRequest(t *testing.T) {
 	if trainErr != nil {
 		t.Fatalf("a request failed after retries: %v", trainErr)
 	}
-	ref := newServer(t, gateway.Options{})
-	_, rc := newRun(t, ref.URL, tenant, 4)
-	for i := range losses {
-		l, err := lossStep(t, rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l != losses[i] {
-			t.Fatalf("step %d: loss %v through the rolling restart, %v uninterrupted (all: %v)", i+1, losses[i], l, losses)
-		}
-	}
+	sameAsUninterrupted(t, tenant, losses)
 	t.Logf("%d steps through a rolling restart of both gateways; %d requests retried", steps, lb.retried.Load())
 }
 
@@ -235,17 +225,7 @@ func TestGracefulStopKeepsGradientsNotYetStepped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := newServer(t, gateway.Options{})
-	_, rc := newRun(t, ref.URL, tenant, 4)
-	for i, want := range []float64{out.Metrics["loss:sum"], next} {
-		l, err := lossStep(t, rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l != want {
-			t.Fatalf("step %d: loss %v across the handover, %v uninterrupted", i+1, want, l)
-		}
-	}
+	sameAsUninterrupted(t, tenant, []float64{out.Metrics["loss:sum"], next})
 }
 
 // A gateway that joins a worker while another gateway trains a run on it leaves that run's
@@ -300,15 +280,5 @@ func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
 	if got := stepOf(t, op, ctx); got != 2 {
 		t.Fatalf("step %d, want 2", got)
 	}
-	ref := newServer(t, gateway.Options{})
-	_, rc := newRun(t, ref.URL, tenant, 4)
-	for i, want := range []float64{first, out.Metrics["loss:sum"]} {
-		l, err := lossStep(t, rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l != want {
-			t.Fatalf("step %d: loss %v with a gateway joining, %v alone", i+1, want, l)
-		}
-	}
+	sameAsUninterrupted(t, tenant, []float64{first, out.Metrics["loss:sum"]})
 }

@@ -40,11 +40,20 @@ func bfBcast8(x float32) archsimd.Float32x8 { return archsimd.BroadcastFloat32x8
 // bf16NN sets y[r, j] = Σ_k x[r, k]·W[k, j] for columns j0 ≤ j < j1, W [K, N] as bf16 bits.
 // Columns go in panels of 64; within a panel, 16-column strips take rows four at a time (the
 // strip, K×32 bytes, stays in cache for the next four), and the rows left over take the panel
-// one row at a time. Each output is one chain of FMAs over k in order.
+// one row at a time. Each output is one chain of FMAs over k in order. The assembly kernels
+// (bf16NNWide, nn_wide_amd64.go) take what they can first: the tiles are then the rows and
+// columns left over.
 func bf16NN(y, x []float32, w []uint16, R, K, N, j0, j1 int) {
 	if !haveBF16Kernel() {
 		bf16NNScalar(y, x, w, R, K, N, j0, j1)
 		return
+	}
+	if rows, cols := bf16NNWide(y, x, w, R, K, N, j0, j1); rows > 0 {
+		// The wide kernels did rows [0, rows) of columns [j0, cols): the tiles do the rest.
+		if rows < R {
+			bf16NN(y[rows*N:], x[rows*K:], w, R-rows, K, N, j0, cols)
+		}
+		j0 = cols
 	}
 	R4 := R / 4 * 4
 	for jp := j0; jp < j1; jp += 64 {

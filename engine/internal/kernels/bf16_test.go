@@ -232,3 +232,51 @@ func TestRoundBF16PathsMatchBF16Of(t *testing.T) {
 		})
 	}
 }
+
+// On every path the few-row products x·W over float32 and over bf16 weights have the scalar
+// loops' bits: each output one chain of FMAs over k in order, whichever kernel computed it
+// (AVX-512's 12-, 8- and 4-row kernels over 32 columns, AVX2's 6- and 4-row ones over 16, the
+// archsimd tiles, the scalar tail). Rows 1…30 take every mix of them, N spans whole panels, a
+// panel and a tail, and a start off the panel grid (a core's share of columns starts at any
+// multiple of 16).
+func TestFewRowProductsHaveTheScalarBits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for _, p := range SupportedPaths() {
+		usePath(t, p)
+		for R := 1; R <= 30; R++ {
+			for _, sh := range []struct{ K, N, j0 int }{{67, 45, 0}, {130, 96, 0}, {9, 200, 16}, {1, 64, 0}} {
+				K, N := sh.K, sh.N
+				x, w, w16 := make([]float32, R*K), make([]float32, K*N), make([]uint16, K*N)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				for i := range w {
+					w[i] = float32(rng.NormFloat64())
+					w16[i] = BF16Of(w[i])
+				}
+				for _, kind := range []struct {
+					name       string
+					fast, slow func(y []float32)
+				}{
+					{"f32", func(y []float32) { f32NN(y, x, w, R, K, N, sh.j0, N) }, func(y []float32) { f32NNScalar(y, x, w, R, K, N, sh.j0, N) }},
+					{"bf16", func(y []float32) { bf16NN(y, x, w16, R, K, N, sh.j0, N) }, func(y []float32) { bf16NNScalar(y, x, w16, R, K, N, sh.j0, N) }},
+				} {
+					fast, slow := make([]float32, R*N), make([]float32, R*N)
+					for i := range fast {
+						fast[i] = float32(math.NaN())
+					}
+					kind.fast(fast)
+					kind.slow(slow)
+					for r := range R {
+						for n := sh.j0; n < N; n++ {
+							if g, s := fast[r*N+n], slow[r*N+n]; math.Float32bits(g) != math.Float32bits(s) {
+								t.Fatalf("path %s, %s %s from column %d: y[%d,%d] = %v, the scalar loop's %v",
+									p, kind.name, shapeName(R, K, N, false), sh.j0, r, n, g, s)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -87,6 +87,11 @@ func Check(p Path) error {
 			}
 		}
 	}
+	if p >= AVX2 {
+		if err := checkFewRows(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if pairsProduct() {
 		if err := checkBF16Pairs(); err != nil {
 			errs = append(errs, err)
@@ -149,6 +154,45 @@ func checkF32GEMM(km *microKernel[float32]) error {
 	c := make([]float32, checkM*checkN)
 	gemmF32(km, c, a, b, checkM, checkK, checkN, false, false)
 	return compareProduct(km.name, c, func(i, k, j int) float64 { return float64(a[i*checkK+k]) * float64(b[k*checkN+j]) })
+}
+
+// checkFewRows runs the few-row products over float32 and over bf16 rows (a decode step's x·W,
+// the assembly kernels of nn_wide_amd64.go) over 29 rows (AVX-512's 12-, 12- and 4-row kernels,
+// AVX2's 6s and a 4, and a row for the tiles) and over 8 (AVX-512's 8-row kernel, AVX2's two
+// 4s); 45 columns are whole panels and a tail. The column kernels are called whole: split
+// across cores, a part may be narrower than a panel.
+func checkFewRows() error {
+	a, b, b16 := make([]float32, checkM*checkK), make([]float32, checkK*checkN), make([]uint16, checkK*checkN)
+	for i := range a {
+		a[i] = checkValue(i, 8)
+	}
+	for i := range b {
+		b[i] = checkValue(i, 9)
+		b16[i] = BF16Of(b[i])
+	}
+	c := make([]float32, checkM*checkN)
+	for _, R := range []int{checkM, 8} {
+		for _, kind := range []struct {
+			name    string
+			product func(c []float32)
+			w       func(i int) float64
+		}{
+			{"f32", func(c []float32) { f32NN(c, a, b, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(b[i]) }},
+			{"bf16", func(c []float32) { bf16NN(c, a, b16, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(BF16To32(b16[i])) }},
+		} {
+			clear(c)
+			kind.product(c[:R*checkN])
+			if err := compareProduct(fmt.Sprintf("%s few-row product of %d rows", kind.name, R), c, func(i, k, j int) float64 {
+				if i >= R {
+					return 0
+				}
+				return float64(a[i*checkK+k]) * kind.w(k*checkN+j)
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func checkBF16GEMM(km *microKernel[uint32]) error {

@@ -172,10 +172,19 @@ func nn1x8(y, x []float32, w []uint16, r, K, N, j int) {
 // 8; a block takes x rows two at a time in tiles of four W rows, and a row left over alone
 // against all 8. The lanes are summed in vectors (bfHsum4) and stored as vectors: summing them
 // through memory (a vector stored, read back as scalars) tripled the time of K=512 products.
+// The assembly kernels (bf16NTWide, nn_wide_amd64.go) take the whole blocks first, in the same
+// order of sums.
 func bf16NT(y, x []float32, w []uint16, R, K, N, n0, n1 int) {
 	if !haveBF16Kernel() {
 		bf16NTScalar(y, x, w, R, K, N, n0, n1)
 		return
+	}
+	if rows, cols := bf16NTWide(y, x, w, R, K, N, n0, n1); rows > 0 {
+		// The assembly kernels did rows [0, rows) of outputs [n0, cols), whole blocks of 8.
+		if rows < R {
+			bf16NT(y[rows*N:], x[rows*K:], w, R-rows, K, N, n0, cols)
+		}
+		n0 = cols
 	}
 	for nb := n0; nb < n1; nb += 8 {
 		ne := min(nb+8, n1)

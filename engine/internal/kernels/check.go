@@ -156,10 +156,10 @@ func checkF32GEMM(km *microKernel[float32]) error {
 	return compareProduct(km.name, c, func(i, k, j int) float64 { return float64(a[i*checkK+k]) * float64(b[k*checkN+j]) })
 }
 
-// checkFewRows runs the few-row products over float32 and over bf16 rows (a decode step's x·W,
-// the assembly kernels of nn_wide_amd64.go) over 29 rows (AVX-512's 12-, 12- and 4-row kernels,
-// AVX2's 6s and a 4, and a row for the tiles) and over 8 (AVX-512's 8-row kernel, AVX2's two
-// 4s); 45 columns are whole panels and a tail. The column kernels are called whole: split
+// checkFewRows runs the few-row products over float32 and over bf16 rows (a decode step's x·W
+// and x·Wᵀ, the assembly kernels of nn_wide_amd64.go) over 29 rows (AVX-512's 12-, 12- and 4-row
+// kernels, AVX2's 6s and a 4, and a row for the tiles; x·Wᵀ's 3s and a 2) and over 8 (AVX-512's
+// 8-row kernel, AVX2's two 4s); 45 outputs are whole panels and blocks and a tail. The column kernels are called whole: split
 // across cores, a part may be narrower than a panel.
 func checkFewRows() error {
 	a, b, b16 := make([]float32, checkM*checkK), make([]float32, checkK*checkN), make([]uint16, checkK*checkN)
@@ -179,6 +179,9 @@ func checkFewRows() error {
 		}{
 			{"f32", func(c []float32) { f32NN(c, a, b, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(b[i]) }},
 			{"bf16", func(c []float32) { bf16NN(c, a, b16, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(BF16To32(b16[i])) }},
+			// x·Wᵀ reads the same values as W [checkN, checkK].
+			{"f32 transposed", func(c []float32) { f32NT(c, a, b, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(b[i%checkN*checkK+i/checkN]) }},
+			{"bf16 transposed", func(c []float32) { bf16NT(c, a, b16, R, checkK, checkN, 0, checkN) }, func(i int) float64 { return float64(BF16To32(b16[i%checkN*checkK+i/checkN])) }},
 		} {
 			clear(c)
 			kind.product(c[:R*checkN])

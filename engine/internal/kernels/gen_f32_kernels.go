@@ -22,7 +22,7 @@ import (
 var renames = map[string]string{
 	"widenedProduct": "F32Product", "bf16NN": "f32NN", "bf16NT": "f32NT",
 	"bf16NNScalar": "f32NNScalar", "bf16NTScalar": "f32NTScalar", "dotBF16Scalar": "dotF32Scalar",
-	"bf16NNWide": "f32NNWide", "nn4x16": "nn4x16f", "nn1x64": "nn1x64f", "nn1x16": "nn1x16f", "nn1x8": "nn1x8f",
+	"bf16NNWide": "f32NNWide", "bf16NTWide": "f32NTWide", "nn4x16": "nn4x16f", "nn1x64": "nn1x64f", "nn1x16": "nn1x16f", "nn1x8": "nn1x8f",
 	"nt2x4": "nt2x4f", "nt1x8": "nt1x8f", "dotBF16": "dotF32", "bfAddTails4": "f32AddTails4",
 }
 

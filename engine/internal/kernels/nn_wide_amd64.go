@@ -17,19 +17,23 @@ var assembly = true
 type nnKernel[W float32 | uint16] func(k int, x *float32, ldx int, w *W, ldw int, y *float32, ldy int)
 
 // f32NNWide runs what it can of f32NN's columns [j0, j1): on an AVX-512 path rows in groups of
-// 12, 8 and 4 over 32-column panels, on AVX2 groups of 6 and 4 over 16 columns. It returns the
+// 12, 8 and 4 over 32-column panels, and a 16-column panel left over (a LoRA's x·A of rank 16
+// is one) through the AVX2 kernels; on AVX2 groups of 6 and 4 over 16 columns. It returns the
 // rows and columns it did, [0, rows) × [j0, cols); (0, j0) when it did nothing.
 func f32NNWide(y, x []float32, w []float32, R, K, N, j0, j1 int) (rows, cols int) {
+	narrow := func(n int) nnKernel[float32] { return [...]nnKernel[float32]{4: nn4x16asm, 6: nn6x16asm}[n] }
 	switch {
 	case !assembly:
 	case rowPath(active) >= AVX512:
-		return nnWide(y, x, w, R, K, N, j0, j1, 32, R/4*4, groupOf4s, func(n int) nnKernel[float32] {
+		rows, cols = nnWide(y, x, w, R, K, N, j0, j1, 32, R/4*4, groupOf4s, func(n int) nnKernel[float32] {
 			return [...]nnKernel[float32]{4: nn4x32asm, 8: nn8x32asm, 12: nn12x32asm}[n]
 		})
+		if r, c := nnWide(y, x, w, R, K, N, cols, j1, 16, R/4*4, groupOf6s, narrow); r > 0 {
+			return r, c
+		}
+		return rows, cols
 	case active >= AVX2:
-		return nnWide(y, x, w, R, K, N, j0, j1, 16, evenFrom4(R), groupOf6s, func(n int) nnKernel[float32] {
-			return [...]nnKernel[float32]{4: nn4x16asm, 6: nn6x16asm}[n]
-		})
+		return nnWide(y, x, w, R, K, N, j0, j1, 16, evenFrom4(R), groupOf6s, narrow)
 	}
 	return 0, j0
 }

@@ -66,6 +66,24 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 		return err
 	}
 	w := gguf.NewWriter()
+	if err := ggufHyperparameters(w, c, arch, typ, name); err != nil {
+		return err
+	}
+	if err := ggufTokenizer(w, dir, c); err != nil {
+		return err
+	}
+	if err := ggufRopeFreqs(w, c); err != nil {
+		return err
+	}
+	if err := ggufTensors(w, c, host, typ); err != nil {
+		return err
+	}
+	return w.WriteFile(out)
+}
+
+// ggufHyperparameters sets the file's general.* keys and the architecture's shape, attention,
+// rope and (Qwen3-MoE) expert keys.
+func ggufHyperparameters(w *gguf.Writer, c *Config, arch string, typ gguf.GGMLType, name string) error {
 	w.Set("general.architecture", arch)
 	w.Set("general.type", "model")
 	w.Set("general.name", name)
@@ -100,6 +118,12 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	}
 	w.Set(arch+".rope.freq_base", float32(c.RopeTheta))
 	w.Set(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
+	return nil
+}
+
+// ggufTokenizer writes the tokenizer (tokenizer.json, and tokenizer_config.json's chat template
+// and special tokens when there is one) as tokenizer.ggml.* keys.
+func ggufTokenizer(w *gguf.Writer, dir string, c *Config) error {
 	tokJSON, err := filebound.Read(filepath.Join(dir, "tokenizer.json"), maxTokenizerBytes)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
@@ -111,8 +135,14 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	if err := gguf.WriteTokenizer(w, tokJSON, cfgJSON, c.VocabSize); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	if rs := c.RopeScaling; rs != nil && (rs.RopeType == "llama3" || rs.Type == "llama3") {
-		// llama.cpp takes llama3 scaling as per-frequency divisors of the inverse frequencies.
+	return nil
+}
+
+// ggufRopeFreqs writes llama3 rope scaling as llama.cpp takes it: per-frequency divisors of the
+// inverse frequencies (rope_freqs.weight). Other scalings are refused, not silently dropped.
+func ggufRopeFreqs(w *gguf.Writer, c *Config) error {
+	rs := c.RopeScaling
+	if rs != nil && (rs.RopeType == "llama3" || rs.Type == "llama3") {
 		scaled := c.invFreq()
 		plain := *c
 		plain.RopeScaling = nil
@@ -125,6 +155,12 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 	} else if rs != nil && (rs.RopeType != "" && rs.RopeType != "default" || rs.Type != "" && rs.Type != "default") {
 		return fmt.Errorf("engine: rope_scaling %+v is not written to GGUF", *rs)
 	}
+	return nil
+}
+
+// ggufTensors writes every weight under its GGUF name in its type (ggufTensorType), llama's q/k
+// rows permuted, ggml's dims reversed from torch's, and a layer's experts stacked after its router.
+func ggufTensors(w *gguf.Writer, c *Config, host map[string]safetensors.Tensor, typ gguf.GGMLType) error {
 	for _, hf := range c.weightNames() {
 		if strings.Contains(hf, ".mlp.experts.") {
 			continue // written stacked, after the layer's router
@@ -139,18 +175,7 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 			return fmt.Errorf("engine: weight %s: %w", hf, err)
 		}
 		shape := t.Shape
-		tt := gguf.F32
-		switch {
-		case isRouterWeight(hf): // float32, as llama.cpp keeps ffn_gate_inp
-		case isLinearWeight(hf) && typ == GGUFQ4_K_M:
-			tt = ggufTypeOfFormat[q4KMFormat(c, hf)]
-		case isLinearWeight(hf):
-			tt = typ
-		case hf == c.lm()+"embed_tokens.weight" && typ == GGUFQ4_K_M:
-			tt = ggufTypeOfFormat[embeddingFormat(Options{Precision: PrecisionQ4_K_M}, c)]
-		case hf == c.lm()+"embed_tokens.weight" && typ != gguf.F32:
-			tt = typ // in a quantized file the blocks the engine's load makes (precision.go), as Q4_K_M files keep token_embd
-		}
+		tt := ggufTensorType(c, hf, typ)
 		data, err := encodeGGUF(v, shape, tt)
 		if err != nil {
 			return fmt.Errorf("engine: weight %s: %w", hf, err)
@@ -173,7 +198,25 @@ func WriteGGUF(dir, out string, typ gguf.GGMLType, name string) error {
 			}
 		}
 	}
-	return w.WriteFile(out)
+	return nil
+}
+
+// ggufTensorType is the type weight hf is written in for a file of type typ: projections (and
+// an untied head) in typ (Q4_K_M: each in its mix's type), the embedding in typ in a quantized
+// file (the blocks the engine's load makes), routers, norms and biases in F32.
+func ggufTensorType(c *Config, hf string, typ gguf.GGMLType) gguf.GGMLType {
+	switch {
+	case isRouterWeight(hf): // float32, as llama.cpp keeps ffn_gate_inp
+	case isLinearWeight(hf) && typ == GGUFQ4_K_M:
+		return ggufTypeOfFormat[q4KMFormat(c, hf)]
+	case isLinearWeight(hf):
+		return typ
+	case hf == c.lm()+"embed_tokens.weight" && typ == GGUFQ4_K_M:
+		return ggufTypeOfFormat[embeddingFormat(Options{Precision: PrecisionQ4_K_M}, c)]
+	case hf == c.lm()+"embed_tokens.weight" && typ != gguf.F32:
+		return typ // in a quantized file the blocks the engine's load makes (precision.go), as Q4_K_M files keep token_embd
+	}
+	return gguf.F32
 }
 
 // addStackedExperts writes a layer's experts (after its router routerName) as llama.cpp's

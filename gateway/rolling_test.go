@@ -349,3 +349,67 @@ func TestATakeOverDropsAnAdoptedCopyWithoutItsStaleView(t *testing.T) {
 	}
 	sameAsUninterrupted(t, tenant, []float64{first, out.Metrics["loss:sum"], next})
 }
+
+// A gateway that stops gracefully between a forward_backward and its optim_step saves the
+// adapter on its worker, gradients and all, and leaves it resident; the gateway that takes the
+// run over (it joined the worker before the run existed, so it adopted nothing) finds that copy
+// on the worker. It claimed it as it was and kept its own view of the run, which holds no
+// gradients, so its optim_step reported the acknowledged forward_backward's gradients lost —
+// the lab's rolling restart failing about 1 run in 8, when SIGTERM fell between the two. A
+// resident copy this replica neither placed nor adopted is reloaded from its saved state now.
+func TestATakeOverReloadsTheCopyAStoppedGatewayLeftOnItsWorker(t *testing.T) {
+	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
+	}
+	at := dsn + "&search_path=" + newPGSchema(t, dsn)
+	data := t.TempDir()
+	withWorkers := func(o *gateway.Options) {
+		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
+	}
+	a := startPGGateway(t, at, data, 0, withWorkers, true)
+	b := startPGGateway(t, at, data, 1, withWorkers, true)
+	e, err := engine.Load(modelDir(), engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewServer(worker.NewServer(e, clusterToken, data))
+	t.Cleanup(w.Close)
+	for _, g := range []string{a.ts.URL, b.ts.URL} {
+		if code, ans := postWorker(t, g, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
+			t.Fatalf("register: %d %v", code, ans)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-left-resident"
+	_, tc := newRun(t, a.ts.URL, tenant, 4)
+	first, err := lossStep(t, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
+	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out api.ForwardBackwardOutput
+	if err := fb.Result(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	a.ts.Close()
+	a.gw.Close() // saves the adapter with its gradients, leaves it on the worker, hands the lease back
+	tc.Via(client.New(b.ts.URL, tenant))
+	op, err := tc.OptimStep(ctx, 1e-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stepOf(t, op, ctx); got != 2 {
+		t.Fatalf("step %d, want 2", got)
+	}
+	next, err := lossStep(t, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameAsUninterrupted(t, tenant, []float64{first, out.Metrics["loss:sum"], next})
+}

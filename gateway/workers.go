@@ -257,6 +257,7 @@ func (s *Server) joinWorker(cl *worker.Client, reg worker.Registration, mine *wo
 			cl.DeleteAdapter(ctx, id)
 			continue
 		}
+		rep.Vouch(id) // clean at the run's step: used as it is, without a reload
 		adopted++
 		s.logErr("placement", s.st.PutPlacement(ctx, id, rep.ID()))
 	}

@@ -116,16 +116,26 @@ func (r *Replica) ensure(ctx context.Context, a Adapter) error {
 		if _, claimed := r.fence(a.ID); claimed || a.State == nil {
 			return nil
 		}
-		// Resident but never claimed through this replica: a worker that kept it across its
-		// gateway's restart, adopted because it was at the run's acknowledged step with no
-		// pending gradients (gateway.adoptable). Claim its state as it is; if another replica
-		// claimed it meanwhile, the saved state may be newer: reload that instead.
-		fence, err := a.State.Claim(ctx)
-		if err == nil {
-			r.setFence(a.ID, fence)
-			return nil
+		if r.takeVouch(a.ID) {
+			// Resident but never claimed through this replica, and vouched for: a worker that
+			// kept it across its gateway's restart, adopted because it was at the run's
+			// acknowledged step with no pending gradients (gateway.adoptable). Claim its state
+			// as it is; if another replica claimed it meanwhile, the saved state may be newer:
+			// reload that instead.
+			fence, err := a.State.Claim(ctx)
+			if err == nil {
+				r.setFence(a.ID, fence)
+				return nil
+			}
+			slog.Info("a resident adapter's state was claimed elsewhere: reloading it", "run", a.ID, "replica", r.id, "err", err)
+		} else {
+			// Left here by another gateway (one that handed the run over saves it first and
+			// leaves it resident; one that died may have left gradients no save holds). Its
+			// contents are known only through its saved state, which records which
+			// forward_backwards it holds: claimed as it was, this gateway's view of the run held
+			// none, and its next optim_step reported acknowledged gradients lost.
+			slog.Info("reloading a resident adapter this replica did not place", "run", a.ID, "replica", r.id)
 		}
-		slog.Info("a resident adapter's state was claimed elsewhere: reloading it", "run", a.ID, "replica", r.id, "err", err)
 		r.compute.DeleteAdapter(ctx, a.ID)
 	}
 	if a.State == nil {
@@ -200,6 +210,28 @@ func (r *Replica) dropFence(id string) {
 	r.fenceMu.Lock()
 	defer r.fenceMu.Unlock()
 	delete(r.fences, id)
+	delete(r.vouched, id) // gone from here: a copy found later is another's
+}
+
+// Vouch records that the gateway adopted the resident adapter id as it is (gateway.adoptable:
+// clean, at the step its saved state records): its first use claims it without a reload.
+func (r *Replica) Vouch(id string) {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	if r.vouched == nil {
+		r.vouched = map[string]bool{}
+	}
+	r.vouched[id] = true
+}
+
+// takeVouch reports whether id was vouched for, and forgets it (it counts once: a later
+// resident copy is another's).
+func (r *Replica) takeVouch(id string) bool {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	v := r.vouched[id]
+	delete(r.vouched, id)
+	return v
 }
 
 // PlacementLane is the lane placements and evictions wait in: their own, so that moving an

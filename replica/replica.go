@@ -75,6 +75,9 @@ type Replica struct {
 	// fences: each resident training adapter's claim on its saved state (StateKeeper.Claim).
 	fenceMu sync.Mutex
 	fences  map[string]string
+	// vouched: resident adapters the gateway adopted as they are (clean, at the step their saved
+	// state records: gateway.adoptable), to be claimed without a reload (ensure).
+	vouched map[string]bool
 }
 
 // maxQueued bounds the ops queued on one replica, all lanes together; Run waits past it.

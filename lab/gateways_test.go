@@ -75,7 +75,7 @@ func bigBatch() []api.Datum {
 }
 
 // gatewayLab is two gateway processes (gw1, gw2) on one PostgreSQL (pg) and one bucket (s3),
-// a worker both discover (w1), and the test's client host (cl).
+// two workers both discover (w1, w2), and the test's client host (cl).
 type gatewayLab struct {
 	*lab
 	model   string
@@ -107,7 +107,7 @@ func newGatewayLabWith(t *testing.T, spare ...string) *gatewayLab {
 	model := filepath.Join(dir, modelName)
 	run(t, bin, "model", "init-tiny", model)
 
-	hosts := map[string]int{"gw1": 2, "gw2": 3, "w1": 4, "s3": 5, "pg": 6, "cl": 9}
+	hosts := map[string]int{"gw1": 2, "gw2": 3, "w1": 4, "s3": 5, "pg": 6, "w2": 7, "cl": 9}
 	for i, h := range spare {
 		hosts[h] = 10 + i
 	}
@@ -127,13 +127,13 @@ func newGatewayLabWith(t *testing.T, spare ...string) *gatewayLab {
 	if !strings.HasPrefix(key, "tml-") {
 		t.Fatalf("keys create printed %q", key)
 	}
-	workerAddr := l.hosts["w1"] + ":9000"
+	workerAddrs := l.hosts["w1"] + ":9000," + l.hosts["w2"] + ":9000"
 	g := &gatewayLab{lab: l, model: model, gws: map[string]*exec.Cmd{}, clients: map[string]*client.Client{}, key: key}
 	g.start1 = func(name string) {
 		url := "http://" + l.hosts[name] + ":8000"
 		g.gws[name] = l.start(name, name, awsEnv, bin, append([]string{"gateway", "--addr", l.hosts[name] + ":8000", "--data", filepath.Join(dir, name),
 			"--auth", "keys", "--worker-token", token, "--public-url", url, "--state", dsn, "--advertise-url", url,
-			"--discover", "static", "--discover-workers", workerAddr}, storageFlags...)...)
+			"--discover", "static", "--discover-workers", workerAddrs}, storageFlags...)...)
 		c := client.New(url, key)
 		c.HTTP = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DialContext: l.dialer("cl")}}
 		g.clients[name] = c
@@ -141,9 +141,11 @@ func newGatewayLabWith(t *testing.T, spare ...string) *gatewayLab {
 	for _, name := range []string{"gw1", "gw2"} {
 		g.start1(name)
 	}
-	l.start("w1", "w1", awsEnv, bin, append([]string{"worker", "--model", model, "--worker-token", token,
-		// The default step memory, as the in-process reference's: the same chunks, the same bits.
-		"--data", filepath.Join(dir, "w1"), "--addr", workerAddr}, storageFlags...)...)
+	for _, w := range []string{"w1", "w2"} {
+		l.start(w, w, awsEnv, bin, append([]string{"worker", "--model", model, "--worker-token", token,
+			// The default step memory, as the in-process reference's: the same chunks, the same bits.
+			"--data", filepath.Join(dir, w), "--addr", l.hosts[w] + ":9000"}, storageFlags...)...)
+	}
 	for name := range g.clients {
 		g.waitReady(name)
 	}
@@ -156,17 +158,17 @@ func (g *gatewayLab) startGateway(name string) {
 	g.waitReady(name)
 }
 
-// waitReady waits until a gateway has found the worker.
+// waitReady waits until a gateway has found both workers.
 func (g *gatewayLab) waitReady(name string) {
 	c := g.clients[name]
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var out api.ReplicasResponse
-		if err := c.Do(context.Background(), "GET", "skein/replicas", nil, &out); err == nil && len(out.Replicas) == 1 {
+		if err := c.Do(context.Background(), "GET", "skein/replicas", nil, &out); err == nil && len(out.Replicas) == 2 {
 			return
 		}
 		if time.Now().After(deadline) {
-			g.t.Fatalf("%s never found the worker", c.BaseURL)
+			g.t.Fatalf("%s never found both workers", c.BaseURL)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -39,7 +40,9 @@ const (
 var ErrInvalidKeyName = errors.New("invalid key name")
 
 // IssueKey creates a key in the store and returns it; it is shown once and never stored.
-func IssueKey(ctx context.Context, st store.Store, name string, admin bool) (string, store.APIKey, error) {
+func IssueKey(ctx context.Context, st interface {
+	CreateKey(context.Context, store.APIKey) error
+}, name string, admin bool) (string, store.APIKey, error) {
 	if err := validKeyName(name); err != nil {
 		return "", store.APIKey{}, err
 	}
@@ -100,14 +103,34 @@ func checkAuthMode(opts *Options) error {
 	return nil
 }
 
+// keyRows is what the keyring reads and writes of the store: the API keys' rows.
+type keyRows interface {
+	CreateKey(ctx context.Context, k store.APIKey) error
+	GetKey(ctx context.Context, id string) (store.APIKey, error)
+	Keys(ctx context.Context) ([]store.APIKey, error)
+	RevokeKey(ctx context.Context, id string, at time.Time) error
+}
+
+// keyring is the gateway's authority on callers: it authenticates every request, guards the
+// admin endpoints and serves the key-management ones. A resource of its own (issue 38 item 6),
+// it needs the key rows, the auth mode, a log, the audit trail and the JSON decoder, nothing
+// else of the server.
+type keyring struct {
+	rows   keyRows
+	mode   string // AuthOpen or AuthKeys
+	log    *slog.Logger
+	audit  func(tenant, event, modelID, tinkerPath, purpose string)
+	decode func(r *http.Request, v any) error
+}
+
 // warnWithoutAdminKey tells the operator of a keys-mode server that nobody can manage it yet.
-func (s *Server) warnWithoutAdminKey() {
-	if s.opts.Auth != AuthKeys {
+func (kr *keyring) warnWithoutAdminKey() {
+	if kr.mode != AuthKeys {
 		return
 	}
-	keys, err := s.st.Keys(context.Background())
+	keys, err := kr.rows.Keys(context.Background())
 	if err != nil {
-		s.log.Warn("listing API keys", "err", err)
+		kr.log.Warn("listing API keys", "err", err)
 		return
 	}
 	for _, k := range keys {
@@ -115,7 +138,7 @@ func (s *Server) warnWithoutAdminKey() {
 			return
 		}
 	}
-	s.log.Warn("--auth keys with no admin key: create one with `skein keys create --name NAME --admin` on this server's --data or --state")
+	kr.log.Warn("--auth keys with no admin key: create one with `skein keys create --name NAME --admin` on this server's --data or --state")
 }
 
 // writeAuthError answers a failed authentication (always an httpError; 401 otherwise).
@@ -139,8 +162,8 @@ type callerCtxKey struct{}
 // authenticate finds the caller. Open mode is today's behaviour (every caller is a tenant and may
 // read the fleet endpoints). Keys mode reads the key's row on every request, with no cache, so a
 // revocation applies to the next request on every gateway sharing the store.
-func (s *Server) authenticate(r *http.Request) (caller, error) {
-	if s.opts.Auth != AuthKeys {
+func (kr *keyring) authenticate(r *http.Request) (caller, error) {
+	if kr.mode != AuthKeys {
 		tenant, err := tenantOf(r)
 		if err != nil {
 			return caller{}, errf(http.StatusUnauthorized, "%v", err)
@@ -156,12 +179,12 @@ func (s *Server) authenticate(r *http.Request) (caller, error) {
 	if !ok {
 		return caller{}, invalid
 	}
-	row, err := s.st.GetKey(r.Context(), id)
+	row, err := kr.rows.GetKey(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return caller{}, invalid
 	}
 	if err != nil {
-		s.log.Error("reading an API key", "key_id", id, "err", err)
+		kr.log.Error("reading an API key", "key_id", id, "err", err)
 		return caller{}, errf(http.StatusServiceUnavailable, "cannot check the API key now; retry")
 	}
 	sum := sha256.Sum256([]byte(key))
@@ -175,8 +198,8 @@ func (s *Server) authenticate(r *http.Request) (caller, error) {
 }
 
 // withCaller authenticates a request for the handlers that need its caller.
-func (s *Server) withCaller(r *http.Request) (*http.Request, caller, error) {
-	c, err := s.authenticate(r)
+func (kr *keyring) withCaller(r *http.Request) (*http.Request, caller, error) {
+	c, err := kr.authenticate(r)
 	if err != nil {
 		return r, caller{}, err
 	}
@@ -198,7 +221,7 @@ func callerOf(r *http.Request) caller {
 var errNeedsAdmin = errf(http.StatusForbidden, "this endpoint needs an admin key (`skein keys create --admin`)")
 
 // adminOnly guards a fleet endpoint: in keys mode a tenant's key gets 403.
-func (s *Server) adminOnly(fn handlerFunc) handlerFunc {
+func (kr *keyring) adminOnly(fn handlerFunc) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 		if !callerOf(r).admin {
 			return nil, errNeedsAdmin
@@ -209,10 +232,10 @@ func (s *Server) adminOnly(fn handlerFunc) handlerFunc {
 
 // adminHTTP guards a plain handler (/metrics): open in open mode, as today; admin keys only in
 // keys mode.
-func (s *Server) adminHTTP(fn http.HandlerFunc) http.HandlerFunc {
+func (kr *keyring) adminHTTP(fn http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.Auth == AuthKeys {
-			c, err := s.authenticate(r)
+		if kr.mode == AuthKeys {
+			c, err := kr.authenticate(r)
 			if err == nil && !c.admin {
 				err = errNeedsAdmin
 			}
@@ -245,10 +268,10 @@ func (s *Server) capacityFor(w http.ResponseWriter, r *http.Request, tenant stri
 
 // keysOnly refuses key management in open mode, where anyone reaching the port could otherwise
 // mint the admin key a later `--auth keys` start would honour.
-func (s *Server) keysOnly(fn handlerFunc) handlerFunc {
-	admin := s.adminOnly(fn)
+func (kr *keyring) keysOnly(fn handlerFunc) handlerFunc {
+	admin := kr.adminOnly(fn)
 	return func(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
-		if s.opts.Auth != AuthKeys {
+		if kr.mode != AuthKeys {
 			return nil, errf(http.StatusForbidden, "key management needs --auth keys (use `skein keys` on the server's state store)")
 		}
 		return admin(w, r, tenant)
@@ -263,25 +286,25 @@ func KeyInfoOf(k store.APIKey) KeyInfo {
 	return KeyInfo{ID: k.ID, Name: k.Name, Admin: k.Admin, Tenant: KeyTenant(k.ID), Created: k.Created, Revoked: k.Revoked}
 }
 
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (kr *keyring) createKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CreateKeyRequest
-	if err := s.decodeJSON(r, &req); err != nil {
+	if err := kr.decode(r, &req); err != nil {
 		return nil, err
 	}
-	key, row, err := IssueKey(r.Context(), s.st, req.Name, req.Admin)
+	key, row, err := IssueKey(r.Context(), kr.rows, req.Name, req.Admin)
 	if errors.Is(err, ErrInvalidKeyName) {
 		return nil, errf(http.StatusBadRequest, "%v", err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("API key created", "key_id", row.ID, "name", row.Name, "admin", row.Admin)
-	s.audit(tenant, "api_key.create", "", "", "key "+row.ID)
+	kr.log.Info("API key created", "key_id", row.ID, "name", row.Name, "admin", row.Admin)
+	kr.audit(tenant, "api_key.create", "", "", "key "+row.ID)
 	return api.CreatedKey{KeyInfo: KeyInfoOf(row), Key: key}, nil
 }
 
-func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
-	rows, err := s.st.Keys(r.Context())
+func (kr *keyring) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any, error) {
+	rows, err := kr.rows.Keys(r.Context())
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
@@ -292,16 +315,16 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, _ string) (any
 	return api.KeysResponse{Keys: out}, nil
 }
 
-func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (kr *keyring) revokeKey(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	id := r.PathValue("id")
-	err := s.st.RevokeKey(r.Context(), id, time.Now())
+	err := kr.rows.RevokeKey(r.Context(), id, time.Now())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, errf(http.StatusNotFound, "no key %q", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("revoking key %s: %w", id, err)
 	}
-	s.log.Info("API key revoked", "key_id", id)
-	s.audit(tenant, "api_key.revoke", "", "", "key "+id)
+	kr.log.Info("API key revoked", "key_id", id)
+	kr.audit(tenant, "api_key.revoke", "", "", "key "+id)
 	return api.RevokeKeyResponse{ID: id, Revoked: true}, nil
 }

@@ -92,7 +92,7 @@ func (s *Server) openAIHandle(pattern string, fn handlerFunc) {
 		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
 		s.writeWithin(w, s.opts.WriteTimeout)
 		defer func() { s.metrics.request(endpoint, w.status) }()
-		r, c, err := s.withCaller(r)
+		r, c, err := s.auth.withCaller(r)
 		if err != nil {
 			noteResult(r, "", nil, err)
 			var he *httpError

@@ -13,7 +13,7 @@ const v1 = "/api/v1/"
 
 func (s *Server) routes() {
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("GET /metrics", s.adminHTTP(s.serveMetrics))
+	s.mux.HandleFunc("GET /metrics", s.auth.adminHTTP(s.serveMetrics))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -72,14 +72,14 @@ func (s *Server) routes() {
 	s.handle("GET "+v1+"traces/{token}", false, s.downloadTrace)
 	s.handle("GET "+v1+"audit", true, s.getAuditLog)
 	s.handle("GET "+v1+"billing/usage/events", true, s.getBillingUsage)
-	s.handle("GET "+v1+"skein/replicas", true, s.adminOnly(s.listReplicas))
+	s.handle("GET "+v1+"skein/replicas", true, s.auth.adminOnly(s.listReplicas))
 	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)
 	s.handle("POST "+v1+"skein/workers/hello", false, s.workerHello)
 	s.handle("POST "+v1+"skein/workers/register", false, s.registerWorker)
 	s.handle("POST "+v1+"skein/workers/heartbeat", false, s.workerHeartbeat)
 	// Remote key management, for admin keys in keys mode.
-	s.handle("POST "+v1+"skein/keys", true, s.keysOnly(s.createKey))
-	s.handle("GET "+v1+"skein/keys", true, s.keysOnly(s.listKeys))
-	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.keysOnly(s.revokeKey))
+	s.handle("POST "+v1+"skein/keys", true, s.auth.keysOnly(s.auth.createKey))
+	s.handle("GET "+v1+"skein/keys", true, s.auth.keysOnly(s.auth.listKeys))
+	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.auth.keysOnly(s.auth.revokeKey))
 	s.openAIRoutes()
 }

@@ -168,6 +168,8 @@ type Server struct {
 
 	secret []byte // signs download links (settleArchiveSecret)
 
+	auth *keyring // authenticates callers, guards admin endpoints, serves the key endpoints (keys.go)
+
 	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
 
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
@@ -267,6 +269,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}), handedOver: make(chan struct{}),
 		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.leases = newLeaseTable(s.shared() && opts.RunLeaseTTL > 0, opts.RunLeaseTTL, opts.AdvertiseURL)
+	s.auth = &keyring{rows: st, mode: opts.Auth, log: opts.Logger, audit: s.audit, decode: s.decodeJSON}
 	// Gateways forward to each other inside one cluster: a holder that does not take the
 	// connection within 2 s is treated as unreachable (a partitioned host black-holes it).
 	s.forwarder = &http.Client{Timeout: opts.LongPoll + time.Minute, Transport: &http.Transport{
@@ -288,7 +291,7 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		return nil, fmt.Errorf("gateway: restoring state: %w", err)
 	}
 	s.routes()
-	s.warnWithoutAdminKey()
+	s.auth.warnWithoutAdminKey()
 	go s.sweeper()
 	if s.leases.on {
 		go s.leaseLoop()
@@ -524,7 +527,7 @@ func (s *Server) handle(pattern string, authed bool, fn handlerFunc) {
 		if authed {
 			var c caller
 			var err error
-			if r, c, err = s.withCaller(r); err != nil {
+			if r, c, err = s.auth.withCaller(r); err != nil {
 				noteResult(r, "", nil, err)
 				writeAuthError(w, err)
 				return

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sort"
 	"strconv"
@@ -117,10 +118,33 @@ func (l *auditLimiter) take(tenant string, now time.Time) map[string]map[string]
 	return out
 }
 
+// eventRows is what the audit trail reads and writes of the store.
+type eventRows interface {
+	AddEvent(ctx context.Context, e store.Event) error
+	EventPage(ctx context.Context, q store.EventQuery) ([]store.Event, error)
+	SweepEvents(ctx context.Context, before time.Time) (int, error)
+}
+
+// auditTrail is the audit log, a resource of its own (issue 38 item 6): it records events under
+// each tenant's rate, answers GET audit and sweeps old entries. It needs the event rows, a log,
+// and whose entries a caller may read (the keyring's scope), nothing else of the server.
+type auditTrail struct {
+	events eventRows
+	rate   auditLimiter
+	log    *slog.Logger
+	scope  func(r *http.Request, tenant string) string
+}
+
+func (t *auditTrail) logErr(what string, err error) {
+	if err != nil {
+		t.log.Error("persisting state", "what", what, "err", err)
+	}
+}
+
 // flushSuppressed writes one "audit.suppressed" row per tenant that had entries held back; the
 // store writes happen outside the limiter's lock.
-func (s *Server) flushSuppressed(tenant string, now time.Time) {
-	for t, byName := range s.auditRate.take(tenant, now) {
+func (t *auditTrail) flushSuppressed(tenant string, now time.Time) {
+	for who, byName := range t.rate.take(tenant, now) {
 		names := make([]string, 0, len(byName))
 		total := 0
 		for name, n := range byName {
@@ -128,20 +152,20 @@ func (s *Server) flushSuppressed(tenant string, now time.Time) {
 			total += n
 		}
 		sort.Strings(names)
-		s.logErr("audit", s.st.AddEvent(context.Background(), store.Event{Tenant: t, At: s.auditRate.stamp(now), Kind: store.EventAudit,
+		t.logErr("audit", t.events.AddEvent(context.Background(), store.Event{Tenant: who, At: t.rate.stamp(now), Kind: store.EventAudit,
 			Name: "audit.suppressed", Detail: fmt.Sprintf("%d entries not written, over the audit rate of %d at once and one per %s: %s",
 				total, AuditBurst, AuditRefill, strings.Join(names, ", "))}))
 	}
 }
 
-// audit records an event; a failure to record is logged, never the caller's error.
-func (s *Server) audit(tenant, event, modelID, tinkerPath, purpose string) {
+// record records an event; a failure to record is logged, never the caller's error.
+func (t *auditTrail) record(tenant, event, modelID, tinkerPath, purpose string) {
 	now := time.Now()
-	if !auditAlways[event] && !s.auditRate.allow(tenant, event, now) {
+	if !auditAlways[event] && !t.rate.allow(tenant, event, now) {
 		return
 	}
-	s.flushSuppressed(tenant, now) // the count of what was held back comes before this entry
-	s.logErr("audit", s.st.AddEvent(context.Background(), store.Event{Tenant: tenant, At: s.auditRate.stamp(now), Kind: store.EventAudit,
+	t.flushSuppressed(tenant, now) // the count of what was held back comes before this entry
+	t.logErr("audit", t.events.AddEvent(context.Background(), store.Event{Tenant: tenant, At: t.rate.stamp(now), Kind: store.EventAudit,
 		Name: event, ModelID: modelID, TinkerPath: tinkerPath, Detail: purpose}))
 }
 
@@ -150,7 +174,7 @@ func (s *Server) audit(tenant, event, modelID, tinkerPath, purpose string) {
 // skein pages it: limit= (1 to 10,000, the default) entries a page, and next_cursor, when the
 // answer has one, is the cursor= of the next page; event= (a name or its prefix) and, for an
 // admin, tenant= filter it.
-func (s *Server) getAuditLog(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (t *auditTrail) getAuditLog(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	q := r.URL.Query()
 	prefix := ""
 	switch v := q.Get("event_type"); v {
@@ -182,7 +206,7 @@ func (s *Server) getAuditLog(w http.ResponseWriter, r *http.Request, tenant stri
 		}
 		limit = n
 	}
-	who := s.tenantScope(r, tenant)
+	who := t.scope(r, tenant)
 	if v := q.Get("tenant"); v != "" {
 		if who != "" && v != who {
 			return nil, errf(http.StatusForbidden, "only an admin key reads another tenant's audit log")
@@ -202,8 +226,8 @@ func (s *Server) getAuditLog(w http.ResponseWriter, r *http.Request, tenant stri
 			eq.Skip = skip
 		}
 	}
-	s.flushSuppressed(who, time.Now()) // what was held back is counted in what is read
-	events, err := s.st.EventPage(r.Context(), eq)
+	t.flushSuppressed(who, time.Now()) // what was held back is counted in what is read
+	events, err := t.events.EventPage(r.Context(), eq)
 	if err != nil {
 		return nil, err
 	}
@@ -240,18 +264,8 @@ func parseAuditCursor(v string) (time.Time, int, error) {
 	return time.UnixMilli(at).UTC(), skip, nil
 }
 
-// tenantScope is whose events a caller reads: its own, or everyone's ("") for an admin key in
-// keys mode (in open mode every caller counts as admin for the fleet endpoints, but tenants
-// still never read each other's logs).
-func (s *Server) tenantScope(r *http.Request, tenant string) string {
-	if s.opts.Auth == AuthKeys && callerOf(r).admin {
-		return ""
-	}
-	return tenant
-}
-
 // sweepEvents drops audit entries and usage records past their retention.
-func (s *Server) sweepEvents(now time.Time) {
-	_, err := s.st.SweepEvents(context.Background(), now.Add(-AuditRetention))
-	s.logErr("events sweep", err)
+func (t *auditTrail) sweepEvents(now time.Time) {
+	_, err := t.events.SweepEvents(context.Background(), now.Add(-AuditRetention))
+	t.logErr("events sweep", err)
 }

@@ -73,7 +73,7 @@ func (s *Server) getBillingUsage(w http.ResponseWriter, r *http.Request, tenant 
 	if err != nil {
 		return nil, err
 	}
-	who := s.tenantScope(r, tenant)
+	who := s.auth.scope(r, tenant)
 	buckets, err := s.st.UsageBuckets(r.Context(), who, from, to, maxBillingRows)
 	if err != nil {
 		return nil, err

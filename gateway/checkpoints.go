@@ -171,7 +171,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request, tenant
 		return nil, err
 	}
 	s.removeCheckpoint(m)
-	s.audit(tenant, "checkpoint.delete", m.parsed.ModelID, m.Path, "")
+	s.trail.record(tenant, "checkpoint.delete", m.parsed.ModelID, m.Path, "")
 	return api.DeleteCheckpointResponse{Deleted: m.Path}, nil
 }
 
@@ -197,7 +197,7 @@ func (s *Server) publish(public bool) handlerFunc {
 		if err := s.updateMeta(m, func(m *ckptMeta) { m.Public = public }); err != nil {
 			return nil, err
 		}
-		s.audit(tenant, map[bool]string{true: "checkpoint.publish", false: "checkpoint.unpublish"}[public], m.parsed.ModelID, m.Path, "")
+		s.trail.record(tenant, map[bool]string{true: "checkpoint.publish", false: "checkpoint.unpublish"}[public], m.parsed.ModelID, m.Path, "")
 		return api.PublishResponse{TinkerPath: m.Path, Public: public}, nil
 	}
 }
@@ -224,7 +224,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request, tenant string) (
 	}); err != nil {
 		return nil, err
 	}
-	s.audit(tenant, "checkpoint.set_ttl", m.parsed.ModelID, m.Path, "")
+	s.trail.record(tenant, "checkpoint.set_ttl", m.parsed.ModelID, m.Path, "")
 	return api.SetTTLResponse{TinkerPath: m.Path}, nil
 }
 
@@ -239,7 +239,7 @@ func (s *Server) sweepCheckpoints(now time.Time) {
 	s.ckpts.mu.Unlock()
 	for _, m := range gone {
 		s.removeCheckpoint(m)
-		s.audit(m.Owner, "checkpoint.expire", m.parsed.ModelID, m.Path, "")
+		s.trail.record(m.Owner, "checkpoint.expire", m.parsed.ModelID, m.Path, "")
 	}
 }
 

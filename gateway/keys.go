@@ -328,3 +328,13 @@ func (kr *keyring) revokeKey(w http.ResponseWriter, r *http.Request, tenant stri
 	kr.audit(tenant, "api_key.revoke", "", "", "key "+id)
 	return api.RevokeKeyResponse{ID: id, Revoked: true}, nil
 }
+
+// scope is whose events (audit entries, usage records) a caller reads: its own, or everyone's ("") for an admin key in
+// keys mode (in open mode every caller counts as admin for the fleet endpoints, but tenants
+// still never read each other's logs).
+func (kr *keyring) scope(r *http.Request, tenant string) string {
+	if kr.mode == AuthKeys && callerOf(r).admin {
+		return ""
+	}
+	return tenant
+}

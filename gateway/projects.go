@@ -61,7 +61,7 @@ func (s *Server) assignSessionProject(w http.ResponseWriter, r *http.Request, te
 	s.runs.mu.Unlock()
 	s.sessions.mu.Unlock()
 	s.persist(writes...)
-	s.audit(tenant, "session.assign_project", "", "", "session "+id+" to project "+req.ProjectID)
+	s.trail.record(tenant, "session.assign_project", "", "", "session "+id+" to project "+req.ProjectID)
 	return api.AssignProjectResponse{SessionID: id, ProjectID: req.ProjectID}, nil
 }
 

@@ -70,7 +70,7 @@ func (s *Server) routes() {
 	s.handle("PUT "+v1+"sessions/{id}/project", true, s.assignSessionProject)
 	s.handle("GET "+v1+"sessions/{id}/trace_export", true, s.exportSessionTrace)
 	s.handle("GET "+v1+"traces/{token}", false, s.downloadTrace)
-	s.handle("GET "+v1+"audit", true, s.getAuditLog)
+	s.handle("GET "+v1+"audit", true, s.trail.getAuditLog)
 	s.handle("GET "+v1+"billing/usage/events", true, s.getBillingUsage)
 	s.handle("GET "+v1+"skein/replicas", true, s.auth.adminOnly(s.listReplicas))
 	s.handle("GET "+v1+"skein/capacity", true, s.capacityFor)

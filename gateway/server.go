@@ -170,7 +170,7 @@ type Server struct {
 
 	auth *keyring // authenticates callers, guards admin endpoints, serves the key endpoints (keys.go)
 
-	auditRate auditLimiter // what one tenant may write to the audit log (audit.go)
+	trail *auditTrail // the audit log (audit.go)
 
 	// workersMu serializes changes of the worker fleet (register, drop, reap).
 	workersMu sync.Mutex
@@ -269,7 +269,9 @@ func New(opts Options, replicas ...*replica.Replica) (*Server, error) {
 		ckpts: newRegistry[ckptMeta](), stop: make(chan struct{}), handedOver: make(chan struct{}),
 		queued: newQueueBudget(opts.MaxTenantQueueBytes, opts.MaxTotalQueueBytes)}
 	s.leases = newLeaseTable(s.shared() && opts.RunLeaseTTL > 0, opts.RunLeaseTTL, opts.AdvertiseURL)
-	s.auth = &keyring{rows: st, mode: opts.Auth, log: opts.Logger, audit: s.audit, decode: s.decodeJSON}
+	s.auth = &keyring{rows: st, mode: opts.Auth, log: opts.Logger, decode: s.decodeJSON}
+	s.trail = &auditTrail{events: st, log: opts.Logger, scope: s.auth.scope}
+	s.auth.audit = s.trail.record
 	// Gateways forward to each other inside one cluster: a holder that does not take the
 	// connection within 2 s is treated as unreachable (a partitioned host black-holes it).
 	s.forwarder = &http.Client{Timeout: opts.LongPoll + time.Minute, Transport: &http.Transport{
@@ -460,8 +462,8 @@ func (s *Server) sweeper() {
 			}
 			s.futures.sweep(now, true)
 			s.sweepCheckpoints(now)
-			s.sweepEvents(now)
-			s.flushSuppressed("", now)
+			s.trail.sweepEvents(now)
+			s.trail.flushSuppressed("", now)
 			s.sweepSessions(now)
 			s.logErr("orphaned requests", s.failOrphans(ctx))
 		}

@@ -113,7 +113,7 @@ func (s *Server) createModel(w http.ResponseWriter, r *http.Request, tenant stri
 	unlock()
 	s.persist(writes...)
 	s.holdNew(id) // several gateways: this one sequences the new run
-	s.audit(tenant, "training_run.create", id, "", "")
+	s.trail.record(tenant, "training_run.create", id, "", "")
 	f, _, err := s.futures.create(tenant, "CreateModel", "")
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (s *Server) unloadModel(w http.ResponseWriter, r *http.Request, tenant stri
 		return nil, err
 	}
 	s.dropAdapter(run)
-	s.audit(tenant, "training_run.unload", run.id, "", "")
+	s.trail.record(tenant, "training_run.unload", run.id, "", "")
 	s.futures.complete(f, api.UnloadModelResponse{ModelID: run.id, Type: "unload_model"})
 	return futureResponse(f, run.id), nil
 }

@@ -109,7 +109,7 @@ func (s *Server) writeCheckpoint(ctx context.Context, rep *replica.Replica, a re
 		}
 	})
 	s.dropSamplerCopies(meta.Path) // an overwrite: copies of the old weights are stale
-	s.audit(run.tenant, "checkpoint.save", run.id, meta.Path, p.Kind)
+	s.trail.record(run.tenant, "checkpoint.save", run.id, meta.Path, p.Kind)
 	s.recordCheckpoint(run, meta.Path, start)
 	return nil
 }
@@ -176,7 +176,7 @@ func (s *Server) loadWeights(w http.ResponseWriter, r *http.Request, tenant stri
 		if _, _, err := rep.LoadFrom(ctx, a, s.ckptDir(meta), req.Optimizer); err != nil {
 			return nil, err
 		}
-		s.audit(tenant, "checkpoint.load", run.id, meta.Path, "")
+		s.trail.record(tenant, "checkpoint.load", run.id, meta.Path, "")
 		return api.LoadWeightsResponse{Path: req.Path, Type: "load_weights"}, nil
 	})
 }

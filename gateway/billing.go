@@ -19,9 +19,12 @@ import (
 const (
 	usageTraining = "training"
 	usagePrefill  = "sampling_prefill"
-	usageSample   = "sampling_sample"
-	usageCkpt     = "checkpoint"
-	usageStorage  = "storage"
+	// usagePrefillCached is a prompt's positions served from the prefix cache: answered as
+	// sampling_prefill with cached true (the SDK's one type for both).
+	usagePrefillCached = "sampling_prefill_cached"
+	usageSample        = "sampling_sample"
+	usageCkpt          = "checkpoint"
+	usageStorage       = "storage"
 )
 
 const (
@@ -44,17 +47,24 @@ func (s *Server) recordTraining(run *trainingRun, kind string, data []engine.Dat
 		BaseModel: run.baseModel, Detail: kind, Amount: float64(n), Seconds: time.Since(start).Seconds()})
 }
 
-// recordSampling records one sample request of a batch: its prompt, its generated tokens, and
-// its share of the batch's engine time.
+// recordSampling records one sample request of a batch: its prompt (the positions computed, and
+// apart those served from the prefix cache), its generated tokens, and its share of the batch's
+// engine time.
 func (s *Server) recordSampling(smp *sampler, req engine.SampleRequest, res *engine.SampleResult, start time.Time, seconds float64) {
 	generated := 0
 	for _, q := range res.Sequences {
 		generated += len(q.Tokens)
 	}
 	base := store.Event{Tenant: smp.tenant, At: start.UTC(), SessionID: smp.session, BaseModel: smp.baseModel, ModelID: smp.id, Detail: "Sample"}
+	cached := min(max(res.CachedTokens, 0), len(req.Prompt))
 	pre := base
-	pre.Name, pre.Amount = usagePrefill, float64(len(req.Prompt))
+	pre.Name, pre.Amount = usagePrefill, float64(len(req.Prompt)-cached)
 	s.recordUsage(pre)
+	if cached > 0 {
+		hit := base
+		hit.Name, hit.Amount = usagePrefillCached, float64(cached)
+		s.recordUsage(hit)
+	}
 	gen := base
 	gen.Name, gen.Amount, gen.Seconds = usageSample, float64(generated), seconds
 	s.recordUsage(gen)
@@ -93,9 +103,9 @@ func (s *Server) getBillingUsage(w http.ResponseWriter, r *http.Request, tenant 
 		switch b.Name {
 		case usageTraining, usageSample:
 			ev.EventInfo = api.BillingEventInfo{Type: b.Name, TokenCount: &n}
-		case usagePrefill:
-			cached := false // skein keeps no prefix cache across requests
-			ev.EventInfo = api.BillingEventInfo{Type: b.Name, TokenCount: &n, Cached: &cached}
+		case usagePrefill, usagePrefillCached:
+			cached := b.Name == usagePrefillCached // served from the prefix cache, not computed
+			ev.EventInfo = api.BillingEventInfo{Type: usagePrefill, TokenCount: &n, Cached: &cached}
 		case usageCkpt:
 			ev.EventInfo = api.BillingEventInfo{Type: b.Name, Count: &n}
 		default:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 	"time"
 
@@ -60,6 +61,23 @@ func TestPromptCacheHitsReachTheAnswerAndMetrics(t *testing.T) {
 	}
 	if v := metricValue(t, body, fmt.Sprintf(`skein_prefix_cache_cap_bytes{base_model=%q}`, base)); v != 16<<20 {
 		t.Fatalf("/metrics shows a cap of %v bytes, want 16 MiB", v)
+	}
+	// Billing tells the positions computed from those served from the cache: 40 + 8 and 32.
+	hour := time.Now().UTC().Truncate(time.Hour)
+	var usage api.BillingUsageResponse
+	q := "billing/usage/events?starting_on=" + url.QueryEscape(hour.Format(time.RFC3339)) +
+		"&ending_before=" + url.QueryEscape(hour.Add(2*time.Hour).Format(time.RFC3339))
+	if err := c.Do(ctx, "GET", q, nil, &usage); err != nil {
+		t.Fatal(err)
+	}
+	prefill := map[bool]int64{}
+	for _, ev := range usage.Data {
+		if ev.EventInfo.Type == "sampling_prefill" && ev.EventInfo.TokenCount != nil && ev.EventInfo.Cached != nil {
+			prefill[*ev.EventInfo.Cached] += *ev.EventInfo.TokenCount
+		}
+	}
+	if prefill[false] != 48 || prefill[true] != 32 {
+		t.Fatalf("billing's prefill tokens: %d computed and %d cached, want 48 and 32", prefill[false], prefill[true])
 	}
 }
 

@@ -147,7 +147,7 @@ func TestLabRollingRestartOfBothGateways(t *testing.T) {
 				one, four := 1, 4
 				var sf api.FutureResponse
 				if err := lb.do(ctx, "asample", api.SampleRequest{BaseModel: modelName, NumSamples: &one,
-					Prompt: api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: []int{11, 12, 13}}}},
+					Prompt:         api.ModelInput{Chunks: []api.Chunk{{Type: "encoded_text", Tokens: []int{11, 12, 13}}}},
 					SamplingParams: api.SamplingParams{MaxTokens: &four}}, &sf); err != nil {
 					trained <- fmt.Errorf("sample after step %d: %w", n, err)
 					return

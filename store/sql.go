@@ -269,7 +269,9 @@ func (s *SQL) DeleteCheckpoint(ctx context.Context, path string) error {
 	return err
 }
 
-func (s *SQL) Checkpoints(ctx context.Context) ([]Checkpoint, error) { return s.checkpointsWhere(ctx, "") }
+func (s *SQL) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
+	return s.checkpointsWhere(ctx, "")
+}
 
 // CheckpointsVisibleTo lists a tenant's checkpoints and the published ones, oldest first.
 func (s *SQL) CheckpointsVisibleTo(ctx context.Context, tenant string) ([]Checkpoint, error) {

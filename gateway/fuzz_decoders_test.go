@@ -107,10 +107,10 @@ func FuzzSSEFraming(f *testing.F) {
 	for _, s := range []string{"hi", "\n\ndata: [DONE]\n\n", "\r\ndata: x\r\r", "\u2028\u2029", "\x00", ":comment\n", "é\xff"} {
 		f.Add(s, s)
 	}
-	srv := &Server{}
+	oai := &openAI{srv: &Server{}}
 	f.Fuzz(func(t *testing.T, a, b string) {
 		rec := httptest.NewRecorder()
-		w := &sseWriter{s: srv, w: rec}
+		w := &sseWriter{o: oai, w: rec}
 		sent := []map[string]string{{"content": a}, {"content": b, "role": a}}
 		for _, v := range sent {
 			w.send(v)

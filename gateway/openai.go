@@ -5,11 +5,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/skein-ai/skein/api"
 	"github.com/skein-ai/skein/checkpoint"
+	"github.com/skein-ai/skein/engine"
+	"github.com/skein-ai/skein/engine/tokenizer"
 	"github.com/skein-ai/skein/replica"
 )
 
@@ -19,10 +23,40 @@ import (
 // /v1/models lists for each of the caller's sampler checkpoints; it samples through the same
 // per-replica queue as asample, so it batches with Tinker sampling requests.
 
-func (s *Server) openAIRoutes() {
-	s.openAIHandle("GET /v1/models", s.listOpenAIModels)
-	s.openAIHandle("POST /v1/chat/completions", s.chatCompletions)
-	s.openAIHandle("POST /v1/completions", s.completions)
+// openAIBackend is what the OpenAI endpoints need of the rest of the gateway: the base models
+// and checkpoints a tenant may name, samplers over them and sampling, a base model's tokenizer
+// files, and the body and write deadlines every handler keeps.
+type openAIBackend interface {
+	baseModels() []string
+	checkpointsWhere(keep func(*ckptMeta) bool, others ...*ckptMeta) []*ckptMeta
+	checkpointFor(ctx context.Context, tenant, path string) (*ckptMeta, error)
+	replicasOf(base string) ([]*replica.Replica, error)
+	newSampler(ctx context.Context, tenant, sessionID, base, modelPath, key string) (*sampler, error)
+	currentWeights(ctx context.Context, tenant string, smp *sampler) (*sampler, error)
+	filesOf(base string) (baseFiles, replica.LocalModel, error)
+	storedTokenizer(ctx context.Context, f baseFiles) (*tokenizer.Tokenizer, error)
+	startSample(ctx context.Context, w http.ResponseWriter, r *http.Request, tenant string, smp *sampler, sr engine.SampleRequest) (*future, error)
+	readBodyWithin(r *http.Request, limit int64) ([]byte, error)
+	writeWithin(w http.ResponseWriter, d time.Duration)
+}
+
+// openAI serves the OpenAI-compatible endpoints: a resource of its own (issue 38 item 6). Besides
+// openAIBackend it needs the mux it registers on, the keyring, the request metrics, a log and
+// two deadlines.
+type openAI struct {
+	srv             openAIBackend
+	mux             *http.ServeMux
+	auth            *keyring
+	metrics         *metrics
+	log             *slog.Logger
+	writeTimeout    time.Duration // each answer's (and each streamed event's) write deadline
+	templateTimeout time.Duration // a chat template's rendering
+}
+
+func (o *openAI) routes() {
+	o.openAIHandle("GET /v1/models", o.listOpenAIModels)
+	o.openAIHandle("POST /v1/chat/completions", o.chatCompletions)
+	o.openAIHandle("POST /v1/completions", o.completions)
 }
 
 // oaiError is a failure in OpenAI's terms: the status, error type, the request field at fault
@@ -86,13 +120,13 @@ func writeOpenAIError(w http.ResponseWriter, err error) {
 }
 
 // openAIHandle is handle with OpenAI's error shape; fn writes a stream itself and returns nil.
-func (s *Server) openAIHandle(pattern string, fn handlerFunc) {
+func (o *openAI) openAIHandle(pattern string, fn handlerFunc) {
 	endpoint := pattern[strings.Index(pattern, " ")+1:]
-	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
+	o.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
 		w := &statusRecorder{ResponseWriter: rw, status: http.StatusOK}
-		s.writeWithin(w, s.opts.WriteTimeout)
-		defer func() { s.metrics.request(endpoint, w.status) }()
-		r, c, err := s.auth.withCaller(r)
+		o.srv.writeWithin(w, o.writeTimeout)
+		defer func() { o.metrics.request(endpoint, w.status) }()
+		r, c, err := o.auth.withCaller(r)
 		if err != nil {
 			noteResult(r, "", nil, err)
 			var he *httpError
@@ -105,7 +139,7 @@ func (s *Server) openAIHandle(pattern string, fn handlerFunc) {
 		v, err := fn(w, r, c.tenant)
 		noteResult(r, c.tenant, v, err)
 		// A long decode may have used up the deadline set on arrival: the answer gets its own.
-		s.writeWithin(w, s.opts.WriteTimeout)
+		o.srv.writeWithin(w, o.writeTimeout)
 		if err != nil {
 			writeOpenAIError(w, err)
 			return
@@ -129,18 +163,18 @@ func samplerAlias(path string) string {
 }
 
 // ownSamplerCheckpoints lists the tenant's unexpired sampler checkpoints, oldest first.
-func (s *Server) ownSamplerCheckpoints(tenant string) []*ckptMeta {
-	return s.checkpointsWhere(func(m *ckptMeta) bool {
+func (o *openAI) ownSamplerCheckpoints(tenant string) []*ckptMeta {
+	return o.srv.checkpointsWhere(func(m *ckptMeta) bool {
 		return m.Owner == tenant && m.parsed.Kind == checkpoint.KindSamplerWeights
 	})
 }
 
-func (s *Server) listOpenAIModels(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (o *openAI) listOpenAIModels(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	out := api.OpenAIModelList{Object: "list", Data: []api.OpenAIModel{}}
-	for _, name := range s.baseModels() {
+	for _, name := range o.srv.baseModels() {
 		out.Data = append(out.Data, api.OpenAIModel{ID: name, Object: "model", OwnedBy: "skein"})
 	}
-	for _, m := range s.ownSamplerCheckpoints(tenant) {
+	for _, m := range o.ownSamplerCheckpoints(tenant) {
 		out.Data = append(out.Data, api.OpenAIModel{ID: samplerAlias(m.Path), Object: "model", Created: m.Created.Unix(),
 			OwnedBy: "you", Root: m.Path, Parent: m.BaseModel})
 	}
@@ -150,7 +184,7 @@ func (s *Server) listOpenAIModels(w http.ResponseWriter, r *http.Request, tenant
 // openAISampler resolves a request's model to a sampler: a base model, a checkpoint path the
 // tenant may read (its own or a published one), or the alias of one of its sampler checkpoints.
 // Anything else, another tenant's unpublished checkpoint included, is model_not_found.
-func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler, error) {
+func (o *openAI) openAISampler(r *http.Request, tenant, model string) (*sampler, error) {
 	if model == "" {
 		return nil, badParam("model", "model is required: a base model, a tinker:// sampler checkpoint or an alias from GET /v1/models")
 	}
@@ -160,16 +194,16 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 		if _, err := checkpoint.Parse(model); err != nil {
 			return nil, badParam("model", err.Error())
 		}
-		if _, err := s.checkpointFor(r.Context(), tenant, model); err != nil {
+		if _, err := o.srv.checkpointFor(r.Context(), tenant, model); err != nil {
 			return nil, modelNotFound(model)
 		}
 		path = model
 	default:
-		if _, err := s.replicasOf(model); err == nil {
+		if _, err := o.srv.replicasOf(model); err == nil {
 			base = model
 			break
 		}
-		for _, m := range s.ownSamplerCheckpoints(tenant) {
+		for _, m := range o.ownSamplerCheckpoints(tenant) {
 			if samplerAlias(m.Path) == model {
 				path = m.Path
 			}
@@ -178,7 +212,7 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 			return nil, modelNotFound(model)
 		}
 	}
-	smp, err := s.newSampler(r.Context(), tenant, "", base, path, routingKey(r))
+	smp, err := o.srv.newSampler(r.Context(), tenant, "", base, path, routingKey(r))
 	if err != nil {
 		var he *httpError
 		if errors.As(err, &he) && he.status == http.StatusNotFound {
@@ -186,19 +220,19 @@ func (s *Server) openAISampler(r *http.Request, tenant, model string) (*sampler,
 		}
 		return nil, err
 	}
-	return s.currentWeights(r.Context(), tenant, smp)
+	return o.srv.currentWeights(r.Context(), tenant, smp)
 }
 
 // localModel is what the gateway tokenizes text and renders chat templates with for base: an
 // in-process replica's model, else the tokenizer its workers published and the config they
 // reported (basefiles.go), with where its files are read from.
-func (s *Server) localModel(ctx context.Context, base string) (replica.LocalModel, baseFiles, error) {
-	files, m, err := s.filesOf(base)
+func (o *openAI) localModel(ctx context.Context, base string) (replica.LocalModel, baseFiles, error) {
+	files, m, err := o.srv.filesOf(base)
 	if err != nil {
 		return replica.LocalModel{}, baseFiles{}, err
 	}
 	if m.Dir == "" && m.Config != nil { // remote workers': the tokenizer they published
-		m.Tokenizer, err = s.storedTokenizer(ctx, files)
+		m.Tokenizer, err = o.srv.storedTokenizer(ctx, files)
 		if err != nil && !errors.Is(err, errNoTokenizerFile) {
 			return replica.LocalModel{}, baseFiles{}, err
 		}

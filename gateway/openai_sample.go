@@ -49,8 +49,8 @@ func checkPromptBytes(param string, n int, e replica.LocalModel) error {
 }
 
 // decodeOpenAI reads an OpenAI request within MaxOpenAIBodyBytes.
-func (s *Server) decodeOpenAI(r *http.Request, v any) error {
-	b, err := s.readBodyWithin(r, MaxOpenAIBodyBytes)
+func (o *openAI) decodeOpenAI(r *http.Request, v any) error {
+	b, err := o.srv.readBodyWithin(r, MaxOpenAIBodyBytes)
 	if err != nil {
 		return err
 	}
@@ -75,9 +75,9 @@ type oaiJob struct {
 	created      int64
 }
 
-func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (o *openAI) chatCompletions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.ChatCompletionRequest
-	if err := s.decodeOpenAI(r, &req); err != nil {
+	if err := o.decodeOpenAI(r, &req); err != nil {
 		return nil, err
 	}
 	if t := strings.TrimSpace(string(req.Tools)); t != "" && t != "null" && t != "[]" {
@@ -89,7 +89,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 			return nil, badParam("response_format", "only response_format {\"type\": \"text\"} is served")
 		}
 	}
-	job, err := s.newOAIJob(r, tenant, req.OpenAISampling)
+	job, err := o.newOAIJob(r, tenant, req.OpenAISampling)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +120,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 	if err := checkPromptBytes("messages", n, job.eng); err != nil {
 		return nil, err
 	}
-	text, err := tmpl.render(r.Context(), s.opts.ChatTemplateTimeout, req.Messages)
+	text, err := tmpl.render(r.Context(), o.templateTimeout, req.Messages)
 	if err != nil {
 		return nil, err
 	}
@@ -140,12 +140,12 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, tenant 
 		job.endTokens[id] = true
 	}
 	job.sr.Prompt = job.eng.Tokenizer.Encode(text)
-	return s.runOAIJob(w, r, job)
+	return o.runOAIJob(w, r, job)
 }
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
+func (o *openAI) completions(w http.ResponseWriter, r *http.Request, tenant string) (any, error) {
 	var req api.CompletionRequest
-	if err := s.decodeOpenAI(r, &req); err != nil {
+	if err := o.decodeOpenAI(r, &req); err != nil {
 		return nil, err
 	}
 	switch {
@@ -156,7 +156,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant stri
 	case req.BestOf != nil && (req.N == nil && *req.BestOf != 1 || req.N != nil && *req.BestOf != *req.N):
 		return nil, badParam("best_of", "best_of other than n is not served")
 	}
-	job, err := s.newOAIJob(r, tenant, req.OpenAISampling)
+	job, err := o.newOAIJob(r, tenant, req.OpenAISampling)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request, tenant stri
 	if job.sr.Prompt, err = completionPrompt(req.Prompt, job.eng); err != nil {
 		return nil, err
 	}
-	return s.runOAIJob(w, r, job)
+	return o.runOAIJob(w, r, job)
 }
 
 // completionPrompt reads a completions prompt: a string (tokenized with the model's special
@@ -197,12 +197,12 @@ func completionPrompt(raw json.RawMessage, e replica.LocalModel) ([]int, error) 
 }
 
 // newOAIJob resolves the model and its tokenizer.
-func (s *Server) newOAIJob(r *http.Request, tenant string, p api.OpenAISampling) (*oaiJob, error) {
-	smp, err := s.openAISampler(r, tenant, p.Model)
+func (o *openAI) newOAIJob(r *http.Request, tenant string, p api.OpenAISampling) (*oaiJob, error) {
+	smp, err := o.openAISampler(r, tenant, p.Model)
 	if err != nil {
 		return nil, err
 	}
-	e, files, err := s.localModel(r.Context(), smp.baseModel)
+	e, files, err := o.localModel(r.Context(), smp.baseModel)
 	if err != nil {
 		return nil, err
 	}
@@ -290,14 +290,14 @@ func awaitSample(ctx context.Context, f *future) (*api.SampleResponse, error) {
 	return res, nil
 }
 
-func (s *Server) runOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) (any, error) {
+func (o *openAI) runOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) (any, error) {
 	if j.stream {
-		return nil, s.streamOAIJob(w, r, j)
+		return nil, o.streamOAIJob(w, r, j)
 	}
 	ctx := r.Context()
 	// A client that hangs up stops its decode at the next token.
 	j.sr.OnToken = func(int, int, float64) bool { return ctx.Err() == nil }
-	f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
+	f, err := o.srv.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +310,7 @@ func (s *Server) runOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) (a
 	}
 	var top [][][][2]float64
 	if j.topLogprobs > 0 {
-		if top, err = s.topLogprobsOf(w, r, j, res.Sequences); err != nil {
+		if top, err = o.topLogprobsOf(w, r, j, res.Sequences); err != nil {
 			return nil, err
 		}
 	}
@@ -357,7 +357,7 @@ func logprobAt(lps []float64, k int) float64 {
 // topLogprobsOf scores each answer once more, as a prompt, for the most likely tokens at each of
 // its positions: the engine's prompt top-k of prompt+answer at the answer's positions is the
 // distribution each answer token was drawn from. The requests queue as any other sampling.
-func (s *Server) topLogprobsOf(w http.ResponseWriter, r *http.Request, j *oaiJob, seqs []api.SampledSequence) ([][][][2]float64, error) {
+func (o *openAI) topLogprobsOf(w http.ResponseWriter, r *http.Request, j *oaiJob, seqs []api.SampledSequence) ([][][][2]float64, error) {
 	ctxLen := j.eng.Config.MaxPositionEmbeddings
 	P := len(j.sr.Prompt)
 	futures := make([]*future, len(seqs))
@@ -369,7 +369,7 @@ func (s *Server) topLogprobsOf(w http.ResponseWriter, r *http.Request, j *oaiJob
 		}
 		sr := engine.SampleRequest{Prompt: full, NumSamples: 1, TopKPromptLogprobs: j.topLogprobs,
 			Params: engine.SampleParams{MaxTokens: 1, TopK: -1, TopP: 1}}
-		f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, sr)
+		f, err := o.srv.startSample(r.Context(), w, r, j.tenant, j.smp, sr)
 		if err != nil {
 			return nil, err
 		}

@@ -261,7 +261,7 @@ func (f *tokenFeed) take() []fedToken {
 
 // sseWriter writes Server-Sent Events, each flushed at once; its first error stays.
 type sseWriter struct {
-	s   *Server
+	o   *openAI
 	w   http.ResponseWriter
 	err error
 }
@@ -275,7 +275,7 @@ func (e *sseWriter) send(v any) {
 		e.err = err
 		return
 	}
-	e.s.writeWithin(e.w, e.s.opts.WriteTimeout)
+	e.o.srv.writeWithin(e.w, e.o.writeTimeout)
 	if _, e.err = fmt.Fprintf(e.w, "data: %s\n\n", b); e.err == nil {
 		e.err = http.NewResponseController(e.w).Flush()
 	}
@@ -292,12 +292,12 @@ func (e *sseWriter) done() {
 
 // streamOAIJob answers with Server-Sent Events in OpenAI's chunk format, token by token as the
 // decoder draws them, and stops the decode when the client goes or stops reading.
-func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) error {
+func (o *openAI) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob) error {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	feed := &tokenFeed{ctx: ctx, wake: make(chan struct{}, 1)}
 	j.sr.OnToken = feed.onToken
-	f, err := s.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
+	f, err := o.srv.startSample(r.Context(), w, r, j.tenant, j.smp, j.sr)
 	if err != nil {
 		return err // nothing is written yet: a plain error answer
 	}
@@ -306,7 +306,7 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	st := newOAIStream(j, &sseWriter{s: s, w: w})
+	st := newOAIStream(j, &sseWriter{o: o, w: w})
 	for running := true; running; {
 		select {
 		case <-feed.wake:
@@ -318,7 +318,7 @@ func (s *Server) streamOAIJob(w http.ResponseWriter, r *http.Request, j *oaiJob)
 		}
 		if st.out.err != nil {
 			cancel() // the client stopped reading
-			s.log.Debug("openai stream ended by the client", "err", st.out.err)
+			o.log.Debug("openai stream ended by the client", "err", st.out.err)
 			return nil
 		}
 	}

@@ -81,5 +81,7 @@ func (s *Server) routes() {
 	s.handle("POST "+v1+"skein/keys", true, s.auth.keysOnly(s.auth.createKey))
 	s.handle("GET "+v1+"skein/keys", true, s.auth.keysOnly(s.auth.listKeys))
 	s.handle("DELETE "+v1+"skein/keys/{id}", true, s.auth.keysOnly(s.auth.revokeKey))
-	s.openAIRoutes()
+	s.oai = &openAI{srv: s, mux: s.mux, auth: s.auth, metrics: &s.metrics, log: s.log,
+		writeTimeout: s.opts.WriteTimeout, templateTimeout: s.opts.ChatTemplateTimeout}
+	s.oai.routes()
 }

@@ -169,6 +169,7 @@ type Server struct {
 	secret []byte // signs download links (settleArchiveSecret)
 
 	auth *keyring // authenticates callers, guards admin endpoints, serves the key endpoints (keys.go)
+	oai  *openAI  // the OpenAI-compatible endpoints (openai.go)
 
 	trail *auditTrail // the audit log (audit.go)
 

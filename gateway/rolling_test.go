@@ -228,38 +228,46 @@ func TestGracefulStopKeepsGradientsNotYetStepped(t *testing.T) {
 	sameAsUninterrupted(t, tenant, []float64{out.Metrics["loss:sum"], next})
 }
 
-// A gateway that joins a worker while another gateway trains a run on it leaves that run's
-// adapter alone (gradients not yet stepped and all): before, it deleted every adapter on the
-// worker it could not adopt, and the holder's next op failed ("unknown adapter") — found by the
-// lab's rolling restart, where each new gateway joins the worker.
-func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
+// workerCluster is gateways on one PostgreSQL schema and one data directory, sharing a worker in
+// process: the setting of the handover tests below.
+type workerCluster struct {
+	t        *testing.T
+	at, data string
+	e        *engine.Engine
+	url      string // the worker's
+}
+
+func newWorkerCluster(t *testing.T) *workerCluster {
 	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
 	if dsn == "" {
 		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
 	}
-	at := dsn + "&search_path=" + newPGSchema(t, dsn)
-	data := t.TempDir()
-	withWorkers := func(o *gateway.Options) {
-		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
-	}
-	a := startPGGateway(t, at, data, 0, withWorkers, true)
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
+	c := &workerCluster{t: t, at: dsn + "&search_path=" + newPGSchema(t, dsn), data: t.TempDir()}
+	var err error
+	if c.e, err = engine.Load(modelDir(), engine.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	w := httptest.NewServer(worker.NewServer(e, clusterToken, data))
+	w := httptest.NewServer(worker.NewServer(c.e, clusterToken, c.data))
 	t.Cleanup(w.Close)
-	if code, ans := postWorker(t, a.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, ans)
+	c.url = w.URL
+	return c
+}
+
+// gateway starts gateway i (workers only, no local replica) and registers the worker with it.
+func (c *workerCluster) gateway(i int) *pgGateway {
+	g := startPGGateway(c.t, c.at, c.data, i, func(o *gateway.Options) {
+		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
+	}, true)
+	if code, ans := postWorker(c.t, g.ts.URL, "register", clusterToken, registration("w", c.url, c.e)); code != http.StatusOK {
+		c.t.Fatalf("registering the worker with gateway %d: %d %v", i, code, ans)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	const tenant = "tml-joining"
-	_, tc := newRun(t, a.ts.URL, tenant, 4)
-	first, err := lossStep(t, tc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return g
+}
+
+// acknowledged sends a forward_backward and waits for its result: its gradients are then
+// acknowledged and not yet stepped.
+func acknowledged(t *testing.T, ctx context.Context, tc *client.TrainingClient) api.ForwardBackwardOutput {
+	t.Helper()
 	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
 	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
 	if err != nil {
@@ -269,17 +277,39 @@ func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
 	if err := fb.Result(ctx, &out); err != nil {
 		t.Fatal(err)
 	}
-	c := startPGGateway(t, at, data, 2, withWorkers, true) // joins the worker while a holds the run
-	if code, ans := postWorker(t, c.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
-		t.Fatalf("register with the new gateway: %d %v", code, ans)
-	}
+	return out
+}
+
+// stepsTo sends an optim_step and checks the step it reports.
+func stepsTo(t *testing.T, ctx context.Context, tc *client.TrainingClient, want int) {
+	t.Helper()
 	op, err := tc.OptimStep(ctx, 1e-2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := stepOf(t, op, ctx); got != 2 {
-		t.Fatalf("step %d, want 2", got)
+	if got := stepOf(t, op, ctx); got != want {
+		t.Fatalf("step %d, want %d", got, want)
 	}
+}
+
+// A gateway that joins a worker while another gateway trains a run on it leaves that run's
+// adapter alone (gradients not yet stepped and all): before, it deleted every adapter on the
+// worker it could not adopt, and the holder's next op failed ("unknown adapter") — found by the
+// lab's rolling restart, where each new gateway joins the worker.
+func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
+	cl := newWorkerCluster(t)
+	a := cl.gateway(0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const tenant = "tml-joining"
+	_, tc := newRun(t, a.ts.URL, tenant, 4)
+	first, err := lossStep(t, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := acknowledged(t, ctx, tc)
+	cl.gateway(2) // joins the worker while a holds the run
+	stepsTo(t, ctx, tc, 2)
 	sameAsUninterrupted(t, tenant, []float64{first, out.Metrics["loss:sum"]})
 }
 
@@ -293,25 +323,8 @@ func TestAJoiningGatewayLeavesOtherGatewaysAdaptersAlone(t *testing.T) {
 // run in 8); it passed on the code it was written against, so it guards the fence, it did not
 // find the fault.
 func TestATakeOverDropsAnAdoptedCopyWithoutItsStaleView(t *testing.T) {
-	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
-	if dsn == "" {
-		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
-	}
-	at := dsn + "&search_path=" + newPGSchema(t, dsn)
-	data := t.TempDir()
-	withWorkers := func(o *gateway.Options) {
-		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
-	}
-	a := startPGGateway(t, at, data, 0, withWorkers, true)
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := httptest.NewServer(worker.NewServer(e, clusterToken, data))
-	t.Cleanup(w.Close)
-	if code, ans := postWorker(t, a.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, ans)
-	}
+	cl := newWorkerCluster(t)
+	a := cl.gateway(0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const tenant = "tml-adopted-copy"
@@ -320,29 +333,12 @@ func TestATakeOverDropsAnAdoptedCopyWithoutItsStaleView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startPGGateway(t, at, data, 2, withWorkers, true)
-	if code, ans := postWorker(t, c.ts.URL, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
-		t.Fatalf("register with the new gateway: %d %v", code, ans)
-	}
-	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
-	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out api.ForwardBackwardOutput
-	if err := fb.Result(ctx, &out); err != nil {
-		t.Fatal(err)
-	}
+	c := cl.gateway(2)
+	out := acknowledged(t, ctx, tc)
 	a.ts.Close()
 	a.gw.Close() // saves the adapter with its gradients and hands the lease back
 	tc.Via(client.New(c.ts.URL, tenant))
-	op, err := tc.OptimStep(ctx, 1e-2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := stepOf(t, op, ctx); got != 2 {
-		t.Fatalf("step %d, want 2", got)
-	}
+	stepsTo(t, ctx, tc, 2)
 	next, err := lossStep(t, tc)
 	if err != nil {
 		t.Fatal(err)
@@ -358,28 +354,8 @@ func TestATakeOverDropsAnAdoptedCopyWithoutItsStaleView(t *testing.T) {
 // the lab's rolling restart failing about 1 run in 8, when SIGTERM fell between the two. A
 // resident copy this replica neither placed nor adopted is reloaded from its saved state now.
 func TestATakeOverReloadsTheCopyAStoppedGatewayLeftOnItsWorker(t *testing.T) {
-	dsn := os.Getenv("SKEIN_TEST_POSTGRES")
-	if dsn == "" {
-		t.Skip("SKEIN_TEST_POSTGRES not set (.ci/run starts PostgreSQL and sets it)")
-	}
-	at := dsn + "&search_path=" + newPGSchema(t, dsn)
-	data := t.TempDir()
-	withWorkers := func(o *gateway.Options) {
-		o.AcceptWorkers, o.WorkerToken, o.WorkerTimeout = true, clusterToken, time.Hour
-	}
-	a := startPGGateway(t, at, data, 0, withWorkers, true)
-	b := startPGGateway(t, at, data, 1, withWorkers, true)
-	e, err := engine.Load(modelDir(), engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := httptest.NewServer(worker.NewServer(e, clusterToken, data))
-	t.Cleanup(w.Close)
-	for _, g := range []string{a.ts.URL, b.ts.URL} {
-		if code, ans := postWorker(t, g, "register", clusterToken, registration("w", w.URL, e)); code != http.StatusOK {
-			t.Fatalf("register: %d %v", code, ans)
-		}
-	}
+	cl := newWorkerCluster(t)
+	a, b := cl.gateway(0), cl.gateway(1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const tenant = "tml-left-resident"
@@ -388,25 +364,11 @@ func TestATakeOverReloadsTheCopyAStoppedGatewayLeftOnItsWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := []api.Datum{datum([]int{10, 20, 30, 40, 50, 60, 70}, true)}
-	fb, err := tc.ForwardBackward(ctx, batch, "cross_entropy", nil, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out api.ForwardBackwardOutput
-	if err := fb.Result(ctx, &out); err != nil {
-		t.Fatal(err)
-	}
+	out := acknowledged(t, ctx, tc)
 	a.ts.Close()
 	a.gw.Close() // saves the adapter with its gradients, leaves it on the worker, hands the lease back
 	tc.Via(client.New(b.ts.URL, tenant))
-	op, err := tc.OptimStep(ctx, 1e-2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := stepOf(t, op, ctx); got != 2 {
-		t.Fatalf("step %d, want 2", got)
-	}
+	stepsTo(t, ctx, tc, 2)
 	next, err := lossStep(t, tc)
 	if err != nil {
 		t.Fatal(err)
